@@ -1,0 +1,35 @@
+# Two entry points, each doing its own set-up on a fresh machine:
+#   make demo   - a local 4-proc mesh showing the API (the main job)
+#   make test   - the whole test suite
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test bench lint setup clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# the CPU wheel of torch first (on disk here), so nothing pulls a multi-GB CUDA build
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[test,dev]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m jupyter_mesh.demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_core.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check jupyter_mesh tests benchmarks
+	$(BIN)/ruff format --check jupyter_mesh tests benchmarks
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info

@@ -1,0 +1,449 @@
+"""The host agent: one per host. Starts and watches the procs of its host; relays and gathers calls.
+
+Started by a job (``LocalJob`` starts it as a child of the controller; on other hosts a scheduler or a
+person runs ``jupyter-mesh agent``). It reads its configuration, session key included, as one JSON line
+on stdin — never from argv or the environment — and treats EOF on stdin as the controller's death: it
+then kills its procs and exits, so nothing outlives the program that started it.
+
+Threads: the receive thread handles control-plane messages (relaying a cast to the local procs and
+gathering their replies is on the latency path, so it happens right there); the I/O thread watches the
+template's socket (fork results, child exits) and every proc's stdout/stderr pipe.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._serialize import dumps
+from .._shape import Point, Shape, Slice
+from .._transport import Message, Transport
+from ..errors import Failure, SupervisionError
+from .client import BROKEN, DIRECT, GATHER, OK, RAISED, pack_gathered
+
+__all__ = ["Agent", "host_key", "main"]
+
+
+def host_key() -> str:
+    """Same boot and same network namespace = same host (shared memory and loopback both work)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        netns = os.stat("/proc/self/ns/net").st_ino
+        return f"{boot}/{netns}"
+    except OSError:
+        return socket.gethostname()
+
+
+@dataclass
+class _Proc:
+    mesh_id: str
+    rank: int
+    label: str
+    pid: int = 0
+    addr: str = ""
+    alive: bool = True
+    up: bool = False
+    stopping: bool = False
+    tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=30))
+
+
+@dataclass
+class _Mesh:
+    mesh_id: str
+    name: str
+    shape: Shape
+    ranks: list[int]
+    spawn_reply: tuple[str, int] | None = None  # (sender, call id) until every proc is up
+    stop_replies: list[tuple[str, int]] = field(default_factory=list)
+
+
+@dataclass
+class _Gather:
+    mesh_id: str
+    sender: str
+    call_id: int
+    outstanding: set[int]
+    entries: list[tuple[int, int, Any, list[Any]]] = field(default_factory=list)
+    frames_keepalive: list[Any] = field(default_factory=list)
+
+
+class Agent:
+    def __init__(self, cfg: dict[str, Any]):
+        self.key = bytes.fromhex(cfg["key"])
+        self.controller: str = cfg["controller"]
+        self.host_index: int = cfg.get("host_index", 0)
+        self.transport = Transport(self.key, cfg.get("bind", "tcp://127.0.0.1"))
+        self.lock = threading.RLock()
+        self.procs: dict[tuple[str, int], _Proc] = {}
+        self.by_pid: dict[int, _Proc] = {}
+        self.meshes: dict[str, _Mesh] = {}
+        self.gathers: dict[tuple[str, int], _Gather] = {}
+        self.fork_tokens: dict[int, _Proc] = {}
+        self._tokens = iter(range(1, 1 << 62))
+        self.shutting_down = False
+        # pipes, the template and its lifeline
+        self.sel = selectors.DefaultSelector()
+        self.lifeline_r, self.lifeline_w = os.pipe()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.tsock = ours
+        self.template = subprocess.Popen(
+            [sys.executable, "-m", "jupyter_mesh._runtime.template", str(theirs.fileno()), str(self.lifeline_r)],
+            pass_fds=(theirs.fileno(), self.lifeline_r),
+            stdin=subprocess.DEVNULL,
+        )
+        theirs.close()
+        self._tsend({"op": "key", "key": cfg["key"]})
+        if cfg.get("preload"):
+            self._tsend({"op": "preload", "modules": cfg["preload"], "token": 0})
+        self.sel.register(self.tsock, selectors.EVENT_READ, ("template", None))
+        self.wake_r, self.wake_w = os.pipe()
+        self.sel.register(self.wake_r, selectors.EVENT_READ, ("wake", None))
+
+    # -- plumbing ---------------------------------------------------------------------------------
+    def _tsend(self, obj: dict[str, Any], fds: list[int] = ()) -> None:  # type: ignore[assignment]
+        socket.send_fds(self.tsock, [json.dumps(obj).encode()], list(fds))
+
+    def _event(self, header: dict[str, Any], obj: Any = None) -> None:
+        payload, bufs = dumps(obj) if obj is not None else (b"", [])
+        try:
+            self.transport.send(self.controller, Message(header, payload, bufs))
+        except Exception:  # noqa: BLE001 - controller gone: the lifeline will end us
+            pass
+
+    def _reply(self, to: tuple[str, int], ok: int, obj: Any) -> None:
+        payload, bufs = dumps(obj)
+        self.transport.send(to[0], Message({"k": "r", "i": to[1], "ok": ok}, payload, bufs))
+
+    # -- receive thread ---------------------------------------------------------------------------
+    def handle(self, msg: Message, frames: list[Any]) -> None:
+        h = msg.header
+        k = h["k"]
+        if k == "r" and "to" in h:
+            self._gathered(h, msg)
+        elif k == "c" or k == "spawn":
+            self._relay(h, frames)
+        elif k == "proc_up":
+            self._proc_up(h)
+        elif k == "spawn_procs":
+            self._spawn_procs(h)
+        elif k == "stop_procs":
+            self._stop_procs(h)
+        elif k == "stats":
+            self._reply((h["s"], h["i"]), OK, vars(self.transport.stats))
+        elif k == "shutdown":
+            self.shutdown()
+
+    def _relay(self, h: dict[str, Any], frames: list[Any]) -> None:
+        sl = Slice.from_wire(h["sl"])
+        with self.lock:
+            mesh = self.meshes.get(h["pm"])
+            if mesh is None:
+                return
+            targets = [self.procs[(mesh.mesh_id, r)] for r in mesh.ranks if sl.index_of(r) is not None]
+            dead = [p for p in targets if not p.alive]
+            if h["rm"] == GATHER:
+                g = _Gather(mesh.mesh_id, h["s"], h["i"], {p.rank for p in targets})
+                self.gathers[(h["s"], h["i"])] = g
+        for p in targets:
+            if p.alive:
+                self.transport.send_raw(p.addr, frames)
+        for p in dead:
+            self._broken(h, p)
+
+    def _failure(self, p: _Proc, kind: str, detail: str, code: int | None = None, sig: int | None = None) -> Failure:
+        mesh = self.meshes.get(p.mesh_id)
+        tail = "".join(p.tail)
+        return Failure(mesh.name if mesh else p.mesh_id, dict(mesh.shape.point(p.rank)) if mesh else {},
+                       kind, detail, tail, code, sig)
+
+    def _broken(self, h: dict[str, Any], p: _Proc) -> None:
+        f = self._failure(p, "exit", f"proc {p.pid} is not running")
+        if h["rm"] == GATHER:
+            self._add_to_gather((h["s"], h["i"]), p.rank, BROKEN, dumps(f)[0], [])
+        elif h["rm"] == DIRECT:
+            self.transport.send(h["s"], Message({"k": "r", "i": h["i"], "rk": p.rank, "ok": BROKEN}, dumps(f)[0]))
+
+    def _gathered(self, h: dict[str, Any], msg: Message) -> None:
+        self._add_to_gather((h["to"], h["i"]), h["rk"], h["ok"], msg.payload, msg.buffers)
+
+    def _add_to_gather(self, key: tuple[str, int], rank: int, ok: int, payload: Any, bufs: list[Any]) -> None:
+        with self.lock:
+            g = self.gathers.get(key)
+            if g is None or rank not in g.outstanding:
+                return
+            g.outstanding.discard(rank)
+            g.entries.append((rank, ok, payload, bufs))
+            if g.outstanding:
+                return
+            del self.gathers[key]
+        table, payload_all, bufs_all = pack_gathered(g.entries)
+        self.transport.send(g.sender, Message({"k": "g", "i": g.call_id, "n": table}, payload_all, bufs_all))
+
+    def _spawn_procs(self, h: dict[str, Any]) -> None:
+        shape = Shape.from_wire(h["shape"])
+        mesh = _Mesh(h["mesh_id"], h["name"], shape, list(h["ranks"]), spawn_reply=(h["s"], h["i"]))
+        with self.lock:
+            self.meshes[mesh.mesh_id] = mesh
+            if h.get("preload"):
+                self._tsend({"op": "preload", "modules": h["preload"], "token": 0})
+            for rank in mesh.ranks:
+                label = ",".join(f"{k}={v}" for k, v in Point(rank, shape.extent).items())
+                p = _Proc(mesh.mesh_id, rank, label)
+                self.procs[(mesh.mesh_id, rank)] = p
+                out_r, out_w = os.pipe()
+                err_r, err_w = os.pipe()
+                cfg = {"rank": rank, "mesh_id": mesh.mesh_id, "mesh_name": mesh.name, "shape": h["shape"],
+                       "agent": self.transport.address, "env": h.get("env") or {}, "preload": h.get("preload") or [],
+                       "bind": h.get("bind", "tcp://127.0.0.1"), "cwd": h.get("cwd"), "path": h.get("path")}
+                token = next(self._tokens)
+                self.fork_tokens[token] = p
+                self._tsend({"op": "fork", "token": token, "cfg": cfg}, [out_w, err_w])
+                os.close(out_w)
+                os.close(err_w)
+                for fd, stream in ((out_r, 1), (err_r, 2)):
+                    os.set_blocking(fd, False)
+                    self.sel.register(fd, selectors.EVENT_READ, ("pipe", (p, stream, bytearray())))
+        os.write(self.wake_w, b"x")  # the I/O thread re-reads the selector
+
+    def _proc_up(self, h: dict[str, Any]) -> None:
+        with self.lock:
+            p = self.procs.get((h["m"], h["rk"]))
+            if p is None:
+                return
+            p.addr, p.up = h["addr"], True
+            if not p.pid:
+                p.pid = h["pid"]
+                self.by_pid[p.pid] = p
+            self._maybe_spawned(self.meshes[p.mesh_id])
+
+    def _maybe_spawned(self, mesh: _Mesh) -> None:
+        if mesh.spawn_reply is None:
+            return
+        procs = [self.procs[(mesh.mesh_id, r)] for r in mesh.ranks]
+        failed = [p for p in procs if not p.alive]
+        if failed:
+            to, mesh.spawn_reply = mesh.spawn_reply, None
+            fails = [self._failure(p, "start", f"proc failed to start ({_how(p)})") for p in failed]
+            self._reply(to, RAISED, SupervisionError(fails, "while starting its procs"))
+        elif all(p.up for p in procs):
+            to, mesh.spawn_reply = mesh.spawn_reply, None
+            self._reply(to, OK, [(p.rank, p.addr, p.pid) for p in procs])
+
+    def _stop_procs(self, h: dict[str, Any]) -> None:
+        grace = float(h.get("grace", 10.0))
+        with self.lock:
+            mesh = self.meshes.get(h["mesh_id"])
+            if mesh is None:
+                self._reply((h["s"], h["i"]), OK, None)
+                return
+            mesh.stop_replies.append((h["s"], h["i"]))
+            procs = [self.procs[(mesh.mesh_id, r)] for r in mesh.ranks]
+            for p in procs:
+                p.stopping = True
+            alive = [p for p in procs if p.alive]
+        for p in alive:
+            if p.up:
+                self.transport.send(p.addr, Message({"k": "stop"}))
+            else:
+                _kill(p.pid, signal.SIGKILL)
+        if alive:
+            t = threading.Timer(grace, self._escalate, args=(alive,))
+            t.daemon = True
+            t.start()
+        self._maybe_stopped(mesh)
+
+    def _escalate(self, procs: list[_Proc]) -> None:
+        for p in procs:
+            if p.alive:
+                _kill(p.pid, signal.SIGKILL)
+
+    def _maybe_stopped(self, mesh: _Mesh) -> None:
+        with self.lock:
+            if not mesh.stop_replies or any(self.procs[(mesh.mesh_id, r)].alive for r in mesh.ranks):
+                return
+            replies, mesh.stop_replies = mesh.stop_replies, []
+            for r in mesh.ranks:
+                p = self.procs.pop((mesh.mesh_id, r))
+                self.by_pid.pop(p.pid, None)
+            del self.meshes[mesh.mesh_id]
+        for to in replies:
+            self._reply(to, OK, None)
+
+    # -- I/O thread -------------------------------------------------------------------------------
+    def io_loop(self) -> None:
+        while not self.shutting_down:
+            for key, _ in self.sel.select():
+                kind, data = key.data
+                if kind == "template":
+                    self._template_event()
+                elif kind == "wake":
+                    try:
+                        os.read(self.wake_r, 512)
+                    except BlockingIOError:
+                        pass
+                else:
+                    self._pipe_readable(key.fd, *data)
+
+    def _template_event(self) -> None:
+        try:
+            data = self.tsock.recv(1 << 16)
+        except OSError:
+            data = b""
+        if not data:
+            if self.shutting_down:
+                return
+            print("jupyter-mesh agent: the template process died; shutting down", file=sys.stderr)
+            self.shutdown()
+            return
+        msg = json.loads(data)
+        op = msg["op"]
+        if op == "forked":
+            with self.lock:
+                p = self.fork_tokens.pop(msg["token"], None)
+                if p is not None and not p.pid:
+                    p.pid = msg["pid"]
+                    self.by_pid[p.pid] = p
+        elif op == "exit":
+            self._proc_exited(msg["pid"], msg["code"], msg["signal"])
+        elif op == "preloaded" and msg["errors"]:
+            print("jupyter-mesh agent: preload failed: " + "; ".join(msg["errors"]), file=sys.stderr)
+
+    def _proc_exited(self, pid: int, code: int | None, sig: int | None) -> None:
+        with self.lock:
+            p = self.by_pid.get(pid)
+            if p is None or not p.alive:
+                return
+            p.alive = False
+            mesh = self.meshes.get(p.mesh_id)
+            pending = [k for k, g in self.gathers.items() if g.mesh_id == p.mesh_id and p.rank in g.outstanding]
+        how = _how(p, code, sig)
+        kind = "signal" if sig else "exit"
+        f = self._failure(p, kind, f"proc {pid} {how}", code, sig)
+        for key in pending:
+            self._add_to_gather(key, p.rank, BROKEN, dumps(f)[0], [])
+        if mesh is not None:
+            self._maybe_spawned(mesh)
+            if not p.stopping:
+                self._event({"k": "proc_exit", "m": p.mesh_id, "rk": p.rank}, f)
+            self._maybe_stopped(mesh)
+
+    def _pipe_readable(self, fd: int, p: _Proc, stream: int, buf: bytearray) -> None:
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if chunk:
+            buf += chunk
+            cut = buf.rfind(b"\n")
+            if cut < 0 and len(buf) < 1 << 16:
+                return
+            text, rest = bytes(buf[: cut + 1] if cut >= 0 else buf), buf[cut + 1 :] if cut >= 0 else b""
+            buf[:] = rest
+        else:
+            self.sel.unregister(fd)
+            os.close(fd)
+            text = bytes(buf)
+            buf.clear()
+            if not text:
+                return
+        lines = text.decode(errors="replace").splitlines()
+        p.tail.extend(line + "\n" for line in lines)
+        self._event({"k": "out", "m": p.mesh_id, "rk": p.rank, "fd": stream, "label": p.label, "lines": lines})
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Kill every proc, the template, and exit. Runs on controller request or its death."""
+        if self.shutting_down:
+            return
+        self.shutting_down = True
+        with self.lock:
+            procs = [p for p in self.procs.values() if p.alive]
+        for p in procs:
+            _kill(p.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline and any(_alive(p.pid) for p in procs):
+            time.sleep(0.02)
+        for p in procs:
+            _kill(p.pid, signal.SIGKILL)
+        os.close(self.lifeline_w)
+        self.template.kill()
+        self.template.wait(5)
+        os._exit(0)
+
+
+def _how(p: _Proc, code: int | None = None, sig: int | None = None) -> str:
+    if sig:
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = str(sig)
+        return f"was killed by {name}"
+    if code is not None:
+        return f"exited with code {code}"
+    return "exited"
+
+
+def _kill(pid: int, sig: int) -> None:
+    if pid:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _alive(pid: int) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purposes
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def _watch_stdin(agent: Agent) -> None:
+    """EOF on stdin: the controller is gone (or closed us). Clean up and exit."""
+    try:
+        while sys.stdin.buffer.read(1 << 12):
+            pass
+    except OSError:
+        pass
+    agent.shutdown()
+
+
+def main() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the kernel's interrupts are not for us
+    line = sys.stdin.buffer.readline()
+    if not line:
+        sys.exit("jupyter-mesh agent: expected a JSON configuration line on stdin")
+    cfg = json.loads(line)
+    agent = Agent(cfg)
+    threading.Thread(target=agent.transport.serve, args=(agent.handle,), name="recv", daemon=True).start()
+    threading.Thread(target=_watch_stdin, args=(agent,), name="lifeline", daemon=True).start()
+    agent._event({"k": "agent_up", "h": agent.host_index, "addr": agent.transport.address, "pid": os.getpid(),
+                  "hk": host_key(), "nonce": cfg.get("nonce", "")})
+    try:
+        agent.io_loop()
+    finally:
+        agent.shutdown()
+
+
+if __name__ == "__main__":
+    main()

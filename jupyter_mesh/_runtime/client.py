@@ -1,0 +1,398 @@
+"""The calling side of the runtime, shared by the controller and by actors that call other actors.
+
+It turns endpoint calls into signed messages and replies into futures:
+
+* ``call`` / ``stream`` / ``broadcast`` on a mesh of N procs over H hosts cost one send per host: the
+  host's agent relays the (already signed) message to its procs and, for ``call``, gathers their
+  replies into one message back.
+* ``call_one`` / ``choose`` go straight to the proc, which is what decides latency.
+* Every message from this process to an actor carries a per-rank sequence number, so a proc can
+  restore send order across the two paths: messages from one sender to one actor run FIFO.
+"""
+
+from __future__ import annotations
+
+import itertools
+import pickle
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterator
+
+from .._future import Future
+from .._shape import Shape
+from .._value_mesh import ValueMesh
+from ..errors import (
+    ActorError,
+    Failure,
+    MeshClosedError,
+    MeshError,
+    RemoteFailure,
+    SerializationError,
+    SupervisionError,
+)
+from .._serialize import describe_unpicklable, dumps, loads
+from .._transport import Message, Transport
+
+if TYPE_CHECKING:
+    from .._mesh import ActorMesh, ProcMeshRef
+
+__all__ = ["Client", "current_client", "set_current_client"]
+
+# reply modes carried in a call header ("rm")
+NO_REPLY, DIRECT, GATHER = 0, 1, 2
+# per-rank status in replies ("ok")
+RAISED, OK, BROKEN = 0, 1, 2
+
+_current: Client | None = None
+_current_lock = threading.Lock()
+
+
+def current_client() -> Client:
+    """This process's client: in a proc the one its runtime installed, else the controller's."""
+    global _current
+    if _current is None:
+        with _current_lock:
+            if _current is None:
+                from .controller import Controller
+
+                _current = Controller.get().client
+    return _current
+
+
+def set_current_client(client: Client | None) -> None:
+    global _current
+    _current = client
+
+
+@dataclass
+class _Pending:
+    """A call waiting for replies from ``ranks`` (global ranks, in view order)."""
+
+    future: Future[Any] | None
+    mesh_id: str
+    mode: str  # call | one | stream | request
+    actor: str = ""
+    endpoint: str = ""
+    shape: Shape | None = None
+    ranks: list[int] = field(default_factory=list)
+    outstanding: set[int] = field(default_factory=set)
+    values: dict[int, Any] = field(default_factory=dict)
+    raised: list[RemoteFailure] = field(default_factory=list)
+    broken: list[Failure] = field(default_factory=list)
+    ref: ProcMeshRef | None = None
+    stream_q: queue.SimpleQueue[Future[Any]] | None = None
+
+
+class Client:
+    """Sends calls, matches replies to pending futures, fails them when ranks break."""
+
+    def __init__(self, transport: Transport):
+        self.transport = transport
+        self.address = transport.address
+        self._ids = itertools.count(1)
+        self._pending: dict[int, _Pending] = {}
+        self._lock = threading.Lock()  # pending table, seq counters, send order
+        self._seq: dict[str, list[int]] = {}
+        self._inflight: dict[tuple[str, int], int] = {}
+        self._failed: dict[tuple[str, int], Failure] = {}
+        self._stopped: set[str] = set()
+
+    # -- helpers ---------------------------------------------------------------------------------------
+    def _encode_args(self, mesh: ActorMesh[Any], endpoint: str, args: Any, kwargs: Any) -> tuple[bytes, list[Any]]:
+        try:
+            return dumps((args, kwargs))
+        except SerializationError:
+            which = describe_unpicklable(args, kwargs)
+            raise SerializationError(
+                f"cannot send {which} to {mesh._class_name}.{endpoint}: it does not pickle. "
+                "Pass plain data, tensors or arrays; open files, locks and sockets cannot travel."
+            ) from None
+
+    def _check_targets(self, ref: ProcMeshRef, ranks: list[int], context: str) -> None:
+        if ref.mesh_id in self._stopped:
+            raise MeshClosedError(
+                f"proc mesh '{ref.name}' was stopped; {context} cannot run. Spawn a new proc mesh."
+            )
+        failed = [self._failed[(ref.mesh_id, r)] for r in ranks if (ref.mesh_id, r) in self._failed]
+        if failed:
+            raise SupervisionError(failed, context)
+
+    def _seqs(self, mesh: ActorMesh[Any], ranks: list[int]) -> int | list[int]:
+        arr = self._seq.get(mesh._actor_id)
+        if arr is None:
+            arr = self._seq[mesh._actor_id] = [0] * len(mesh._ref.proc_addrs)
+        vals = [arr[r] for r in ranks]
+        for r in ranks:
+            arr[r] += 1
+        first = vals[0]
+        return first if all(v == first for v in vals) else vals
+
+    def _register(self, p: _Pending) -> int:
+        call_id = next(self._ids)
+        self._pending[call_id] = p
+        return call_id
+
+    # -- calls -----------------------------------------------------------------------------------------
+    def spawn_actors(self, mesh: ActorMesh[Any], cls: type, args: Any, kwargs: Any) -> Future[None]:
+        ranks = mesh._shape.ranks()
+        self._check_targets(mesh._ref, ranks, f"spawning {mesh._name}")
+        try:
+            payload, bufs = dumps((cls, args, kwargs))
+        except SerializationError as e:
+            raise SerializationError(f"cannot send {cls.__qualname__} and its arguments to the procs: {e}") from None
+        fut: Future[None] = Future(f"spawn of {mesh._name}")
+        p = _Pending(fut, mesh._ref.mesh_id, "spawn", mesh._name, "__init__", mesh._shape, ranks, set(ranks), ref=mesh._ref)
+        header = {"k": "spawn", "pm": mesh._ref.mesh_id, "a": mesh._actor_id, "n": mesh._name, "sl": mesh._shape.slice.to_wire(),
+                  "s": self.address, "rm": GATHER}
+        self._send_cast(mesh, ranks, header, payload, bufs, p)
+        return fut
+
+    def cast(self, mesh: ActorMesh[Any], endpoint: str, args: Any, kwargs: Any, mode: str) -> Any:
+        ranks = mesh._shape.ranks()
+        self._check_targets(mesh._ref, ranks, f"calling {mesh._class_name}.{endpoint}")
+        payload, bufs = self._encode_args(mesh, endpoint, args, kwargs)
+        header = {"k": "c", "pm": mesh._ref.mesh_id, "a": mesh._actor_id, "m": endpoint,
+                  "sl": mesh._shape.slice.to_wire(), "s": self.address}
+        if mode == "broadcast":
+            header["rm"] = NO_REPLY
+            self._send_cast(mesh, ranks, header, payload, bufs, None)
+            return None
+        fut: Future[Any] = Future(f"{mesh._class_name}.{endpoint}")
+        p = _Pending(fut, mesh._ref.mesh_id, mode, mesh._name, endpoint, mesh._shape, ranks, set(ranks), ref=mesh._ref)
+        if mode == "stream":
+            p.stream_q = queue.SimpleQueue()
+            header["rm"] = DIRECT
+            self._send_cast(mesh, ranks, header, payload, bufs, p)
+            return self._iter_stream(p)
+        header["rm"] = GATHER
+        self._send_cast(mesh, ranks, header, payload, bufs, p)
+        return fut
+
+    def _send_cast(
+        self, mesh: ActorMesh[Any], ranks: list[int], header: dict[str, Any], payload: bytes, bufs: list[Any],
+        p: _Pending | None,
+    ) -> None:
+        ref = mesh._ref
+        hosts = sorted({ref.rank_host[r] for r in ranks})
+        with self._lock:
+            header["i"] = self._register(p) if p is not None else 0
+            header["q"] = self._seqs(mesh, ranks)
+            frames = self.transport.encode(Message(header, payload, bufs))
+            for h in hosts:
+                self.transport.send_raw(ref.agent_addrs[h], frames)
+
+    def call_rank(self, mesh: ActorMesh[Any], rank: int, endpoint: str, args: Any, kwargs: Any) -> Future[Any]:
+        ref = mesh._ref
+        self._check_targets(ref, [rank], f"calling {mesh._class_name}.{endpoint}")
+        payload, bufs = self._encode_args(mesh, endpoint, args, kwargs)
+        fut: Future[Any] = Future(f"{mesh._class_name}.{endpoint}")
+        p = _Pending(fut, ref.mesh_id, "one", mesh._name, endpoint, None, [rank], {rank}, ref=ref)
+        key = (mesh._actor_id, rank)
+        with self._lock:
+            call_id = self._register(p)
+            self._inflight[key] = self._inflight.get(key, 0) + 1
+            header = {"k": "c", "a": mesh._actor_id, "m": endpoint, "rk": rank, "s": self.address,
+                      "rm": DIRECT, "i": call_id, "q": self._seqs(mesh, [rank])}
+            self.transport.send(ref.proc_addrs[rank], Message(header, payload, bufs))
+        fut.add_done_callback(lambda _f: self._done_inflight(key))
+        return fut
+
+    def _done_inflight(self, key: tuple[str, int]) -> None:
+        with self._lock:
+            n = self._inflight.get(key, 1) - 1
+            if n:
+                self._inflight[key] = n
+            else:
+                self._inflight.pop(key, None)
+
+    def choose(self, mesh: ActorMesh[Any], endpoint: str, args: Any, kwargs: Any) -> Future[Any]:
+        alive = [r for r in mesh._shape.ranks() if (mesh._ref.mesh_id, r) not in self._failed]
+        if not alive:
+            self._check_targets(mesh._ref, mesh._shape.ranks(), f"choosing an actor of {mesh._name}")
+        start = next(self._ids)  # rotate ties so equal loads spread out
+        n = len(alive)
+        order = alive[start % n:] + alive[: start % n]
+        rank = min(order, key=lambda r: self._inflight.get((mesh._actor_id, r), 0))
+        return self.call_rank(mesh, rank, endpoint, args, kwargs)
+
+    def _iter_stream(self, p: _Pending) -> Iterator[Future[Any]]:
+        assert p.stream_q is not None
+        for _ in range(len(p.ranks)):
+            yield p.stream_q.get()
+
+    def request(self, address: str, header: dict[str, Any], obj: Any = None, what: str = "request") -> Future[Any]:
+        """A control request (to an agent): the reply's payload is the future's value."""
+        fut: Future[Any] = Future(what)
+        payload, bufs = dumps(obj)
+        with self._lock:
+            header["i"] = self._register(_Pending(fut, "", "request"))
+            header["s"] = self.address
+            self.transport.send(address, Message(header, payload, bufs))
+        return fut
+
+    # -- replies ---------------------------------------------------------------------------------------
+    def on_reply(self, msg: Message) -> None:
+        """Called on the receive thread for ``r`` (one rank) and ``g`` (gathered per host) messages."""
+        h = msg.header
+        with self._lock:
+            p = self._pending.get(h["i"])
+        if p is None:
+            return  # cancelled, timed out or already failed
+        if h["k"] == "r":
+            self._add(p, h["i"], h.get("rk", 0), h["ok"], msg.payload, msg.buffers)
+            return
+        pos, bpos = 0, 0
+        payload = memoryview(msg.payload)
+        for rank, ok, plen, nbuf in h["n"]:
+            part = payload[pos : pos + plen]
+            self._add(p, h["i"], rank, ok, part, msg.buffers[bpos : bpos + nbuf])
+            pos += plen
+            bpos += nbuf
+
+    def _add(self, p: _Pending, call_id: int, rank: int, ok: int, payload: Any, bufs: list[Any]) -> None:
+        if p.mode == "request":
+            self._finish(call_id)
+            assert p.future is not None
+            try:
+                value = loads(payload, bufs)
+            except Exception as e:  # noqa: BLE001
+                p.future._set_exception(SerializationError(f"cannot unpickle the reply: {e}"))
+                return
+            if ok == OK:
+                p.future._set_result(value)
+            else:
+                p.future._set_exception(value if isinstance(value, BaseException) else MeshError(str(value)))
+            return
+        with self._lock:
+            if rank not in p.outstanding:
+                return
+            p.outstanding.discard(rank)
+            done = not p.outstanding
+            if done:
+                self._pending.pop(call_id, None)
+        outcome = self._decode_outcome(p, rank, ok, payload, bufs)
+        if p.mode == "stream":
+            assert p.stream_q is not None
+            f: Future[Any] = Future(p.endpoint)
+            if isinstance(outcome, RemoteFailure):
+                f._set_exception(ActorError([outcome], total=len(p.ranks)))
+            elif isinstance(outcome, Failure):
+                f._set_exception(SupervisionError([outcome], f"during {p.actor}.{p.endpoint}"))
+            else:
+                f._set_result(outcome)
+            p.stream_q.put(f)
+            return
+        if isinstance(outcome, RemoteFailure):
+            p.raised.append(outcome)
+        elif isinstance(outcome, Failure):
+            p.broken.append(outcome)
+        else:
+            p.values[rank] = outcome
+        if done:
+            self._complete(p)
+
+    def _decode_outcome(self, p: _Pending, rank: int, ok: int, payload: Any, bufs: list[Any]) -> Any:
+        try:
+            value = loads(payload, bufs)
+        except Exception as e:  # noqa: BLE001 - a result we cannot unpickle is that rank's error
+            coords = p.ref.coords(rank) if p.ref else {}
+            return RemoteFailure(coords, p.actor, p.endpoint, "SerializationError",
+                                 f"the result does not unpickle here: {e}", "")
+        if ok == OK:
+            return value
+        if ok == BROKEN:
+            return value  # a Failure built by the agent or proc
+        return _remote_failure(value, p, rank)
+
+    def _complete(self, p: _Pending) -> None:
+        assert p.future is not None
+        if p.mode == "stream":
+            return
+        if p.broken:
+            p.future._set_exception(SupervisionError(p.broken, f"during {p.actor}.{p.endpoint}"))
+        elif p.raised:
+            p.raised.sort(key=lambda f: tuple(f.coords.values()))
+            p.future._set_exception(ActorError(p.raised, total=len(p.ranks)))
+        elif p.mode == "one":
+            p.future._set_result(p.values[p.ranks[0]])
+        elif p.mode == "spawn":
+            p.future._set_result(None)
+        else:
+            assert p.shape is not None
+            p.future._set_result(ValueMesh(p.shape, [p.values[r] for r in p.ranks]))
+
+    def _finish(self, call_id: int) -> None:
+        with self._lock:
+            self._pending.pop(call_id, None)
+
+    # -- supervision -----------------------------------------------------------------------------------
+    def mark_failed(self, failure_by_rank: dict[int, Failure], mesh_id: str) -> None:
+        """Ranks of ``mesh_id`` broke: fail what waits on them now, and later calls at the call site."""
+        with self._lock:
+            for r, f in failure_by_rank.items():
+                self._failed[(mesh_id, r)] = f
+            hit = [(cid, p) for cid, p in self._pending.items() if p.mesh_id == mesh_id and p.outstanding & failure_by_rank.keys()]
+        for cid, p in hit:
+            for r in sorted(p.outstanding & failure_by_rank.keys()):
+                self._add(p, cid, r, BROKEN, pickle.dumps(failure_by_rank[r]), [])
+
+    def clear_failed(self, mesh_id: str, ranks: list[int]) -> None:
+        with self._lock:
+            for r in ranks:
+                self._failed.pop((mesh_id, r), None)
+
+    def failed_ranks(self, mesh_id: str) -> dict[int, Failure]:
+        with self._lock:
+            return {r: f for (m, r), f in self._failed.items() if m == mesh_id}
+
+    def mark_stopped(self, mesh_id: str) -> None:
+        with self._lock:
+            self._stopped.add(mesh_id)
+            hit = [(cid, p) for cid, p in self._pending.items() if p.mesh_id == mesh_id]
+            for cid, _ in hit:
+                self._pending.pop(cid, None)
+        for _, p in hit:
+            err = MeshClosedError(f"proc mesh of '{p.actor}' was stopped while {p.endpoint} was pending")
+            if p.stream_q is not None:
+                for _ in range(len(p.outstanding)):
+                    f: Future[Any] = Future(p.endpoint)
+                    f._set_exception(err)
+                    p.stream_q.put(f)
+            elif p.future is not None:
+                p.future._set_exception(err)
+
+    def fail_all(self, exc: BaseException) -> None:
+        """The runtime is going away: nothing pending may hang."""
+        with self._lock:
+            pending, self._pending = list(self._pending.values()), {}
+        for p in pending:
+            if p.stream_q is not None:
+                for _ in range(len(p.outstanding)):
+                    f: Future[Any] = Future(p.endpoint)
+                    f._set_exception(exc)
+                    p.stream_q.put(f)
+            elif p.future is not None:
+                p.future._set_exception(exc)
+
+
+def _remote_failure(info: Any, p: _Pending, rank: int) -> RemoteFailure:
+    coords = p.ref.coords(rank) if p.ref else {}
+    exc = None
+    if info.get("exc") is not None:
+        try:
+            exc = loads(info["exc"])
+        except Exception:  # noqa: BLE001 - the class may not exist here; the text is enough
+            exc = None
+    return RemoteFailure(coords, p.actor, info.get("endpoint", p.endpoint), info["type"], info["msg"], info["tb"], exc)
+
+
+def pack_gathered(entries: list[tuple[int, int, bytes | memoryview, list[Any]]]) -> tuple[list[list[int]], bytes, list[Any]]:
+    """(rank, ok, payload, buffers) per rank -> header table, one payload, all buffers (for ``g``)."""
+    table, parts, bufs = [], [], []
+    for rank, ok, payload, b in entries:
+        table.append([rank, ok, len(payload), len(b)])
+        parts.append(bytes(payload))
+        bufs.extend(b)
+    return table, b"".join(parts), bufs
+

@@ -1,0 +1,100 @@
+"""Pickling with out-of-band buffers: arrays and tensors travel as their own frames, never inside the pickle.
+
+cloudpickle (so classes and functions defined in ``__main__`` or a notebook cell travel by value) with
+pickle protocol 5: every large contiguous buffer becomes a separate frame that the transport sends
+without copying. torch is only looked at if something already imported it.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import sys
+import warnings
+from typing import Any, Sequence
+
+import cloudpickle
+
+from .errors import SerializationError
+
+__all__ = ["INBAND_LIMIT", "dumps", "loads"]
+
+# Buffers smaller than this stay inside the pickle: a frame of its own costs more than a copy.
+INBAND_LIMIT = 32 * 1024
+
+
+def _rebuild_tensor(buf: Any, dtype: str, shape: tuple[int, ...], requires_grad: bool, param: bool) -> Any:
+    import torch
+
+    dt = getattr(torch, dtype)
+    if len(memoryview(buf)) == 0:
+        t = torch.empty(shape, dtype=dt)
+    else:
+        with warnings.catch_warnings():
+            # zmq frames are read-only buffers we own: torch warns but writing to them is safe
+            warnings.simplefilter("ignore", UserWarning)
+            t = torch.frombuffer(buf, dtype=torch.uint8).view(dt).reshape(shape)
+    if param:
+        return torch.nn.Parameter(t, requires_grad=requires_grad)
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+def _reduce_tensor(torch: Any, t: Any) -> Any:
+    if t.device.type != "cpu" or t.layout != torch.strided or t.is_quantized or t.is_conj() or t.is_neg():
+        return NotImplemented
+    c = t.detach().contiguous()
+    raw = c.reshape(-1).view(torch.uint8).numpy() if c.numel() else b""
+    buf = pickle.PickleBuffer(raw)
+    dtype = str(c.dtype).removeprefix("torch.")
+    return (
+        _rebuild_tensor,
+        (buf, dtype, tuple(c.shape), bool(t.requires_grad), isinstance(t, torch.nn.Parameter)),
+    )
+
+
+class _Pickler(cloudpickle.Pickler):
+    def reducer_override(self, obj: Any) -> Any:
+        torch = sys.modules.get("torch")
+        if torch is not None and type(obj) in (torch.Tensor, torch.nn.Parameter):
+            return _reduce_tensor(torch, obj)
+        return super().reducer_override(obj)
+
+
+def dumps(obj: Any) -> tuple[bytes, list[memoryview]]:
+    """Pickle ``obj``; returns the pickle bytes and the out-of-band buffers, in order."""
+    buffers: list[memoryview] = []
+
+    def keep(pb: pickle.PickleBuffer) -> bool:
+        m = pb.raw()
+        if m.nbytes < INBAND_LIMIT:
+            return True  # serialize in-band
+        buffers.append(m)
+        return False
+
+    f = io.BytesIO()
+    try:
+        _Pickler(f, protocol=5, buffer_callback=keep).dump(obj)
+    except Exception as e:  # noqa: BLE001 - re-raised with context
+        raise SerializationError(f"cannot pickle {type(obj).__name__}: {e}") from e
+    return f.getvalue(), buffers
+
+
+def loads(payload: bytes | memoryview, buffers: Sequence[Any] = ()) -> Any:
+    return pickle.loads(payload, buffers=buffers)
+
+
+def describe_unpicklable(args: Sequence[Any], kwargs: dict[str, Any]) -> str:
+    """Name the first argument that does not pickle, for an error at the call site."""
+    for i, a in enumerate(args):
+        try:
+            dumps(a)
+        except SerializationError as e:
+            return f"positional argument {i} ({type(a).__name__}): {e.__cause__}"
+    for k, v in kwargs.items():
+        try:
+            dumps(v)
+        except SerializationError as e:
+            return f"keyword argument '{k}' ({type(v).__name__}): {e.__cause__}"
+    return "an argument"

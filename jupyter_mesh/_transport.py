@@ -1,0 +1,204 @@
+"""Signed ZeroMQ messaging: one bound inbox per process, one outgoing socket per peer.
+
+Every message is ``[signature, header, payload, *buffers]``. ``header`` is msgpack (kind, ids, target,
+method, ...), ``payload`` a pickle, ``buffers`` the pickle's out-of-band buffers sent without copying.
+The signature is HMAC-SHA256 with the session key over header and payload, as Jupyter signs its
+messages; the header also pins the number and length of every buffer frame. A message whose signature
+or framing does not check out is dropped and counted *before* anything in it is decoded or unpickled.
+
+This module knows nothing of actors or meshes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import msgpack
+import zmq
+
+__all__ = ["Message", "Transport", "TransportStats"]
+
+log = logging.getLogger("jupyter_mesh.transport")
+
+PROTOCOL_VERSION = 1
+_SIG_LEN = 32
+
+
+@dataclass
+class Message:
+    header: dict[str, Any]
+    payload: bytes | memoryview = b""
+    buffers: list[Any] = field(default_factory=list)
+
+
+@dataclass
+class TransportStats:
+    """Counters a test (or ``jupyter-mesh status``) can read: nothing is dropped silently."""
+
+    sent: int = 0
+    received: int = 0
+    dropped_bad_signature: int = 0
+    dropped_malformed: int = 0
+
+    @property
+    def dropped(self) -> int:
+        return self.dropped_bad_signature + self.dropped_malformed
+
+
+class Transport:
+    """A process's endpoint on the control plane.
+
+    ``address`` is the inbox peers send to. ``send`` may be called from any thread; receiving happens
+    on one thread that calls ``handler(message)`` for each authentic message (see :meth:`serve`).
+    """
+
+    def __init__(self, key: bytes, bind: str = "tcp://127.0.0.1"):
+        if len(key) < 16:
+            raise ValueError("the session key must be at least 16 bytes")
+        self._key = key
+        self._ctx = zmq.Context()
+        self._inbox = self._ctx.socket(zmq.PULL)
+        self._inbox.setsockopt(zmq.RCVHWM, 0)
+        self._inbox.setsockopt(zmq.LINGER, 0)
+        self._inbox.setsockopt(zmq.MAXMSGSIZE, -1)
+        if bind.startswith("tcp://"):
+            port = self._inbox.bind_to_random_port(bind)
+            self.address = f"{bind}:{port}"
+        else:
+            self._inbox.bind(bind)
+            self.address = bind
+        self._outs: dict[str, tuple[zmq.Socket[Any], threading.Lock]] = {}
+        self._outs_lock = threading.Lock()
+        self.stats = TransportStats()
+        self._closed = False
+
+    # -- signing --------------------------------------------------------------------------------------
+    def _sign(self, header: bytes, payload: bytes | memoryview) -> bytes:
+        h = hmac.new(self._key, header, hashlib.sha256)
+        h.update(payload)
+        return h.digest()
+
+    def encode(self, msg: Message) -> list[Any]:
+        msg.header["v"] = PROTOCOL_VERSION
+        msg.header["nb"] = [memoryview(b).nbytes for b in msg.buffers]
+        header = msgpack.packb(msg.header, use_bin_type=True)
+        return [self._sign(header, msg.payload), header, msg.payload, *msg.buffers]
+
+    def decode(self, frames: Sequence[Any]) -> Message | None:
+        """Authenticate and parse; None (and a counter bump) for anything not from a key holder."""
+        try:
+            if len(frames) < 3:
+                self.stats.dropped_malformed += 1
+                return None
+            sig, header, payload = (_bytes(f) for f in frames[:3])
+            if len(sig) != _SIG_LEN or not hmac.compare_digest(sig, self._sign(header, payload)):
+                self.stats.dropped_bad_signature += 1
+                return None
+            h = msgpack.unpackb(header, raw=False)
+            bufs = [f.buffer if isinstance(f, zmq.Frame) else f for f in frames[3:]]
+            if (
+                not isinstance(h, dict)
+                or h.get("v") != PROTOCOL_VERSION
+                or h.get("nb") != [memoryview(b).nbytes for b in bufs]
+            ):
+                self.stats.dropped_malformed += 1
+                return None
+        except Exception:  # noqa: BLE001 - anything odd from the wire is dropped, never fatal
+            self.stats.dropped_malformed += 1
+            return None
+        self.stats.received += 1
+        return Message(h, payload, bufs)
+
+    # -- sending --------------------------------------------------------------------------------------
+    def _out(self, address: str) -> tuple[zmq.Socket[Any], threading.Lock]:
+        entry = self._outs.get(address)
+        if entry is None:
+            with self._outs_lock:
+                entry = self._outs.get(address)
+                if entry is None:
+                    if self._closed:
+                        raise zmq.ZMQError(zmq.ENOTSOCK, "transport closed")
+                    s = self._ctx.socket(zmq.PUSH)
+                    s.setsockopt(zmq.SNDHWM, 0)
+                    s.setsockopt(zmq.LINGER, 2000)
+                    s.setsockopt(zmq.IMMEDIATE, 0)
+                    s.connect(address)
+                    entry = (s, threading.Lock())
+                    self._outs[address] = entry
+        return entry
+
+    def send(self, address: str, msg: Message) -> None:
+        frames = self.encode(msg)
+        sock, lock = self._out(address)
+        with lock:
+            sock.send_multipart(frames, copy=len(frames) == 3)
+        self.stats.sent += 1
+
+    def send_raw(self, address: str, frames: Sequence[Any]) -> None:
+        """Forward frames already signed by someone else (agents relay casts without re-signing)."""
+        sock, lock = self._out(address)
+        with lock:
+            sock.send_multipart(list(frames), copy=len(frames) == 3)
+        self.stats.sent += 1
+
+    def forget(self, address: str) -> None:
+        """Close the outgoing socket to a peer that is gone, dropping what is still queued for it."""
+        with self._outs_lock:
+            entry = self._outs.pop(address, None)
+        if entry is not None:
+            with entry[1]:
+                entry[0].close(linger=0)
+
+    # -- receiving ------------------------------------------------------------------------------------
+    def serve(self, handler: Callable[[Message, list[Any]], None]) -> None:
+        """Receive until :meth:`stop`; runs on the calling thread (the process's receive thread).
+
+        ``handler`` gets the message and its raw frames (for relaying). Exceptions in the handler are
+        logged, never fatal: one bad message must not take the process down.
+        """
+        inbox = self._inbox
+        while True:
+            try:
+                frames = inbox.recv_multipart(copy=False)
+            except zmq.ZMQError:
+                return
+            if len(frames) == 1 and frames[0].bytes == b"stop" and self._closed:
+                return
+            msg = self.decode(frames)
+            if msg is None:
+                continue
+            try:
+                handler(msg, frames)
+            except Exception:  # noqa: BLE001
+                log.exception("error handling %s message", msg.header.get("k"))
+
+    def stop_serving(self) -> None:
+        """Make :meth:`serve` return (from any thread)."""
+        self._closed = True
+        try:
+            s = self._ctx.socket(zmq.PUSH)
+            s.setsockopt(zmq.LINGER, 1000)
+            s.connect(self.address)
+            s.send(b"stop")
+            s.close()
+        except zmq.ZMQError:
+            pass
+
+    def close(self) -> None:
+        self._closed = True
+        with self._outs_lock:
+            outs, self._outs = list(self._outs.values()), {}
+        for s, lock in outs:
+            with lock:
+                s.close(linger=0)
+        self._inbox.close(linger=0)
+        self._ctx.term()
+
+
+def _bytes(f: Any) -> bytes:
+    return f.bytes if isinstance(f, zmq.Frame) else bytes(f)

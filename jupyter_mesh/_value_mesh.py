@@ -1,0 +1,79 @@
+"""ValueMesh: one value per member of a mesh, addressed by coordinates."""
+
+from __future__ import annotations
+
+from typing import Any, Generic, Iterator, TypeVar
+
+from ._shape import Extent, Point, Shape
+from .errors import MeshValueError
+
+__all__ = ["ValueMesh"]
+
+T = TypeVar("T")
+
+
+class ValueMesh(Generic[T]):
+    """The gathered result of a call: ``values[i]`` belongs to the i-th member (row-major) of ``shape``."""
+
+    def __init__(self, shape: Shape, values: list[T]):
+        if len(values) != len(shape):
+            raise MeshValueError(f"ValueMesh of shape {shape} needs {len(shape)} values, got {len(values)}")
+        self._shape, self._values = shape, values
+
+    @property
+    def extent(self) -> Extent:
+        return self._shape.extent
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        return dict(self._shape.extent)
+
+    def size(self, dim: str | None = None) -> int:
+        return len(self._shape) if dim is None else self._shape.extent[dim]
+
+    def item(self, **coords: int) -> T:
+        """The value at ``coords``; every dim must be given (a 0-dim mesh takes none)."""
+        missing = [d for d in self._shape.labels if d not in coords]
+        extra = [d for d in coords if d not in self._shape.labels]
+        if missing or extra:
+            raise MeshValueError(
+                f"item() needs exactly the dims {list(self._shape.labels)}"
+                + (f"; missing {missing}" if missing else "")
+                + (f"; unknown {extra}" if extra else "")
+            )
+        idx = 0
+        for d, size in zip(self._shape.labels, self._shape.slice.sizes):
+            c = coords[d]
+            if not 0 <= c < size:
+                raise MeshValueError(f"coordinate {d}={c} out of range (size {size})")
+            idx = idx * size + c
+        return self._values[idx]
+
+    def items(self) -> Iterator[tuple[Point, T]]:
+        ext = self._shape.extent
+        for i, v in enumerate(self._values):
+            yield Point(i, ext), v
+
+    def values(self) -> Iterator[T]:
+        return iter(self._values)
+
+    def __iter__(self) -> Iterator[tuple[Point, T]]:
+        return self.items()
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ValueMesh) and self._shape == other._shape and self._values == other._values
+
+    def __repr__(self) -> str:
+        if not self._shape.labels:
+            return f"ValueMesh({self._values[0]!r})"
+        body = ", ".join(
+            f"{','.join(f'{k}={v}' for k, v in p.items())}: {v!r}" for p, v in list(self.items())[:16]
+        )
+        more = f", ... ({len(self) - 16} more)" if len(self) > 16 else ""
+        return f"ValueMesh({self._shape}, {{{body}{more}}})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (ValueMesh, (self._shape, self._values))

@@ -1,0 +1,178 @@
+"""Every error jupyter_mesh raises, in one tree.
+
+::
+
+    MeshError                       base of everything below
+    ├── ActorError                  an endpoint (or an actor's __init__) raised on a remote rank
+    ├── SupervisionError            a proc or host died or stopped answering (a peer *broke* it)
+    ├── MeshClosedError             you stopped the mesh (or it was never started): it is *closed*
+    ├── MeshTimeoutError            a wait ran out; ``phase`` says which (spawn, call, stop, transfer)
+    │                               (also a builtin ``TimeoutError``)
+    ├── UsageError-like subclasses of builtins for bad input at the call site:
+    │   ├── MeshValueError          (ValueError) bad slice, unknown dim, wrong shape
+    │   └── SerializationError      (TypeError) an argument or result cannot be pickled
+    └── ProtocolError               a peer spoke a protocol we do not understand
+
+The trio vocabulary: *closed* means you closed it, *broken* means a peer failed. Each message says what
+happened, where (mesh, rank coordinates, actor, endpoint) and what to do next; the data lives in
+attributes so programs need not parse messages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+__all__ = [
+    "ActorError",
+    "Failure",
+    "MeshClosedError",
+    "MeshError",
+    "MeshTimeoutError",
+    "MeshValueError",
+    "ProtocolError",
+    "RemoteFailure",
+    "SerializationError",
+    "SupervisionError",
+]
+
+
+def format_coords(coords: Mapping[str, int]) -> str:
+    """``{"hosts": 0, "gpus": 3}`` -> ``hosts=0,gpus=3`` (``rank 0`` for a zero-dim point)."""
+    return ",".join(f"{k}={v}" for k, v in coords.items()) or "rank 0"
+
+
+class MeshError(Exception):
+    """Base class of all jupyter_mesh errors."""
+
+
+@dataclass(frozen=True)
+class RemoteFailure:
+    """One rank's exception: what was raised where, with the remote traceback as text."""
+
+    coords: Mapping[str, int]
+    actor: str
+    endpoint: str
+    exc_type: str
+    message: str
+    traceback: str
+    exception: BaseException | None = field(default=None, compare=False)
+
+    def where(self) -> str:
+        return f"{self.actor}.{self.endpoint} on [{format_coords(self.coords)}]"
+
+
+class ActorError(MeshError):
+    """An endpoint raised on one or more remote ranks.
+
+    ``failures`` holds one :class:`RemoteFailure` per failed rank; ``exception`` is the first remote
+    exception when it could be unpickled here. The mesh stays usable.
+    """
+
+    def __init__(self, failures: Sequence[RemoteFailure], total: int | None = None):
+        self.failures = list(failures)
+        self.total = total
+        first = self.failures[0]
+        self.exception = first.exception
+        self.actor, self.endpoint, self.coords = first.actor, first.endpoint, dict(first.coords)
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        first = self.failures[0]
+        head = f"{first.exc_type}: {first.message}" if first.message else first.exc_type
+        if len(self.failures) == 1:
+            where = first.where()
+        else:
+            ranks = "; ".join(format_coords(f.coords) for f in self.failures[:8])
+            more = f" (+{len(self.failures) - 8} more)" if len(self.failures) > 8 else ""
+            of = f" of {self.total}" if self.total else ""
+            where = f"{first.actor}.{first.endpoint} on {len(self.failures)}{of} ranks [{ranks}{more}]"
+        return (
+            f"{head}\n  raised in {where}\n"
+            f"Remote traceback (first failing rank):\n{first.traceback.rstrip()}\n"
+            "The actors are still alive: fix the input or the endpoint and call again."
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.failures, self.total))
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a rank stopped working: ``kind`` is one of exit, signal, heartbeat, init, start, stopped."""
+
+    mesh: str
+    coords: Mapping[str, int]
+    kind: str
+    detail: str
+    traceback: str = ""
+    exit_code: int | None = None
+    signal: int | None = None
+
+    def describe(self) -> str:
+        return f"[{format_coords(self.coords)}] {self.detail}"
+
+
+_KIND_HINTS = {
+    "exit": "the proc exited; look at its output above, then respawn the rank or re-create the mesh",
+    "signal": "the proc was killed by a signal (OOM killer? kill -9?); respawn the rank or re-create the mesh",
+    "heartbeat": "the proc or its host stopped answering; check the host, then respawn",
+    "init": "the actor's __init__ raised; fix the constructor and spawn the actor mesh again",
+    "start": "the proc failed to start; check the preload modules and the environment",
+    "stopped": "its proc mesh was stopped; spawn a new one",
+}
+
+
+class SupervisionError(MeshError):
+    """One or more ranks failed (proc death, lost heartbeat, failed start or init).
+
+    ``failures`` lists every failed rank that the call touched, not only the first.
+    """
+
+    def __init__(self, failures: Sequence[Failure], context: str = ""):
+        self.failures = list(failures)
+        self.context = context
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        first = self.failures[0]
+        lines = [f"{len(self.failures)} rank(s) of mesh '{first.mesh}' failed" + (f" {self.context}" if self.context else "") + ":"]
+        lines += [f"  {f.describe()}" for f in self.failures[:16]]
+        if len(self.failures) > 16:
+            lines.append(f"  ... and {len(self.failures) - 16} more")
+        tb = next((f.traceback for f in self.failures if f.traceback), "")
+        if tb:
+            lines.append("Remote traceback:\n" + tb.rstrip())
+        lines.append("What to do: " + _KIND_HINTS.get(first.kind, "inspect the failure, then respawn"))
+        return "\n".join(lines)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.failures, self.context))
+
+
+class MeshClosedError(MeshError):
+    """The mesh (or runtime) was stopped by this program; it cannot be used any more."""
+
+
+class MeshTimeoutError(MeshError, TimeoutError):
+    """A wait ran out. ``phase`` is spawn, call, stop or transfer; ``seconds`` the limit."""
+
+    def __init__(self, phase: str, seconds: float | None, what: str = ""):
+        self.phase, self.seconds = phase, seconds
+        limit = f"{seconds:g} s" if seconds is not None else "its limit"
+        super().__init__(
+            f"{phase} timed out after {limit}{': ' + what if what else ''}. "
+            "Raise the timeout, or check the mesh with .state() / `jupyter-mesh status`."
+        )
+
+
+class MeshValueError(MeshError, ValueError):
+    """Bad input at the call site (unknown dim, index out of range, wrong shape)."""
+
+
+class SerializationError(MeshError, TypeError):
+    """An argument or return value could not be pickled (or unpickled)."""
+
+
+class ProtocolError(MeshError):
+    """A peer sent something this version does not understand."""

@@ -1,0 +1,137 @@
+"""Jobs give host meshes: they put one jupyter_mesh agent on each host.
+
+``LocalJob`` starts agents as children of this program (the embedded default behind ``this_host()``).
+A job never manages a cluster itself: a scheduler places hosts, our agent only starts procs on the
+host it runs on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import IO, Any, Protocol, Sequence
+
+from ._future import Future
+from ._mesh import HostMesh
+from ._shape import Shape
+from .errors import MeshClosedError, MeshTimeoutError, MeshValueError
+
+__all__ = ["AgentHandle", "Job", "LocalJob", "this_host"]
+
+
+@dataclass
+class AgentHandle:
+    index: int
+    addr: str
+    pid: int
+    host_key: str
+
+
+class Job(Protocol):
+    def agents(self, timeout: float) -> list[AgentHandle]:
+        """The agents of every host, waiting (at most ``timeout``) for them to come up."""
+
+    def stop(self) -> None:
+        """Stop every agent of the job (and so every proc on its hosts)."""
+
+
+class LocalJob:
+    """``hosts`` agents on this machine. One host is what ``this_host()`` gives; more is for testing
+    the multi-host paths (fan-out, per-host gathering) without a cluster."""
+
+    def __init__(self, hosts: int = 1, preload: Sequence[str] = ()):
+        from ._runtime.controller import Controller
+
+        if not isinstance(hosts, int) or hosts < 1:
+            raise MeshValueError(f"LocalJob needs hosts >= 1, got {hosts!r}")
+        self._controller = Controller.get()
+        self._controller.register_job(self)
+        self._n = hosts
+        self._preload = list(preload)
+        self._procs: list[subprocess.Popen[bytes]] = []
+        self._waiters: list[Future[dict[str, Any]]] = []
+        self._agents: list[AgentHandle] | None = None
+        self._stopped = False
+        for i in range(hosts):  # start now: the templates warm up while the user writes code
+            self._start_agent(i)
+
+    def _start_agent(self, index: int) -> None:
+        nonce = secrets.token_hex(8)
+        self._waiters.append(self._controller.expect_agent(nonce))
+        cfg = {"key": self._controller.key.hex(), "controller": self._controller.address, "host_index": index,
+               "preload": self._preload, "nonce": nonce}
+        p = subprocess.Popen(
+            [sys.executable, "-m", "jupyter_mesh._runtime.agent"],
+            stdin=subprocess.PIPE,
+            start_new_session=True,  # a notebook interrupt (SIGINT to the kernel's group) must not reach it
+        )
+        stdin: IO[bytes] = p.stdin  # type: ignore[assignment]
+        stdin.write(json.dumps(cfg).encode() + b"\n")  # the key travels over this private pipe only
+        stdin.flush()  # stdin stays open: its EOF is the agent's signal that we are gone
+        self._procs.append(p)
+
+    def agents(self, timeout: float = 60.0) -> list[AgentHandle]:
+        if self._stopped:
+            raise MeshClosedError("this job was stopped; create a new one")
+        if self._agents is None:
+            out = []
+            for i, (w, p) in enumerate(zip(self._waiters, self._procs)):
+                try:
+                    h = w.get(timeout)
+                except MeshTimeoutError:
+                    code = p.poll()
+                    why = f"it exited with code {code}" if code is not None else "it did not report in"
+                    raise MeshTimeoutError("spawn", timeout, f"agent {i} on this host did not start: {why}") from None
+                out.append(AgentHandle(i, h["addr"], h["pid"], h["hk"]))
+            self._agents = out
+        return self._agents
+
+    def host_mesh(self) -> HostMesh:
+        return HostMesh(self._controller, self, Shape.from_sizes({"hosts": self._n}))
+
+    def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        for p in self._procs:
+            try:
+                if p.stdin:
+                    p.stdin.close()
+            except OSError:
+                pass
+        for p in self._procs:
+            try:
+                p.wait(3.0)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(3.0)
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs]
+
+    def __repr__(self) -> str:
+        return f"<LocalJob hosts={self._n}>"
+
+
+_this_host: HostMesh | None = None
+
+
+def this_host(preload: Sequence[str] | None = None) -> HostMesh:
+    """The host mesh of this machine (one host, dims ``{"hosts": 1}``); its agent starts on first use.
+
+    ``preload`` (default: ``$JUPYTER_MESH_PRELOAD``, comma separated) names modules that the host's
+    template process imports once, so procs forked from it start with them loaded.
+    """
+    global _this_host
+    from ._runtime.controller import Controller
+
+    ctl = Controller.get()
+    if _this_host is None or _this_host._controller is not ctl:
+        if preload is None:
+            preload = [m for m in os.environ.get("JUPYTER_MESH_PRELOAD", "").split(",") if m.strip()]
+        _this_host = LocalJob(1, preload).host_mesh()
+    return _this_host

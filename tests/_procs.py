@@ -1,0 +1,62 @@
+"""Process bookkeeping for tests: find descendants, wait for pids to die (bounded)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+
+def _ppid_map() -> dict[int, int]:
+    out = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if fields[0] == "Z":
+            continue
+        out[int(name)] = int(fields[1])
+    return out
+
+
+def descendants(pid: int) -> set[int]:
+    """Live (non-zombie) processes below ``pid``."""
+    ppids = _ppid_map()
+    found, frontier = set(), {pid}
+    while frontier:
+        nxt = {c for c, p in ppids.items() if p in frontier and c not in found}
+        found |= nxt
+        frontier = nxt
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_dead(pids: set[int] | list[int], timeout: float) -> set[int]:
+    """Wait until none of ``pids`` is alive; return those still alive after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    left = {p for p in pids if alive(p)}
+    while left and time.monotonic() < deadline:
+        time.sleep(0.02)
+        left = {p for p in left if alive(p)}
+    return left
+
+
+def wait_for(pred, timeout: float, interval: float = 0.02):  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(interval)
+    return pred()

@@ -1,0 +1,113 @@
+"""Actor classes shared by the integration tests (importable by procs: they get our sys.path)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import time
+
+from jupyter_mesh import Actor, current_rank, endpoint
+
+
+class Counter(Actor):
+    def __init__(self, start: int):
+        self.n = start
+
+    @endpoint
+    def incr(self, by: int = 1) -> int:
+        self.n += by
+        return self.n
+
+    @endpoint
+    async def whoami(self) -> dict:
+        return dict(current_rank())
+
+    @endpoint
+    def value(self) -> int:
+        return self.n
+
+
+class Recorder(Actor):
+    """Records the order in which messages arrive, to prove FIFO per sender."""
+
+    def __init__(self):
+        self.log: list[tuple[str, int]] = []
+
+    @endpoint
+    async def note(self, tag: str, n: int, jitter: float = 0.0) -> int:
+        if jitter:
+            await asyncio.sleep(random.random() * jitter)
+        self.log.append((tag, n))
+        return n
+
+    @endpoint
+    def note_sync(self, tag: str, n: int) -> int:
+        self.log.append((tag, n))
+        return n
+
+    @endpoint
+    def get_log(self) -> list:
+        return self.log
+
+
+class Faulty(Actor):
+    @endpoint
+    def fail_on(self, ranks: list[int]) -> int:
+        r = current_rank().rank
+        if r in ranks:
+            raise ValueError(f"rank {r} refuses")
+        return r
+
+    @endpoint
+    def ok(self) -> str:
+        return "fine"
+
+    @endpoint
+    def echo(self, x):
+        return x
+
+    @endpoint
+    def shout(self, text: str) -> None:
+        print(text, flush=True)
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+    @endpoint
+    def sleep(self, seconds: float) -> float:
+        time.sleep(seconds)
+        return seconds
+
+    @endpoint
+    def unpicklable_result(self):
+        import threading
+
+        return threading.Lock()
+
+
+class BadInit(Actor):
+    def __init__(self, fail: bool):
+        if fail:
+            raise RuntimeError("constructor exploded")
+
+    @endpoint
+    def ok(self) -> str:
+        return "fine"
+
+
+class Caller(Actor):
+    """Receives other actor meshes and calls them: actor -> actor."""
+
+    @endpoint
+    def sync_sum(self, counters) -> int:
+        return sum(counters.incr.call(1).get(timeout=10).values())
+
+    @endpoint
+    async def async_one(self, counters) -> int:
+        return await counters.slice(gpus=0).incr.call_one(10)
+
+    @endpoint
+    def choose(self, counters) -> int:
+        return counters.value.choose().get(timeout=10)

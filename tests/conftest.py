@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from _procs import descendants, wait_dead  # noqa: E402
+
+PROC_PREFIXES = ("jupyter_mesh._runtime",)
+
+
+@pytest.fixture(scope="session")
+def host():
+    """One local host mesh for the whole session (its agent and template start once)."""
+    from jupyter_mesh import this_host
+    from jupyter_mesh._runtime.controller import Controller
+
+    h = this_host()
+    yield h
+    me = os.getpid()
+    before = descendants(me)
+    Controller.get().shutdown()
+    left = wait_dead(before, 5.0)
+    assert not left, f"processes left after controller shutdown: {sorted(left)}"
+
+
+@pytest.fixture
+def procs(host):
+    """A fresh 4-proc mesh per test, stopped after it; every proc must be gone afterwards."""
+    pm = host.spawn_procs(per_host={"gpus": 4})
+    pids = set(pm.pids().values())
+    yield pm
+    pm.stop(timeout=5)
+    left = wait_dead(pids, 5.0)
+    assert not left, f"procs leaked: {sorted(left)}"

@@ -1,0 +1,244 @@
+"""Integration tests: real agent, template and proc processes on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+from actors import BadInit, Caller, Counter, Faulty, Recorder
+
+from jupyter_mesh import (
+    ActorError,
+    MeshClosedError,
+    MeshValueError,
+    SerializationError,
+    SupervisionError,
+    ValueMesh,
+    current_rank,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def test_issue_example_verbatim(procs):
+    counters = procs.spawn("counter", Counter, 0)
+    vm = counters.incr.call().get()
+    assert isinstance(vm, ValueMesh) and list(vm.values()) == [1, 1, 1, 1]
+    assert vm.sizes == {"hosts": 1, "gpus": 4}
+    assert counters.slice(gpus=2).incr.call_one(5).get() == 6
+    counters.incr.broadcast()
+    assert counters.incr.choose().get() in (3, 8)
+    who = [f.get() for f in counters.whoami.stream()]
+    assert sorted(w["gpus"] for w in who) == [0, 1, 2, 3]
+
+    async def awaited():
+        return await counters.incr.call()
+
+    vm2 = asyncio.run(awaited())
+    assert vm2.item(hosts=0, gpus=2) == 8 or vm2.item(hosts=0, gpus=2) == 9
+
+
+def test_current_rank_inside_and_outside(procs):
+    counters = procs.spawn("c", Counter, 0)
+    vm = counters.whoami.call().get(timeout=10)
+    assert [v["gpus"] for v in vm.values()] == [0, 1, 2, 3]
+    assert dict(current_rank()) == {}
+
+
+def test_slices_views_and_item(procs):
+    c = procs.spawn("c", Counter, 100)
+    part = c.slice(gpus=slice(1, 3))
+    vm = part.incr.call(2).get(timeout=10)
+    assert vm.sizes == {"hosts": 1, "gpus": 2}
+    assert vm.item(hosts=0, gpus=0) == 102  # coordinates are relative to the view
+    flat = c.flatten("rank")
+    assert list(flat.value.call().get(timeout=10).values()) == [100, 102, 102, 100]
+    ren = c.rename(gpus="workers")
+    assert ren.value.call().get(timeout=10).sizes == {"hosts": 1, "workers": 4}
+    assert c.size() == 4 and c.size("gpus") == 4 and c.extent["hosts"] == 1
+
+
+def test_call_one_needs_exactly_one(procs):
+    c = procs.spawn("c", Counter, 0)
+    with pytest.raises(MeshValueError, match="exactly one actor"):
+        c.incr.call_one()
+
+
+def test_unknown_endpoint_is_attribute_error(procs):
+    c = procs.spawn("c", Counter, 0)
+    with pytest.raises(AttributeError, match="no endpoint 'nope'.*incr"):
+        c.nope  # noqa: B018
+
+
+def test_remote_exception_is_actor_error_and_mesh_survives(procs):
+    f = procs.spawn("faulty", Faulty)
+    with pytest.raises(ActorError) as ei:
+        f.slice(gpus=1).fail_on.call_one([1]).get(timeout=10)
+    e = ei.value
+    assert e.actor == "faulty" and e.endpoint == "fail_on" and e.coords == {"hosts": 0, "gpus": 1}
+    assert isinstance(e.exception, ValueError)
+    assert "rank 1 refuses" in str(e) and "raise ValueError" in str(e) and "fail_on" in e.failures[0].traceback
+    # several failed ranks: one error listing all of them
+    with pytest.raises(ActorError) as ei:
+        f.fail_on.call([0, 3]).get(timeout=10)
+    assert [dict(x.coords)["gpus"] for x in ei.value.failures] == [0, 3]
+    assert "2 of 4 ranks" in str(ei.value)
+    assert list(f.ok.call().get(timeout=10).values()) == ["fine"] * 4
+
+
+def test_stream_reports_errors_per_rank(procs):
+    f = procs.spawn("faulty", Faulty)
+    outcomes = [fut.exception(timeout=10) for fut in f.fail_on.stream([2])]
+    assert sum(isinstance(o, ActorError) for o in outcomes) == 1
+
+
+def test_unpicklable_argument_and_result(procs):
+    f = procs.spawn("faulty", Faulty)
+    with pytest.raises(SerializationError, match="positional argument 0 \\(lock\\)"):
+        f.echo.call(threading.Lock())
+    with pytest.raises(ActorError, match="does not pickle"):
+        f.slice(gpus=0).unpicklable_result.call_one().get(timeout=10)
+
+
+def test_init_failure_is_supervision_error(procs):
+    bad = procs.spawn("bad", BadInit, True)
+    with pytest.raises(SupervisionError, match="constructor exploded") as ei:
+        bad.initialized.get(timeout=10)
+    assert {f.kind for f in ei.value.failures} == {"init"}
+    assert len(ei.value.failures) == 4
+    with pytest.raises(SupervisionError, match="__init__ raised"):
+        bad.ok.call().get(timeout=10)
+    good = procs.spawn("good", BadInit, False)
+    good.initialized.get(timeout=10)
+    assert good.slice(gpus=3).ok.call_one().get(timeout=10) == "fine"
+
+
+def test_actor_to_actor(procs, host):
+    counters = procs.spawn("counters", Counter, 0)
+    other = host.spawn_procs(per_host={"gpus": 1})
+    try:
+        caller = other.spawn("caller", Caller)
+        one = caller.slice(gpus=0)
+        assert one.sync_sum.call_one(counters).get(timeout=20) == 4
+        assert one.async_one.call_one(counters).get(timeout=20) == 11
+        assert one.choose.call_one(counters).get(timeout=20) in (1, 11)
+        # an actor calling actors on its own proc mesh (same procs) does not deadlock
+        local_caller = procs.spawn("local_caller", Caller)
+        assert local_caller.slice(gpus=1).sync_sum.call_one(counters).get(timeout=20) == 12 + 2 + 2 + 2
+    finally:
+        other.stop()
+
+
+def test_fifo_per_sender_across_paths(procs):
+    rec = procs.spawn("rec", Recorder)
+    n = 0
+    futs = []
+    for i in range(60):
+        n += 1
+        kind = i % 4
+        if kind == 0:
+            futs.append(rec.note.call("main", n, 0.002))
+        elif kind == 1:
+            futs.append(rec.slice(gpus=i % 4).note.call_one("main", n, 0.002))
+        elif kind == 2:
+            rec.note_sync.broadcast("main", n)
+        else:
+            futs.append(rec.slice(gpus=slice(1, 3)).note_sync.call("main", n))
+    for f in futs:
+        f.get(timeout=20)
+    logs = rec.get_log.call().get(timeout=10)
+    for log in logs.values():
+        ns = [x for _, x in log]
+        assert ns == sorted(ns), ns
+
+
+def test_fifo_under_concurrent_senders(procs):
+    rec = procs.spawn("rec", Recorder)
+    errors = []
+
+    def sender(tag):
+        try:
+            fs = []
+            for n in range(40):
+                if n % 3 == 0:
+                    fs.append(rec.note.call(tag, n, 0.001))
+                else:
+                    fs.append(rec.slice(gpus=n % 4).note_sync.call_one(tag, n))
+            for f in fs:
+                f.get(timeout=30)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=sender, args=(f"t{i}",)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    for log in rec.get_log.call().get(timeout=10).values():
+        for tag in {t for t, _ in log}:
+            ns = [n for t, n in log if t == tag]
+            assert ns == sorted(ns)
+
+
+def test_worker_output_reaches_controller_with_rank(procs):
+    from jupyter_mesh._runtime.controller import Controller
+
+    from _procs import wait_for
+
+    seen = []
+    ctl = Controller.get()
+    old = ctl.output
+    ctl.output = lambda mesh, rank, label, fd, lines: seen.extend((label, fd, line) for line in lines)
+    try:
+        f = procs.spawn("f", Faulty)
+        f.shout.call("hello from a worker").get(timeout=10)
+        assert wait_for(lambda: len([s for s in seen if s[2] == "hello from a worker"]) == 4, 5)
+        assert {s[0] for s in seen if s[2] == "hello from a worker"} == {f"hosts=0,gpus={i}" for i in range(4)}
+    finally:
+        ctl.output = old
+
+
+def test_stop_and_closed_errors(host):
+    from _procs import wait_dead
+
+    with host.spawn_procs(per_host={"gpus": 2}) as pm:
+        c = pm.spawn("c", Counter, 0)
+        assert list(c.incr.call().get(timeout=10).values()) == [1, 1]
+        pids = set(pm.pids().values())
+    assert pm.stopped
+    assert not wait_dead(pids, 5)
+    with pytest.raises(MeshClosedError, match="stopped"):
+        c.incr.call()
+    with pytest.raises(MeshClosedError):
+        pm.spawn("again", Counter, 0)
+    pm.stop()  # idempotent
+
+
+def test_pending_call_fails_on_stop(host):
+    pm = host.spawn_procs(per_host={"gpus": 1})
+    f = pm.spawn("f", Faulty)
+    fut = f.sleep.call(30)
+    pm.stop(timeout=1)
+    with pytest.raises(MeshClosedError):
+        fut.get(timeout=5)
+
+
+def test_tensors_and_arrays_roundtrip(procs):
+    np = pytest.importorskip("numpy")
+    torch = pytest.importorskip("torch")
+    f = procs.spawn("f", Faulty)
+    one = f.slice(gpus=0)
+    t = torch.arange(1_000_000, dtype=torch.float32).reshape(1000, 1000)
+    back = one.echo.call_one(t).get(timeout=20)
+    assert torch.equal(back, t)
+    small = {"bf16": torch.ones(3, dtype=torch.bfloat16), "empty": torch.zeros(0, 2), "view": t[::2, 1]}
+    back = one.echo.call_one(small).get(timeout=20)
+    for k, v in small.items():
+        assert torch.equal(back[k], v) and back[k].dtype == v.dtype
+    a = np.random.rand(300, 300)
+    assert (one.echo.call_one(a).get(timeout=20) == a).all()
+    p = torch.nn.Parameter(torch.randn(4, 4))
+    bp = one.echo.call_one(p).get(timeout=20)
+    assert isinstance(bp, torch.nn.Parameter) and torch.equal(bp, p)
