@@ -164,10 +164,10 @@ class Transport:
         inbox = self._inbox
         while True:
             try:
-                frames = inbox.recv_multipart(copy=False)
+                frames = self._recv(inbox)
             except zmq.ZMQError:
                 return
-            if len(frames) == 1 and frames[0].bytes == b"stop" and self._closed:
+            if len(frames) == 1 and frames[0] == b"stop" and self._closed:
                 return
             msg = self.decode(frames)
             if msg is None:
@@ -176,6 +176,17 @@ class Transport:
                 handler(msg, frames)
             except Exception:  # noqa: BLE001
                 log.exception("error handling %s message", msg.header.get("k"))
+
+    @staticmethod
+    def _recv(sock: zmq.Socket[Any]) -> list[Any]:
+        """Small frames (signature, header, payload) as bytes; buffer frames without copying.
+
+        Copying a small frame is cheaper than wrapping it in a ``zmq.Frame`` (~30 us a message here).
+        """
+        frames: list[Any] = [sock.recv()]
+        while sock.getsockopt(zmq.RCVMORE):
+            frames.append(sock.recv(copy=len(frames) < 3))
+        return frames
 
     def stop_serving(self) -> None:
         """Make :meth:`serve` return (from any thread)."""
