@@ -44,6 +44,8 @@ NO_REPLY, DIRECT, GATHER = 0, 1, 2
 # per-rank status in replies ("ok")
 RAISED, OK, BROKEN = 0, 1, 2
 
+_PROC_DEATH = frozenset({"exit", "signal", "heartbeat"})
+
 _current: Client | None = None
 _current_lock = threading.Lock()
 
@@ -264,14 +266,21 @@ class Client:
             else:
                 p.future._set_exception(value if isinstance(value, BaseException) else MeshError(str(value)))
             return
+        outcome = self._decode_outcome(p, rank, ok, payload, bufs)
         with self._lock:
             if rank not in p.outstanding:
                 return
             p.outstanding.discard(rank)
-            done = not p.outstanding
+            # a broken rank dooms the whole call: fail it now, naming every broken rank it targets
+            doomed = isinstance(outcome, Failure) and outcome.kind in _PROC_DEATH and p.mode != "stream"
+            done = not p.outstanding or doomed
             if done:
                 self._pending.pop(call_id, None)
-        outcome = self._decode_outcome(p, rank, ok, payload, bufs)
+            if doomed:
+                known = {r: self._failed[(p.mesh_id, r)] for r in p.ranks if (p.mesh_id, r) in self._failed}
+                known[rank] = outcome
+                p.broken = [known[r] for r in sorted(known)]
+                p.outstanding.clear()
         if p.mode == "stream":
             assert p.stream_q is not None
             f: Future[Any] = Future(p.endpoint)
