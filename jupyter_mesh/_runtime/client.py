@@ -13,6 +13,7 @@ It turns endpoint calls into signed messages and replies into futures:
 from __future__ import annotations
 
 import itertools
+import linecache
 import pickle
 import queue
 import threading
@@ -393,7 +394,24 @@ def _remote_failure(info: Any, p: _Pending, rank: int) -> RemoteFailure:
             exc = loads(info["exc"])
         except Exception:  # noqa: BLE001 - the class may not exist here; the text is enough
             exc = None
-    return RemoteFailure(coords, p.actor, info.get("endpoint", p.endpoint), info["type"], info["msg"], info["tb"], exc)
+    tb = _render_traceback(info) or info["tb"]
+    return RemoteFailure(coords, p.actor, info.get("endpoint", p.endpoint), info["type"], info["msg"], tb, exc)
+
+
+def _render_traceback(info: dict[str, Any]) -> str:
+    """Re-render the remote frames here, filling source lines from this process's linecache: code
+    defined in a notebook cell exists only in the kernel's linecache, not on the worker."""
+    frames = info.get("frames")
+    if not frames:
+        return ""
+    out = ["Traceback (most recent call last):\n"]
+    for filename, lineno, name, line in frames:
+        out.append(f'  File "{filename}", line {lineno}, in {name}\n')
+        line = line or linecache.getline(filename, lineno or 0).strip()
+        if line:
+            out.append(f"    {line}\n")
+    out.append(info.get("tail") or f"{info['type']}: {info['msg']}\n")
+    return "".join(out)
 
 
 def pack_gathered(entries: list[tuple[int, int, bytes | memoryview, list[Any]]]) -> tuple[list[list[int]], bytes, list[Any]]:

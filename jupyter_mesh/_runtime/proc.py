@@ -32,11 +32,14 @@ def _error_info(e: BaseException, endpoint: str, skip_frames: int = 1) -> dict[s
         if tb is not None and tb.tb_next is not None:
             tb = tb.tb_next
     text = "".join(traceback.format_exception(type(e), e, tb))
+    frames = [(f.filename, f.lineno, f.name, f.line or "") for f in traceback.extract_tb(tb)]
+    tail = "".join(traceback.format_exception_only(type(e), e))
     try:
         exc_bytes: bytes | None = dumps(e)[0]
     except Exception:  # noqa: BLE001 - unpicklable exceptions travel as text only
         exc_bytes = None
-    return {"type": type(e).__qualname__, "msg": str(e), "tb": text, "exc": exc_bytes, "endpoint": endpoint}
+    return {"type": type(e).__qualname__, "msg": str(e), "tb": text, "exc": exc_bytes, "endpoint": endpoint,
+            "frames": frames, "tail": tail}
 
 
 class ActorHost:
