@@ -15,6 +15,7 @@ from ._value_mesh import ValueMesh
 from .errors import (
     ActorError,
     Failure,
+    MeshCancelledError,
     MeshClosedError,
     MeshError,
     MeshTimeoutError,
@@ -36,6 +37,7 @@ __all__ = [
     "Future",
     "HostMesh",
     "LocalJob",
+    "MeshCancelledError",
     "MeshClosedError",
     "MeshEndpoint",
     "MeshError",

@@ -26,6 +26,7 @@ from .._value_mesh import ValueMesh
 from ..errors import (
     ActorError,
     Failure,
+    MeshCancelledError,
     MeshClosedError,
     MeshError,
     RemoteFailure,
@@ -85,6 +86,7 @@ class _Pending:
     broken: list[Failure] = field(default_factory=list)
     ref: ProcMeshRef | None = None
     stream_q: queue.SimpleQueue[Future[Any]] | None = None
+    call_id: int = 0
 
 
 class Client:
@@ -134,7 +136,29 @@ class Client:
     def _register(self, p: _Pending) -> int:
         call_id = next(self._ids)
         self._pending[call_id] = p
+        p.call_id = call_id
         return call_id
+
+    def _cancel(self, p: _Pending, actor_id: str) -> None:
+        """Forget the call and tell every proc still working on it to stop (O(ranks); cancels are rare)."""
+        with self._lock:
+            if self._pending.pop(p.call_id, None) is None:
+                return
+            ranks = sorted(p.outstanding)
+            p.outstanding.clear()
+        if p.stream_q is not None:
+            for _ in ranks:
+                f: Future[Any] = Future(p.endpoint)
+                f._set_exception(MeshCancelledError(f"{p.actor}.{p.endpoint} was cancelled"))
+                p.stream_q.put(f)
+        assert p.ref is not None
+        for r in ranks:
+            if (p.mesh_id, r) in self._failed:
+                continue
+            try:
+                self.transport.send(p.ref.proc_addrs[r], Message({"k": "cancel", "a": actor_id, "ci": p.call_id, "s": self.address}))
+            except Exception:  # noqa: BLE001 - the proc may be gone; nothing left to cancel there
+                pass
 
     # -- calls -----------------------------------------------------------------------------------------
     def spawn_actors(self, mesh: ActorMesh[Any], cls: type, args: Any, kwargs: Any) -> Future[None]:
@@ -163,11 +187,12 @@ class Client:
             return None
         fut: Future[Any] = Future(f"{mesh._class_name}.{endpoint}")
         p = _Pending(fut, mesh._ref.mesh_id, mode, mesh._name, endpoint, mesh._shape, ranks, set(ranks), ref=mesh._ref)
+        fut._on_cancel = lambda: self._cancel(p, mesh._actor_id)
         if mode == "stream":
             p.stream_q = queue.SimpleQueue()
             header["rm"] = DIRECT
             self._send_cast(mesh, ranks, header, payload, bufs, p)
-            return self._iter_stream(p)
+            return self._iter_stream(p, mesh._actor_id)
         header["rm"] = GATHER
         self._send_cast(mesh, ranks, header, payload, bufs, p)
         return fut
@@ -191,6 +216,7 @@ class Client:
         payload, bufs = self._encode_args(mesh, endpoint, args, kwargs)
         fut: Future[Any] = Future(f"{mesh._class_name}.{endpoint}")
         p = _Pending(fut, ref.mesh_id, "one", mesh._name, endpoint, None, [rank], {rank}, ref=ref)
+        fut._on_cancel = lambda: self._cancel(p, mesh._actor_id)
         key = (mesh._actor_id, rank)
         with self._lock:
             call_id = self._register(p)
@@ -219,10 +245,15 @@ class Client:
         rank = min(order, key=lambda r: self._inflight.get((mesh._actor_id, r), 0))
         return self.call_rank(mesh, rank, endpoint, args, kwargs)
 
-    def _iter_stream(self, p: _Pending) -> Iterator[Future[Any]]:
+    def _iter_stream(self, p: _Pending, actor_id: str) -> Iterator[Future[Any]]:
         assert p.stream_q is not None
         for _ in range(len(p.ranks)):
-            yield p.stream_q.get()
+            try:
+                item = p.stream_q.get()
+            except KeyboardInterrupt:
+                self._cancel(p, actor_id)
+                raise
+            yield item
 
     def request(self, address: str, header: dict[str, Any], obj: Any = None, what: str = "request") -> Future[Any]:
         """A control request (to an agent): the reply's payload is the future's value."""
