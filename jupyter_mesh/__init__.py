@@ -10,7 +10,9 @@ Importing this package imports neither ZeroMQ, torch, IPython nor ucxx; the runt
 from ._actor import Actor, current_rank, endpoint
 from ._future import Future
 from ._mesh import ActorMesh, HostMesh, MeshEndpoint, ProcMesh
+from ._session import mesh_states, shutdown, subscribe
 from ._shape import Extent, Point, Shape, Slice
+from ._state import MeshEvent, MeshState, ProcState, RankState
 from ._value_mesh import ValueMesh
 from .errors import (
     ActorError,
@@ -41,10 +43,14 @@ __all__ = [
     "MeshClosedError",
     "MeshEndpoint",
     "MeshError",
+    "MeshEvent",
+    "MeshState",
     "MeshTimeoutError",
     "MeshValueError",
     "Point",
     "ProcMesh",
+    "ProcState",
+    "RankState",
     "RemoteFailure",
     "SerializationError",
     "Shape",
@@ -53,5 +59,8 @@ __all__ = [
     "ValueMesh",
     "current_rank",
     "endpoint",
+    "mesh_states",
+    "shutdown",
+    "subscribe",
     "this_host",
 ]

@@ -10,11 +10,12 @@ from __future__ import annotations
 import itertools
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, Iterator, Mapping, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Generic, Iterator, Mapping, TypeVar
 
 from ._actor import Actor, endpoints_of
 from ._future import Future
 from ._shape import Extent, Shape
+from ._state import MeshEvent, MeshState
 from ._value_mesh import ValueMesh
 from .errors import MeshClosedError, MeshValueError
 
@@ -234,6 +235,17 @@ class ProcMesh(_MeshTrait):
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    def state(self) -> MeshState:
+        """A snapshot of every rank's state (starting, idle, busy, paused, failed, stopped)."""
+        return self._controller.state.snapshot(self._ref.mesh_id)
+
+    def subscribe(self, listener: Callable[[MeshEvent], None]) -> Callable[[], None]:
+        """Call ``listener(event)`` on every change of this mesh; returns a function that unsubscribes.
+
+        Listeners run on the runtime's receive thread: keep them quick and non-blocking.
+        """
+        return self._controller.state.subscribe(listener, self._ref.mesh_id)
 
     def pids(self) -> dict[int, int]:
         """Global rank -> OS pid, for the procs of this view (handy for tests and debugging)."""

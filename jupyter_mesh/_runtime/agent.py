@@ -226,6 +226,7 @@ class Agent:
                 p.pid = h["pid"]
                 self.by_pid[p.pid] = p
             self._maybe_spawned(self.meshes[p.mesh_id])
+        self._event({"k": "proc_ready", "m": p.mesh_id, "rk": p.rank, "pid": p.pid})  # for progress bars
 
     def _maybe_spawned(self, mesh: _Mesh) -> None:
         if mesh.spawn_reply is None:

@@ -18,7 +18,7 @@ import pickle
 import queue
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from .._future import Future
 from .._shape import Shape
@@ -102,6 +102,8 @@ class Client:
         self._inflight: dict[tuple[str, int], int] = {}
         self._failed: dict[tuple[str, int], Failure] = {}
         self._stopped: set[str] = set()
+        # (mesh_id, ranks, +1 | -1): calls to ranks started / finished; the controller tracks busy/idle
+        self.activity: Callable[[str, list[int], int], None] | None = None
 
     # -- helpers ---------------------------------------------------------------------------------------
     def _encode_args(self, mesh: ActorMesh[Any], endpoint: str, args: Any, kwargs: Any) -> tuple[bytes, list[Any]]:
@@ -146,6 +148,8 @@ class Client:
                 return
             ranks = sorted(p.outstanding)
             p.outstanding.clear()
+        if self.activity is not None and ranks:
+            self.activity(p.mesh_id, ranks, -1)
         if p.stream_q is not None:
             for _ in ranks:
                 f: Future[Any] = Future(p.endpoint)
@@ -209,6 +213,8 @@ class Client:
             frames = self.transport.encode(Message(header, payload, bufs))
             for h in hosts:
                 self.transport.send_raw(ref.agent_addrs[h], frames)
+        if p is not None and self.activity is not None:
+            self.activity(ref.mesh_id, ranks, 1)
 
     def call_rank(self, mesh: ActorMesh[Any], rank: int, endpoint: str, args: Any, kwargs: Any) -> Future[Any]:
         ref = mesh._ref
@@ -224,6 +230,8 @@ class Client:
             header = {"k": "c", "a": mesh._actor_id, "m": endpoint, "rk": rank, "s": self.address,
                       "rm": DIRECT, "i": call_id, "q": self._seqs(mesh, [rank])}
             self.transport.send(ref.proc_addrs[rank], Message(header, payload, bufs))
+        if self.activity is not None:
+            self.activity(ref.mesh_id, [rank], 1)
         fut.add_done_callback(lambda _f: self._done_inflight(key))
         return fut
 
@@ -308,11 +316,15 @@ class Client:
             done = not p.outstanding or doomed
             if done:
                 self._pending.pop(call_id, None)
+            finished = [rank]
             if doomed:
                 known = {r: self._failed[(p.mesh_id, r)] for r in p.ranks if (p.mesh_id, r) in self._failed}
                 known[rank] = outcome
                 p.broken = [known[r] for r in sorted(known)]
+                finished += sorted(p.outstanding)
                 p.outstanding.clear()
+        if self.activity is not None:
+            self.activity(p.mesh_id, finished, -1)
         if p.mode == "stream":
             assert p.stream_q is not None
             f: Future[Any] = Future(p.endpoint)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from .._future import Future
 from .._serialize import loads
 from .._shape import Shape
+from .._state import StateTracker
 from .._transport import Message, Transport
 from ..errors import Failure, MeshClosedError, MeshError, MeshTimeoutError, SupervisionError, format_coords
 from .client import Client
@@ -74,6 +75,8 @@ class Controller:
         self.transport = Transport(self.key, bind or os.environ.get("JUPYTER_MESH_BIND", "tcp://127.0.0.1"))
         self.address = self.transport.address
         self.client = Client(self.transport)
+        self.state = StateTracker()
+        self.client.activity = self.state.activity
         self.output: OutputSink = print_output
         self._agent_waiters: dict[str, Future[dict[str, Any]]] = {}
         self._meshes: dict[str, _ProcMeshRecord] = {}
@@ -95,6 +98,8 @@ class Controller:
         elif k == "out":
             rec = self._meshes.get(h["m"])
             self.output(rec.ref.name if rec else h["m"], h["rk"], h["label"], h["fd"], h["lines"])
+        elif k == "proc_ready":
+            self.state.ready(h["m"], h["rk"], h["pid"])
         elif k == "proc_exit":
             self._proc_exit(h["m"], h["rk"], loads(msg.payload, msg.buffers))
         elif k == "agent_up":
@@ -108,6 +113,7 @@ class Controller:
             return
         rec.failures[rank] = failure
         self.client.mark_failed({rank: failure}, mesh_id)
+        self.state.failed(mesh_id, rank, failure)
         print(f"jupyter_mesh: [{failure.mesh} {format_coords(failure.coords)}] {failure.detail}", file=sys.stderr)
 
     # -- agents -----------------------------------------------------------------------------------
@@ -140,6 +146,7 @@ class Controller:
                           [a.addr for a in hosts], [a.host_key for a in hosts])
         rec = _ProcMeshRecord(ref, {})
         self._meshes[mesh_id] = rec
+        self.state.created(mesh_id, name, dict(shape.extent), [dict(shape.point(r)) for r in range(len(shape))])
         futs = []
         for pos, agent in enumerate(hosts):
             ranks = list(range(pos * per_host, (pos + 1) * per_host))
@@ -173,6 +180,7 @@ class Controller:
             return
         rec.stopped = True
         self.client.mark_stopped(ref.mesh_id)
+        self.state.stopped(ref.mesh_id)
         if self._closed:
             return
         futs = [self.client.request(a, {"k": "stop_procs", "mesh_id": ref.mesh_id, "grace": timeout},
@@ -197,8 +205,9 @@ class Controller:
             if self._closed:
                 return
             self._closed = True
-        for rec in self._meshes.values():
+        for mesh_id, rec in self._meshes.items():
             rec.stopped = True
+            self.state.stopped(mesh_id)
         self.client.fail_all(MeshClosedError("the jupyter_mesh controller shut down while this call was pending"))
         for job in self._jobs:
             try:
