@@ -104,6 +104,8 @@ class Client:
         self._stopped: set[str] = set()
         # (mesh_id, ranks, +1 | -1): calls to ranks started / finished; the controller tracks busy/idle
         self.activity: Callable[[str, list[int], int], None] | None = None
+        # (actor mesh, spawn payload, buffers): the controller keeps them to re-create actors on respawn
+        self.on_spawn: Callable[[ActorMesh[Any], bytes, list[Any]], None] | None = None
 
     # -- helpers ---------------------------------------------------------------------------------------
     def _encode_args(self, mesh: ActorMesh[Any], endpoint: str, args: Any, kwargs: Any) -> tuple[bytes, list[Any]]:
@@ -177,7 +179,31 @@ class Client:
         header = {"k": "spawn", "pm": mesh._ref.mesh_id, "a": mesh._actor_id, "n": mesh._name, "sl": mesh._shape.slice.to_wire(),
                   "s": self.address, "rm": GATHER}
         self._send_cast(mesh, ranks, header, payload, bufs, p)
+        if self.on_spawn is not None:
+            self.on_spawn(mesh, payload, bufs)
         return fut
+
+    def respawn_actor(self, mesh: ActorMesh[Any], rank: int, payload: bytes, bufs: list[Any]) -> Future[None]:
+        """Re-create one actor on a freshly respawned proc with its original spawn payload."""
+        fut: Future[None] = Future(f"respawn of {mesh._name}")
+        p = _Pending(fut, mesh._ref.mesh_id, "spawn", mesh._name, "__init__", None, [rank], {rank}, ref=mesh._ref)
+        with self._lock:
+            header = {"k": "spawn", "pm": mesh._ref.mesh_id, "a": mesh._actor_id, "n": mesh._name, "rk": rank,
+                      "s": self.address, "rm": DIRECT, "i": self._register(p), "q": self._seqs(mesh, [rank])}
+            self.transport.send(mesh._ref.proc_addrs[rank], Message(header, payload, bufs))
+        return fut
+
+    def reset_ranks(self, mesh_id: str, ranks: list[int], actor_ids: list[str]) -> None:
+        """Ranks got new procs: forget their failures and restart our sequence numbers to them."""
+        with self._lock:
+            for r in ranks:
+                self._failed.pop((mesh_id, r), None)
+            for a in actor_ids:
+                arr = self._seq.get(a)
+                if arr is not None:
+                    for r in ranks:
+                        if r < len(arr):
+                            arr[r] = 0
 
     def cast(self, mesh: ActorMesh[Any], endpoint: str, args: Any, kwargs: Any, mode: str) -> Any:
         ranks = mesh._shape.ranks()

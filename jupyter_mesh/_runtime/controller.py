@@ -8,6 +8,8 @@ printed output; everything else runs on the caller's thread. One per process: ``
 from __future__ import annotations
 
 import atexit
+import collections
+import time
 import os
 import secrets
 import sys
@@ -20,11 +22,19 @@ from .._serialize import loads
 from .._shape import Shape
 from .._state import StateTracker
 from .._transport import Message, Transport
-from ..errors import Failure, MeshClosedError, MeshError, MeshTimeoutError, SupervisionError, format_coords
+from ..errors import (
+    Failure,
+    MeshClosedError,
+    MeshError,
+    MeshTimeoutError,
+    MeshValueError,
+    SupervisionError,
+    format_coords,
+)
 from .client import Client
 
 if TYPE_CHECKING:
-    from .._mesh import ProcMeshRef
+    from .._mesh import ActorMesh, ProcMeshRef
     from ..jobs import AgentHandle, Job
 
 __all__ = ["Controller", "OutputSink"]
@@ -34,6 +44,8 @@ def _local_host_key() -> str:
     from .agent import host_key
 
     return host_key()
+
+LOG_LINES_KEPT = 100_000  # per proc mesh, for ProcMesh.logs() / %mesh logs
 
 OutputSink = Callable[[str, int, str, int, list[str]], None]
 """(mesh name, rank, coords label, fd 1/2, lines) -> None: where worker output goes."""
@@ -52,6 +64,11 @@ class _ProcMeshRecord:
     pids: dict[int, int]
     stopped: bool = False
     failures: dict[int, Failure] = field(default_factory=dict)
+    # actor meshes spawned from here on this proc mesh, with their spawn payloads (for respawn)
+    actors: list[tuple[ActorMesh[Any], bytes, list[Any]]] = field(default_factory=list)
+    logs: collections.deque[tuple[float, int, int, str]] = field(
+        default_factory=lambda: collections.deque(maxlen=LOG_LINES_KEPT)
+    )
 
 
 class Controller:
@@ -77,6 +94,7 @@ class Controller:
         self.client = Client(self.transport)
         self.state = StateTracker()
         self.client.activity = self.state.activity
+        self.client.on_spawn = self._record_spawn
         self.output: OutputSink = print_output
         self._agent_waiters: dict[str, Future[dict[str, Any]]] = {}
         self._meshes: dict[str, _ProcMeshRecord] = {}
@@ -97,6 +115,9 @@ class Controller:
             self.client.on_reply(msg)
         elif k == "out":
             rec = self._meshes.get(h["m"])
+            if rec is not None:
+                now = time.time()
+                rec.logs.extend((now, h["rk"], h["fd"], line) for line in h["lines"])
             self.output(rec.ref.name if rec else h["m"], h["rk"], h["label"], h["fd"], h["lines"])
         elif k == "proc_ready":
             self.state.ready(h["m"], h["rk"], h["pid"])
@@ -190,6 +211,65 @@ class Controller:
                 f.get(timeout + 5.0)
             except MeshTimeoutError:
                 raise MeshTimeoutError("stop", timeout + 5.0, f"agents did not confirm that '{ref.name}' stopped") from None
+
+    def _record_spawn(self, mesh: ActorMesh[Any], payload: bytes, bufs: list[Any]) -> None:
+        rec = self._meshes.get(mesh._ref.mesh_id)
+        if rec is not None:
+            rec.actors.append((mesh, payload, [bytes(b) for b in bufs]))
+
+    def _record(self, ref: ProcMeshRef) -> _ProcMeshRecord:
+        rec = self._meshes.get(ref.mesh_id)
+        if rec is None or rec.stopped:
+            raise MeshClosedError(f"proc mesh '{ref.name}' was stopped; spawn a new one")
+        return rec
+
+    def kill(self, ref: ProcMeshRef, rank: int, sig: int, timeout: float = 10.0) -> int:
+        """Send ``sig`` to the proc of ``rank``; its exit is then reported like any failure."""
+        self._record(ref)
+        return self.client.request(ref.agent_addrs[ref.rank_host[rank]],
+                                   {"k": "kill_proc", "mesh_id": ref.mesh_id, "rank": rank, "sig": sig},
+                                   what=f"kill of rank {rank}").get(timeout)
+
+    def respawn(self, ref: ProcMeshRef, ranks: list[int] | None, timeout: float) -> list[int]:
+        """New procs for failed ranks, same coordinates; actors spawned from here are re-created."""
+        rec = self._record(ref)
+        ranks = sorted(rec.failures) if ranks is None else sorted(set(ranks))
+        alive = [r for r in ranks if r not in rec.failures]
+        if alive:
+            raise MeshValueError(f"ranks {alive} of '{ref.name}' have not failed; kill them first to respawn them")
+        if not ranks:
+            return []
+        by_host: dict[int, list[int]] = {}
+        for r in ranks:
+            by_host.setdefault(ref.rank_host[r], []).append(r)
+        futs = [self.client.request(ref.agent_addrs[h], {"k": "start_procs", "mesh_id": ref.mesh_id, "ranks": rs},
+                                    what=f"respawn of {rs}") for h, rs in by_host.items()]
+        for f in futs:
+            for rank, addr, pid in f.get(timeout):
+                ref.proc_addrs[rank] = addr
+                rec.pids[rank] = pid
+        self.client.reset_ranks(ref.mesh_id, ranks, [m._actor_id for m, _, _ in rec.actors])
+        spawns = [self.client.respawn_actor(m, r, payload, bufs)
+                  for m, payload, bufs in rec.actors for r in ranks if m._shape.slice.index_of(r) is not None]
+        errors = []
+        for f in spawns:
+            try:
+                f.get(timeout)
+            except SupervisionError as e:
+                errors.extend(e.failures)
+        for r in ranks:
+            rec.failures.pop(r, None)
+            self.state.respawned(ref.mesh_id, r, rec.pids[r])
+        if errors:
+            raise SupervisionError(errors, "while re-creating actors on respawned ranks")
+        return ranks
+
+    def logs(self, ref: ProcMeshRef, rank: int | None, tail: int | None) -> list[tuple[float, int, int, str]]:
+        rec = self._meshes.get(ref.mesh_id)
+        if rec is None:
+            return []
+        lines = [x for x in rec.logs if rank is None or x[1] == rank]
+        return lines[-tail:] if tail else lines
 
     def is_stopped(self, mesh_id: str) -> bool:
         rec = self._meshes.get(mesh_id)
