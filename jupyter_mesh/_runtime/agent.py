@@ -56,6 +56,7 @@ class _Proc:
     up: bool = False
     stopping: bool = False
     killed_by_user: bool = False
+    last_seen: float = 0.0
     exit_code: int | None = None
     exit_signal: int | None = None
     tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=30))
@@ -87,6 +88,11 @@ class Agent:
         self.key = bytes.fromhex(cfg["key"])
         self.controller: str = cfg["controller"]
         self.host_index: int = cfg.get("host_index", 0)
+        # liveness: procs must answer pings within hb_timeout; the controller must ping us
+        self.hb_timeout: float = float(cfg.get("hb_timeout", 3.0))
+        self.hb_interval = self.hb_timeout / 4
+        self.controller_silence = 3 * self.hb_timeout
+        self.last_controller = time.monotonic()
         self.transport = Transport(self.key, cfg.get("bind", "tcp://127.0.0.1"))
         self.lock = threading.RLock()
         self.procs: dict[tuple[str, int], _Proc] = {}
@@ -135,6 +141,13 @@ class Agent:
         k = h["k"]
         if k == "r" and "to" in h:
             self._gathered(h, msg)
+        elif k == "pong":
+            p = self.procs.get((h["m"], h["rk"]))
+            if p is not None:
+                p.last_seen = time.monotonic()
+        elif k == "hb":
+            self.last_controller = time.monotonic()
+            self.transport.send(self.controller, Message({"k": "hb_ack", "addr": self.transport.address}))
         elif k == "c" or k == "spawn":
             self._relay(h, frames)
         elif k == "proc_up":
@@ -332,8 +345,13 @@ class Agent:
 
     # -- I/O thread -------------------------------------------------------------------------------
     def io_loop(self) -> None:
+        next_tick = time.monotonic() + self.hb_interval
         while not self.shutting_down:
-            for key, _ in self.sel.select():
+            now = time.monotonic()
+            if now >= next_tick:
+                self._heartbeat_tick(now)
+                next_tick = now + self.hb_interval
+            for key, _ in self.sel.select(max(0.0, next_tick - now)):
                 kind, data = key.data
                 if kind == "template":
                     self._template_event()
@@ -344,6 +362,43 @@ class Agent:
                         pass
                 else:
                     self._pipe_readable(key.fd, *data)
+
+    def _heartbeat_tick(self, now: float) -> None:
+        """Ping every running proc; declare dead those silent for hb_timeout (hung, SIGSTOPped)."""
+        if now - self.last_controller > self.controller_silence:
+            print(f"jupyter-mesh agent: no heartbeat from the controller for {self.controller_silence:g} s; exiting",
+                  file=sys.stderr)
+            self.shutdown()
+        with self.lock:
+            running = [p for p in self.procs.values() if p.alive and p.up and not p.stopping]
+        for p in running:
+            if p.last_seen and now - p.last_seen > self.hb_timeout:
+                self._declare_dead(p, f"proc {p.pid} stopped answering heartbeats for {now - p.last_seen:.1f} s "
+                                      f"(hung, or stopped with SIGSTOP?); it was killed")
+            else:
+                if not p.last_seen:
+                    p.last_seen = now
+                try:
+                    self.transport.send(p.addr, Message({"k": "ping"}))
+                except Exception:  # noqa: BLE001 - its exit will be reported by the template
+                    pass
+
+    def _declare_dead(self, p: _Proc, detail: str) -> None:
+        with self.lock:
+            if not p.alive:
+                return
+            p.alive = False
+            mesh = self.meshes.get(p.mesh_id)
+            pending = [k for k, g in self.gathers.items() if g.mesh_id == p.mesh_id and p.rank in g.outstanding]
+        f = self._failure(p, "heartbeat", detail)
+        _kill(p.pid, signal.SIGKILL)  # a hung proc is of no use; killing it lets the rank be respawned
+        for key in pending:
+            self._add_to_gather(key, p.rank, BROKEN, dumps(f)[0], [])
+        if mesh is not None:
+            with self.lock:
+                self._check_waiters(mesh)
+            self._event({"k": "proc_exit", "m": p.mesh_id, "rk": p.rank}, f)
+            self._maybe_stopped(mesh)
 
     def _template_event(self) -> None:
         try:

@@ -101,6 +101,13 @@ class Controller:
         self._jobs: list[Job] = []
         self._lock = threading.Lock()
         self._closed = False
+        # liveness of agents: O(hosts) pings per interval, never O(procs)
+        self.hb_timeout = float(os.environ.get("JUPYTER_MESH_HEARTBEAT_TIMEOUT", "3.0"))
+        self._agent_seen: dict[str, float] = {}
+        self._agents_lost: set[str] = set()
+        self._hb_stop = threading.Event()
+        self._hb_thread = threading.Thread(target=self._heartbeats, name="jupyter-mesh-heartbeat", daemon=True)
+        self._hb_thread.start()
         self._thread = threading.Thread(
             target=self.transport.serve, args=(self._on_message,), name="jupyter-mesh-recv", daemon=True
         )
@@ -123,7 +130,11 @@ class Controller:
             self.state.ready(h["m"], h["rk"], h["pid"])
         elif k == "proc_exit":
             self._proc_exit(h["m"], h["rk"], loads(msg.payload, msg.buffers))
+        elif k == "hb_ack":
+            if h["addr"] in self._agent_seen:
+                self._agent_seen[h["addr"]] = time.monotonic()
         elif k == "agent_up":
+            self._agent_seen[h["addr"]] = time.monotonic()
             w = self._agent_waiters.pop(h.get("nonce", ""), None)
             if w is not None:
                 w._set_result(h)
@@ -138,6 +149,35 @@ class Controller:
         print(f"jupyter_mesh: [{failure.mesh} {format_coords(failure.coords)}] {failure.detail}", file=sys.stderr)
 
     # -- agents -----------------------------------------------------------------------------------
+    def _heartbeats(self) -> None:
+        interval = self.hb_timeout / 4
+        while not self._hb_stop.wait(interval):
+            now = time.monotonic()
+            for addr, seen in list(self._agent_seen.items()):
+                if addr in self._agents_lost:
+                    continue
+                if now - seen > self.hb_timeout:
+                    self._agents_lost.add(addr)
+                    self._host_lost(addr, now - seen)
+                    continue
+                try:
+                    self.transport.send(addr, Message({"k": "hb"}))
+                except Exception:  # noqa: BLE001 - closing down
+                    return
+
+    def _host_lost(self, addr: str, silent: float) -> None:
+        """An agent went silent: every rank on its host is failed (procs there may be unreachable)."""
+        for mesh_id, rec in list(self._meshes.items()):
+            if rec.stopped or addr not in rec.ref.agent_addrs:
+                continue
+            host = rec.ref.agent_addrs.index(addr)
+            ranks = [r for r, h in enumerate(rec.ref.rank_host) if h == host and r not in rec.failures]
+            for r in ranks:
+                f = Failure(rec.ref.name, rec.ref.coords(r), "heartbeat",
+                            f"the host agent at {addr} stopped answering heartbeats for {silent:.1f} s")
+                self._proc_exit(mesh_id, r, f)
+
+
     def expect_agent(self, nonce: str) -> Future[dict[str, Any]]:
         fut: Future[dict[str, Any]] = Future("agent start")
         self._agent_waiters[nonce] = fut
@@ -288,6 +328,7 @@ class Controller:
         for mesh_id, rec in self._meshes.items():
             rec.stopped = True
             self.state.stopped(mesh_id)
+        self._hb_stop.set()
         self.client.fail_all(MeshClosedError("the jupyter_mesh controller shut down while this call was pending"))
         for job in self._jobs:
             try:

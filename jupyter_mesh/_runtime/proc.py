@@ -186,6 +186,8 @@ class ProcRuntime:
             self._order_and_deliver(msg)
         elif k == "r" or k == "g":
             self.client.on_reply(msg)
+        elif k == "ping":
+            self.transport.send(self.agent_addr, Message({"k": "pong", "m": self.mesh_id, "rk": self.rank}))
         elif k == "cancel":
             host = self.actors.get(msg.header["a"])
             if host is not None:
