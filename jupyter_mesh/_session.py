@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Callable
 
 from ._state import MeshEvent, MeshState
+from .errors import SupervisionError
 
-__all__ = ["mesh_states", "shutdown", "subscribe"]
+__all__ = ["mesh_states", "set_fault_hook", "shutdown", "subscribe"]
 
 
 def mesh_states(include_stopped: bool = False) -> list[MeshState]:
@@ -32,3 +33,14 @@ def shutdown() -> None:
     inst = Controller._instance
     if inst is not None:
         inst.shutdown()
+
+
+def set_fault_hook(hook: Callable[[SupervisionError], None] | None) -> Callable[[SupervisionError], None]:
+    """Choose what happens to a failure no pending call was told about; returns the previous hook.
+
+    Default (``None``): fail fast - print it, raise it at the next API call, exit non-zero at the end
+    if it was never raised. Jupyter kernels install a hook that shows it and keeps the kernel alive.
+    """
+    from ._runtime import controller
+
+    return controller.set_fault_hook(hook)

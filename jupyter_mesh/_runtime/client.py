@@ -106,6 +106,8 @@ class Client:
         self.activity: Callable[[str, list[int], int], None] | None = None
         # (actor mesh, spawn payload, buffers): the controller keeps them to re-create actors on respawn
         self.on_spawn: Callable[[ActorMesh[Any], bytes, list[Any]], None] | None = None
+        # runs before every call and spawn: the controller raises unhandled failures there (fail fast)
+        self.before_call: Callable[[], None] | None = None
 
     # -- helpers ---------------------------------------------------------------------------------------
     def _encode_args(self, mesh: ActorMesh[Any], endpoint: str, args: Any, kwargs: Any) -> tuple[bytes, list[Any]]:
@@ -119,6 +121,8 @@ class Client:
             ) from None
 
     def _check_targets(self, ref: ProcMeshRef, ranks: list[int], context: str) -> None:
+        if self.before_call is not None:
+            self.before_call()
         if ref.mesh_id in self._stopped:
             raise MeshClosedError(
                 f"proc mesh '{ref.name}' was stopped; {context} cannot run. Spawn a new proc mesh."
@@ -406,8 +410,10 @@ class Client:
             self._pending.pop(call_id, None)
 
     # -- supervision -----------------------------------------------------------------------------------
-    def mark_failed(self, failure_by_rank: dict[int, Failure], mesh_id: str) -> None:
-        """Ranks of ``mesh_id`` broke: fail what waits on them now, and later calls at the call site."""
+    def mark_failed(self, failure_by_rank: dict[int, Failure], mesh_id: str) -> int:
+        """Ranks of ``mesh_id`` broke: fail what waits on them now, and later calls at the call site.
+
+        Returns how many pending calls it failed (0: nobody was told; the fault hook should be)."""
         with self._lock:
             for r, f in failure_by_rank.items():
                 self._failed[(mesh_id, r)] = f
@@ -415,6 +421,7 @@ class Client:
         for cid, p in hit:
             for r in sorted(p.outstanding & failure_by_rank.keys()):
                 self._add(p, cid, r, BROKEN, pickle.dumps(failure_by_rank[r]), [])
+        return len(hit)
 
     def clear_failed(self, mesh_id: str, ranks: list[int]) -> None:
         with self._lock:

@@ -29,7 +29,6 @@ from ..errors import (
     MeshTimeoutError,
     MeshValueError,
     SupervisionError,
-    format_coords,
 )
 from .client import Client
 
@@ -37,7 +36,31 @@ if TYPE_CHECKING:
     from .._mesh import ActorMesh, ProcMeshRef
     from ..jobs import AgentHandle, Job
 
-__all__ = ["Controller", "OutputSink"]
+__all__ = ["Controller", "FaultHook", "OutputSink", "fail_fast", "set_fault_hook"]
+
+FaultHook = Callable[[SupervisionError], None]
+"""Called (on the runtime's receive thread) with a failure that no pending call was told about."""
+
+
+def fail_fast(err: SupervisionError) -> None:
+    """The default in scripts: say it now, raise it at the next API call, exit non-zero if ignored."""
+    print(f"jupyter_mesh: unhandled failure: {err}", file=sys.stderr)
+    inst = Controller._instance
+    if inst is not None:
+        inst._hold_fault(err)
+
+
+fault_hook: FaultHook = fail_fast
+
+
+def set_fault_hook(hook: FaultHook | None) -> FaultHook:
+    """Install ``hook`` for unhandled failures (None restores fail-fast); returns the previous one.
+
+    A Jupyter kernel installs one that shows the failure and never kills the kernel.
+    """
+    global fault_hook
+    prev, fault_hook = fault_hook, hook or fail_fast
+    return prev
 
 
 def _local_host_key() -> str:
@@ -101,6 +124,9 @@ class Controller:
         self._jobs: list[Job] = []
         self._lock = threading.Lock()
         self._closed = False
+        self.pending_fault: SupervisionError | None = None
+        self._killed_on_request: set[tuple[str, int]] = set()
+        self.client.before_call = self.raise_pending_fault
         # liveness of agents: O(hosts) pings per interval, never O(procs)
         self.hb_timeout = float(os.environ.get("JUPYTER_MESH_HEARTBEAT_TIMEOUT", "3.0"))
         self._agent_seen: dict[str, float] = {}
@@ -112,7 +138,7 @@ class Controller:
             target=self.transport.serve, args=(self._on_message,), name="jupyter-mesh-recv", daemon=True
         )
         self._thread.start()
-        atexit.register(self.shutdown)
+        atexit.register(self._at_exit)
 
     # -- events from the wire (receive thread) ----------------------------------------------------
     def _on_message(self, msg: Message, frames: list[Any]) -> None:
@@ -144,9 +170,31 @@ class Controller:
         if rec is None or rec.stopped:
             return
         rec.failures[rank] = failure
-        self.client.mark_failed({rank: failure}, mesh_id)
+        told = self.client.mark_failed({rank: failure}, mesh_id)
         self.state.failed(mesh_id, rank, failure)
-        print(f"jupyter_mesh: [{failure.mesh} {format_coords(failure.coords)}] {failure.detail}", file=sys.stderr)
+        if not told and (mesh_id, rank) not in self._killed_on_request:  # nobody was told: unhandled so far
+            hook = fault_hook
+            try:
+                hook(SupervisionError([failure], "while nothing was waiting on it"))
+            except Exception:  # noqa: BLE001 - a broken hook must not break supervision
+                import traceback
+
+                traceback.print_exc()
+
+    # -- fail fast (the default fault hook in scripts) ---------------------------------------------
+    def _hold_fault(self, err: SupervisionError) -> None:
+        with self._lock:
+            prev = self.pending_fault
+            self.pending_fault = SupervisionError([*(prev.failures if prev else []), *err.failures], err.context)
+
+    def raise_pending_fault(self) -> None:
+        """Raise an unhandled failure at the next API call (once), as fail-fast promises."""
+        if self.pending_fault is None:
+            return
+        with self._lock:
+            err, self.pending_fault = self.pending_fault, None
+        if err is not None:
+            raise err
 
     # -- agents -----------------------------------------------------------------------------------
     def _heartbeats(self) -> None:
@@ -199,6 +247,7 @@ class Controller:
         from .._mesh import ProcMeshRef, _new_id
 
         self._check_open()
+        self.raise_pending_fault()
         agents: list[AgentHandle] = job.agents(timeout)
         hosts = [agents[i] for i in host_indices]
         per_host = len(shape) // len(hosts)
@@ -266,6 +315,7 @@ class Controller:
     def kill(self, ref: ProcMeshRef, rank: int, sig: int, timeout: float = 10.0) -> int:
         """Send ``sig`` to the proc of ``rank``; its exit is then reported like any failure."""
         self._record(ref)
+        self._killed_on_request.add((ref.mesh_id, rank))
         return self.client.request(ref.agent_addrs[ref.rank_host[rank]],
                                    {"k": "kill_proc", "mesh_id": ref.mesh_id, "rank": rank, "sig": sig},
                                    what=f"kill of rank {rank}").get(timeout)
@@ -299,6 +349,7 @@ class Controller:
                 errors.extend(e.failures)
         for r in ranks:
             rec.failures.pop(r, None)
+            self._killed_on_request.discard((ref.mesh_id, r))
             self.state.respawned(ref.mesh_id, r, rec.pids[r])
         if errors:
             raise SupervisionError(errors, "while re-creating actors on respawned ranks")
@@ -319,6 +370,15 @@ class Controller:
         return dict(self._meshes[mesh_id].pids)
 
     # -- shutdown ---------------------------------------------------------------------------------
+    def _at_exit(self) -> None:
+        self.shutdown()
+        err = self.pending_fault
+        if err is not None:  # fail fast: an ignored failure makes the program fail
+            print(f"jupyter_mesh: exiting with an unhandled failure:\n{err}", file=sys.stderr)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1)
+
     def shutdown(self) -> None:
         """Stop every agent (and so every proc); fail whatever still waits. Idempotent."""
         with self._lock:
@@ -346,7 +406,7 @@ class Controller:
         if _client_mod._current is self.client:
             _client_mod.set_current_client(None)
         try:
-            atexit.unregister(self.shutdown)
+            atexit.unregister(self._at_exit)
         except Exception:  # noqa: BLE001
             pass
 
