@@ -142,9 +142,10 @@ class SupervisionError(MeshError):
         lines += [f"  {f.describe()}" for f in self.failures[:16]]
         if len(self.failures) > 16:
             lines.append(f"  ... and {len(self.failures) - 16} more")
-        tb = next((f.traceback for f in self.failures if f.traceback), "")
-        if tb:
-            lines.append("Remote traceback:\n" + tb.rstrip())
+        with_tb = next((f for f in self.failures if f.traceback), None)
+        if with_tb is not None:
+            label = "Remote traceback" if with_tb.kind == "init" else "Last output of the proc"
+            lines.append(f"{label}:\n" + with_tb.traceback.rstrip())
         lines.append("What to do: " + _KIND_HINTS.get(first.kind, "inspect the failure, then respawn"))
         return "\n".join(lines)
 

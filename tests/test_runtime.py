@@ -242,3 +242,15 @@ def test_tensors_and_arrays_roundtrip(procs):
     p = torch.nn.Parameter(torch.randn(4, 4))
     bp = one.echo.call_one(p).get(timeout=20)
     assert isinstance(bp, torch.nn.Parameter) and torch.equal(bp, p)
+
+
+def test_proc_that_fails_to_start_is_a_start_failure(host):
+    with pytest.raises(SupervisionError) as ei:
+        host.spawn_procs(per_host={"gpus": 2}, preload=["jm_no_such_module_xyz"], timeout=30)
+    e = ei.value
+    assert {f.kind for f in e.failures} == {"start"} and len(e.failures) == 2
+    assert "ModuleNotFoundError" in str(e) and "jm_no_such_module_xyz" in str(e)
+    assert "exited with code 3" in str(e)
+    # the host is fine afterwards
+    pm = host.spawn_procs(per_host={"gpus": 1})
+    pm.stop()

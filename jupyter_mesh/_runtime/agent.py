@@ -57,6 +57,7 @@ class _Proc:
     stopping: bool = False
     killed_by_user: bool = False
     last_seen: float = 0.0
+    fds: list[int] = field(default_factory=list)
     exit_code: int | None = None
     exit_signal: int | None = None
     tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=30))
@@ -260,6 +261,7 @@ class Agent:
             self._tsend({"op": "fork", "token": token, "cfg": cfg}, [out_w, err_w])
             os.close(out_w)
             os.close(err_w)
+            p.fds = [out_r, err_r]
             for fd, stream in ((out_r, 1), (err_r, 2)):
                 os.set_blocking(fd, False)
                 self.sel.register(fd, selectors.EVENT_READ, ("pipe", (p, stream, bytearray())))
@@ -293,7 +295,9 @@ class Agent:
         for to, ranks in mesh.waiters:
             procs = [self.procs[(mesh.mesh_id, r)] for r in sorted(ranks)]
             failed = [p for p in procs if not p.alive]
-            if failed:
+            if any(p.alive and not p.up for p in procs):
+                keep.append((to, ranks))  # report once every proc is up or dead: all failures at once
+            elif failed:
                 fails = [self._failure(p, "start", f"proc failed to start ({_how(p, p.exit_code, p.exit_signal)})")
                          for p in failed]
                 self._reply(to, RAISED, SupervisionError(fails, "while starting its procs"))
@@ -352,16 +356,23 @@ class Agent:
                 self._heartbeat_tick(now)
                 next_tick = now + self.hb_interval
             for key, _ in self.sel.select(max(0.0, next_tick - now)):
+                if self.sel.get_map().get(key.fd) is not key:
+                    continue  # closed by an earlier event of this round (a drained pipe)
                 kind, data = key.data
-                if kind == "template":
-                    self._template_event()
-                elif kind == "wake":
-                    try:
-                        os.read(self.wake_r, 512)
-                    except BlockingIOError:
-                        pass
-                else:
-                    self._pipe_readable(key.fd, *data)
+                try:
+                    if kind == "template":
+                        self._template_event()
+                    elif kind == "wake":
+                        try:
+                            os.read(self.wake_r, 512)
+                        except BlockingIOError:
+                            pass
+                    else:
+                        self._pipe_readable(key.fd, *data)
+                except Exception:  # noqa: BLE001 - the agent must outlive any one bad event
+                    import traceback
+
+                    traceback.print_exc()
 
     def _heartbeat_tick(self, now: float) -> None:
         """Ping every running proc; declare dead those silent for hb_timeout (hung, SIGSTOPped)."""
@@ -429,6 +440,8 @@ class Agent:
             p = self.by_pid.get(pid)
             if p is None or not p.alive:
                 return
+        self._drain(p)
+        with self.lock:
             p.alive = False
             p.exit_code, p.exit_signal = code, sig
             mesh = self.meshes.get(p.mesh_id)
@@ -446,18 +459,29 @@ class Agent:
                 self._event({"k": "proc_exit", "m": p.mesh_id, "rk": p.rank}, f)
             self._maybe_stopped(mesh)
 
-    def _pipe_readable(self, fd: int, p: _Proc, stream: int, buf: bytearray) -> None:
+    def _drain(self, p: _Proc) -> None:
+        """Read what a dead proc left in its pipes, so its last words (a traceback) are reported."""
+        for fd in p.fds:
+            for _ in range(1024):
+                try:
+                    key = self.sel.get_key(fd)
+                except (KeyError, ValueError):
+                    break
+                if not self._pipe_readable(fd, *key.data[1]):
+                    break
+
+    def _pipe_readable(self, fd: int, p: _Proc, stream: int, buf: bytearray) -> bool:
         try:
             chunk = os.read(fd, 1 << 16)
         except BlockingIOError:
-            return
+            return False
         except OSError:
             chunk = b""
         if chunk:
             buf += chunk
             cut = buf.rfind(b"\n")
             if cut < 0 and len(buf) < 1 << 16:
-                return
+                return True
             text, rest = bytes(buf[: cut + 1] if cut >= 0 else buf), buf[cut + 1 :] if cut >= 0 else b""
             buf[:] = rest
         else:
@@ -466,10 +490,11 @@ class Agent:
             text = bytes(buf)
             buf.clear()
             if not text:
-                return
+                return True
         lines = text.decode(errors="replace").splitlines()
         p.tail.extend(line + "\n" for line in lines)
         self._event({"k": "out", "m": p.mesh_id, "rk": p.rank, "fd": stream, "label": p.label, "lines": lines})
+        return True
 
     # -- lifecycle --------------------------------------------------------------------------------
     def shutdown(self) -> None:
