@@ -195,7 +195,9 @@ _FAIL_FAST = textwrap.dedent(
     f = procs.spawn("f", Faulty)
     pid = f.slice(gpus=1).pid.call_one().get(timeout=20)
     os.kill(pid, signal.SIGKILL)          # nothing is waiting on rank 1: an unhandled failure
-    time.sleep(0.5)
+    deadline = time.monotonic() + 20
+    while procs.state().ranks[1].state != "failed" and time.monotonic() < deadline:
+        time.sleep(0.02)
     if sys.argv[1] == "observe":
         try:
             f.slice(gpus=0).ok.call_one().get(timeout=5)   # any next API call raises it, once

@@ -36,7 +36,29 @@ if TYPE_CHECKING:
     from .._mesh import ActorMesh, ProcMeshRef
     from ..jobs import AgentHandle, Job
 
-__all__ = ["Controller", "FaultHook", "OutputSink", "fail_fast", "set_fault_hook"]
+__all__ = ["Controller", "Embedding", "FaultHook", "OutputSink", "fail_fast", "set_fault_hook"]
+
+
+@dataclass
+class Embedding:
+    """What a proc lends a controller created inside it (see ``Controller.__init__``)."""
+
+    key: bytes
+    transport: Transport
+    client: Client
+    route: Callable[[Callable[[Message, list[Any]], None]], None]  # forward controller messages here
+    # the actor that is spawning (per thread), so its __supervise__ hears of its meshes' failures
+    current_owner: Callable[[], Any]
+    supervise: Callable[[Any, SupervisionError], None]
+
+
+_embedding: Embedding | None = None
+
+
+def embed(embedding: Embedding) -> None:
+    """Called once by a proc at start-up: a Controller created later in it will share its runtime."""
+    global _embedding
+    _embedding = embedding
 
 FaultHook = Callable[[SupervisionError], None]
 """Called (on the runtime's receive thread) with a failure that no pending call was told about."""
@@ -89,6 +111,7 @@ class _ProcMeshRecord:
     failures: dict[int, Failure] = field(default_factory=dict)
     # actor meshes spawned from here on this proc mesh, with their spawn payloads (for respawn)
     actors: list[tuple[ActorMesh[Any], bytes, list[Any]]] = field(default_factory=list)
+    owner: Any = None  # the actor (inside a proc) that spawned this mesh: its __supervise__ is asked first
     logs: collections.deque[tuple[float, int, int, str]] = field(
         default_factory=lambda: collections.deque(maxlen=LOG_LINES_KEPT)
     )
@@ -107,14 +130,20 @@ class Controller:
             with cls._instance_lock:
                 inst = cls._instance
                 if inst is None:
-                    inst = cls._instance = Controller()
+                    inst = cls._instance = Controller(embedded=_embedding)
         return inst
 
-    def __init__(self, bind: str | None = None):
-        self.key = secrets.token_bytes(32)
-        self.transport = Transport(self.key, bind or os.environ.get("JUPYTER_MESH_BIND", "tcp://127.0.0.1"))
+    def __init__(self, bind: str | None = None, embedded: Embedding | None = None):
+        """``embedded``: inside a proc, an actor that spawns meshes makes the proc a controller too;
+        it then shares the proc's key, transport, client and receive thread instead of its own."""
+        self.embedded = embedded is not None
+        if embedded is not None:
+            self.key, self.transport, self.client = embedded.key, embedded.transport, embedded.client
+        else:
+            self.key = secrets.token_bytes(32)
+            self.transport = Transport(self.key, bind or os.environ.get("JUPYTER_MESH_BIND", "tcp://127.0.0.1"))
+            self.client = Client(self.transport)
         self.address = self.transport.address
-        self.client = Client(self.transport)
         self.state = StateTracker()
         self.client.activity = self.state.activity
         self.client.on_spawn = self._record_spawn
@@ -134,10 +163,14 @@ class Controller:
         self._hb_stop = threading.Event()
         self._hb_thread = threading.Thread(target=self._heartbeats, name="jupyter-mesh-heartbeat", daemon=True)
         self._hb_thread.start()
-        self._thread = threading.Thread(
-            target=self.transport.serve, args=(self._on_message,), name="jupyter-mesh-recv", daemon=True
-        )
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        if embedded is not None:
+            embedded.route(self._on_message)
+        else:
+            self._thread = threading.Thread(
+                target=self.transport.serve, args=(self._on_message,), name="jupyter-mesh-recv", daemon=True
+            )
+            self._thread.start()
         atexit.register(self._at_exit)
 
     # -- events from the wire (receive thread) ----------------------------------------------------
@@ -172,7 +205,12 @@ class Controller:
         rec.failures[rank] = failure
         told = self.client.mark_failed({rank: failure}, mesh_id)
         self.state.failed(mesh_id, rank, failure)
-        if not told and (mesh_id, rank) not in self._killed_on_request:  # nobody was told: unhandled so far
+        if (mesh_id, rank) in self._killed_on_request:
+            return
+        if rec.owner is not None and _embedding is not None:  # an actor owns the mesh: it supervises
+            _embedding.supervise(rec.owner, SupervisionError([failure], f"in mesh '{rec.ref.name}' that it owns"))
+            return
+        if not told:  # nobody was told: unhandled so far
             hook = fault_hook
             try:
                 hook(SupervisionError([failure], "while nothing was waiting on it"))
@@ -255,6 +293,8 @@ class Controller:
         ref = ProcMeshRef(mesh_id, name, shape, [""] * len(shape), [r // per_host for r in range(len(shape))],
                           [a.addr for a in hosts], [a.host_key for a in hosts])
         rec = _ProcMeshRecord(ref, {})
+        if _embedding is not None and self.embedded:
+            rec.owner = _embedding.current_owner()
         self._meshes[mesh_id] = rec
         self.state.created(mesh_id, name, dict(shape.extent), [dict(shape.point(r)) for r in range(len(shape))])
         futs = []
@@ -395,9 +435,10 @@ class Controller:
                 job.stop()
             except Exception as e:  # noqa: BLE001 - keep stopping the others
                 print(f"jupyter_mesh: error stopping {job!r}: {e}", file=sys.stderr)
-        self.transport.stop_serving()
-        self._thread.join(2.0)
-        self.transport.close()
+        if self._thread is not None:  # an embedded controller leaves the proc's transport alone
+            self.transport.stop_serving()
+            self._thread.join(2.0)
+            self.transport.close()
         with Controller._instance_lock:
             if Controller._instance is self:
                 Controller._instance = None

@@ -11,18 +11,22 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import importlib
+import inspect
 import os
 import sys
 import threading
 import traceback
-from typing import Any
+from typing import Any, Callable
 
 from .._actor import EndpointDef, _set_context, endpoints_of
 from .._serialize import dumps, loads
 from .._shape import Point, Shape, Slice
 from .._transport import Message, Transport
-from ..errors import Failure, SerializationError
+from ..errors import Failure, SerializationError, SupervisionError
 from .client import BROKEN, DIRECT, NO_REPLY, OK, RAISED, Client, set_current_client
+from .controller import Embedding, embed
+
+_owner = threading.local()  # the ActorHost running on this thread
 
 __all__ = ["ProcRuntime", "main"]
 
@@ -80,6 +84,7 @@ class ActorHost:
 
     def _main(self) -> None:
         asyncio.set_event_loop(self.loop)
+        _owner.host = self
         _set_context(self.runtime.point, self.name)
         set_current_client(self.runtime.client)
         self.loop.run_until_complete(self._consume())
@@ -87,10 +92,35 @@ class ActorHost:
     async def _consume(self) -> None:
         while True:
             msg = await self.queue.get()
-            if msg.header["k"] == "spawn":
+            k = msg.header["k"]
+            if k == "spawn":
                 self._spawn(msg)
+            elif k == "supervise":
+                await self._supervise(msg.payload)  # type: ignore[arg-type]
             else:
                 await self._call(msg)
+
+    async def _supervise(self, err: SupervisionError) -> None:
+        """A mesh this actor spawned lost ranks: ask ``__supervise__``; unhandled means this proc fails.
+
+        Our unit of failure is the proc, so escalation is the proc exiting: its own supervisor (the
+        controller, or the actor that owns *its* mesh) then sees the failure, with this message as
+        the proc's last output.
+        """
+        hook = getattr(self.instance, "__supervise__", None)
+        for failure in err.failures:
+            handled = False
+            if hook is not None:
+                try:
+                    handled = hook(failure)
+                    if inspect.isawaitable(handled):
+                        handled = await handled
+                except BaseException as e:  # noqa: BLE001 - a raising supervisor did not handle it
+                    print(f"[{self.name}] __supervise__ raised:\n" + _error_info(e, "__supervise__")["tb"], file=sys.stderr)
+                    handled = False
+            if not handled:
+                print(f"[{self.name}] unhandled failure of a mesh it owns, so this proc fails:\n{err}", file=sys.stderr)
+                _exit(75)
 
     def _spawn(self, msg: Message) -> None:
         rt = self.runtime
@@ -165,9 +195,19 @@ class ProcRuntime:
         self.transport = Transport(key, cfg.get("bind", "tcp://127.0.0.1"))
         self.client = Client(self.transport)
         set_current_client(self.client)
+        # an actor here may spawn meshes of its own: the controller made for that shares our runtime
+        self._controller_handler: Callable[[Message, list[Any]], None] | None = None
+        embed(Embedding(key, self.transport, self.client, self._route_to_controller,
+                        lambda: getattr(_owner, "host", None), self._supervise))
         self.actors: dict[str, ActorHost] = {}
         self._order: dict[tuple[str, str], list[Any]] = {}  # (sender, actor) -> [next seq, {seq: msg}]
         self._orphans: dict[str, list[Message]] = {}  # calls that overtook their actor's spawn
+
+    def _route_to_controller(self, handler: Callable[[Message, list[Any]], None]) -> None:
+        self._controller_handler = handler
+
+    def _supervise(self, host: ActorHost, err: SupervisionError) -> None:
+        host.enqueue(Message({"k": "supervise"}, err))  # type: ignore[arg-type]
 
     def reply(self, h: dict[str, Any], ok: int, payload: bytes, bufs: list[Any]) -> None:
         rm = h["rm"]
@@ -197,6 +237,8 @@ class ProcRuntime:
             self.transport.send(msg.header["s"], Message({"k": "r", "i": msg.header["i"], "ok": OK}, payload))
         elif k == "stop":
             _exit(0)
+        elif self._controller_handler is not None:  # events for meshes spawned by our actors
+            self._controller_handler(msg, frames)
 
     def _order_and_deliver(self, msg: Message) -> None:
         h = msg.header
