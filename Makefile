@@ -26,6 +26,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_core.py
+	$(BIN)/python benchmarks/bench_failures.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check jupyter_mesh tests benchmarks

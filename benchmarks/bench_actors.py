@@ -17,3 +17,16 @@ class Bench(Actor):
         import torch
 
         return float(torch.ones(4).sum())
+
+    @endpoint
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+    @endpoint
+    def sleep(self, seconds: float) -> float:
+        import time
+
+        time.sleep(seconds)
+        return seconds
