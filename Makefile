@@ -22,6 +22,8 @@ demo: $(STAMP)
 	$(BIN)/python -m jupyter_mesh.demo
 
 test: $(STAMP)
+	$(BIN)/ruff check jupyter_mesh tests benchmarks
+	$(BIN)/ruff format --check jupyter_mesh tests benchmarks
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 bench: $(STAMP)

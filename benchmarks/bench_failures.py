@@ -17,9 +17,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_actors import Bench  # noqa: E402
+from bench_actors import Bench
 
-from jupyter_mesh import SupervisionError, set_fault_hook, this_host  # noqa: E402
+from jupyter_mesh import SupervisionError, set_fault_hook, this_host
 
 
 def measure(procs, bench, sig: int) -> float:
@@ -47,13 +47,24 @@ def main() -> None:
     kills = [measure(procs, bench, signal.SIGKILL) for _ in range(7)]
     stops = [measure(procs, bench, signal.SIGSTOP) for _ in range(3)]
     procs.stop()
-    print(json.dumps({
-        "W5_kill9_during_call_to_error_ms": {
-            "median": round(statistics.median(kills) * 1e3, 2), "min": round(min(kills) * 1e3, 2),
-            "max": round(max(kills) * 1e3, 2), "n": len(kills)},
-        "sigstop_to_error_by_heartbeat_s": {
-            "median": round(statistics.median(stops), 2), "n": len(stops), "heartbeat_timeout_s": 3.0},
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "W5_kill9_during_call_to_error_ms": {
+                    "median": round(statistics.median(kills) * 1e3, 2),
+                    "min": round(min(kills) * 1e3, 2),
+                    "max": round(max(kills) * 1e3, 2),
+                    "n": len(kills),
+                },
+                "sigstop_to_error_by_heartbeat_s": {
+                    "median": round(statistics.median(stops), 2),
+                    "n": len(stops),
+                    "heartbeat_timeout_s": 3.0,
+                },
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import inspect
 import threading
-from typing import Any, Callable, Generic, TypeVar
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 from ._shape import Extent, Point
 

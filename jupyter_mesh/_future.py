@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from typing import Any, Callable, Generator, Generic, TypeVar
+from collections.abc import Callable, Generator
+from typing import Any, Generic, TypeVar
 
 from .errors import MeshCancelledError, MeshTimeoutError
 
@@ -20,7 +21,7 @@ T = TypeVar("T")
 class Future(Generic[T]):
     """A value that arrives later. ``get(timeout)`` blocks; ``await fut`` suspends."""
 
-    __slots__ = ("_cf", "_what", "_on_cancel")
+    __slots__ = ("_cf", "_on_cancel", "_what")
 
     def __init__(self, what: str = "call", on_cancel: Callable[[], None] | None = None):
         self._cf: concurrent.futures.Future[T] = concurrent.futures.Future()

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import itertools
 import uuid
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Generic, Iterator, Mapping, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ._actor import Actor, endpoints_of
 from ._future import Future
@@ -278,8 +279,10 @@ class ProcMesh(_MeshTrait):
     def logs(self, rank: int | None = None, tail: int | None = 200) -> list[str]:
         """The last ``tail`` output lines of the procs (or of one global ``rank``), prefixed by rank."""
         lines = self._controller.logs(self._ref, rank, tail)
-        return [f"[{self._ref.name} {','.join(f'{k}={v}' for k, v in self._ref.coords(r).items())}] {text}"
-                for _, r, _, text in lines]
+        return [
+            f"[{self._ref.name} {','.join(f'{k}={v}' for k, v in self._ref.coords(r).items())}] {text}"
+            for _, r, _, text in lines
+        ]
 
     def pids(self) -> dict[int, int]:
         """Global rank -> OS pid, for the procs of this view (handy for tests and debugging)."""

@@ -12,7 +12,8 @@ import pickle
 import sys
 import types
 import warnings
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import cloudpickle
 
@@ -86,7 +87,7 @@ def dumps(obj: Any) -> tuple[bytes, list[memoryview]]:
     f = io.BytesIO()
     try:
         _Pickler(f, protocol=5, buffer_callback=keep).dump(obj)
-    except Exception as e:  # noqa: BLE001 - re-raised with context
+    except Exception as e:
         raise SerializationError(f"cannot pickle {type(obj).__name__}: {e}") from e
     return f.getvalue(), buffers
 

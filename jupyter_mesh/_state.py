@@ -10,8 +10,8 @@ from __future__ import annotations
 import enum
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
 
 from .errors import Failure
 
@@ -122,7 +122,7 @@ class StateTracker:
             if mesh_id is None or mesh_id == ev.mesh_id:
                 try:
                     fn(ev)
-                except Exception:  # noqa: BLE001 - one broken widget must not break the runtime
+                except Exception:
                     import logging
 
                     logging.getLogger("jupyter_mesh.state").exception("state listener failed")
@@ -133,7 +133,9 @@ class StateTracker:
             self._meshes[mesh_id] = _MeshEntry(mesh_id, name, sizes, coords)
         self._emit(MeshEvent("created", mesh_id, name))
 
-    def _set(self, e: _MeshEntry, rank: int, new: ProcState, kind: str = "state", failure: Failure | None = None) -> None:
+    def _set(
+        self, e: _MeshEntry, rank: int, new: ProcState, kind: str = "state", failure: Failure | None = None
+    ) -> None:
         old = e.state[rank]
         if old == new and failure is None:
             return

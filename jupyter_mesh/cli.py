@@ -1,8 +1,8 @@
 """``jupyter-mesh``: the command line.
 
-    jupyter-mesh agent      run a host agent (configuration as one JSON line on stdin)
-    jupyter-mesh demo       run the local 4-proc demo
-    jupyter-mesh version
+jupyter-mesh agent      run a host agent (configuration as one JSON line on stdin)
+jupyter-mesh demo       run the local 4-proc demo
+jupyter-mesh version
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The main job: a local mesh of 4 procs showing the API end to end, printed with rich.
 
-    python -m jupyter_mesh.demo      (or: make demo)
+python -m jupyter_mesh.demo      (or: make demo)
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def main() -> None:
     console = Console()
     console.print(Panel.fit("[b]jupyter_mesh[/b] demo: one controller, a local mesh of 4 procs", style="cyan"))
     try:
-        import torch  # noqa: F401
+        import torch
 
         preload = ["torch"]  # imported once in the host's template: every proc starts with it
     except ImportError:

@@ -21,8 +21,9 @@ attributes so programs need not parse messages.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 __all__ = [
     "ActorError",
@@ -138,7 +139,11 @@ class SupervisionError(MeshError):
 
     def _message(self) -> str:
         first = self.failures[0]
-        lines = [f"{len(self.failures)} rank(s) of mesh '{first.mesh}' failed" + (f" {self.context}" if self.context else "") + ":"]
+        lines = [
+            f"{len(self.failures)} rank(s) of mesh '{first.mesh}' failed"
+            + (f" {self.context}" if self.context else "")
+            + ":"
+        ]
         lines += [f"  {f.describe()}" for f in self.failures[:16]]
         if len(self.failures) > 16:
             lines.append(f"  ... and {len(self.failures) - 16} more")

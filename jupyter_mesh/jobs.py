@@ -12,8 +12,9 @@ import os
 import secrets
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import IO, Any, Protocol, Sequence
+from typing import IO, Any, Protocol
 
 from ._future import Future
 from ._mesh import HostMesh
@@ -62,8 +63,14 @@ class LocalJob:
     def _start_agent(self, index: int) -> None:
         nonce = secrets.token_hex(8)
         self._waiters.append(self._controller.expect_agent(nonce))
-        cfg = {"key": self._controller.key.hex(), "controller": self._controller.address, "host_index": index,
-               "preload": self._preload, "nonce": nonce, "hb_timeout": self._controller.hb_timeout}
+        cfg = {
+            "key": self._controller.key.hex(),
+            "controller": self._controller.address,
+            "host_index": index,
+            "preload": self._preload,
+            "nonce": nonce,
+            "hb_timeout": self._controller.hb_timeout,
+        }
         p = subprocess.Popen(
             [sys.executable, "-m", "jupyter_mesh._runtime.agent"],
             stdin=subprocess.PIPE,

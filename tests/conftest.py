@@ -7,7 +7,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from _procs import descendants, wait_dead  # noqa: E402
+from _procs import descendants, wait_dead
 
 PROC_PREFIXES = ("jupyter_mesh._runtime",)
 

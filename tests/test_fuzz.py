@@ -26,8 +26,13 @@ def hostile_messages(n: int, seed: int) -> list[list[bytes]]:
     rng = random.Random(seed)
     wrong = Transport(os.urandom(32))
     try:
-        base = wrong.encode(Message({"k": "c", "a": "x", "m": "m", "rk": 0, "q": 0, "s": "tcp://127.0.0.1:9", "rm": 1,
-                                     "i": 1}, EVIL, [b"b" * 64]))
+        base = wrong.encode(
+            Message(
+                {"k": "c", "a": "x", "m": "m", "rk": 0, "q": 0, "s": "tcp://127.0.0.1:9", "rm": 1, "i": 1},
+                EVIL,
+                [b"b" * 64],
+            )
+        )
     finally:
         wrong.close()
     out = []

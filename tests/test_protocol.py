@@ -44,8 +44,20 @@ def test_roundtrip_and_buffers(transport):
     assert (out["a"] == a).all() and out["n"] == 3
 
 
-@pytest.mark.parametrize("mutate", ["wrong_key", "flip_header", "flip_payload", "truncate", "unsigned", "extra_buffer",
-                                    "short_buffer", "not_msgpack", "wrong_version"])
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        "wrong_key",
+        "flip_header",
+        "flip_payload",
+        "truncate",
+        "unsigned",
+        "extra_buffer",
+        "short_buffer",
+        "not_msgpack",
+        "wrong_version",
+    ],
+)
 def test_forged_or_broken_frames_are_dropped_and_counted(transport, mutate):
     payload = _evil_payload()
     good = transport.encode(Message({"k": "c", "i": 1}, payload, [b"x" * 10]))

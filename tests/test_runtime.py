@@ -67,7 +67,7 @@ def test_call_one_needs_exactly_one(procs):
 
 def test_unknown_endpoint_is_attribute_error(procs):
     c = procs.spawn("c", Counter, 0)
-    with pytest.raises(AttributeError, match="no endpoint 'nope'.*incr"):
+    with pytest.raises(AttributeError, match=r"no endpoint 'nope'.*incr"):
         c.nope  # noqa: B018
 
 
@@ -183,9 +183,9 @@ def test_fifo_under_concurrent_senders(procs):
 
 
 def test_worker_output_reaches_controller_with_rank(procs):
-    from jupyter_mesh._runtime.controller import Controller
-
     from _procs import wait_for
+
+    from jupyter_mesh._runtime.controller import Controller
 
     seen = []
     ctl = Controller.get()

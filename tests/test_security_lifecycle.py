@@ -27,8 +27,9 @@ def _forged_frames() -> list[list[bytes]]:
     evil = b"cos\nsystem\n(S'touch " + MARKER.encode() + b"'\ntR."
     other = Transport(os.urandom(32))  # right format, wrong key
     try:
-        signed_wrong = other.encode(Message({"k": "c", "a": "x", "m": "m", "rk": 0, "q": 0, "s": "tcp://127.0.0.1:1",
-                                             "rm": 1, "i": 1}, evil))
+        signed_wrong = other.encode(
+            Message({"k": "c", "a": "x", "m": "m", "rk": 0, "q": 0, "s": "tcp://127.0.0.1:1", "rm": 1, "i": 1}, evil)
+        )
     finally:
         other.close()
     return [signed_wrong, [b"garbage"], [b"", b"", evil], [os.urandom(32), os.urandom(40), evil, b"x"]]
@@ -60,8 +61,18 @@ def test_forged_messages_are_dropped_everywhere(procs):
     before_ctl = ctl.transport.stats.dropped
     for addr in targets.values():
         _blast(addr)
-    stats_agent = wait_for(lambda: (s := ctl.client.request(ref.agent_addrs[0], {"k": "stats"}).get(5))["dropped_bad_signature"] >= 15 and s, 5)
-    stats_proc = wait_for(lambda: (s := ctl.client.request(ref.proc_addrs[0], {"k": "stats"}).get(5))["dropped_bad_signature"] >= 15 and s, 5)
+    stats_agent = wait_for(
+        lambda: (
+            (s := ctl.client.request(ref.agent_addrs[0], {"k": "stats"}).get(5))["dropped_bad_signature"] >= 15 and s
+        ),
+        5,
+    )
+    stats_proc = wait_for(
+        lambda: (
+            (s := ctl.client.request(ref.proc_addrs[0], {"k": "stats"}).get(5))["dropped_bad_signature"] >= 15 and s
+        ),
+        5,
+    )
     assert stats_agent and stats_agent["dropped_bad_signature"] + stats_agent["dropped_malformed"] >= 20
     assert stats_proc and stats_proc["dropped_bad_signature"] + stats_proc["dropped_malformed"] >= 20
     assert wait_for(lambda: ctl.transport.stats.dropped - before_ctl >= 20, 5)

@@ -186,8 +186,15 @@ class Agent:
     def _failure(self, p: _Proc, kind: str, detail: str, code: int | None = None, sig: int | None = None) -> Failure:
         mesh = self.meshes.get(p.mesh_id)
         tail = "".join(p.tail)
-        return Failure(mesh.name if mesh else p.mesh_id, dict(mesh.shape.point(p.rank)) if mesh else {},
-                       kind, detail, tail, code, sig)
+        return Failure(
+            mesh.name if mesh else p.mesh_id,
+            dict(mesh.shape.point(p.rank)) if mesh else {},
+            kind,
+            detail,
+            tail,
+            code,
+            sig,
+        )
 
     def _broken(self, h: dict[str, Any], p: _Proc) -> None:
         f = self._failure(p, "exit", f"proc {p.pid} is not running")
@@ -230,7 +237,9 @@ class Agent:
                 return
             busy = [r for r in h["ranks"] if (p := self.procs.get((mesh.mesh_id, r))) is not None and p.alive]
             if busy:
-                self._reply((h["s"], h["i"]), RAISED, MeshValueError(f"ranks {busy} are still running; kill them first"))
+                self._reply(
+                    (h["s"], h["i"]), RAISED, MeshValueError(f"ranks {busy} are still running; kill them first")
+                )
                 return
             if "shape" in h:
                 mesh.shape = Shape.from_wire(h["shape"])
@@ -253,9 +262,18 @@ class Agent:
             self.procs[(mesh.mesh_id, rank)] = p
             out_r, out_w = os.pipe()
             err_r, err_w = os.pipe()
-            cfg = {"rank": rank, "mesh_id": mesh.mesh_id, "mesh_name": mesh.name, "shape": cfg0["shape"],
-                   "agent": self.transport.address, "env": cfg0.get("env") or {}, "preload": cfg0.get("preload") or [],
-                   "bind": cfg0.get("bind", "tcp://127.0.0.1"), "cwd": cfg0.get("cwd"), "path": cfg0.get("path")}
+            cfg = {
+                "rank": rank,
+                "mesh_id": mesh.mesh_id,
+                "mesh_name": mesh.name,
+                "shape": cfg0["shape"],
+                "agent": self.transport.address,
+                "env": cfg0.get("env") or {},
+                "preload": cfg0.get("preload") or [],
+                "bind": cfg0.get("bind", "tcp://127.0.0.1"),
+                "cwd": cfg0.get("cwd"),
+                "path": cfg0.get("path"),
+            }
             token = next(self._tokens)
             self.fork_tokens[token] = p
             self._tsend({"op": "fork", "token": token, "cfg": cfg}, [out_w, err_w])
@@ -298,8 +316,10 @@ class Agent:
             if any(p.alive and not p.up for p in procs):
                 keep.append((to, ranks))  # report once every proc is up or dead: all failures at once
             elif failed:
-                fails = [self._failure(p, "start", f"proc failed to start ({_how(p, p.exit_code, p.exit_signal)})")
-                         for p in failed]
+                fails = [
+                    self._failure(p, "start", f"proc failed to start ({_how(p, p.exit_code, p.exit_signal)})")
+                    for p in failed
+                ]
                 self._reply(to, RAISED, SupervisionError(fails, "while starting its procs"))
             elif all(p.up for p in procs):
                 self._reply(to, OK, [(p.rank, p.addr, p.pid) for p in procs])
@@ -377,15 +397,20 @@ class Agent:
     def _heartbeat_tick(self, now: float) -> None:
         """Ping every running proc; declare dead those silent for hb_timeout (hung, SIGSTOPped)."""
         if now - self.last_controller > self.controller_silence:
-            print(f"jupyter-mesh agent: no heartbeat from the controller for {self.controller_silence:g} s; exiting",
-                  file=sys.stderr)
+            print(
+                f"jupyter-mesh agent: no heartbeat from the controller for {self.controller_silence:g} s; exiting",
+                file=sys.stderr,
+            )
             self.shutdown()
         with self.lock:
             running = [p for p in self.procs.values() if p.alive and p.up and not p.stopping]
         for p in running:
             if p.last_seen and now - p.last_seen > self.hb_timeout:
-                self._declare_dead(p, f"proc {p.pid} stopped answering heartbeats for {now - p.last_seen:.1f} s "
-                                      f"(hung, or stopped with SIGSTOP?); it was killed")
+                self._declare_dead(
+                    p,
+                    f"proc {p.pid} stopped answering heartbeats for {now - p.last_seen:.1f} s "
+                    f"(hung, or stopped with SIGSTOP?); it was killed",
+                )
             else:
                 if not p.last_seen:
                     p.last_seen = now
@@ -570,8 +595,16 @@ def main() -> None:
     agent = Agent(cfg)
     threading.Thread(target=agent.transport.serve, args=(agent.handle,), name="recv", daemon=True).start()
     threading.Thread(target=_watch_stdin, args=(agent,), name="lifeline", daemon=True).start()
-    agent._event({"k": "agent_up", "h": agent.host_index, "addr": agent.transport.address, "pid": os.getpid(),
-                  "hk": host_key(), "nonce": cfg.get("nonce", "")})
+    agent._event(
+        {
+            "k": "agent_up",
+            "h": agent.host_index,
+            "addr": agent.transport.address,
+            "pid": os.getpid(),
+            "hk": host_key(),
+            "nonce": cfg.get("nonce", ""),
+        }
+    )
     try:
         agent.io_loop()
     finally:

@@ -17,11 +17,14 @@ import linecache
 import pickle
 import queue
 import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from .._future import Future
+from .._serialize import describe_unpicklable, dumps, loads
 from .._shape import Shape
+from .._transport import Message, Transport
 from .._value_mesh import ValueMesh
 from ..errors import (
     ActorError,
@@ -33,8 +36,6 @@ from ..errors import (
     SerializationError,
     SupervisionError,
 )
-from .._serialize import describe_unpicklable, dumps, loads
-from .._transport import Message, Transport
 
 if TYPE_CHECKING:
     from .._mesh import ActorMesh, ProcMeshRef
@@ -124,9 +125,7 @@ class Client:
         if self.before_call is not None:
             self.before_call()
         if ref.mesh_id in self._stopped:
-            raise MeshClosedError(
-                f"proc mesh '{ref.name}' was stopped; {context} cannot run. Spawn a new proc mesh."
-            )
+            raise MeshClosedError(f"proc mesh '{ref.name}' was stopped; {context} cannot run. Spawn a new proc mesh.")
         failed = [self._failed[(ref.mesh_id, r)] for r in ranks if (ref.mesh_id, r) in self._failed]
         if failed:
             raise SupervisionError(failed, context)
@@ -166,7 +165,9 @@ class Client:
             if (p.mesh_id, r) in self._failed:
                 continue
             try:
-                self.transport.send(p.ref.proc_addrs[r], Message({"k": "cancel", "a": actor_id, "ci": p.call_id, "s": self.address}))
+                self.transport.send(
+                    p.ref.proc_addrs[r], Message({"k": "cancel", "a": actor_id, "ci": p.call_id, "s": self.address})
+                )
             except Exception:  # noqa: BLE001 - the proc may be gone; nothing left to cancel there
                 pass
 
@@ -179,9 +180,18 @@ class Client:
         except SerializationError as e:
             raise SerializationError(f"cannot send {cls.__qualname__} and its arguments to the procs: {e}") from None
         fut: Future[None] = Future(f"spawn of {mesh._name}")
-        p = _Pending(fut, mesh._ref.mesh_id, "spawn", mesh._name, "__init__", mesh._shape, ranks, set(ranks), ref=mesh._ref)
-        header = {"k": "spawn", "pm": mesh._ref.mesh_id, "a": mesh._actor_id, "n": mesh._name, "sl": mesh._shape.slice.to_wire(),
-                  "s": self.address, "rm": GATHER}
+        p = _Pending(
+            fut, mesh._ref.mesh_id, "spawn", mesh._name, "__init__", mesh._shape, ranks, set(ranks), ref=mesh._ref
+        )
+        header = {
+            "k": "spawn",
+            "pm": mesh._ref.mesh_id,
+            "a": mesh._actor_id,
+            "n": mesh._name,
+            "sl": mesh._shape.slice.to_wire(),
+            "s": self.address,
+            "rm": GATHER,
+        }
         self._send_cast(mesh, ranks, header, payload, bufs, p)
         if self.on_spawn is not None:
             self.on_spawn(mesh, payload, bufs)
@@ -192,8 +202,17 @@ class Client:
         fut: Future[None] = Future(f"respawn of {mesh._name}")
         p = _Pending(fut, mesh._ref.mesh_id, "spawn", mesh._name, "__init__", None, [rank], {rank}, ref=mesh._ref)
         with self._lock:
-            header = {"k": "spawn", "pm": mesh._ref.mesh_id, "a": mesh._actor_id, "n": mesh._name, "rk": rank,
-                      "s": self.address, "rm": DIRECT, "i": self._register(p), "q": self._seqs(mesh, [rank])}
+            header = {
+                "k": "spawn",
+                "pm": mesh._ref.mesh_id,
+                "a": mesh._actor_id,
+                "n": mesh._name,
+                "rk": rank,
+                "s": self.address,
+                "rm": DIRECT,
+                "i": self._register(p),
+                "q": self._seqs(mesh, [rank]),
+            }
             self.transport.send(mesh._ref.proc_addrs[rank], Message(header, payload, bufs))
         return fut
 
@@ -213,8 +232,14 @@ class Client:
         ranks = mesh._shape.ranks()
         self._check_targets(mesh._ref, ranks, f"calling {mesh._class_name}.{endpoint}")
         payload, bufs = self._encode_args(mesh, endpoint, args, kwargs)
-        header = {"k": "c", "pm": mesh._ref.mesh_id, "a": mesh._actor_id, "m": endpoint,
-                  "sl": mesh._shape.slice.to_wire(), "s": self.address}
+        header = {
+            "k": "c",
+            "pm": mesh._ref.mesh_id,
+            "a": mesh._actor_id,
+            "m": endpoint,
+            "sl": mesh._shape.slice.to_wire(),
+            "s": self.address,
+        }
         if mode == "broadcast":
             header["rm"] = NO_REPLY
             self._send_cast(mesh, ranks, header, payload, bufs, None)
@@ -232,7 +257,12 @@ class Client:
         return fut
 
     def _send_cast(
-        self, mesh: ActorMesh[Any], ranks: list[int], header: dict[str, Any], payload: bytes, bufs: list[Any],
+        self,
+        mesh: ActorMesh[Any],
+        ranks: list[int],
+        header: dict[str, Any],
+        payload: bytes,
+        bufs: list[Any],
         p: _Pending | None,
     ) -> None:
         ref = mesh._ref
@@ -257,8 +287,16 @@ class Client:
         with self._lock:
             call_id = self._register(p)
             self._inflight[key] = self._inflight.get(key, 0) + 1
-            header = {"k": "c", "a": mesh._actor_id, "m": endpoint, "rk": rank, "s": self.address,
-                      "rm": DIRECT, "i": call_id, "q": self._seqs(mesh, [rank])}
+            header = {
+                "k": "c",
+                "a": mesh._actor_id,
+                "m": endpoint,
+                "rk": rank,
+                "s": self.address,
+                "rm": DIRECT,
+                "i": call_id,
+                "q": self._seqs(mesh, [rank]),
+            }
             self.transport.send(ref.proc_addrs[rank], Message(header, payload, bufs))
         if self.activity is not None:
             self.activity(ref.mesh_id, [rank], 1)
@@ -279,7 +317,7 @@ class Client:
             self._check_targets(mesh._ref, mesh._shape.ranks(), f"choosing an actor of {mesh._name}")
         start = next(self._ids)  # rotate ties so equal loads spread out
         n = len(alive)
-        order = alive[start % n:] + alive[: start % n]
+        order = alive[start % n :] + alive[: start % n]
         rank = min(order, key=lambda r: self._inflight.get((mesh._actor_id, r), 0))
         return self.call_rank(mesh, rank, endpoint, args, kwargs)
 
@@ -380,8 +418,9 @@ class Client:
             value = loads(payload, bufs)
         except Exception as e:  # noqa: BLE001 - a result we cannot unpickle is that rank's error
             coords = p.ref.coords(rank) if p.ref else {}
-            return RemoteFailure(coords, p.actor, p.endpoint, "SerializationError",
-                                 f"the result does not unpickle here: {e}", "")
+            return RemoteFailure(
+                coords, p.actor, p.endpoint, "SerializationError", f"the result does not unpickle here: {e}", ""
+            )
         if ok == OK:
             return value
         if ok == BROKEN:
@@ -417,7 +456,11 @@ class Client:
         with self._lock:
             for r, f in failure_by_rank.items():
                 self._failed[(mesh_id, r)] = f
-            hit = [(cid, p) for cid, p in self._pending.items() if p.mesh_id == mesh_id and p.outstanding & failure_by_rank.keys()]
+            hit = [
+                (cid, p)
+                for cid, p in self._pending.items()
+                if p.mesh_id == mesh_id and p.outstanding & failure_by_rank.keys()
+            ]
         for cid, p in hit:
             for r in sorted(p.outstanding & failure_by_rank.keys()):
                 self._add(p, cid, r, BROKEN, pickle.dumps(failure_by_rank[r]), [])
@@ -490,7 +533,9 @@ def _render_traceback(info: dict[str, Any]) -> str:
     return "".join(out)
 
 
-def pack_gathered(entries: list[tuple[int, int, bytes | memoryview, list[Any]]]) -> tuple[list[list[int]], bytes, list[Any]]:
+def pack_gathered(
+    entries: list[tuple[int, int, bytes | memoryview, list[Any]]],
+) -> tuple[list[list[int]], bytes, list[Any]]:
     """(rank, ok, payload, buffers) per rank -> header table, one payload, all buffers (for ``g``)."""
     table, parts, bufs = [], [], []
     for rank, ok, payload, b in entries:
@@ -498,4 +543,3 @@ def pack_gathered(entries: list[tuple[int, int, bytes | memoryview, list[Any]]])
         parts.append(bytes(payload))
         bufs.extend(b)
     return table, b"".join(parts), bufs
-

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import atexit
 import collections
-import time
 import os
 import secrets
 import sys
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from .._future import Future
 from .._serialize import loads
@@ -60,6 +61,7 @@ def embed(embedding: Embedding) -> None:
     global _embedding
     _embedding = embedding
 
+
 FaultHook = Callable[[SupervisionError], None]
 """Called (on the runtime's receive thread) with a failure that no pending call was told about."""
 
@@ -89,6 +91,7 @@ def _local_host_key() -> str:
     from .agent import host_key
 
     return host_key()
+
 
 LOG_LINES_KEPT = 100_000  # per proc mesh, for ProcMesh.logs() / %mesh logs
 
@@ -259,10 +262,13 @@ class Controller:
             host = rec.ref.agent_addrs.index(addr)
             ranks = [r for r, h in enumerate(rec.ref.rank_host) if h == host and r not in rec.failures]
             for r in ranks:
-                f = Failure(rec.ref.name, rec.ref.coords(r), "heartbeat",
-                            f"the host agent at {addr} stopped answering heartbeats for {silent:.1f} s")
+                f = Failure(
+                    rec.ref.name,
+                    rec.ref.coords(r),
+                    "heartbeat",
+                    f"the host agent at {addr} stopped answering heartbeats for {silent:.1f} s",
+                )
                 self._proc_exit(mesh_id, r, f)
-
 
     def expect_agent(self, nonce: str) -> Future[dict[str, Any]]:
         fut: Future[dict[str, Any]] = Future("agent start")
@@ -279,8 +285,14 @@ class Controller:
 
     # -- proc meshes ------------------------------------------------------------------------------
     def spawn_procs(
-        self, job: Job, host_indices: list[int], shape: Shape, name: str, env: dict[str, str],
-        preload: list[str], timeout: float,
+        self,
+        job: Job,
+        host_indices: list[int],
+        shape: Shape,
+        name: str,
+        env: dict[str, str],
+        preload: list[str],
+        timeout: float,
     ) -> ProcMeshRef:
         from .._mesh import ProcMeshRef, _new_id
 
@@ -290,8 +302,15 @@ class Controller:
         hosts = [agents[i] for i in host_indices]
         per_host = len(shape) // len(hosts)
         mesh_id = _new_id(name)
-        ref = ProcMeshRef(mesh_id, name, shape, [""] * len(shape), [r // per_host for r in range(len(shape))],
-                          [a.addr for a in hosts], [a.host_key for a in hosts])
+        ref = ProcMeshRef(
+            mesh_id,
+            name,
+            shape,
+            [""] * len(shape),
+            [r // per_host for r in range(len(shape))],
+            [a.addr for a in hosts],
+            [a.host_key for a in hosts],
+        )
         rec = _ProcMeshRecord(ref, {})
         if _embedding is not None and self.embedded:
             rec.owner = _embedding.current_owner()
@@ -300,12 +319,23 @@ class Controller:
         futs = []
         for pos, agent in enumerate(hosts):
             ranks = list(range(pos * per_host, (pos + 1) * per_host))
-            futs.append(self.client.request(agent.addr, {
-                "k": "spawn_procs", "mesh_id": mesh_id, "name": name, "ranks": ranks, "shape": shape.to_wire(),
-                "env": env, "preload": preload,
-                # same machine: procs see the controller's modules and relative paths
-                **({"cwd": os.getcwd(), "path": sys.path} if agent.host_key == _local_host_key() else {}),
-            }, what=f"spawn of proc mesh '{name}'"))
+            futs.append(
+                self.client.request(
+                    agent.addr,
+                    {
+                        "k": "spawn_procs",
+                        "mesh_id": mesh_id,
+                        "name": name,
+                        "ranks": ranks,
+                        "shape": shape.to_wire(),
+                        "env": env,
+                        "preload": preload,
+                        # same machine: procs see the controller's modules and relative paths
+                        **({"cwd": os.getcwd(), "path": sys.path} if agent.host_key == _local_host_key() else {}),
+                    },
+                    what=f"spawn of proc mesh '{name}'",
+                )
+            )
         errors: list[BaseException] = []
         for f in futs:
             try:
@@ -333,13 +363,19 @@ class Controller:
         self.state.stopped(ref.mesh_id)
         if self._closed:
             return
-        futs = [self.client.request(a, {"k": "stop_procs", "mesh_id": ref.mesh_id, "grace": timeout},
-                                    what=f"stop of '{ref.name}'") for a in ref.agent_addrs]
+        futs = [
+            self.client.request(
+                a, {"k": "stop_procs", "mesh_id": ref.mesh_id, "grace": timeout}, what=f"stop of '{ref.name}'"
+            )
+            for a in ref.agent_addrs
+        ]
         for f in futs:
             try:
                 f.get(timeout + 5.0)
             except MeshTimeoutError:
-                raise MeshTimeoutError("stop", timeout + 5.0, f"agents did not confirm that '{ref.name}' stopped") from None
+                raise MeshTimeoutError(
+                    "stop", timeout + 5.0, f"agents did not confirm that '{ref.name}' stopped"
+                ) from None
 
     def _record_spawn(self, mesh: ActorMesh[Any], payload: bytes, bufs: list[Any]) -> None:
         rec = self._meshes.get(mesh._ref.mesh_id)
@@ -356,9 +392,11 @@ class Controller:
         """Send ``sig`` to the proc of ``rank``; its exit is then reported like any failure."""
         self._record(ref)
         self._killed_on_request.add((ref.mesh_id, rank))
-        return self.client.request(ref.agent_addrs[ref.rank_host[rank]],
-                                   {"k": "kill_proc", "mesh_id": ref.mesh_id, "rank": rank, "sig": sig},
-                                   what=f"kill of rank {rank}").get(timeout)
+        return self.client.request(
+            ref.agent_addrs[ref.rank_host[rank]],
+            {"k": "kill_proc", "mesh_id": ref.mesh_id, "rank": rank, "sig": sig},
+            what=f"kill of rank {rank}",
+        ).get(timeout)
 
     def respawn(self, ref: ProcMeshRef, ranks: list[int] | None, timeout: float) -> list[int]:
         """New procs for failed ranks, same coordinates; actors spawned from here are re-created."""
@@ -372,15 +410,23 @@ class Controller:
         by_host: dict[int, list[int]] = {}
         for r in ranks:
             by_host.setdefault(ref.rank_host[r], []).append(r)
-        futs = [self.client.request(ref.agent_addrs[h], {"k": "start_procs", "mesh_id": ref.mesh_id, "ranks": rs},
-                                    what=f"respawn of {rs}") for h, rs in by_host.items()]
+        futs = [
+            self.client.request(
+                ref.agent_addrs[h], {"k": "start_procs", "mesh_id": ref.mesh_id, "ranks": rs}, what=f"respawn of {rs}"
+            )
+            for h, rs in by_host.items()
+        ]
         for f in futs:
             for rank, addr, pid in f.get(timeout):
                 ref.proc_addrs[rank] = addr
                 rec.pids[rank] = pid
         self.client.reset_ranks(ref.mesh_id, ranks, [m._actor_id for m, _, _ in rec.actors])
-        spawns = [self.client.respawn_actor(m, r, payload, bufs)
-                  for m, payload, bufs in rec.actors for r in ranks if m._shape.slice.index_of(r) is not None]
+        spawns = [
+            self.client.respawn_actor(m, r, payload, bufs)
+            for m, payload, bufs in rec.actors
+            for r in ranks
+            if m._shape.slice.index_of(r) is not None
+        ]
         errors = []
         for f in spawns:
             try:
@@ -450,4 +496,3 @@ class Controller:
             atexit.unregister(self._at_exit)
         except Exception:  # noqa: BLE001
             pass
-

@@ -16,7 +16,8 @@ import os
 import sys
 import threading
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .._actor import EndpointDef, _set_context, endpoints_of
 from .._serialize import dumps, loads
@@ -43,8 +44,15 @@ def _error_info(e: BaseException, endpoint: str, skip_frames: int = 1) -> dict[s
         exc_bytes: bytes | None = dumps(e)[0]
     except Exception:  # noqa: BLE001 - unpicklable exceptions travel as text only
         exc_bytes = None
-    return {"type": type(e).__qualname__, "msg": str(e), "tb": text, "exc": exc_bytes, "endpoint": endpoint,
-            "frames": frames, "tail": tail}
+    return {
+        "type": type(e).__qualname__,
+        "msg": str(e),
+        "tb": text,
+        "exc": exc_bytes,
+        "endpoint": endpoint,
+        "frames": frames,
+        "tail": tail,
+    }
 
 
 class ActorHost:
@@ -116,7 +124,10 @@ class ActorHost:
                     if inspect.isawaitable(handled):
                         handled = await handled
                 except BaseException as e:  # noqa: BLE001 - a raising supervisor did not handle it
-                    print(f"[{self.name}] __supervise__ raised:\n" + _error_info(e, "__supervise__")["tb"], file=sys.stderr)
+                    print(
+                        f"[{self.name}] __supervise__ raised:\n" + _error_info(e, "__supervise__")["tb"],
+                        file=sys.stderr,
+                    )
                     handled = False
             if not handled:
                 print(f"[{self.name}] unhandled failure of a mesh it owns, so this proc fails:\n{err}", file=sys.stderr)
@@ -176,7 +187,14 @@ class ActorHost:
         try:
             payload, bufs = dumps(result)
         except SerializationError as e:
-            rt.reply(h, RAISED, dumps(_error_info(SerializationError(f"the return value of {method} does not pickle: {e}"), method, 0))[0], [])
+            rt.reply(
+                h,
+                RAISED,
+                dumps(_error_info(SerializationError(f"the return value of {method} does not pickle: {e}"), method, 0))[
+                    0
+                ],
+                [],
+            )
             return
         rt.reply(h, OK, payload, bufs)
 
@@ -197,8 +215,16 @@ class ProcRuntime:
         set_current_client(self.client)
         # an actor here may spawn meshes of its own: the controller made for that shares our runtime
         self._controller_handler: Callable[[Message, list[Any]], None] | None = None
-        embed(Embedding(key, self.transport, self.client, self._route_to_controller,
-                        lambda: getattr(_owner, "host", None), self._supervise))
+        embed(
+            Embedding(
+                key,
+                self.transport,
+                self.client,
+                self._route_to_controller,
+                lambda: getattr(_owner, "host", None),
+                self._supervise,
+            )
+        )
         self.actors: dict[str, ActorHost] = {}
         self._order: dict[tuple[str, str], list[Any]] = {}  # (sender, actor) -> [next seq, {seq: msg}]
         self._orphans: dict[str, list[Message]] = {}  # calls that overtook their actor's spawn
@@ -286,7 +312,9 @@ class ProcRuntime:
     def serve(self) -> None:
         self.transport.send(
             self.agent_addr,
-            Message({"k": "proc_up", "m": self.mesh_id, "rk": self.rank, "addr": self.transport.address, "pid": os.getpid()}),
+            Message(
+                {"k": "proc_up", "m": self.mesh_id, "rk": self.rank, "addr": self.transport.address, "pid": os.getpid()}
+            ),
         )
         self.transport.serve(self.handle)
 
