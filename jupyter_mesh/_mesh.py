@@ -91,6 +91,7 @@ class ProcMeshRef:
     rank_host: list[int]  # host index per global rank
     agent_addrs: list[str]  # agent inbox per host index
     host_keys: list[str] = field(default_factory=list)
+    host_dims: int = 1  # the leading dims that come from the host mesh
 
     def coords(self, rank: int) -> dict[str, int]:
         return dict(self.shape.point(rank))
@@ -109,11 +110,16 @@ class ActorMesh(_MeshTrait, Generic[A]):
         name: str,
         class_name: str,
         endpoint_names: frozenset[str],
-        shape: Shape,
+        view: Shape | None,
     ):
         self._ref, self._actor_id, self._name = ref, actor_id, name
-        self._class_name, self._endpoint_names, self._shape = class_name, endpoint_names, shape
+        self._class_name, self._endpoint_names = class_name, endpoint_names
+        self._view = view  # None: the whole proc mesh, following it when it grows or shrinks
         self.initialized: Future[None] | None = None  # set by ProcMesh.spawn in the spawning process
+
+    @property
+    def _shape(self) -> Shape:
+        return self._ref.shape if self._view is None else self._view
 
     def _with_shape(self, shape: Shape) -> ActorMesh[A]:
         m: ActorMesh[A] = ActorMesh(
@@ -138,7 +144,7 @@ class ActorMesh(_MeshTrait, Generic[A]):
     def __reduce__(self) -> tuple[Any, ...]:
         return (
             ActorMesh,
-            (self._ref, self._actor_id, self._name, self._class_name, self._endpoint_names, self._shape),
+            (self._ref, self._actor_id, self._name, self._class_name, self._endpoint_names, self._view),
         )
 
     @property
@@ -189,9 +195,13 @@ class MeshEndpoint:
 class ProcMesh(_MeshTrait):
     """Processes spawned on a host mesh; ``spawn`` puts one actor on each of them."""
 
-    def __init__(self, controller: Controller, ref: ProcMeshRef, shape: Shape | None = None):
+    def __init__(self, controller: Controller, ref: ProcMeshRef, view: Shape | None = None):
         self._controller, self._ref = controller, ref
-        self._shape = shape or ref.shape
+        self._view = view  # None: the whole mesh, whatever its current size
+
+    @property
+    def _shape(self) -> Shape:
+        return self._ref.shape if self._view is None else self._view
 
     def _with_shape(self, shape: Shape) -> ProcMesh:
         return ProcMesh(self._controller, self._ref, shape)
@@ -222,7 +232,7 @@ class ProcMesh(_MeshTrait):
         if not isinstance(name, str) or not name:
             raise MeshValueError("spawn() needs a non-empty actor mesh name as its first argument")
         mesh: ActorMesh[A] = ActorMesh(
-            self._ref, _new_id(name), name, cls.__qualname__, frozenset(endpoints_of(cls)), self._shape
+            self._ref, _new_id(name), name, cls.__qualname__, frozenset(endpoints_of(cls)), self._view
         )
         mesh.initialized = _client().spawn_actors(mesh, cls, args, kwargs)
         return mesh
@@ -275,6 +285,21 @@ class ProcMesh(_MeshTrait):
         self._check_open()
         targets = None if ranks is None else [self._rank_of(r) for r in ranks]
         return self._controller.respawn(self._ref, targets, timeout)
+
+    def resize(self, timeout: float = 60.0, **sizes: int) -> None:
+        """Grow or shrink the mesh, e.g. ``procs.resize(gpus=8)``; actor meshes spawned on the whole
+        mesh follow (new ranks get actors built with the original spawn arguments).
+
+        Ranks keep their numbers, so only the outermost dim of size > 1 can change (``gpus`` on one
+        host, or ``hosts``). Shrinking stops the procs past the new end.
+        """
+        self._check_open()
+        if self._view is not None:
+            raise MeshValueError("resize() the whole proc mesh, not a slice of it")
+        if len(sizes) != 1:
+            raise MeshValueError(f"resize() takes exactly one dim=size, got {sizes}")
+        ((dim, size),) = sizes.items()
+        self._controller.resize(self._ref, dim, size, timeout)
 
     def logs(self, rank: int | None = None, tail: int | None = 200) -> list[str]:
         """The last ``tail`` output lines of the procs (or of one global ``rank``), prefixed by rank."""

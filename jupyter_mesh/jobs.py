@@ -97,6 +97,17 @@ class LocalJob:
             self._agents = out
         return self._agents
 
+    def add_hosts(self, n: int, timeout: float = 60.0) -> list[AgentHandle]:
+        """Start ``n`` more agents (hosts); used when a proc mesh grows along ``hosts``."""
+        if self._stopped:
+            raise MeshClosedError("this job was stopped; create a new one")
+        have = self.agents(timeout)
+        for i in range(self._n, self._n + n):
+            self._start_agent(i)
+        self._n += n
+        self._agents = None
+        return self.agents(timeout)[len(have) :]
+
     def host_mesh(self) -> HostMesh:
         return HostMesh(self._controller, self, Shape.from_sizes({"hosts": self._n}))
 

@@ -71,7 +71,7 @@ class _Mesh:
     ranks: list[int]
     spawn_cfg: dict[str, Any] = field(default_factory=dict)  # the spawn_procs request: env, preload, paths
     waiters: list[tuple[tuple[str, int], set[int]]] = field(default_factory=list)  # start requests pending
-    stop_replies: list[tuple[str, int]] = field(default_factory=list)
+    stop_replies: list[tuple[tuple[str, int], set[int] | None]] = field(default_factory=list)
 
 
 @dataclass
@@ -242,12 +242,12 @@ class Agent:
                 )
                 return
             if "shape" in h:
-                mesh.shape = Shape.from_wire(h["shape"])
-                mesh.spawn_cfg = {**mesh.spawn_cfg, "shape": h["shape"]}
+                self._reshape(mesh, h["shape"])
             for r in h["ranks"]:
                 if r not in mesh.ranks:
                     mesh.ranks.append(r)
             self._start(mesh, list(h["ranks"]), (h["s"], h["i"]))
+            self._check_waiters(mesh)  # a request with no ranks here (only a new extent) is done now
 
     def _start(self, mesh: _Mesh, ranks: list[int], reply_to: tuple[str, int]) -> None:
         """Fork one proc per rank from the template (caller holds the lock); reply when all are up."""
@@ -284,6 +284,15 @@ class Agent:
                 os.set_blocking(fd, False)
                 self.sel.register(fd, selectors.EVENT_READ, ("pipe", (p, stream, bytearray())))
         os.write(self.wake_w, b"x")  # the I/O thread re-reads the selector
+
+    def _reshape(self, mesh: _Mesh, shape_wire: list[Any], keep: list[int] | None = None) -> None:
+        """The mesh grows or shrinks (caller holds the lock): tell the procs that stay their new extent."""
+        mesh.shape = Shape.from_wire(shape_wire)
+        mesh.spawn_cfg = {**mesh.spawn_cfg, "shape": shape_wire}
+        for r in mesh.ranks if keep is None else keep:
+            p = self.procs.get((mesh.mesh_id, r))
+            if p is not None and p.alive and p.up:
+                self.transport.send(p.addr, Message({"k": "reshape", "shape": shape_wire}))
 
     def _kill_proc(self, h: dict[str, Any]) -> None:
         with self.lock:
@@ -334,8 +343,12 @@ class Agent:
             if mesh is None:
                 self._reply((h["s"], h["i"]), OK, None)
                 return
-            mesh.stop_replies.append((h["s"], h["i"]))
-            procs = [self.procs[(mesh.mesh_id, r)] for r in mesh.ranks]
+            only = h.get("ranks")  # a shrink stops some ranks; a stop, all of them
+            ranks = [r for r in mesh.ranks if only is None or r in only]
+            mesh.stop_replies.append(((h["s"], h["i"]), None if only is None else set(ranks)))
+            if h.get("shape"):
+                self._reshape(mesh, h["shape"], keep=[r for r in mesh.ranks if r not in ranks])
+            procs = [self.procs[(mesh.mesh_id, r)] for r in ranks]
             for p in procs:
                 p.stopping = True
             alive = [p for p in procs if p.alive]
@@ -356,15 +369,24 @@ class Agent:
                 _kill(p.pid, signal.SIGKILL)
 
     def _maybe_stopped(self, mesh: _Mesh) -> None:
+        """Answer stop requests whose procs are all gone, and forget those procs (and the mesh)."""
+        done = []
         with self.lock:
-            if not mesh.stop_replies or any(self.procs[(mesh.mesh_id, r)].alive for r in mesh.ranks):
-                return
-            replies, mesh.stop_replies = mesh.stop_replies, []
-            for r in mesh.ranks:
-                p = self.procs.pop((mesh.mesh_id, r))
-                self.by_pid.pop(p.pid, None)
-            del self.meshes[mesh.mesh_id]
-        for to in replies:
+            keep = []
+            for to, only in mesh.stop_replies:
+                ranks = [r for r in mesh.ranks if only is None or r in only]
+                if any(self.procs[(mesh.mesh_id, r)].alive for r in ranks):
+                    keep.append((to, only))
+                    continue
+                for r in ranks:
+                    p = self.procs.pop((mesh.mesh_id, r))
+                    self.by_pid.pop(p.pid, None)
+                mesh.ranks = [r for r in mesh.ranks if r not in ranks]
+                done.append(to)
+            mesh.stop_replies = keep
+            if not mesh.ranks and not keep:
+                self.meshes.pop(mesh.mesh_id, None)
+        for to in done:
             self._reply(to, OK, None)
 
     # -- I/O thread -------------------------------------------------------------------------------

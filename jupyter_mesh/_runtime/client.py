@@ -32,6 +32,7 @@ from ..errors import (
     MeshCancelledError,
     MeshClosedError,
     MeshError,
+    MeshValueError,
     RemoteFailure,
     SerializationError,
     SupervisionError,
@@ -100,6 +101,7 @@ class Client:
         self._pending: dict[int, _Pending] = {}
         self._lock = threading.Lock()  # pending table, seq counters, send order
         self._seq: dict[str, list[int]] = {}
+        self._actor_mesh: dict[str, str] = {}  # actor id -> proc mesh id
         self._inflight: dict[tuple[str, int], int] = {}
         self._failed: dict[tuple[str, int], Failure] = {}
         self._stopped: set[str] = set()
@@ -126,6 +128,12 @@ class Client:
             self.before_call()
         if ref.mesh_id in self._stopped:
             raise MeshClosedError(f"proc mesh '{ref.name}' was stopped; {context} cannot run. Spawn a new proc mesh.")
+        gone = [r for r in ranks if r >= len(ref.proc_addrs)]
+        if gone:
+            raise MeshValueError(
+                f"{context}: ranks {gone[:8]} of '{ref.name}' were removed when the mesh shrank; "
+                "use a slice of the current mesh"
+            )
         failed = [self._failed[(ref.mesh_id, r)] for r in ranks if (ref.mesh_id, r) in self._failed]
         if failed:
             raise SupervisionError(failed, context)
@@ -134,6 +142,9 @@ class Client:
         arr = self._seq.get(mesh._actor_id)
         if arr is None:
             arr = self._seq[mesh._actor_id] = [0] * len(mesh._ref.proc_addrs)
+            self._actor_mesh[mesh._actor_id] = mesh._ref.mesh_id
+        elif len(arr) < len(mesh._ref.proc_addrs):  # the mesh grew
+            arr.extend([0] * (len(mesh._ref.proc_addrs) - len(arr)))
         vals = [arr[r] for r in ranks]
         for r in ranks:
             arr[r] += 1
@@ -465,6 +476,24 @@ class Client:
             for r in sorted(p.outstanding & failure_by_rank.keys()):
                 self._add(p, cid, r, BROKEN, pickle.dumps(failure_by_rank[r]), [])
         return len(hit)
+
+    def mark_removed(self, mesh_id: str, ranks: list[int]) -> None:
+        """Ranks removed by a shrink: calls waiting on them fail as closed; their state is forgotten."""
+        gone = set(ranks)
+        with self._lock:
+            for r in ranks:
+                self._failed.pop((mesh_id, r), None)
+            first = min(ranks, default=None)
+            for actor_id, arr in self._seq.items():  # a later grow starts those ranks at 0 again
+                if first is not None and self._actor_mesh.get(actor_id) == mesh_id:
+                    del arr[first:]
+            hit = [(cid, p) for cid, p in self._pending.items() if p.mesh_id == mesh_id and p.outstanding & gone]
+            for cid, _ in hit:
+                self._pending.pop(cid, None)
+        for _, p in hit:
+            err = MeshClosedError(f"ranks of '{p.actor}' were removed by a shrink while {p.endpoint} was pending")
+            if p.future is not None and p.stream_q is None:
+                p.future._set_exception(err)
 
     def clear_failed(self, mesh_id: str, ranks: list[int]) -> None:
         with self._lock:

@@ -115,6 +115,9 @@ class _ProcMeshRecord:
     # actor meshes spawned from here on this proc mesh, with their spawn payloads (for respawn)
     actors: list[tuple[ActorMesh[Any], bytes, list[Any]]] = field(default_factory=list)
     owner: Any = None  # the actor (inside a proc) that spawned this mesh: its __supervise__ is asked first
+    job: Any = None
+    env: dict[str, str] = field(default_factory=dict)
+    preload: list[str] = field(default_factory=list)
     logs: collections.deque[tuple[float, int, int, str]] = field(
         default_factory=lambda: collections.deque(maxlen=LOG_LINES_KEPT)
     )
@@ -316,26 +319,11 @@ class Controller:
             rec.owner = _embedding.current_owner()
         self._meshes[mesh_id] = rec
         self.state.created(mesh_id, name, dict(shape.extent), [dict(shape.point(r)) for r in range(len(shape))])
-        futs = []
-        for pos, agent in enumerate(hosts):
-            ranks = list(range(pos * per_host, (pos + 1) * per_host))
-            futs.append(
-                self.client.request(
-                    agent.addr,
-                    {
-                        "k": "spawn_procs",
-                        "mesh_id": mesh_id,
-                        "name": name,
-                        "ranks": ranks,
-                        "shape": shape.to_wire(),
-                        "env": env,
-                        "preload": preload,
-                        # same machine: procs see the controller's modules and relative paths
-                        **({"cwd": os.getcwd(), "path": sys.path} if agent.host_key == _local_host_key() else {}),
-                    },
-                    what=f"spawn of proc mesh '{name}'",
-                )
-            )
+        rec.job, rec.env, rec.preload = job, env, preload
+        futs = [
+            self._spawn_request(agent, ref, list(range(pos * per_host, (pos + 1) * per_host)), env, preload)
+            for pos, agent in enumerate(hosts)
+        ]
         errors: list[BaseException] = []
         for f in futs:
             try:
@@ -353,6 +341,133 @@ class Controller:
                 raise SupervisionError(fails, "while starting its procs")
             raise errors[0]
         return ref
+
+    def _spawn_request(
+        self, agent: AgentHandle, ref: ProcMeshRef, ranks: list[int], env: dict[str, str], preload: list[str]
+    ) -> Future[Any]:
+        req = {
+            "k": "spawn_procs",
+            "mesh_id": ref.mesh_id,
+            "name": ref.name,
+            "ranks": ranks,
+            "shape": ref.shape.to_wire(),
+            "env": env,
+            "preload": preload,
+        }
+        if agent.host_key == _local_host_key():  # same machine: procs see our modules and relative paths
+            req.update(cwd=os.getcwd(), path=sys.path)
+        return self.client.request(agent.addr, req, what=f"spawn of proc mesh '{ref.name}'")
+
+    # -- elasticity -------------------------------------------------------------------------------
+    def resize(self, ref: ProcMeshRef, dim: str, size: int, timeout: float) -> None:
+        """Grow or shrink one dim. Ranks keep their numbers, so every dim before ``dim`` must have
+        size 1 (``hosts`` for a one-host mesh, or ``hosts`` itself)."""
+        rec = self._record(ref)
+        self.raise_pending_fault()
+        shape = ref.shape
+        if dim not in shape.labels:
+            raise MeshValueError(f"unknown dim '{dim}'; this mesh has dims {list(shape.labels)}")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            raise MeshValueError(f"the new size of '{dim}' must be a positive int, got {size!r}")
+        i = shape.labels.index(dim)
+        outer = [lbl for lbl, n in zip(shape.labels[:i], shape.slice.sizes[:i]) if n != 1]
+        if outer:
+            raise MeshValueError(
+                f"cannot resize '{dim}' while {outer} have size > 1: ranks would be renumbered. "
+                "Resize the outermost dim, or spawn a new proc mesh"
+            )
+        new_shape = Shape.from_sizes({**dict(shape.extent), dim: size})
+        old_n, new_n = len(shape), len(new_shape)
+        if new_n > old_n:
+            self._grow(rec, new_shape, dim, timeout)
+        elif new_n < old_n:
+            self._shrink(rec, new_shape, timeout)
+
+    def _grow(self, rec: _ProcMeshRecord, new_shape: Shape, dim: str, timeout: float) -> None:
+        ref = rec.ref
+        old_n, new_n = len(ref.shape), len(new_shape)
+        n_hosts = len(ref.agent_addrs)
+        if dim == ref.shape.labels[0] and ref.host_dims >= 1:  # more hosts
+            n_hosts = new_shape.slice.sizes[0]
+            if not hasattr(rec.job, "add_hosts"):
+                raise MeshValueError(f"{rec.job!r} cannot add hosts; spawn a new proc mesh on a larger host mesh")
+            agents = rec.job.add_hosts(n_hosts - len(ref.agent_addrs), timeout)
+        per_host = new_n // n_hosts
+        new_ranks = list(range(old_n, new_n))
+        ref.proc_addrs.extend([""] * (new_n - old_n))
+        ref.rank_host.extend(r // per_host for r in new_ranks)
+        futs = []
+        for h, addr in enumerate(ref.agent_addrs):  # hosts we have: new ranks (or just the new extent)
+            ranks = [r for r in new_ranks if ref.rank_host[r] == h]
+            futs.append(
+                self.client.request(
+                    addr,
+                    {"k": "start_procs", "mesh_id": ref.mesh_id, "ranks": ranks, "shape": new_shape.to_wire()},
+                    what=f"grow of '{ref.name}'",
+                )
+            )
+        old_shape, ref.shape = ref.shape, new_shape
+        if n_hosts > len(ref.agent_addrs):  # new hosts get the mesh from scratch
+            for agent in agents:
+                h = len(ref.agent_addrs)
+                ref.agent_addrs.append(agent.addr)
+                ref.host_keys.append(agent.host_key)
+                ranks = [r for r in new_ranks if ref.rank_host[r] == h]
+                futs.append(self._spawn_request(agent, ref, ranks, rec.env, rec.preload))
+        self.state.resized(ref.mesh_id, dict(new_shape.extent), [dict(new_shape.point(r)) for r in range(new_n)])
+        try:
+            for f in futs:
+                for rank, addr, pid in f.get(timeout):
+                    ref.proc_addrs[rank] = addr
+                    rec.pids[rank] = pid
+        except BaseException:
+            self._shrink(rec, old_shape, 5.0)  # undo: no half-grown mesh
+            raise
+        spawns = [
+            self.client.respawn_actor(m, r, payload, bufs)
+            for m, payload, bufs in rec.actors
+            if m._view is None
+            for r in new_ranks
+        ]
+        self._wait_actor_spawns(spawns, timeout, "while creating actors on the new ranks")
+
+    def _shrink(self, rec: _ProcMeshRecord, new_shape: Shape, timeout: float) -> None:
+        ref = rec.ref
+        new_n = len(new_shape)
+        removed = list(range(new_n, len(ref.proc_addrs)))
+        ref.shape = new_shape  # from now on no call targets the removed ranks
+        self.client.mark_removed(ref.mesh_id, removed)
+        futs = [
+            self.client.request(
+                addr,
+                {
+                    "k": "stop_procs",
+                    "mesh_id": ref.mesh_id,
+                    "grace": timeout,
+                    "ranks": [r for r in removed if ref.rank_host[r] == h],
+                    "shape": new_shape.to_wire(),
+                },
+                what=f"shrink of '{ref.name}'",
+            )
+            for h, addr in enumerate(ref.agent_addrs)
+        ]
+        for f in futs:
+            f.get(timeout + 5.0)
+        del ref.proc_addrs[new_n:], ref.rank_host[new_n:]
+        for r in removed:
+            rec.pids.pop(r, None)
+            rec.failures.pop(r, None)
+        self.state.resized(ref.mesh_id, dict(new_shape.extent), [dict(new_shape.point(r)) for r in range(new_n)])
+
+    def _wait_actor_spawns(self, spawns: list[Future[None]], timeout: float, context: str) -> None:
+        errors = []
+        for f in spawns:
+            try:
+                f.get(timeout)
+            except SupervisionError as e:
+                errors.extend(e.failures)
+        if errors:
+            raise SupervisionError(errors, context)
 
     def stop_procs(self, ref: ProcMeshRef, timeout: float) -> None:
         rec = self._meshes.get(ref.mesh_id)
@@ -427,18 +542,11 @@ class Controller:
             for r in ranks
             if m._shape.slice.index_of(r) is not None
         ]
-        errors = []
-        for f in spawns:
-            try:
-                f.get(timeout)
-            except SupervisionError as e:
-                errors.extend(e.failures)
         for r in ranks:
             rec.failures.pop(r, None)
             self._killed_on_request.discard((ref.mesh_id, r))
             self.state.respawned(ref.mesh_id, r, rec.pids[r])
-        if errors:
-            raise SupervisionError(errors, "while re-creating actors on respawned ranks")
+        self._wait_actor_spawns(spawns, timeout, "while re-creating actors on respawned ranks")
         return ranks
 
     def logs(self, ref: ProcMeshRef, rank: int | None, tail: int | None) -> list[tuple[float, int, int, str]]:

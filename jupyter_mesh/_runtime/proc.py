@@ -93,7 +93,7 @@ class ActorHost:
     def _main(self) -> None:
         asyncio.set_event_loop(self.loop)
         _owner.host = self
-        _set_context(self.runtime.point, self.name)
+        _set_context(self.runtime, self.name)
         set_current_client(self.runtime.client)
         self.loop.run_until_complete(self._consume())
 
@@ -252,6 +252,9 @@ class ProcRuntime:
             self._order_and_deliver(msg)
         elif k == "r" or k == "g":
             self.client.on_reply(msg)
+        elif k == "reshape":  # the mesh grew or shrank: same rank, new extent
+            self.shape = Shape.from_wire(msg.header["shape"])
+            self.point = Point(self.rank, self.shape.extent)
         elif k == "ping":
             self.transport.send(self.agent_addr, Message({"k": "pong", "m": self.mesh_id, "rk": self.rank}))
         elif k == "cancel":
