@@ -10,11 +10,14 @@ Importing this package imports neither ZeroMQ, torch, IPython nor ucxx; the runt
 from ._actor import Actor, current_rank, endpoint
 from ._future import Future
 from ._mesh import ActorMesh, HostMesh, MeshEndpoint, ProcMesh
+from ._session import mesh_states, set_fault_hook, shutdown, subscribe
 from ._shape import Extent, Point, Shape, Slice
+from ._state import MeshEvent, MeshState, ProcState, RankState
 from ._value_mesh import ValueMesh
 from .errors import (
     ActorError,
     Failure,
+    MeshCancelledError,
     MeshClosedError,
     MeshError,
     MeshTimeoutError,
@@ -43,13 +46,18 @@ __all__ = [
     "Future",
     "HostMesh",
     "LocalJob",
+    "MeshCancelledError",
     "MeshClosedError",
     "MeshEndpoint",
     "MeshError",
+    "MeshEvent",
+    "MeshState",
     "MeshTimeoutError",
     "MeshValueError",
     "Point",
     "ProcMesh",
+    "ProcState",
+    "RankState",
     "RemoteFailure",
     "SerializationError",
     "Shape",
@@ -58,5 +66,9 @@ __all__ = [
     "ValueMesh",
     "current_rank",
     "endpoint",
+    "mesh_states",
+    "set_fault_hook",
+    "shutdown",
+    "subscribe",
     "this_host",
 ]

@@ -10,7 +10,7 @@ import asyncio
 import concurrent.futures
 from typing import Any, Callable, Generator, Generic, TypeVar
 
-from .errors import MeshTimeoutError
+from .errors import MeshCancelledError, MeshTimeoutError
 
 __all__ = ["Future"]
 
@@ -38,13 +38,34 @@ class Future(Generic[T]):
 
     # -- consumer side ------------------------------------------------------------------------------
     def get(self, timeout: float | None = None) -> T:
-        """Wait for the value; raise the remote error, or ``MeshTimeoutError(phase="call")``."""
+        """Wait for the value; raise the remote error, or ``MeshTimeoutError(phase="call")``.
+
+        Ctrl-C (or a notebook interrupt) while waiting cancels the remote work, then re-raises.
+        """
         try:
             return self._cf.result(timeout)
         except concurrent.futures.TimeoutError:
             if self._cf.done():  # lost the race with the producer
                 return self._cf.result(0)
             raise MeshTimeoutError("call", timeout, self._what) from None
+        except KeyboardInterrupt:
+            self.cancel()
+            raise
+
+    def cancel(self) -> bool:
+        """Stop waiting and ask the remote side to stop; False if the result was already there."""
+        if self._cf.done():
+            return False
+        self._set_exception(MeshCancelledError(f"{self._what} was cancelled"))
+        if self._on_cancel is not None:
+            try:
+                self._on_cancel()
+            except Exception:  # noqa: BLE001 - best effort: the caller is already released
+                pass
+        return True
+
+    def cancelled(self) -> bool:
+        return self._cf.done() and isinstance(self._cf.exception(), MeshCancelledError)
 
     def result(self, timeout: float | None = None) -> T:
         return self.get(timeout)

@@ -10,11 +10,12 @@ from __future__ import annotations
 import itertools
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, Iterator, Mapping, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Generic, Iterator, Mapping, TypeVar
 
 from ._actor import Actor, endpoints_of
 from ._future import Future
 from ._shape import Extent, Shape
+from ._state import MeshEvent, MeshState
 from ._value_mesh import ValueMesh
 from .errors import MeshClosedError, MeshValueError
 
@@ -234,6 +235,51 @@ class ProcMesh(_MeshTrait):
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    def state(self) -> MeshState:
+        """A snapshot of every rank's state (starting, idle, busy, paused, failed, stopped)."""
+        return self._controller.state.snapshot(self._ref.mesh_id)
+
+    def subscribe(self, listener: Callable[[MeshEvent], None]) -> Callable[[], None]:
+        """Call ``listener(event)`` on every change of this mesh; returns a function that unsubscribes.
+
+        Listeners run on the runtime's receive thread: keep them quick and non-blocking.
+        """
+        return self._controller.state.subscribe(listener, self._ref.mesh_id)
+
+    def _rank_of(self, rank: int | Mapping[str, int]) -> int:
+        if isinstance(rank, Mapping):
+            view = self._shape.select(**dict(rank))
+            if len(view) != 1:
+                raise MeshValueError(f"{dict(rank)} selects {len(view)} procs; give every dim of {self._shape}")
+            return view.slice.offset
+        ranks = self._shape.ranks()
+        if not isinstance(rank, int) or not 0 <= rank < len(ranks):
+            raise MeshValueError(f"rank {rank!r} out of range: this mesh has {len(ranks)} procs")
+        return ranks[rank]
+
+    def kill(self, rank: int | Mapping[str, int], sig: int = 15) -> None:
+        """Stop one proc (by index in this view, or by coordinates) with ``sig`` (default SIGTERM).
+
+        The rank then counts as failed, like any other death: calls to it raise SupervisionError
+        until :meth:`respawn` gives it a new proc.
+        """
+        self._check_open()
+        self._controller.kill(self._ref, self._rank_of(rank), sig)
+
+    def respawn(self, ranks: list[int] | None = None, timeout: float = 60.0) -> list[int]:
+        """New procs for failed ranks (all of them by default), at the same coordinates; every actor
+        mesh spawned on this proc mesh from this program is re-created there with its original
+        arguments. Returns the respawned global ranks."""
+        self._check_open()
+        targets = None if ranks is None else [self._rank_of(r) for r in ranks]
+        return self._controller.respawn(self._ref, targets, timeout)
+
+    def logs(self, rank: int | None = None, tail: int | None = 200) -> list[str]:
+        """The last ``tail`` output lines of the procs (or of one global ``rank``), prefixed by rank."""
+        lines = self._controller.logs(self._ref, rank, tail)
+        return [f"[{self._ref.name} {','.join(f'{k}={v}' for k, v in self._ref.coords(r).items())}] {text}"
+                for _, r, _, text in lines]
 
     def pids(self) -> dict[int, int]:
         """Global rank -> OS pid, for the procs of this view (handy for tests and debugging)."""

@@ -8,6 +8,7 @@
     ├── MeshClosedError             you stopped the mesh (or it was never started): it is *closed*
     ├── MeshTimeoutError            a wait ran out; ``phase`` says which (spawn, call, stop, transfer)
     │                               (also a builtin ``TimeoutError``)
+    ├── MeshCancelledError          you cancelled the call (``Future.cancel()``, Ctrl-C, notebook ■)
     ├── UsageError-like subclasses of builtins for bad input at the call site:
     │   ├── MeshValueError          (ValueError) bad slice, unknown dim, wrong shape
     │   └── SerializationError      (TypeError) an argument or result cannot be pickled
@@ -26,6 +27,7 @@ from typing import Any, Mapping, Sequence
 __all__ = [
     "ActorError",
     "Failure",
+    "MeshCancelledError",
     "MeshClosedError",
     "MeshError",
     "MeshTimeoutError",
@@ -152,6 +154,11 @@ class SupervisionError(MeshError):
 
 class MeshClosedError(MeshError):
     """The mesh (or runtime) was stopped by this program; it cannot be used any more."""
+
+
+class MeshCancelledError(MeshError):
+    """The call was cancelled here; the remote work was asked to stop (async endpoints are cancelled,
+    sync endpoints get KeyboardInterrupt at their next Python instruction)."""
 
 
 class MeshTimeoutError(MeshError, TimeoutError):

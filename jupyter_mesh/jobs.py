@@ -63,7 +63,7 @@ class LocalJob:
         nonce = secrets.token_hex(8)
         self._waiters.append(self._controller.expect_agent(nonce))
         cfg = {"key": self._controller.key.hex(), "controller": self._controller.address, "host_index": index,
-               "preload": self._preload, "nonce": nonce}
+               "preload": self._preload, "nonce": nonce, "hb_timeout": self._controller.hb_timeout}
         p = subprocess.Popen(
             [sys.executable, "-m", "jupyter_mesh._runtime.agent"],
             stdin=subprocess.PIPE,

@@ -111,3 +111,35 @@ class Caller(Actor):
     @endpoint
     def choose(self, counters) -> int:
         return counters.value.choose().get(timeout=10)
+
+
+class Sleeper(Actor):
+    def __init__(self):
+        self.finished = 0
+        self.cancelled = 0
+
+    @endpoint
+    def busy_loop(self, seconds: float) -> str:
+        end = time.monotonic() + seconds
+        try:
+            while time.monotonic() < end:
+                pass
+        except KeyboardInterrupt:
+            self.cancelled += 1
+            raise
+        self.finished += 1
+        return "finished"
+
+    @endpoint
+    async def nap(self, seconds: float) -> str:
+        try:
+            await asyncio.sleep(seconds)
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        self.finished += 1
+        return "finished"
+
+    @endpoint
+    def counts(self) -> tuple:
+        return (self.finished, self.cancelled)

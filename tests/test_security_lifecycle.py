@@ -182,3 +182,43 @@ def test_two_local_hosts_fan_out_and_gather():
     finally:
         job.stop()
     assert not wait_dead(job.pids(), 3.0)
+
+
+_FAIL_FAST = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    sys.path.insert(0, sys.argv[2])
+    from actors import Faulty
+    from jupyter_mesh import SupervisionError, this_host
+
+    procs = this_host().spawn_procs(per_host={"gpus": 2})
+    f = procs.spawn("f", Faulty)
+    pid = f.slice(gpus=1).pid.call_one().get(timeout=20)
+    os.kill(pid, signal.SIGKILL)          # nothing is waiting on rank 1: an unhandled failure
+    time.sleep(0.5)
+    if sys.argv[1] == "observe":
+        try:
+            f.slice(gpus=0).ok.call_one().get(timeout=5)   # any next API call raises it, once
+        except SupervisionError as e:
+            print("RAISED", e.failures[0].coords, flush=True)
+        print("AFTER", f.slice(gpus=0).ok.call_one().get(timeout=5), flush=True)
+    else:
+        print("IGNORED", flush=True)      # the program ends without looking: exit code 1
+    """
+)
+
+
+@pytest.mark.parametrize("mode", ["observe", "ignore"])
+def test_fail_fast_is_the_default_in_scripts(tmp_path, mode):
+    script = tmp_path / "fail_fast.py"
+    script.write_text(_FAIL_FAST)
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    out = subprocess.run([sys.executable, str(script), mode, tests_dir], capture_output=True, text=True, timeout=60)
+    if mode == "observe":
+        assert "RAISED {'hosts': 0, 'gpus': 1}" in out.stdout, out.stderr
+        assert "AFTER fine" in out.stdout
+        assert out.returncode == 0, out.stderr
+    else:
+        assert "IGNORED" in out.stdout
+        assert out.returncode == 1
+        assert "unhandled failure" in out.stderr and "SIGKILL" in out.stderr

@@ -18,7 +18,7 @@ import pickle
 import queue
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from .._future import Future
 from .._shape import Shape
@@ -26,6 +26,7 @@ from .._value_mesh import ValueMesh
 from ..errors import (
     ActorError,
     Failure,
+    MeshCancelledError,
     MeshClosedError,
     MeshError,
     RemoteFailure,
@@ -85,6 +86,7 @@ class _Pending:
     broken: list[Failure] = field(default_factory=list)
     ref: ProcMeshRef | None = None
     stream_q: queue.SimpleQueue[Future[Any]] | None = None
+    call_id: int = 0
 
 
 class Client:
@@ -100,6 +102,12 @@ class Client:
         self._inflight: dict[tuple[str, int], int] = {}
         self._failed: dict[tuple[str, int], Failure] = {}
         self._stopped: set[str] = set()
+        # (mesh_id, ranks, +1 | -1): calls to ranks started / finished; the controller tracks busy/idle
+        self.activity: Callable[[str, list[int], int], None] | None = None
+        # (actor mesh, spawn payload, buffers): the controller keeps them to re-create actors on respawn
+        self.on_spawn: Callable[[ActorMesh[Any], bytes, list[Any]], None] | None = None
+        # runs before every call and spawn: the controller raises unhandled failures there (fail fast)
+        self.before_call: Callable[[], None] | None = None
 
     # -- helpers ---------------------------------------------------------------------------------------
     def _encode_args(self, mesh: ActorMesh[Any], endpoint: str, args: Any, kwargs: Any) -> tuple[bytes, list[Any]]:
@@ -113,6 +121,8 @@ class Client:
             ) from None
 
     def _check_targets(self, ref: ProcMeshRef, ranks: list[int], context: str) -> None:
+        if self.before_call is not None:
+            self.before_call()
         if ref.mesh_id in self._stopped:
             raise MeshClosedError(
                 f"proc mesh '{ref.name}' was stopped; {context} cannot run. Spawn a new proc mesh."
@@ -134,7 +144,31 @@ class Client:
     def _register(self, p: _Pending) -> int:
         call_id = next(self._ids)
         self._pending[call_id] = p
+        p.call_id = call_id
         return call_id
+
+    def _cancel(self, p: _Pending, actor_id: str) -> None:
+        """Forget the call and tell every proc still working on it to stop (O(ranks); cancels are rare)."""
+        with self._lock:
+            if self._pending.pop(p.call_id, None) is None:
+                return
+            ranks = sorted(p.outstanding)
+            p.outstanding.clear()
+        if self.activity is not None and ranks:
+            self.activity(p.mesh_id, ranks, -1)
+        if p.stream_q is not None:
+            for _ in ranks:
+                f: Future[Any] = Future(p.endpoint)
+                f._set_exception(MeshCancelledError(f"{p.actor}.{p.endpoint} was cancelled"))
+                p.stream_q.put(f)
+        assert p.ref is not None
+        for r in ranks:
+            if (p.mesh_id, r) in self._failed:
+                continue
+            try:
+                self.transport.send(p.ref.proc_addrs[r], Message({"k": "cancel", "a": actor_id, "ci": p.call_id, "s": self.address}))
+            except Exception:  # noqa: BLE001 - the proc may be gone; nothing left to cancel there
+                pass
 
     # -- calls -----------------------------------------------------------------------------------------
     def spawn_actors(self, mesh: ActorMesh[Any], cls: type, args: Any, kwargs: Any) -> Future[None]:
@@ -149,7 +183,31 @@ class Client:
         header = {"k": "spawn", "pm": mesh._ref.mesh_id, "a": mesh._actor_id, "n": mesh._name, "sl": mesh._shape.slice.to_wire(),
                   "s": self.address, "rm": GATHER}
         self._send_cast(mesh, ranks, header, payload, bufs, p)
+        if self.on_spawn is not None:
+            self.on_spawn(mesh, payload, bufs)
         return fut
+
+    def respawn_actor(self, mesh: ActorMesh[Any], rank: int, payload: bytes, bufs: list[Any]) -> Future[None]:
+        """Re-create one actor on a freshly respawned proc with its original spawn payload."""
+        fut: Future[None] = Future(f"respawn of {mesh._name}")
+        p = _Pending(fut, mesh._ref.mesh_id, "spawn", mesh._name, "__init__", None, [rank], {rank}, ref=mesh._ref)
+        with self._lock:
+            header = {"k": "spawn", "pm": mesh._ref.mesh_id, "a": mesh._actor_id, "n": mesh._name, "rk": rank,
+                      "s": self.address, "rm": DIRECT, "i": self._register(p), "q": self._seqs(mesh, [rank])}
+            self.transport.send(mesh._ref.proc_addrs[rank], Message(header, payload, bufs))
+        return fut
+
+    def reset_ranks(self, mesh_id: str, ranks: list[int], actor_ids: list[str]) -> None:
+        """Ranks got new procs: forget their failures and restart our sequence numbers to them."""
+        with self._lock:
+            for r in ranks:
+                self._failed.pop((mesh_id, r), None)
+            for a in actor_ids:
+                arr = self._seq.get(a)
+                if arr is not None:
+                    for r in ranks:
+                        if r < len(arr):
+                            arr[r] = 0
 
     def cast(self, mesh: ActorMesh[Any], endpoint: str, args: Any, kwargs: Any, mode: str) -> Any:
         ranks = mesh._shape.ranks()
@@ -163,11 +221,12 @@ class Client:
             return None
         fut: Future[Any] = Future(f"{mesh._class_name}.{endpoint}")
         p = _Pending(fut, mesh._ref.mesh_id, mode, mesh._name, endpoint, mesh._shape, ranks, set(ranks), ref=mesh._ref)
+        fut._on_cancel = lambda: self._cancel(p, mesh._actor_id)
         if mode == "stream":
             p.stream_q = queue.SimpleQueue()
             header["rm"] = DIRECT
             self._send_cast(mesh, ranks, header, payload, bufs, p)
-            return self._iter_stream(p)
+            return self._iter_stream(p, mesh._actor_id)
         header["rm"] = GATHER
         self._send_cast(mesh, ranks, header, payload, bufs, p)
         return fut
@@ -184,6 +243,8 @@ class Client:
             frames = self.transport.encode(Message(header, payload, bufs))
             for h in hosts:
                 self.transport.send_raw(ref.agent_addrs[h], frames)
+        if p is not None and self.activity is not None:
+            self.activity(ref.mesh_id, ranks, 1)
 
     def call_rank(self, mesh: ActorMesh[Any], rank: int, endpoint: str, args: Any, kwargs: Any) -> Future[Any]:
         ref = mesh._ref
@@ -191,6 +252,7 @@ class Client:
         payload, bufs = self._encode_args(mesh, endpoint, args, kwargs)
         fut: Future[Any] = Future(f"{mesh._class_name}.{endpoint}")
         p = _Pending(fut, ref.mesh_id, "one", mesh._name, endpoint, None, [rank], {rank}, ref=ref)
+        fut._on_cancel = lambda: self._cancel(p, mesh._actor_id)
         key = (mesh._actor_id, rank)
         with self._lock:
             call_id = self._register(p)
@@ -198,6 +260,8 @@ class Client:
             header = {"k": "c", "a": mesh._actor_id, "m": endpoint, "rk": rank, "s": self.address,
                       "rm": DIRECT, "i": call_id, "q": self._seqs(mesh, [rank])}
             self.transport.send(ref.proc_addrs[rank], Message(header, payload, bufs))
+        if self.activity is not None:
+            self.activity(ref.mesh_id, [rank], 1)
         fut.add_done_callback(lambda _f: self._done_inflight(key))
         return fut
 
@@ -219,10 +283,15 @@ class Client:
         rank = min(order, key=lambda r: self._inflight.get((mesh._actor_id, r), 0))
         return self.call_rank(mesh, rank, endpoint, args, kwargs)
 
-    def _iter_stream(self, p: _Pending) -> Iterator[Future[Any]]:
+    def _iter_stream(self, p: _Pending, actor_id: str) -> Iterator[Future[Any]]:
         assert p.stream_q is not None
         for _ in range(len(p.ranks)):
-            yield p.stream_q.get()
+            try:
+                item = p.stream_q.get()
+            except KeyboardInterrupt:
+                self._cancel(p, actor_id)
+                raise
+            yield item
 
     def request(self, address: str, header: dict[str, Any], obj: Any = None, what: str = "request") -> Future[Any]:
         """A control request (to an agent): the reply's payload is the future's value."""
@@ -277,11 +346,15 @@ class Client:
             done = not p.outstanding or doomed
             if done:
                 self._pending.pop(call_id, None)
+            finished = [rank]
             if doomed:
                 known = {r: self._failed[(p.mesh_id, r)] for r in p.ranks if (p.mesh_id, r) in self._failed}
                 known[rank] = outcome
                 p.broken = [known[r] for r in sorted(known)]
+                finished += sorted(p.outstanding)
                 p.outstanding.clear()
+        if self.activity is not None:
+            self.activity(p.mesh_id, finished, -1)
         if p.mode == "stream":
             assert p.stream_q is not None
             f: Future[Any] = Future(p.endpoint)
@@ -337,8 +410,10 @@ class Client:
             self._pending.pop(call_id, None)
 
     # -- supervision -----------------------------------------------------------------------------------
-    def mark_failed(self, failure_by_rank: dict[int, Failure], mesh_id: str) -> None:
-        """Ranks of ``mesh_id`` broke: fail what waits on them now, and later calls at the call site."""
+    def mark_failed(self, failure_by_rank: dict[int, Failure], mesh_id: str) -> int:
+        """Ranks of ``mesh_id`` broke: fail what waits on them now, and later calls at the call site.
+
+        Returns how many pending calls it failed (0: nobody was told; the fault hook should be)."""
         with self._lock:
             for r, f in failure_by_rank.items():
                 self._failed[(mesh_id, r)] = f
@@ -346,6 +421,7 @@ class Client:
         for cid, p in hit:
             for r in sorted(p.outstanding & failure_by_rank.keys()):
                 self._add(p, cid, r, BROKEN, pickle.dumps(failure_by_rank[r]), [])
+        return len(hit)
 
     def clear_failed(self, mesh_id: str, ranks: list[int]) -> None:
         with self._lock:

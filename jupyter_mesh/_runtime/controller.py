@@ -8,6 +8,8 @@ printed output; everything else runs on the caller's thread. One per process: ``
 from __future__ import annotations
 
 import atexit
+import collections
+import time
 import os
 import secrets
 import sys
@@ -18,21 +20,55 @@ from typing import TYPE_CHECKING, Any, Callable
 from .._future import Future
 from .._serialize import loads
 from .._shape import Shape
+from .._state import StateTracker
 from .._transport import Message, Transport
-from ..errors import Failure, MeshClosedError, MeshError, MeshTimeoutError, SupervisionError, format_coords
+from ..errors import (
+    Failure,
+    MeshClosedError,
+    MeshError,
+    MeshTimeoutError,
+    MeshValueError,
+    SupervisionError,
+)
 from .client import Client
 
 if TYPE_CHECKING:
-    from .._mesh import ProcMeshRef
+    from .._mesh import ActorMesh, ProcMeshRef
     from ..jobs import AgentHandle, Job
 
-__all__ = ["Controller", "OutputSink"]
+__all__ = ["Controller", "FaultHook", "OutputSink", "fail_fast", "set_fault_hook"]
+
+FaultHook = Callable[[SupervisionError], None]
+"""Called (on the runtime's receive thread) with a failure that no pending call was told about."""
+
+
+def fail_fast(err: SupervisionError) -> None:
+    """The default in scripts: say it now, raise it at the next API call, exit non-zero if ignored."""
+    print(f"jupyter_mesh: unhandled failure: {err}", file=sys.stderr)
+    inst = Controller._instance
+    if inst is not None:
+        inst._hold_fault(err)
+
+
+fault_hook: FaultHook = fail_fast
+
+
+def set_fault_hook(hook: FaultHook | None) -> FaultHook:
+    """Install ``hook`` for unhandled failures (None restores fail-fast); returns the previous one.
+
+    A Jupyter kernel installs one that shows the failure and never kills the kernel.
+    """
+    global fault_hook
+    prev, fault_hook = fault_hook, hook or fail_fast
+    return prev
 
 
 def _local_host_key() -> str:
     from .agent import host_key
 
     return host_key()
+
+LOG_LINES_KEPT = 100_000  # per proc mesh, for ProcMesh.logs() / %mesh logs
 
 OutputSink = Callable[[str, int, str, int, list[str]], None]
 """(mesh name, rank, coords label, fd 1/2, lines) -> None: where worker output goes."""
@@ -51,6 +87,11 @@ class _ProcMeshRecord:
     pids: dict[int, int]
     stopped: bool = False
     failures: dict[int, Failure] = field(default_factory=dict)
+    # actor meshes spawned from here on this proc mesh, with their spawn payloads (for respawn)
+    actors: list[tuple[ActorMesh[Any], bytes, list[Any]]] = field(default_factory=list)
+    logs: collections.deque[tuple[float, int, int, str]] = field(
+        default_factory=lambda: collections.deque(maxlen=LOG_LINES_KEPT)
+    )
 
 
 class Controller:
@@ -74,17 +115,30 @@ class Controller:
         self.transport = Transport(self.key, bind or os.environ.get("JUPYTER_MESH_BIND", "tcp://127.0.0.1"))
         self.address = self.transport.address
         self.client = Client(self.transport)
+        self.state = StateTracker()
+        self.client.activity = self.state.activity
+        self.client.on_spawn = self._record_spawn
         self.output: OutputSink = print_output
         self._agent_waiters: dict[str, Future[dict[str, Any]]] = {}
         self._meshes: dict[str, _ProcMeshRecord] = {}
         self._jobs: list[Job] = []
         self._lock = threading.Lock()
         self._closed = False
+        self.pending_fault: SupervisionError | None = None
+        self._killed_on_request: set[tuple[str, int]] = set()
+        self.client.before_call = self.raise_pending_fault
+        # liveness of agents: O(hosts) pings per interval, never O(procs)
+        self.hb_timeout = float(os.environ.get("JUPYTER_MESH_HEARTBEAT_TIMEOUT", "3.0"))
+        self._agent_seen: dict[str, float] = {}
+        self._agents_lost: set[str] = set()
+        self._hb_stop = threading.Event()
+        self._hb_thread = threading.Thread(target=self._heartbeats, name="jupyter-mesh-heartbeat", daemon=True)
+        self._hb_thread.start()
         self._thread = threading.Thread(
             target=self.transport.serve, args=(self._on_message,), name="jupyter-mesh-recv", daemon=True
         )
         self._thread.start()
-        atexit.register(self.shutdown)
+        atexit.register(self._at_exit)
 
     # -- events from the wire (receive thread) ----------------------------------------------------
     def _on_message(self, msg: Message, frames: list[Any]) -> None:
@@ -94,10 +148,19 @@ class Controller:
             self.client.on_reply(msg)
         elif k == "out":
             rec = self._meshes.get(h["m"])
+            if rec is not None:
+                now = time.time()
+                rec.logs.extend((now, h["rk"], h["fd"], line) for line in h["lines"])
             self.output(rec.ref.name if rec else h["m"], h["rk"], h["label"], h["fd"], h["lines"])
+        elif k == "proc_ready":
+            self.state.ready(h["m"], h["rk"], h["pid"])
         elif k == "proc_exit":
             self._proc_exit(h["m"], h["rk"], loads(msg.payload, msg.buffers))
+        elif k == "hb_ack":
+            if h["addr"] in self._agent_seen:
+                self._agent_seen[h["addr"]] = time.monotonic()
         elif k == "agent_up":
+            self._agent_seen[h["addr"]] = time.monotonic()
             w = self._agent_waiters.pop(h.get("nonce", ""), None)
             if w is not None:
                 w._set_result(h)
@@ -107,10 +170,62 @@ class Controller:
         if rec is None or rec.stopped:
             return
         rec.failures[rank] = failure
-        self.client.mark_failed({rank: failure}, mesh_id)
-        print(f"jupyter_mesh: [{failure.mesh} {format_coords(failure.coords)}] {failure.detail}", file=sys.stderr)
+        told = self.client.mark_failed({rank: failure}, mesh_id)
+        self.state.failed(mesh_id, rank, failure)
+        if not told and (mesh_id, rank) not in self._killed_on_request:  # nobody was told: unhandled so far
+            hook = fault_hook
+            try:
+                hook(SupervisionError([failure], "while nothing was waiting on it"))
+            except Exception:  # noqa: BLE001 - a broken hook must not break supervision
+                import traceback
+
+                traceback.print_exc()
+
+    # -- fail fast (the default fault hook in scripts) ---------------------------------------------
+    def _hold_fault(self, err: SupervisionError) -> None:
+        with self._lock:
+            prev = self.pending_fault
+            self.pending_fault = SupervisionError([*(prev.failures if prev else []), *err.failures], err.context)
+
+    def raise_pending_fault(self) -> None:
+        """Raise an unhandled failure at the next API call (once), as fail-fast promises."""
+        if self.pending_fault is None:
+            return
+        with self._lock:
+            err, self.pending_fault = self.pending_fault, None
+        if err is not None:
+            raise err
 
     # -- agents -----------------------------------------------------------------------------------
+    def _heartbeats(self) -> None:
+        interval = self.hb_timeout / 4
+        while not self._hb_stop.wait(interval):
+            now = time.monotonic()
+            for addr, seen in list(self._agent_seen.items()):
+                if addr in self._agents_lost:
+                    continue
+                if now - seen > self.hb_timeout:
+                    self._agents_lost.add(addr)
+                    self._host_lost(addr, now - seen)
+                    continue
+                try:
+                    self.transport.send(addr, Message({"k": "hb"}))
+                except Exception:  # noqa: BLE001 - closing down
+                    return
+
+    def _host_lost(self, addr: str, silent: float) -> None:
+        """An agent went silent: every rank on its host is failed (procs there may be unreachable)."""
+        for mesh_id, rec in list(self._meshes.items()):
+            if rec.stopped or addr not in rec.ref.agent_addrs:
+                continue
+            host = rec.ref.agent_addrs.index(addr)
+            ranks = [r for r, h in enumerate(rec.ref.rank_host) if h == host and r not in rec.failures]
+            for r in ranks:
+                f = Failure(rec.ref.name, rec.ref.coords(r), "heartbeat",
+                            f"the host agent at {addr} stopped answering heartbeats for {silent:.1f} s")
+                self._proc_exit(mesh_id, r, f)
+
+
     def expect_agent(self, nonce: str) -> Future[dict[str, Any]]:
         fut: Future[dict[str, Any]] = Future("agent start")
         self._agent_waiters[nonce] = fut
@@ -132,6 +247,7 @@ class Controller:
         from .._mesh import ProcMeshRef, _new_id
 
         self._check_open()
+        self.raise_pending_fault()
         agents: list[AgentHandle] = job.agents(timeout)
         hosts = [agents[i] for i in host_indices]
         per_host = len(shape) // len(hosts)
@@ -140,6 +256,7 @@ class Controller:
                           [a.addr for a in hosts], [a.host_key for a in hosts])
         rec = _ProcMeshRecord(ref, {})
         self._meshes[mesh_id] = rec
+        self.state.created(mesh_id, name, dict(shape.extent), [dict(shape.point(r)) for r in range(len(shape))])
         futs = []
         for pos, agent in enumerate(hosts):
             ranks = list(range(pos * per_host, (pos + 1) * per_host))
@@ -173,6 +290,7 @@ class Controller:
             return
         rec.stopped = True
         self.client.mark_stopped(ref.mesh_id)
+        self.state.stopped(ref.mesh_id)
         if self._closed:
             return
         futs = [self.client.request(a, {"k": "stop_procs", "mesh_id": ref.mesh_id, "grace": timeout},
@@ -183,6 +301,67 @@ class Controller:
             except MeshTimeoutError:
                 raise MeshTimeoutError("stop", timeout + 5.0, f"agents did not confirm that '{ref.name}' stopped") from None
 
+    def _record_spawn(self, mesh: ActorMesh[Any], payload: bytes, bufs: list[Any]) -> None:
+        rec = self._meshes.get(mesh._ref.mesh_id)
+        if rec is not None:
+            rec.actors.append((mesh, payload, [bytes(b) for b in bufs]))
+
+    def _record(self, ref: ProcMeshRef) -> _ProcMeshRecord:
+        rec = self._meshes.get(ref.mesh_id)
+        if rec is None or rec.stopped:
+            raise MeshClosedError(f"proc mesh '{ref.name}' was stopped; spawn a new one")
+        return rec
+
+    def kill(self, ref: ProcMeshRef, rank: int, sig: int, timeout: float = 10.0) -> int:
+        """Send ``sig`` to the proc of ``rank``; its exit is then reported like any failure."""
+        self._record(ref)
+        self._killed_on_request.add((ref.mesh_id, rank))
+        return self.client.request(ref.agent_addrs[ref.rank_host[rank]],
+                                   {"k": "kill_proc", "mesh_id": ref.mesh_id, "rank": rank, "sig": sig},
+                                   what=f"kill of rank {rank}").get(timeout)
+
+    def respawn(self, ref: ProcMeshRef, ranks: list[int] | None, timeout: float) -> list[int]:
+        """New procs for failed ranks, same coordinates; actors spawned from here are re-created."""
+        rec = self._record(ref)
+        ranks = sorted(rec.failures) if ranks is None else sorted(set(ranks))
+        alive = [r for r in ranks if r not in rec.failures]
+        if alive:
+            raise MeshValueError(f"ranks {alive} of '{ref.name}' have not failed; kill them first to respawn them")
+        if not ranks:
+            return []
+        by_host: dict[int, list[int]] = {}
+        for r in ranks:
+            by_host.setdefault(ref.rank_host[r], []).append(r)
+        futs = [self.client.request(ref.agent_addrs[h], {"k": "start_procs", "mesh_id": ref.mesh_id, "ranks": rs},
+                                    what=f"respawn of {rs}") for h, rs in by_host.items()]
+        for f in futs:
+            for rank, addr, pid in f.get(timeout):
+                ref.proc_addrs[rank] = addr
+                rec.pids[rank] = pid
+        self.client.reset_ranks(ref.mesh_id, ranks, [m._actor_id for m, _, _ in rec.actors])
+        spawns = [self.client.respawn_actor(m, r, payload, bufs)
+                  for m, payload, bufs in rec.actors for r in ranks if m._shape.slice.index_of(r) is not None]
+        errors = []
+        for f in spawns:
+            try:
+                f.get(timeout)
+            except SupervisionError as e:
+                errors.extend(e.failures)
+        for r in ranks:
+            rec.failures.pop(r, None)
+            self._killed_on_request.discard((ref.mesh_id, r))
+            self.state.respawned(ref.mesh_id, r, rec.pids[r])
+        if errors:
+            raise SupervisionError(errors, "while re-creating actors on respawned ranks")
+        return ranks
+
+    def logs(self, ref: ProcMeshRef, rank: int | None, tail: int | None) -> list[tuple[float, int, int, str]]:
+        rec = self._meshes.get(ref.mesh_id)
+        if rec is None:
+            return []
+        lines = [x for x in rec.logs if rank is None or x[1] == rank]
+        return lines[-tail:] if tail else lines
+
     def is_stopped(self, mesh_id: str) -> bool:
         rec = self._meshes.get(mesh_id)
         return rec is None or rec.stopped
@@ -191,14 +370,25 @@ class Controller:
         return dict(self._meshes[mesh_id].pids)
 
     # -- shutdown ---------------------------------------------------------------------------------
+    def _at_exit(self) -> None:
+        self.shutdown()
+        err = self.pending_fault
+        if err is not None:  # fail fast: an ignored failure makes the program fail
+            print(f"jupyter_mesh: exiting with an unhandled failure:\n{err}", file=sys.stderr)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1)
+
     def shutdown(self) -> None:
         """Stop every agent (and so every proc); fail whatever still waits. Idempotent."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-        for rec in self._meshes.values():
+        for mesh_id, rec in self._meshes.items():
             rec.stopped = True
+            self.state.stopped(mesh_id)
+        self._hb_stop.set()
         self.client.fail_all(MeshClosedError("the jupyter_mesh controller shut down while this call was pending"))
         for job in self._jobs:
             try:
@@ -216,7 +406,7 @@ class Controller:
         if _client_mod._current is self.client:
             _client_mod.set_current_client(None)
         try:
-            atexit.unregister(self.shutdown)
+            atexit.unregister(self._at_exit)
         except Exception:  # noqa: BLE001
             pass
 

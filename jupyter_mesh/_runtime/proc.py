@@ -9,6 +9,7 @@ endpoints run on a real loop. Results are sent straight from the actor's thread.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import importlib
 import os
 import sys
@@ -52,8 +53,27 @@ class ActorHost:
         self.init_failure: Failure | None = None
         self.loop = asyncio.new_event_loop()
         self.queue: asyncio.Queue[Message] = asyncio.Queue()
+        # cancellation: which call runs now, and calls cancelled before they started
+        self._lock = threading.Lock()
+        self._current: tuple[str, int] | None = None
+        self._task: asyncio.Task[Any] | None = None
+        self._cancelled: set[tuple[str, int]] = set()
         self.thread = threading.Thread(target=self._main, name=f"actor-{name}", daemon=True)
         self.thread.start()
+
+    def cancel(self, sender: str, call_id: int) -> None:
+        """From the receive thread: stop call ``(sender, call_id)`` if it runs, skip it if queued."""
+        key = (sender, call_id)
+        with self._lock:
+            if self._current != key:
+                self._cancelled.add(key)
+                return
+            if self._task is not None:
+                self.loop.call_soon_threadsafe(self._task.cancel)
+            else:  # a sync endpoint: KeyboardInterrupt at its next Python instruction
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                    ctypes.c_ulong(self.thread.ident or 0), ctypes.py_object(KeyboardInterrupt)
+                )
 
     def enqueue(self, msg: Message) -> None:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, msg)
@@ -93,15 +113,28 @@ class ActorHost:
         if self.init_failure is not None:
             rt.reply(h, BROKEN, dumps(self.init_failure)[0], [])
             return
+        key = (h["s"], h["i"])
         try:
-            args, kwargs = loads(msg.payload, msg.buffers)
-            ep = self.endpoints.get(method)
-            if ep is None:
-                raise AttributeError(f"{type(self.instance).__qualname__} has no endpoint '{method}'")
-            if ep.is_async:
-                result = await ep.fn(self.instance, *args, **kwargs)
-            else:
-                result = ep.fn(self.instance, *args, **kwargs)
+            with self._lock:
+                if key in self._cancelled:
+                    self._cancelled.discard(key)
+                    raise asyncio.CancelledError(f"{method} was cancelled before it started")
+                self._current = key if h["i"] else None
+            try:
+                args, kwargs = loads(msg.payload, msg.buffers)
+                ep = self.endpoints.get(method)
+                if ep is None:
+                    raise AttributeError(f"{type(self.instance).__qualname__} has no endpoint '{method}'")
+                if ep.is_async:
+                    self._task = self.loop.create_task(ep.fn(self.instance, *args, **kwargs))
+                    result = await self._task
+                else:
+                    result = ep.fn(self.instance, *args, **kwargs)
+            finally:
+                with self._lock:
+                    self._current, self._task = None, None
+                    if self.thread.ident:  # drop a KeyboardInterrupt that arrived too late
+                        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.thread.ident), None)
         except BaseException as e:  # noqa: BLE001 - a raising endpoint must not kill the actor
             if h["rm"] == NO_REPLY:
                 print(f"[{self.name}.{method}] broadcast raised:\n" + _error_info(e, method)["tb"], file=sys.stderr)
@@ -153,6 +186,12 @@ class ProcRuntime:
             self._order_and_deliver(msg)
         elif k == "r" or k == "g":
             self.client.on_reply(msg)
+        elif k == "ping":
+            self.transport.send(self.agent_addr, Message({"k": "pong", "m": self.mesh_id, "rk": self.rank}))
+        elif k == "cancel":
+            host = self.actors.get(msg.header["a"])
+            if host is not None:
+                host.cancel(msg.header["s"], msg.header["ci"])
         elif k == "stats":
             payload = dumps(vars(self.transport.stats))[0]
             self.transport.send(msg.header["s"], Message({"k": "r", "i": msg.header["i"], "ok": OK}, payload))
