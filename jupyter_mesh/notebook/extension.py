@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from .. import SupervisionError, set_fault_hook
 from .._runtime.controller import Controller
 from . import tracebacks
 from .magics import MeshMagics
@@ -31,13 +32,26 @@ class Front:
         shell.events.register("post_execute", self.post_execute)
         # the kernel hosts the controller for its whole life: start it now, with output routed here
         Controller.get().output = self.router.sink
+        # a failure nobody waits on is shown, never raised later: the kernel must live on
+        self._prev_fault_hook = set_fault_hook(self._on_fault)
+
+    def _on_fault(self, err: SupervisionError) -> None:
+        lines = [
+            f"jupyter_mesh: {f.mesh} [{','.join(f'{k}={v}' for k, v in f.coords.items())}] {f.detail}"
+            for f in err.failures
+        ]
+        self.router.notify(
+            "\n".join(lines) + "\n(calls to it raise SupervisionError; `%mesh respawn` or "
+            "ProcMesh.respawn() brings it back)\n"
+        )
 
     def _publish(self, parent: Any, name: str, text: str) -> None:
         if not parent:
             return
         k = self.kernel
-        k.session.send(k.iopub_socket, "stream", {"name": name, "text": text}, parent=parent,
-                       ident=b"stream." + name.encode())
+        k.session.send(
+            k.iopub_socket, "stream", {"name": name, "text": text}, parent=parent, ident=b"stream." + name.encode()
+        )
 
     def pre_execute(self) -> None:
         parent = getattr(self.shell, "parent_header", None) if self.kernel is not None else True
@@ -58,6 +72,7 @@ class Front:
         self.shell.events.unregister("pre_execute", self.pre_execute)
         self.shell.events.unregister("post_execute", self.post_execute)
         self.shell.set_custom_exc((), None)
+        set_fault_hook(self._prev_fault_hook)
         self.shutdown()
 
 

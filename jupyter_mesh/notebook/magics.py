@@ -17,9 +17,9 @@ from typing import Any
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
-from .. import Future, MeshError, Shape, ValueMesh
+from .. import Future, MeshError, MeshValueError, Shape, ValueMesh
 from .meshes import MeshRegistry
-from .output import OutputRouter, fold_label, format_logs, group_by_rank
+from .output import SYNC_PREFIX, OutputRouter, fold_label, group_by_rank
 from .remote_exec import CellError
 
 __all__ = ["MeshMagics", "parse_slice"]
@@ -97,7 +97,9 @@ def _rank_or_coords(text: str) -> int | dict[str, int]:
 
 def _build_parsers() -> tuple[_Parser, _Parser]:
     line = _Parser(prog="%mesh", description="Bring meshes of procs up and down, look at them, move data.")
-    sub = line.add_subparsers(dest="cmd", metavar="{up,status,down,scale,kill,logs,push,pull}", parser_class=_Parser)
+    sub = line.add_subparsers(
+        dest="cmd", metavar="{up,status,down,scale,kill,respawn,logs,push,pull}", parser_class=_Parser
+    )
     sub.required = True
 
     up = sub.add_parser("up", help="start a local mesh of procs (one host agent per --hosts)")
@@ -126,9 +128,13 @@ def _build_parsers() -> tuple[_Parser, _Parser]:
     kill.add_argument("--name", type=_name)
     kill.add_argument("--signal", choices=["KILL", "TERM", "INT"], default="KILL")
 
+    respawn = sub.add_parser("respawn", help="new procs for failed ranks (default: all of them)")
+    respawn.add_argument("ranks", nargs="*", type=int, metavar="RANK")
+    respawn.add_argument("--name", type=_name)
+
     logs = sub.add_parser("logs", help="worker output kept by the kernel")
     logs.add_argument("--name", type=_name)
-    logs.add_argument("--rank", type=int)
+    logs.add_argument("--rank", type=int, help="global rank")
     tail = logs.add_mutually_exclusive_group()
     tail.add_argument("--tail", type=_positive, default=100, help="last N lines (default 100)")
     tail.add_argument("--all", action="store_true", help="every kept line")
@@ -162,7 +168,7 @@ class MeshMagics(Magics):
 
     @line_cell_magic
     def mesh(self, line: str, cell: str | None = None) -> Any:
-        """%mesh up|status|down|scale|kill|logs|push|pull ...   %%mesh [--on SLICE] [--name NAME] [--no-stream]
+        """%mesh up|status|down|scale|kill|respawn|logs|push|pull ...   %%mesh [--on SLICE] [--name NAME] [--no-stream]
 
         `%mesh -h` and `%mesh up -h` explain each command.
         """
@@ -220,18 +226,35 @@ class MeshMagics(Magics):
             del self.shell.user_ns[old.name]
         entry = self.meshes.up(old.name, hosts, dim, n, old.preload)
         self.shell.user_ns[old.name] = entry.procs
-        print(f"mesh '{old.name}' restarted at {entry.procs.sizes} (procs restart: actors and %%mesh variables start fresh)")
+        print(
+            f"mesh '{old.name}' restarted at {entry.procs.sizes} (procs restart: actors and %%mesh variables start fresh)"
+        )
 
     def _cmd_kill(self, args: argparse.Namespace) -> None:
         entry = self.meshes.get(args.name)
-        sig = getattr(signal, f"SIG{args.signal}")
-        rank, pid = self.meshes.kill(entry, args.rank, sig)
-        print(f"sent SIG{args.signal} to rank {rank} of '{entry.name}' (pid {pid})")
+        try:
+            entry.procs.kill(args.rank, getattr(signal, f"SIG{args.signal}"))
+        except MeshValueError as e:
+            raise UsageError(str(e)) from None
+        print(f"sent SIG{args.signal} to rank {args.rank} of '{entry.name}'; `%mesh respawn` brings it back")
+
+    def _cmd_respawn(self, args: argparse.Namespace) -> None:
+        entry = self.meshes.get(args.name)
+        try:
+            ranks = entry.procs.respawn(args.ranks or None)
+        except MeshValueError as e:
+            raise UsageError(str(e)) from None
+        print(
+            f"respawned ranks {ranks or 'none (nothing had failed)'} of '{entry.name}' "
+            "(actors re-created; their %%mesh variables start empty)"
+        )
 
     def _cmd_logs(self, args: argparse.Namespace) -> None:
-        mesh = self.meshes.get(args.name).name if args.name else None
-        lines = self.router.logs(mesh, args.rank, None if (args.all or args.save) else args.tail)
-        text = format_logs(lines, with_mesh=len(self.router.mesh_names()) > 1)
+        entries = [self.meshes.get(args.name)] if args.name or len(self.meshes.names()) == 1 else self.meshes.entries()
+        lines = [ln for e in entries for ln in e.procs.logs(args.rank, None) if SYNC_PREFIX not in ln]
+        if not (args.all or args.save):
+            lines = lines[-args.tail :]
+        text = "".join(ln + "\n" for ln in lines)
         if args.save:
             with open(args.save, "w") as f:
                 f.write(text)

@@ -6,8 +6,6 @@ Only the public API is used: a ``LocalJob`` per mesh (so ``%mesh down`` stops it
 
 from __future__ import annotations
 
-import os
-import signal
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,12 +26,6 @@ class MeshEntry:
     per_host: int
     preload: list[str] = field(default_factory=list)
 
-    def rank_states(self) -> dict[int, tuple[int, str]]:
-        """Global rank -> (pid, alive | dead | stopped), checked against the OS (local procs)."""
-        if self.procs.stopped:
-            return {}
-        return {r: (pid, "alive" if _alive(pid) else "dead") for r, pid in self.procs.pids().items()}
-
 
 class MeshRegistry:
     """Name -> :class:`MeshEntry`; the most recently brought-up mesh is the default."""
@@ -48,6 +40,9 @@ class MeshRegistry:
     def names(self) -> list[str]:
         return list(self._entries)
 
+    def entries(self) -> list[MeshEntry]:
+        return list(self._entries.values())
+
     def get(self, name: str | None) -> MeshEntry:
         """The named mesh, or the default one; ``LookupError`` with what to do when there is none."""
         if name is None:
@@ -60,7 +55,9 @@ class MeshRegistry:
             raise LookupError(f"no mesh named '{name}' (meshes up: {known}); start it with `%mesh up --name {name}`")
         return entry
 
-    def up(self, name: str, hosts: int, dim: str, per_host: int, preload: list[str], timeout: float = 60.0) -> MeshEntry:
+    def up(
+        self, name: str, hosts: int, dim: str, per_host: int, preload: list[str], timeout: float = 60.0
+    ) -> MeshEntry:
         job = LocalJob(hosts=hosts, preload=preload)
         try:
             procs = job.host_mesh().spawn_procs(per_host={dim: per_host}, name=name, timeout=timeout)
@@ -93,46 +90,23 @@ class MeshRegistry:
                 pass
         return entries
 
-    def kill(self, entry: MeshEntry, coords: dict[str, int] | int, sig: int = signal.SIGKILL) -> tuple[int, int]:
-        """Send ``sig`` to one proc (by global rank or coordinates); returns (rank, pid)."""
-        if isinstance(coords, int):
-            pids = entry.procs.pids()
-            if coords not in pids:
-                raise LookupError(f"rank {coords} is not in mesh '{entry.name}' (ranks 0-{len(pids) - 1})")
-            rank, pid = coords, pids[coords]
-        else:
-            view = entry.procs.slice(**coords)
-            pids = view.pids()
-            if len(pids) != 1:
-                raise LookupError(f"{coords} selects {len(pids)} procs; give every dim of {entry.procs.sizes}")
-            ((rank, pid),) = pids.items()
-        os.kill(pid, sig)
-        return rank, pid
-
     def status_rows(self) -> list[dict[str, Any]]:
         rows = []
         for e in self._entries.values():
-            states = e.rank_states()
-            dead = sorted(r for r, (_pid, s) in states.items() if s != "alive")
-            rows.append({
-                "name": e.name + (" *" if e.name == self.default else ""),
-                "dims": ", ".join(f"{k}={v}" for k, v in e.procs.sizes.items()),
-                "procs": f"{len(states) - len(dead)}/{len(states)} alive",
-                "failed ranks": ", ".join(map(str, dead)) or "-",
-                "pids": " ".join(str(p) for _r, (p, _s) in sorted(states.items())),
-            })
+            st = e.procs.state()
+            counts = ", ".join(f"{n} {s}" for s, n in st.counts().items() if n)
+            failed = [
+                f"{r.rank} ({r.failure.kind})" if r.failure else str(r.rank)
+                for r in st.ranks
+                if r.state.value == "failed"
+            ]
+            rows.append(
+                {
+                    "name": e.name + (" *" if e.name == self.default else ""),
+                    "dims": ", ".join(f"{k}={v}" for k, v in st.sizes.items()),
+                    "procs": counts,
+                    "failed ranks": ", ".join(failed) or "-",
+                    "pids": " ".join(str(r.pid) for r in st.ranks),
+                }
+            )
         return rows
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True

@@ -9,7 +9,7 @@ replies. Rules:
   ``%mesh logs``.
 * Identical lines from several ranks within ``window`` seconds fold into one: ``[gpus 0-3] loss 0.42``.
 * A cell shows at most ``cell_lines`` lines (and lines of at most ``line_chars`` characters); past that
-  it says how many it held back. ``%mesh logs`` has every line (the last ``keep`` per rank).
+  it says how many it held back. The controller keeps the lines for ``ProcMesh.logs()`` / ``%mesh logs``.
 """
 
 from __future__ import annotations
@@ -18,10 +18,11 @@ import collections
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
-__all__ = ["LogLine", "OutputRouter", "fold_label", "format_logs", "group_by_rank", "parse_label"]
+__all__ = ["LogLine", "OutputRouter", "fold_label", "group_by_rank", "parse_label"]
 
 Publish = Callable[[Any, str, str], None]
 """(parent header of the cell or None, "stdout" | "stderr", text) -> None"""
@@ -97,7 +98,7 @@ class _Cell:
 
 
 class OutputRouter:
-    """Routes worker lines to the running cell, folds them, limits floods, and keeps them all."""
+    """Routes worker lines to the running cell, folds them and limits floods."""
 
     def __init__(
         self,
@@ -106,12 +107,9 @@ class OutputRouter:
         window: float = 0.05,
         cell_lines: int = 2000,
         line_chars: int = 2000,
-        keep: int = 200_000,
     ):
         self._publish = publish
         self.window, self.cell_lines, self.line_chars = window, cell_lines, line_chars
-        self._logs: dict[tuple[str, int], collections.deque[LogLine]] = {}
-        self._keep = keep
         self._meshes: list[str] = []  # names seen, in order: the prefix names the mesh once there are several
         self._queue: collections.deque[LogLine] = collections.deque()
         self._cond = threading.Condition()
@@ -119,6 +117,7 @@ class OutputRouter:
         self._flush_req = 0
         self._flush_done = 0
         self._syncs: dict[str, list[Any]] = {}  # token -> [remaining markers, Event]
+        self._notices: list[str] = []  # said while no cell ran: shown in the next one
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="jupyter-mesh-output", daemon=True)
         self._thread.start()
@@ -126,11 +125,8 @@ class OutputRouter:
     # -- receive thread ------------------------------------------------------------------------
     def sink(self, mesh: str, rank: int, label: str, fd: int, lines: list[str]) -> None:
         now = time.time()
-        store = self._logs.get((mesh, rank))
-        if store is None:
-            store = self._logs.setdefault((mesh, rank), collections.deque(maxlen=self._keep))
-            if mesh not in self._meshes:
-                self._meshes.append(mesh)
+        if mesh not in self._meshes:
+            self._meshes.append(mesh)
         batch = []
         for text in lines:
             if SYNC_PREFIX in text:  # the sync line may end a line the user left unterminated
@@ -138,9 +134,7 @@ class OutputRouter:
                 self._sync_seen(token)
                 if not text:
                     continue
-            line = LogLine(now, mesh, rank, label, fd, text)
-            store.append(line)
-            batch.append(line)
+            batch.append(LogLine(now, mesh, rank, label, fd, text))
         if batch:
             with self._cond:
                 self._queue.extend(batch)
@@ -160,6 +154,18 @@ class OutputRouter:
         """A cell starts: output from now on is shown in it."""
         with self._cond:
             self._cell = _Cell(parent)
+            notices, self._notices = self._notices, []
+        for text in notices:
+            self._publish(parent, "stderr", text)
+
+    def notify(self, text: str) -> None:
+        """A message for the user (a failure nobody waited on): in the running cell, else the next."""
+        with self._cond:
+            cell = self._cell
+            if cell is None:
+                self._notices.append(text)
+                return
+        self._publish(cell.parent, "stderr", text)
 
     def end_cell(self, timeout: float = 2.0) -> None:
         """The cell finished: show what is pending (before the kernel reports idle), then detach."""
@@ -167,9 +173,12 @@ class OutputRouter:
         with self._cond:
             cell, self._cell = self._cell, None
         if cell is not None and cell.held_back:
-            self._publish(cell.parent, "stderr",
-                          f"[jupyter_mesh] {cell.held_back} more worker lines not shown here; "
-                          "`%mesh logs --tail 100` shows the latest (all of them are kept)\n")
+            self._publish(
+                cell.parent,
+                "stderr",
+                f"[jupyter_mesh] {cell.held_back} more worker lines not shown here; "
+                "`%mesh logs --tail 100` shows the latest ones\n",
+            )
 
     def set_collect(self, collect: bool) -> None:
         """``%%mesh --no-stream``: hold this cell's worker lines until :meth:`take_collected`."""
@@ -218,17 +227,6 @@ class OutputRouter:
             self._closed = True
             self._cond.notify_all()
         self._thread.join(2.0)
-
-    def logs(self, mesh: str | None = None, rank: int | None = None, tail: int | None = None) -> list[LogLine]:
-        keys = [k for k in list(self._logs) if (mesh is None or k[0] == mesh) and (rank is None or k[1] == rank)]
-        lines: list[LogLine] = []
-        for k in keys:
-            lines.extend(list(self._logs[k]))
-        lines.sort(key=lambda ln: ln.t)  # stable: a rank's lines keep their order
-        return lines[-tail:] if tail else lines
-
-    def mesh_names(self) -> list[str]:
-        return list(self._meshes)
 
     # -- the output thread ---------------------------------------------------------------------
     def _run(self) -> None:
@@ -281,8 +279,10 @@ class OutputRouter:
             if len(rows) > room:
                 cell.held_back += len(rows) - room
                 rows = rows[:room]
-                rows.append(f"[jupyter_mesh] output truncated after {self.cell_lines} lines in this cell "
-                            "(the rest is kept: `%mesh logs`)")
+                rows.append(
+                    f"[jupyter_mesh] output truncated after {self.cell_lines} lines in this cell "
+                    "(the rest is kept: `%mesh logs`)"
+                )
             cell.shown += len(rows)
             self._publish(cell.parent, name, "".join(self._cut(r) + "\n" for r in rows))
 
@@ -309,12 +309,6 @@ class OutputRouter:
         return out
 
 
-def format_logs(lines: list[LogLine], with_mesh: bool) -> str:
-    return "".join(
-        f"[{ln.mesh + ' ' if with_mesh else ''}{ln.label}{' err' if ln.fd == 2 else ''}] {ln.text}\n" for ln in lines
-    )
-
-
 def group_by_rank(lines: list[LogLine]) -> str:
     """``--no-stream``: each rank's lines under one heading; ranks with the same lines share it."""
     by_rank: dict[tuple[str, int], list[LogLine]] = {}
@@ -329,4 +323,3 @@ def group_by_rank(lines: list[LogLine]) -> str:
         out.append(f"--- [{fold_label(labels)}] ---\n")
         out.extend(line + "\n" for line in body)
     return "".join(out)
-

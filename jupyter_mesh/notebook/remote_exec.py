@@ -47,9 +47,9 @@ def run_code(code: str, filename: str, ns: dict[str, Any]) -> Any:
     last = None
     if tree.body and isinstance(tree.body[-1], ast.Expr):
         last = ast.Expression(tree.body.pop().value)
-    exec(compile(tree, filename, "exec"), ns)  # noqa: S102 - running the user's cell is the point
+    exec(compile(tree, filename, "exec"), ns)
     if last is not None:
-        return eval(compile(last, filename, "eval"), ns)  # noqa: S307 - the user's own expression
+        return eval(compile(last, filename, "eval"), ns)
     return None
 
 
