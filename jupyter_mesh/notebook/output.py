@@ -53,7 +53,7 @@ def parse_label(label: str) -> dict[str, int]:
 def _ranges(values: Iterable[int]) -> str:
     vs = sorted(set(values))
     out, start, prev = [], vs[0], vs[0]
-    for v in vs[1:] + [None]:  # type: ignore[list-item]
+    for v in [*vs[1:], None]:
         if v is not None and v == prev + 1:
             prev = v
             continue

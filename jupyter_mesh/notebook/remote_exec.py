@@ -72,7 +72,7 @@ class RemoteExec(Actor):
         """(True, value of the last expression) or (False, CellError)."""
         try:
             return True, run_code(code, filename, self.ns)
-        except (Exception, SystemExit) as e:
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - the user's error is this rank's result
             return False, CellError(type(e).__qualname__, str(e), _user_traceback(e))
         finally:
             self._sync(sync)
