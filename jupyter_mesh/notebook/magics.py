@@ -236,7 +236,8 @@ class MeshMagics(Magics):
             entry.procs.kill(args.rank, getattr(signal, f"SIG{args.signal}"))
         except MeshValueError as e:
             raise UsageError(str(e)) from None
-        print(f"sent SIG{args.signal} to rank {args.rank} of '{entry.name}'; `%mesh respawn` brings it back")
+        rank = args.rank if isinstance(args.rank, int) else ",".join(f"{k}={v}" for k, v in args.rank.items())
+        print(f"sent SIG{args.signal} to rank {rank} of '{entry.name}'; `%mesh respawn` brings it back")
 
     def _cmd_respawn(self, args: argparse.Namespace) -> None:
         entry = self.meshes.get(args.name)
