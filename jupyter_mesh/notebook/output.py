@@ -135,7 +135,7 @@ class OutputRouter:
                 if not text:
                     continue
             batch.append(LogLine(now, mesh, rank, label, fd, text))
-        if batch:
+        if batch and self._cell is not None:  # between cells: only the controller's log keeps it
             with self._cond:
                 self._queue.extend(batch)
                 self._cond.notify()
