@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 from .. import SupervisionError, set_fault_hook
+from .._runtime import controller as controller_module
 from .._runtime.controller import Controller
 from . import tracebacks
 from .magics import MeshMagics
@@ -30,6 +31,9 @@ class Front:
         tracebacks.install(shell)
         shell.events.register("pre_execute", self.pre_execute)
         shell.events.register("post_execute", self.post_execute)
+        # a notebook cell shows a flood truncated, so `%mesh logs` must keep it all: 10x the default
+        # (read when a proc mesh is created; no public setting for it yet)
+        controller_module.LOG_LINES_KEPT = max(controller_module.LOG_LINES_KEPT, 1_000_000)
         # the kernel hosts the controller for its whole life: start it now, with output routed here
         Controller.get().output = self.router.sink
         # a failure nobody waits on is shown, never raised later: the kernel must live on
