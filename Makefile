@@ -1,5 +1,6 @@
 # Two entry points, each doing its own set-up on a fresh machine:
-#   make demo   - a local 4-proc mesh showing the API (the main job)
+#   make demo   - a local 4-proc mesh showing the API, then notebooks/quickstart.ipynb run headless on
+#                 the `mesh` kernel with its outputs printed (the main job)
 #   make test   - the whole test suite
 PY ?= python3
 VENV := .venv
@@ -20,6 +21,7 @@ setup: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/python -m jupyter_mesh.demo
+	$(BIN)/python -m jupyter_mesh.notebook.headless notebooks/quickstart.ipynb
 
 test: $(STAMP)
 	$(BIN)/ruff check jupyter_mesh tests benchmarks

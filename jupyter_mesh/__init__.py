@@ -30,6 +30,14 @@ from .jobs import LocalJob, this_host
 
 __version__ = "0.1.0"
 
+
+def load_ipython_extension(ipython: object) -> None:
+    """``%load_ext jupyter_mesh`` in any IPython kernel: the %mesh magics and notebook output routing."""
+    from .notebook import load_ipython_extension as load
+
+    load(ipython)
+
+
 __all__ = [
     "Actor",
     "ActorError",

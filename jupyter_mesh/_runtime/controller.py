@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import heapq
 import os
 import secrets
 import sys
@@ -93,7 +94,8 @@ def _local_host_key() -> str:
     return host_key()
 
 
-LOG_LINES_KEPT = 100_000  # per proc mesh, for ProcMesh.logs() / %mesh logs
+# output lines kept per rank for ProcMesh.logs() / %mesh logs (a flood of 10^5 lines fits)
+LOG_LINES_PER_RANK = int(os.environ.get("JUPYTER_MESH_LOG_LINES", "200000"))
 
 OutputSink = Callable[[str, int, str, int, list[str]], None]
 """(mesh name, rank, coords label, fd 1/2, lines) -> None: where worker output goes."""
@@ -118,9 +120,7 @@ class _ProcMeshRecord:
     job: Any = None
     env: dict[str, str] = field(default_factory=dict)
     preload: list[str] = field(default_factory=list)
-    logs: collections.deque[tuple[float, int, int, str]] = field(
-        default_factory=lambda: collections.deque(maxlen=LOG_LINES_KEPT)
-    )
+    logs: dict[int, collections.deque[tuple[float, int, int, str]]] = field(default_factory=dict)
 
 
 class Controller:
@@ -189,7 +189,10 @@ class Controller:
             rec = self._meshes.get(h["m"])
             if rec is not None:
                 now = time.time()
-                rec.logs.extend((now, h["rk"], h["fd"], line) for line in h["lines"])
+                q = rec.logs.get(h["rk"])
+                if q is None:
+                    q = rec.logs[h["rk"]] = collections.deque(maxlen=LOG_LINES_PER_RANK)
+                q.extend((now, h["rk"], h["fd"], line) for line in h["lines"])
             self.output(rec.ref.name if rec else h["m"], h["rk"], h["label"], h["fd"], h["lines"])
         elif k == "proc_ready":
             self.state.ready(h["m"], h["rk"], h["pid"])
@@ -553,7 +556,10 @@ class Controller:
         rec = self._meshes.get(ref.mesh_id)
         if rec is None:
             return []
-        lines = [x for x in rec.logs if rank is None or x[1] == rank]
+        if rank is not None:
+            lines = list(rec.logs.get(rank, ()))
+        else:  # every rank, in arrival order
+            lines = list(heapq.merge(*(list(q) for q in rec.logs.values()), key=lambda x: x[0]))
         return lines[-tail:] if tail else lines
 
     def is_stopped(self, mesh_id: str) -> bool:
