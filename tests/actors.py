@@ -176,3 +176,9 @@ class Supervisor(Actor):
     def __supervise__(self, failure) -> bool:
         self.seen.append(f"{failure.kind}:{dict(failure.coords)}")
         return self.handle
+
+
+class EnvReader(Actor):
+    @endpoint
+    def env(self, *names: str) -> dict:
+        return {n: os.environ.get(n) for n in names}

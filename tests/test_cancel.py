@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import threading
@@ -61,3 +62,32 @@ def test_cancel_after_done_is_false(procs):
     fut = s.slice(gpus=0).nap.call_one(0)
     assert fut.get(timeout=5) == "finished"
     assert not fut.cancel()
+
+
+def test_cancelled_await_cancels_remote_work(procs):
+    s = procs.spawn("s", Sleeper)
+    one = s.slice(gpus=2)
+
+    async def main():
+        task = asyncio.ensure_future(_await(one))
+        await asyncio.sleep(0.3)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    async def _await(m):
+        return await m.nap.call_one(30)
+
+    asyncio.run(main())
+    assert one.counts.call_one().get(timeout=5) == (0, 1)
+
+
+def test_leaving_a_stream_early_cancels_the_rest(procs):
+    s = procs.spawn("s", Sleeper)
+    s.slice(gpus=0).nap.call_one(0).get(timeout=5)
+    stream = s.nap.stream(30)
+    it = iter(stream)
+    time.sleep(0.3)
+    it.close()  # what a `break` out of the loop (or Ctrl-C in it) does to the generator
+    counts = s.counts.call().get(timeout=5)
+    assert [c for _, c in counts.values()] == [1, 1, 1, 1]

@@ -225,9 +225,12 @@ def test_kill_respawn_scale_down(kernel):
     assert cell.error and cell.error["ename"] == "SupervisionError"
     kernel.ok("%mesh respawn --name extra")
     assert "procs=1: 1" in kernel.ok("%%mesh --name extra\n1").result
-    kernel.ok("%mesh scale extra --procs 3")
+    before = json.loads(kernel.ok("json.dumps(list(extra.pids().values()))").result.strip("'"))
+    assert "resized in place" in kernel.ok("%mesh scale extra --procs 3").stream()
     assert "procs: 3" in kernel.ok("%%mesh --name extra\n1").result
-    now = set(json.loads(kernel.ok("json.dumps(list(extra.pids().values()))").result.strip("'")))
+    now_list = json.loads(kernel.ok("json.dumps(list(extra.pids().values()))").result.strip("'"))
+    assert now_list[:2] == before  # the running procs were kept
+    now = set(now_list)
     kernel.ok("%mesh down extra")
     assert not wait_dead(pids | now, 5.0)
     assert "extra" not in kernel.ok("%mesh status").stream()

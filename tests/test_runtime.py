@@ -254,3 +254,16 @@ def test_proc_that_fails_to_start_is_a_start_failure(host):
     # the host is fine afterwards
     pm = host.spawn_procs(per_host={"gpus": 1})
     pm.stop()
+
+
+def test_torchrun_variables_and_one_gpu_per_proc(procs):
+    from actors import EnvReader
+
+    e = procs.spawn("env", EnvReader)
+    envs = list(
+        e.env.call("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "CUDA_VISIBLE_DEVICES").get(10).values()
+    )
+    assert [x["RANK"] for x in envs] == ["0", "1", "2", "3"]
+    assert {x["WORLD_SIZE"] for x in envs} == {"4"} and {x["LOCAL_WORLD_SIZE"] for x in envs} == {"4"}
+    assert [x["LOCAL_RANK"] for x in envs] == ["0", "1", "2", "3"]
+    assert [x["CUDA_VISIBLE_DEVICES"] for x in envs] == ["0", "1", "2", "3"]

@@ -333,14 +333,7 @@ class Client:
         return self.call_rank(mesh, rank, endpoint, args, kwargs)
 
     def _iter_stream(self, p: _Pending, actor_id: str) -> Iterator[Future[Any]]:
-        assert p.stream_q is not None
-        for _ in range(len(p.ranks)):
-            try:
-                item = p.stream_q.get()
-            except KeyboardInterrupt:
-                self._cancel(p, actor_id)
-                raise
-            yield item
+        return _Stream(self, p, actor_id)
 
     def request(self, address: str, header: dict[str, Any], obj: Any = None, what: str = "request") -> Future[Any]:
         """A control request (to an agent): the reply's payload is the future's value."""
@@ -532,6 +525,41 @@ class Client:
                     p.stream_q.put(f)
             elif p.future is not None:
                 p.future._set_exception(exc)
+
+
+class _Stream(Iterator[Future[Any]]):
+    """Completed futures in arrival order. Leaving early (``break``, Ctrl-C, an exception, or just
+    dropping the iterator) cancels the calls still running, so nothing keeps working for nobody."""
+
+    def __init__(self, client: Client, p: _Pending, actor_id: str):
+        self._client, self._p, self._actor_id = client, p, actor_id
+        self._left = len(p.ranks)
+
+    def __iter__(self) -> _Stream:
+        return self
+
+    def __next__(self) -> Future[Any]:
+        if not self._left:
+            raise StopIteration
+        assert self._p.stream_q is not None
+        try:
+            item = self._p.stream_q.get()
+        except BaseException:
+            self.close()
+            raise
+        self._left -= 1
+        return item
+
+    def close(self) -> None:
+        if self._left:
+            self._left = 0
+            self._client._cancel(self._p, self._actor_id)
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - at interpreter exit the runtime may be gone
+            pass
 
 
 def _remote_failure(info: Any, p: _Pending, rank: int) -> RemoteFailure:

@@ -116,7 +116,7 @@ def _build_parsers() -> tuple[_Parser, _Parser]:
     down.add_argument("name", nargs="?", type=_name)
     down.add_argument("--all", action="store_true", help="stop every mesh")
 
-    scale = sub.add_parser("scale", help="restart a mesh at a new size (its %%%%mesh namespaces start empty)")
+    scale = sub.add_parser("scale", help="resize a mesh in place (or restart it when the shape cannot grow in place)")
     scale.add_argument("name", nargs="?", type=_name)
     scale.add_argument("--hosts", type=_positive)
     ssize = scale.add_mutually_exclusive_group(required=True)
@@ -221,6 +221,23 @@ class MeshMagics(Magics):
         old = self.meshes.get(args.name)
         dim, n = ("gpus", args.gpus) if args.gpus else ("procs", args.procs)
         hosts = args.hosts or old.hosts
+        why = f"the dim changes from '{old.dim}' to '{dim}'"
+        if dim == old.dim:  # in place: running procs, their actors and %%mesh variables stay
+            try:
+                if hosts != old.hosts and n != old.per_host:
+                    raise MeshValueError("hosts and procs per host both change")
+                if hosts != old.hosts:
+                    old.procs.resize(hosts=hosts)
+                elif n != old.per_host:
+                    old.procs.resize(**{dim: n})
+                old.hosts, old.per_host = hosts, n
+                print(
+                    f"mesh '{old.name}' resized in place to {old.procs.sizes} (new procs start with empty %%mesh namespaces)"
+                )
+                return
+            except MeshValueError as e:
+                why = str(e).split(";")[0].split(":")[0]
+        print(f"resizing '{old.name}' in place is not possible ({why}); restarting it")
         self.meshes.down(old.name)
         if self.shell.user_ns.get(old.name) is old.procs:
             del self.shell.user_ns[old.name]
