@@ -140,7 +140,8 @@ class StateTracker:
         if old == new and failure is None:
             return
         e.state[rank] = new
-        self._emit(MeshEvent(kind, e.mesh_id, e.name, rank, e.coords[rank], new, old, failure))
+        if self._listeners:  # on the call path: build the event only for someone
+            self._emit(MeshEvent(kind, e.mesh_id, e.name, rank, e.coords[rank], new, old, failure))
 
     def ready(self, mesh_id: str, rank: int, pid: int) -> None:
         e = self._meshes.get(mesh_id)
