@@ -10,7 +10,7 @@ Importing this package imports neither ZeroMQ, torch, IPython nor ucxx; the runt
 from ._actor import Actor, current_rank, endpoint
 from ._future import Future
 from ._mesh import ActorMesh, HostMesh, MeshEndpoint, ProcMesh
-from ._session import mesh_states, shutdown, subscribe
+from ._session import mesh_states, proc_mesh, shutdown, subscribe
 from ._shape import Extent, Point, Shape, Slice
 from ._state import MeshEvent, MeshState, ProcState, RankState
 from ._value_mesh import ValueMesh
@@ -60,6 +60,7 @@ __all__ = [
     "current_rank",
     "endpoint",
     "mesh_states",
+    "proc_mesh",
     "shutdown",
     "subscribe",
     "this_host",
