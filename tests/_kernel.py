@@ -6,7 +6,8 @@ from __future__ import annotations
 import queue
 import time
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from jupyter_client.manager import start_new_kernel
 

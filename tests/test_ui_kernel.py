@@ -121,7 +121,7 @@ def test_sidebar_and_widget_over_comms(kernel):
     out = subprocess.run([sys.executable, "-m", "jupyter_mesh.cli", "status", k.km.connection_file], capture_output=True, text=True,
                          timeout=60, env={**os.environ, "COLUMNS": "100"})
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "python kernel" in out.stdout and "m hosts=1 × gpus=4" in out.stdout and "1 failed" in out.stdout
+    assert "python kernel" in out.stdout and "m hosts=1 \u00d7 gpus=4" in out.stdout and "1 failed" in out.stdout
 
     res = _act(k, chan, "stop", mesh["mesh_id"], None)
     assert res["ok"], res

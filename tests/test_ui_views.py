@@ -23,7 +23,7 @@ class TrackerSource:
     def __init__(self, tracker: StateTracker):
         self.t = tracker
 
-    def subscribe(self, listener):  # noqa: ANN001
+    def subscribe(self, listener):
         return self.t.subscribe(listener)
 
     def state(self, mesh_id: str) -> MeshState:
@@ -59,7 +59,7 @@ def test_wire_and_tables_for_a_3d_mesh():
     assert [label for label, _ in slices] == ["hosts=0", "hosts=1"]
     assert [[r["rank"] for r in row] for row in slices[1][1]] == [[6, 7, 8], [9, 10, 11]]
     text = text_table([w])
-    assert "big [hosts=2 × nodes=2 × gpus=3]" in text and "I F I" in text and "killed by SIGKILL" in text
+    assert "big [hosts=2 \u00d7 nodes=2 \u00d7 gpus=3]" in text and "I F I" in text and "killed by SIGKILL" in text
     html = html_table([w])
     assert html.count("<td") == 12 and "#e53935" in html and "<script" not in html
     buf = io.StringIO()
@@ -86,7 +86,7 @@ def test_hub_coalesces_bursts_and_tracks_calls_and_failures():
     batches: list[tuple[list, list]] = []
     got = threading.Event()
 
-    def view(changed, gone):  # noqa: ANN001
+    def view(changed, gone):
         batches.append((changed, gone))
         got.set()
 

@@ -17,7 +17,8 @@ import collections
 import logging
 import threading
 import time
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 from .._state import MeshEvent, MeshState, ProcState
 from ..errors import format_coords
@@ -179,7 +180,7 @@ class Hub:
         for view in views:
             try:
                 view(changed, gone)
-            except Exception:  # noqa: BLE001 - a closed comm must not stop the others
+            except Exception:  # one closed comm must not stop the other views
                 log.exception("a mesh view failed to update")
 
 

@@ -51,10 +51,10 @@ def run_action(req: ActionRequest) -> ActionResult:
         else:
             raise MeshError(f"unknown action {action!r}; expected kill, respawn, stop or logs")
     except MeshError as e:
-        out.update(ok=False, error=str(e))
-    except Exception as e:  # noqa: BLE001 - the sidebar shows it; the kernel must not care
+        out["ok"], out["error"] = False, str(e)
+    except Exception as e:  # the sidebar shows it; the kernel carries on
         log.exception("sidebar action failed")
-        out.update(ok=False, error=f"{type(e).__name__}: {e}")
+        out["ok"], out["error"] = False, f"{type(e).__name__}: {e}"
     return out
 
 

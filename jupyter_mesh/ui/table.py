@@ -7,11 +7,13 @@ Renders the same :class:`~jupyter_mesh.ui.wire.MeshWire` snapshots as the widget
 from __future__ import annotations
 
 import html
-from typing import Iterator
+from collections.abc import Iterator
 
 from .wire import STATES, MeshWire, RankWire
 
-__all__ = ["COLOURS", "grid_slices", "html_table", "text_table"]
+__all__ = ["COLOURS", "TIMES", "grid_slices", "html_table", "shape_label", "text_table"]
+
+TIMES = "\u00d7"  # the x between dims: "hosts=2 x gpus=4"
 
 # one palette for the widget, the sidebar (labextension/style/base.css) and the terminal
 COLOURS = {
@@ -38,12 +40,12 @@ def grid_slices(mesh: MeshWire) -> Iterator[tuple[str, list[list[RankWire]]]]:
     ranks = sorted(mesh["ranks"], key=lambda r: r["rank"])
     for start in range(0, len(ranks), per_slice):
         chunk = ranks[start : start + per_slice]
-        label = ",".join(f"{d}={c}" for d, c in zip(dims[:lead], chunk[0]["coords"][:lead]))
+        label = ",".join(f"{d}={c}" for d, c in zip(dims[:lead], chunk[0]["coords"][:lead], strict=True))
         yield label, [chunk[i : i + cols] for i in range(0, len(chunk), cols)]
 
 
-def _shape(mesh: MeshWire) -> str:
-    return " × ".join(f"{d}={s}" for d, s in zip(mesh["dims"], mesh["sizes"])) or "1 proc"
+def shape_label(mesh: MeshWire) -> str:
+    return f" {TIMES} ".join(f"{d}={s}" for d, s in zip(mesh["dims"], mesh["sizes"], strict=True)) or "1 proc"
 
 
 def _counts(mesh: MeshWire) -> str:
@@ -59,7 +61,7 @@ def html_table(meshes: list[MeshWire]) -> str:
         esc = html.escape
         stopped = " (stopped)" if m["stopped"] else ""
         parts.append(
-            f"<div><b>{esc(m['name'])}</b> {esc(_shape(m))}{stopped} &mdash; {esc(_counts(m))}; "
+            f"<div><b>{esc(m['name'])}</b> {esc(shape_label(m))}{stopped} &mdash; {esc(_counts(m))}; "
             f"{m['inflight']} call(s) in flight</div>"
         )
         for label, rows in grid_slices(m):
@@ -80,7 +82,7 @@ def html_table(meshes: list[MeshWire]) -> str:
 
 
 def _rank_title(mesh: MeshWire, r: RankWire) -> str:
-    coords = ",".join(f"{d}={c}" for d, c in zip(mesh["dims"], r["coords"]))
+    coords = ",".join(f"{d}={c}" for d, c in zip(mesh["dims"], r["coords"], strict=True))
     out = f"rank {r['rank']} [{coords}] {r['state']}"
     if r["inflight"]:
         out += f", {r['inflight']} call(s)"
@@ -97,7 +99,7 @@ def text_table(meshes: list[MeshWire]) -> str:
     letter["starting"] = "."
     out = []
     for m in meshes:
-        out.append(f"{m['name']} [{_shape(m)}]{' stopped' if m['stopped'] else ''}: {_counts(m)}; "
+        out.append(f"{m['name']} [{shape_label(m)}]{' stopped' if m['stopped'] else ''}: {_counts(m)}; "
                    f"{m['inflight']} call(s) in flight")
         for label, rows in grid_slices(m):
             if label:

@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 from rich.console import Console, Group, RenderableType
 from rich.panel import Panel
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
 from .._state import MeshEvent, ProcState
-from .table import COLOURS, grid_slices
+from .table import COLOURS, grid_slices, shape_label
 from .wire import STATES, MeshWire
 
 __all__ = ["mesh_renderable", "print_status", "render", "spawn_progress"]
@@ -39,7 +39,7 @@ def _legend(m: MeshWire) -> Text:
 
 def mesh_renderable(m: MeshWire) -> RenderableType:
     """One mesh: a header line, a grid of ranks coloured by state, then its recent failures."""
-    shape = " × ".join(f"{d}={s}" for d, s in zip(m["dims"], m["sizes"])) or "1 proc"
+    shape = shape_label(m)
     parts: list[RenderableType] = [_legend(m)]
     if m["spawn"]["done"] < m["spawn"]["total"] and not m["stopped"]:
         parts.append(Text(f"spawning: {m['spawn']['done']}/{m['spawn']['total']} procs up", style="yellow"))
@@ -80,7 +80,7 @@ def spawn_progress(console: Console | None = None) -> Iterator[Progress]:
 
     progress = Progress(TextColumn("spawning [b]{task.description}[/b]"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), console=console or Console(), transient=False)
-    tasks: dict[str, int] = {}
+    tasks: dict[str, TaskID] = {}
     left: dict[str, int] = {}
     lock = threading.Lock()
     all_up = threading.Event()

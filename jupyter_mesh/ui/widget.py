@@ -17,7 +17,7 @@ from .wire import MeshWire
 if TYPE_CHECKING:
     from .._mesh import ProcMesh
 
-__all__ = ["MeshTable", "MeshWidget", "mimebundle", "widget"]
+__all__ = ["MeshTable", "mimebundle", "widget"]  # and MeshWidget, built on first access
 
 _STATIC = pathlib.Path(__file__).parent / "static"
 
@@ -44,7 +44,7 @@ def _widget_class() -> type:
 
         _esm = _STATIC / "widget.js"
         _css = _STATIC / "widget.css"
-        meshes = traitlets.List().tag(sync=True)
+        meshes: traitlets.List[MeshWire] = traitlets.List().tag(sync=True)
         mesh_id = traitlets.Unicode("").tag(sync=True)
 
         def __init__(self, mesh_id: str = "", **kwargs: Any):

@@ -57,7 +57,7 @@ def lab(tmp_path_factory):
     port, token = _free_port(), secrets.token_hex(16)
     env = {**os.environ, "JUPYTER_CONFIG_DIR": str(base / "config"), "JUPYTER_RUNTIME_DIR": str(base / "runtime"),
            "JUPYTERLAB_SETTINGS_DIR": str(base / "settings"), "JUPYTERLAB_WORKSPACES_DIR": str(base / "ws")}
-    log = open(base / "server.log", "wb")  # noqa: SIM115 - closed below
+    log = open(base / "server.log", "wb")
     server = subprocess.Popen(
         [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}", "--port-retries=0",
          f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}", "--allow-root",
@@ -70,10 +70,10 @@ def lab(tmp_path_factory):
         try:
             lab.api("/api/status")
             break
-        except OSError:
+        except OSError as e:
             if server.poll() is not None or time.monotonic() > deadline:
                 log.close()
-                raise RuntimeError("jupyter lab did not start:\n" + (base / "server.log").read_text()[-3000:])
+                raise RuntimeError("jupyter lab did not start:\n" + (base / "server.log").read_text()[-3000:]) from e
             time.sleep(0.2)
     yield lab
     below = descendants(server.pid)  # kernels, their agents and procs
