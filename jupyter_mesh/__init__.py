@@ -10,7 +10,7 @@ Importing this package imports neither ZeroMQ, torch, IPython nor ucxx; the runt
 from ._actor import Actor, current_rank, endpoint
 from ._future import Future
 from ._mesh import ActorMesh, HostMesh, MeshEndpoint, ProcMesh
-from ._session import mesh_states, set_fault_hook, shutdown, subscribe
+from ._session import mesh_states, proc_mesh, set_fault_hook, shutdown, subscribe
 from ._shape import Extent, Point, Shape, Slice
 from ._state import MeshEvent, MeshState, ProcState, RankState
 from ._value_mesh import ValueMesh
@@ -36,6 +36,11 @@ def load_ipython_extension(ipython: object) -> None:
     from .notebook import load_ipython_extension as load
 
     load(ipython)
+    kernel = getattr(ipython, "kernel", None)
+    if kernel is not None:  # and the JupyterLab sidebar, for this plain kernel too
+        from .ui import install
+
+        install(kernel, name="python", announce=True)
 
 
 __all__ = [
@@ -68,6 +73,7 @@ __all__ = [
     "current_rank",
     "endpoint",
     "mesh_states",
+    "proc_mesh",
     "set_fault_hook",
     "shutdown",
     "subscribe",

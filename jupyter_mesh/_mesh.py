@@ -318,6 +318,17 @@ class ProcMesh(_MeshTrait):
         state = "stopped" if self.stopped else "running"
         return f"<ProcMesh '{self._ref.name}' {self._shape} {state}>"
 
+    def widget(self) -> Any:
+        """A live view of this mesh's procs for a notebook (a static table where widgets can't render)."""
+        from .ui.widget import widget
+
+        return widget(self)
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        from .ui.widget import mimebundle
+
+        return mimebundle(self)
+
 
 class HostMesh(_MeshTrait):
     """Hosts with a jupyter_mesh agent on each; ``spawn_procs`` starts processes on them."""

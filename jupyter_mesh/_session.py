@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ._state import MeshEvent, MeshState
-from .errors import SupervisionError
+from .errors import MeshValueError, SupervisionError
 
-__all__ = ["mesh_states", "set_fault_hook", "shutdown", "subscribe"]
+if TYPE_CHECKING:
+    from ._mesh import ProcMesh
+
+__all__ = ["mesh_states", "proc_mesh", "set_fault_hook", "shutdown", "subscribe"]
 
 
 def mesh_states(include_stopped: bool = False) -> list[MeshState]:
@@ -24,6 +28,19 @@ def subscribe(listener: Callable[[MeshEvent], None]) -> Callable[[], None]:
     from ._runtime.controller import Controller
 
     return Controller.get().state.subscribe(listener)
+
+
+def proc_mesh(mesh_id: str) -> ProcMesh:
+    """The whole proc mesh with this ``mesh_id`` (as in :class:`MeshState`): front ends that only hold
+    an id (the sidebar, ``jupyter-mesh status``) act on a mesh through the same API as the user."""
+    from ._mesh import ProcMesh
+    from ._runtime.controller import Controller
+
+    ctl = Controller.get()
+    rec = ctl._meshes.get(mesh_id)
+    if rec is None:
+        raise MeshValueError(f"no proc mesh with id '{mesh_id}' in this program; see jupyter_mesh.mesh_states()")
+    return ProcMesh(ctl, rec.ref)
 
 
 def shutdown() -> None:

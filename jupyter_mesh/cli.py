@@ -2,6 +2,7 @@
 
 jupyter-mesh agent      run a host agent (configuration as one JSON line on stdin)
 jupyter-mesh demo       run the local 4-proc demo
+jupyter-mesh status     the meshes of the running Jupyter kernels, rendered with rich
 jupyter-mesh install-kernel [--user | --sys-prefix | --prefix P]   install the `mesh` kernelspec
 jupyter-mesh version
 """
@@ -17,6 +18,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("agent", help="run a host agent; reads its JSON configuration (with the session key) on stdin")
     sub.add_parser("demo", help="run the local 4-proc demo")
+    st = sub.add_parser("status", help="show the meshes of running Jupyter kernels (or of given connection files)")
+    st.add_argument("connection_file", nargs="*", help="kernel connection files (default: every running kernel)")
+    st.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for each kernel (default 3)")
     sub.add_parser("version", help="print the version")
     ik = sub.add_parser("install-kernel", help="install the `mesh` Jupyter kernelspec (pip install already does)")
     where = ik.add_mutually_exclusive_group()
@@ -36,6 +40,10 @@ def main(argv: list[str] | None = None) -> int:
         from .notebook.install import install_kernel
 
         print(install_kernel(user=args.user, prefix=args.prefix or (None if args.user else sys.prefix)))
+    elif args.cmd == "status":
+        from .ui.remote import status_main
+
+        return status_main(args.connection_file or None, args.timeout)
     elif args.cmd == "version":
         from . import __version__
 

@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from jupyter_mesh import Actor, ActorError, current_rank, endpoint, this_host
+from jupyter_mesh.ui.terminal import print_status, spawn_progress
 
 
 class Trainer(Actor):
@@ -55,7 +56,9 @@ def main() -> None:
         preload = []
     host = this_host(preload=preload)
     t0 = time.perf_counter()
-    with host.spawn_procs(per_host={"gpus": 4}) as procs:
+    with spawn_progress(console):
+        procs = host.spawn_procs(per_host={"gpus": 4}, name="demo")
+    with procs:
         trainers = procs.spawn("trainer", Trainer, lr=0.1)
         where = trainers.where.call().get(timeout=30)
         console.print(f"spawned {procs!r} and its actors in {time.perf_counter() - t0:.2f} s")
@@ -99,6 +102,15 @@ def main() -> None:
         except ActorError as e:
             console.print(Panel(Text(str(e)), title="a remote exception comes back as ActorError", style="red"))
         console.print(f"the mesh is still usable       -> {list(trainers.fail_if.call(-1).get().values())}")
+
+        procs.kill(3)  # a proc dies: the rank turns failed, calls to it raise SupervisionError
+        deadline = time.monotonic() + 5
+        while procs.state().ranks[3].state != "failed" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        print_status(console=console)
+        procs.respawn()
+        console.print(f"respawned rank 3, actors re-created -> {trainers.slice(gpus=3).step.call_one(0.0).get()}")
+        print_status(console=console)
     console.print(f"stopped: {procs!r}")
     console.print("[green]done[/green] - next: open notebooks/ in JupyterLab, or read the README")
 

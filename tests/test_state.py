@@ -79,3 +79,13 @@ def test_live_state_and_events(host):
     assert kinds[0] == "created" and "failed" in kinds and kinds[-1] == "stopped"
     ready = [e for e in mine if e.kind == "state" and e.previous == ProcState.STARTING]
     assert len(ready) == 2  # one progress step per proc
+
+
+@pytest.mark.integration
+def test_proc_mesh_lookup_by_id(procs):
+    from jupyter_mesh import MeshValueError, proc_mesh
+
+    same = proc_mesh(procs.state().mesh_id)
+    assert same.pids() == procs.pids() and same.name == procs.name
+    with pytest.raises(MeshValueError, match="no proc mesh with id"):
+        proc_mesh("nope")

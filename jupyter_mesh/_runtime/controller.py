@@ -213,16 +213,21 @@ class Controller:
             return
         rec.failures[rank] = failure
         told = self.client.mark_failed({rank: failure}, mesh_id)
-        self.state.failed(mesh_id, rank, failure)
-        if (mesh_id, rank) in self._killed_on_request:
+        try:
+            self._supervise(rec, rank, failure, told)
+        finally:  # last: whoever sees the rank failed may rely on the fault being recorded already
+            self.state.failed(mesh_id, rank, failure)
+
+    def _supervise(self, rec: _ProcMeshRecord, rank: int, failure: Failure, told: int) -> None:
+        """Who handles a failure: the actor that owns the mesh, else the fault hook if no call was told."""
+        if (rec.ref.mesh_id, rank) in self._killed_on_request:
             return
-        if rec.owner is not None and _embedding is not None:  # an actor owns the mesh: it supervises
+        if rec.owner is not None and _embedding is not None:
             _embedding.supervise(rec.owner, SupervisionError([failure], f"in mesh '{rec.ref.name}' that it owns"))
             return
-        if not told:  # nobody was told: unhandled so far
-            hook = fault_hook
+        if not told:
             try:
-                hook(SupervisionError([failure], "while nothing was waiting on it"))
+                fault_hook(SupervisionError([failure], "while nothing was waiting on it"))
             except Exception:  # noqa: BLE001 - a broken hook must not break supervision
                 import traceback
 

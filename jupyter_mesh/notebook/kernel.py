@@ -29,6 +29,9 @@ class MeshKernel(IPythonKernel):
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
         load(self.shell)
+        from ..ui import install
+
+        install(self)  # serve the JupyterLab sidebar over a comm (kernel kind "mesh")
 
     async def do_shutdown(self, restart: bool) -> Any:
         front = front_of(self.shell)

@@ -209,6 +209,12 @@ class MeshMagics(Magics):
         for r in rows:
             print("  ".join(str(r[c]).ljust(width[c]) for c in cols))
         print("(* = the default mesh of %%mesh and %mesh commands)")
+        if getattr(self.shell, "kernel", None) is not None:  # and the live grid, in a notebook
+            from IPython.display import display
+
+            from ..ui import widget
+
+            display(widget())
 
     def _cmd_down(self, args: argparse.Namespace) -> None:
         entries = self.meshes.down_all() if args.all else [self.meshes.down(self.meshes.get(args.name).name)]

@@ -1,0 +1,28 @@
+"""Views of the mesh: a live widget, the JupyterLab sidebar's kernel end, and rich terminal output.
+
+    from jupyter_mesh import ui
+    ui.widget(procs)            # live grid of one proc mesh (or ui.widget() for all of them)
+    %load_ext jupyter_mesh.ui   # any IPython kernel: serve the JupyterLab sidebar
+    ui.install(kernel)          # what the ``mesh`` kernel calls at start for the same
+
+Importing this package imports neither IPython nor ipywidgets; each view imports what it needs
+when it is first used. The optional dependencies come with ``pip install 'jupyter_mesh[ui]'``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .sidebar_comm import TARGET, install
+from .widget import MeshTable, widget
+
+__all__ = ["TARGET", "MeshTable", "install", "load_ipython_extension", "widget"]
+
+
+def load_ipython_extension(ip: Any) -> None:
+    """``%load_ext jupyter_mesh.ui``: serve the sidebar from this kernel (no-op outside a kernel)."""
+    kernel = getattr(ip, "kernel", None)
+    if kernel is None:
+        print("jupyter_mesh.ui: not running in a Jupyter kernel; use jupyter_mesh.ui.widget() or `jupyter-mesh status`")
+        return
+    install(kernel, name="python", announce=True)

@@ -1,0 +1,204 @@
+"""The one place where the views of this process hear about mesh changes.
+
+The runtime calls listeners on its receive thread, once per change: a 256-proc spawn is 256 events
+in a few milliseconds. The hub takes them there (cheap bookkeeping only), wakes one daemon thread,
+and that thread hands every view the snapshots of the meshes that changed, at most once per
+``interval`` (0.1 s: ten frames a second). When nothing changes the thread sleeps on an event with
+no timeout: no polling, here or in the browser.
+
+Besides the runtime's own state the hub keeps two derived things per mesh: the recent failures
+(with their cause, newest last) and the progress of calls in flight (ranks that replied / ranks
+that were busy since the mesh was last idle) -- the "long gather" bar.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from .._state import MeshEvent, MeshState, ProcState
+from ..errors import format_coords
+from .wire import MeshWire, Progress, RecentFailure, mesh_wire
+
+__all__ = ["Hub", "View", "hub"]
+
+View = Callable[[list[MeshWire], list[str]], None]
+"""(changed meshes, ids of meshes that are gone) -> None; called on the hub's thread."""
+
+RECENT_FAILURES = 8
+log = logging.getLogger("jupyter_mesh.ui")
+
+
+class Source(Protocol):
+    """Where the hub reads mesh state: the public API (``_RuntimeSource``), or a bare tracker in tests."""
+
+    def subscribe(self, listener: Callable[[MeshEvent], None]) -> Callable[[], None]: ...
+    def state(self, mesh_id: str) -> MeshState: ...  # KeyError when unknown
+    def states(self, include_stopped: bool) -> list[MeshState]: ...
+
+
+class _RuntimeSource:
+    def subscribe(self, listener: Callable[[MeshEvent], None]) -> Callable[[], None]:
+        from .. import subscribe
+
+        return subscribe(listener)
+
+    def state(self, mesh_id: str) -> MeshState:
+        from .. import MeshValueError, proc_mesh
+
+        try:
+            return proc_mesh(mesh_id).state()
+        except MeshValueError:
+            raise KeyError(mesh_id) from None
+
+    def states(self, include_stopped: bool) -> list[MeshState]:
+        from .. import mesh_states
+
+        return mesh_states(include_stopped=include_stopped)
+
+
+class _Wave:
+    """Calls in flight on one mesh, from the moment a rank gets busy until every rank is idle again."""
+
+    __slots__ = ("done", "total")
+
+    def __init__(self) -> None:
+        self.done = 0
+        self.total = 0
+
+
+class Hub:
+    def __init__(self, interval: float = 0.1, source: Source | None = None):
+        self.interval = interval
+        self.source: Source = source or _RuntimeSource()
+        self._lock = threading.Lock()
+        self._views: list[View] = []
+        self._dirty: set[str] = set()
+        self._wake = threading.Event()
+        self._stop: threading.Event | None = None  # the running thread's own stop flag
+        self._unsubscribe: Callable[[], None] | None = None
+        self._waves: dict[str, _Wave] = {}
+        self._failures: dict[str, collections.deque[RecentFailure]] = {}
+        self.flushes = 0  # how many batches went out (tests check that events are coalesced)
+
+    # -- views ------------------------------------------------------------------------------------
+    def add_view(self, view: View) -> Callable[[], None]:
+        """Start handing ``view`` updates; returns the function that stops it."""
+        with self._lock:
+            self._views.append(view)
+            if self._unsubscribe is None:
+                self._unsubscribe = self.source.subscribe(self._on_event)
+            if self._stop is None:
+                self._stop = threading.Event()
+                threading.Thread(target=self._run, args=(self._stop,), name="jupyter-mesh-ui", daemon=True).start()
+
+        def remove() -> None:
+            unsub, stop = None, None
+            with self._lock:
+                if view in self._views:
+                    self._views.remove(view)
+                if not self._views:
+                    unsub, self._unsubscribe = self._unsubscribe, None
+                    stop, self._stop = self._stop, None
+            if stop is not None:
+                stop.set()
+                self._wake.set()
+            if unsub is not None:
+                unsub()
+
+        return remove
+
+    def meshes(self, mesh_id: str | None = None, include_stopped: bool = False) -> list[MeshWire]:
+        """Snapshots now, for a view that just opened (one mesh, or every running one)."""
+        states = self.source.states(include_stopped or mesh_id is not None)
+        return [self._wire(s) for s in states if mesh_id is None or s.mesh_id == mesh_id]
+
+    # -- from the runtime (its receive thread: bookkeeping only) ----------------------------------
+    def _on_event(self, ev: MeshEvent) -> None:
+        with self._lock:
+            if ev.kind == "failed" and ev.failure is not None:
+                q = self._failures.setdefault(ev.mesh_id, collections.deque(maxlen=RECENT_FAILURES))
+                q.append(
+                    RecentFailure(
+                        rank=ev.rank or 0,
+                        label=format_coords(ev.coords),
+                        kind=ev.failure.kind,
+                        detail=ev.failure.detail,
+                        time=ev.time,
+                    )
+                )
+            self._track_calls(ev)
+            self._dirty.add(ev.mesh_id)
+        self._wake.set()
+
+    def _track_calls(self, ev: MeshEvent) -> None:
+        if ev.kind in ("stopped", "respawned", "resized", "created"):
+            self._waves.pop(ev.mesh_id, None)
+            return
+        if ev.state == ProcState.BUSY and ev.previous != ProcState.BUSY:
+            self._waves.setdefault(ev.mesh_id, _Wave()).total += 1
+        elif ev.previous == ProcState.BUSY:
+            wave = self._waves.get(ev.mesh_id)
+            if wave is not None:
+                wave.done += 1
+                if wave.done >= wave.total:
+                    del self._waves[ev.mesh_id]
+
+    def _wire(self, state: MeshState) -> MeshWire:
+        with self._lock:
+            wave = self._waves.get(state.mesh_id)
+            gather = Progress(done=wave.done, total=wave.total) if wave else None
+            failures = list(self._failures.get(state.mesh_id, ())) or None
+        return mesh_wire(state, gather, failures)
+
+    # -- the hub's thread -------------------------------------------------------------------------
+    def _run(self, stop: threading.Event) -> None:
+        last = 0.0
+        while True:
+            self._wake.wait()
+            if stop.is_set():
+                return
+            pause = last + self.interval - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)  # the rate bound: changes meanwhile join this batch
+            with self._lock:
+                if stop.is_set():
+                    return
+                self._wake.clear()
+                dirty, self._dirty = self._dirty, set()
+                views = list(self._views)
+            last = time.monotonic()
+            if dirty:
+                self._flush(dirty, views)
+
+    def _flush(self, dirty: set[str], views: list[View]) -> None:
+        changed: list[MeshWire] = []
+        gone: list[str] = []
+        for mesh_id in sorted(dirty):
+            try:
+                changed.append(self._wire(self.source.state(mesh_id)))
+            except KeyError:
+                gone.append(mesh_id)
+        self.flushes += 1
+        for view in views:
+            try:
+                view(changed, gone)
+            except Exception:  # one closed comm must not stop the other views
+                log.exception("a mesh view failed to update")
+
+
+_hub: Hub | None = None
+_hub_lock = threading.Lock()
+
+
+def hub() -> Hub:
+    """The process's hub (created on first use)."""
+    global _hub
+    with _hub_lock:
+        if _hub is None:
+            _hub = Hub()
+        return _hub

@@ -1,0 +1,178 @@
+"""What the views of a mesh are sent: JSON-able snapshots and the sidebar's comm messages.
+
+One snapshot format feeds the widget (a synced trait), the JupyterLab sidebar (comm messages) and
+``jupyter-mesh status`` (which asks a kernel over the same comm), so the three views cannot drift.
+The TypeScript twins of these types live in ``labextension/src/wire.ts``; keep them in step.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, TypedDict, Union
+
+from .._state import MeshState, ProcState
+from ..errors import Failure
+
+__all__ = [
+    "STATES",
+    "ActionName",
+    "ActionRequest",
+    "ActionResult",
+    "FailureWire",
+    "FrontMessage",
+    "KernelMessage",
+    "MeshWire",
+    "Progress",
+    "RankWire",
+    "RefreshRequest",
+    "SnapshotMessage",
+    "UpdateMessage",
+    "failure_wire",
+    "mesh_wire",
+]
+
+STATES: tuple[str, ...] = tuple(s.value for s in ProcState)
+
+
+class FailureWire(TypedDict):
+    kind: str  # exit, signal, heartbeat, init, start, stopped
+    detail: str
+    traceback: str
+    exit_code: int | None
+    signal: int | None
+
+
+class RankWire(TypedDict):
+    rank: int
+    coords: list[int]  # in the order of MeshWire.dims
+    state: str  # one of STATES
+    inflight: int
+    pid: int | None
+    failure: FailureWire | None
+
+
+class RecentFailure(TypedDict):
+    rank: int
+    label: str  # "hosts=0,gpus=2"
+    kind: str
+    detail: str
+    time: float
+
+
+class Progress(TypedDict):
+    done: int
+    total: int
+
+
+class MeshWire(TypedDict):
+    mesh_id: str
+    name: str
+    dims: list[str]
+    sizes: list[int]
+    ranks: list[RankWire]
+    stopped: bool
+    counts: dict[str, int]
+    inflight: int  # calls in flight from this controller, summed over ranks
+    spawn: Progress  # procs up / procs (done == total once every proc reported in)
+    gather: Progress | None  # ranks that replied / ranks busy, while calls are out; None when idle
+    failures: list[RecentFailure]  # newest last, a few only
+
+
+def failure_wire(f: Failure | None) -> FailureWire | None:
+    if f is None:
+        return None
+    return FailureWire(kind=f.kind, detail=f.detail, traceback=f.traceback, exit_code=f.exit_code, signal=f.signal)
+
+
+def mesh_wire(
+    state: MeshState, gather: Progress | None = None, failures: list[RecentFailure] | None = None
+) -> MeshWire:
+    dims = list(state.sizes)
+    counts = state.counts()
+    ranks = [
+        RankWire(
+            rank=r.rank,
+            coords=[int(r.coords.get(d, 0)) for d in dims],
+            state=r.state.value,
+            inflight=r.inflight,
+            pid=r.pid,
+            failure=failure_wire(r.failure),
+        )
+        for r in state.ranks
+    ]
+    return MeshWire(
+        mesh_id=state.mesh_id,
+        name=state.name,
+        dims=dims,
+        sizes=[int(state.sizes[d]) for d in dims],
+        ranks=ranks,
+        stopped=state.stopped,
+        counts=counts,
+        inflight=sum(r.inflight for r in state.ranks),
+        spawn=Progress(done=len(ranks) - counts[ProcState.STARTING.value], total=len(ranks)),
+        gather=gather,
+        failures=list(failures) if failures is not None else _current_failures(state, dims),
+    )
+
+
+def _current_failures(state: MeshState, dims: list[str]) -> list[RecentFailure]:
+    """Failures of the ranks failed right now, for callers that kept no history."""
+    return [
+        RecentFailure(
+            rank=r.rank,
+            label=",".join(f"{d}={r.coords.get(d, 0)}" for d in dims),
+            kind=r.failure.kind,
+            detail=r.failure.detail,
+            time=0.0,
+        )
+        for r in state.ranks
+        if r.failure is not None
+    ]
+
+
+# -- the sidebar's comm (target "jupyter_mesh.sidebar") ----------------------------------------------
+
+ActionName = Literal["kill", "respawn", "stop", "logs"]
+
+
+class SnapshotMessage(TypedDict):
+    """Kernel -> front end, first message on a channel and the answer to ``refresh``: every mesh."""
+
+    type: Literal["snapshot"]
+    kernel: str  # "mesh" for the mesh kernel, else the kernel's implementation name
+    meshes: list[MeshWire]
+
+
+class UpdateMessage(TypedDict):
+    """Kernel -> front end, at most a few per second: the meshes that changed, and those now gone."""
+
+    type: Literal["update"]
+    meshes: list[MeshWire]
+    removed: list[str]
+
+
+class ActionResult(TypedDict):
+    """Kernel -> front end: the outcome of one ``action``, matched by ``id``."""
+
+    type: Literal["result"]
+    id: str
+    ok: bool
+    error: str  # what went wrong and what to do, empty when ok
+    lines: list[str]  # for "logs"; ranks respawned (as text) for "respawn"
+
+
+class ActionRequest(TypedDict):
+    """Front end -> kernel: act on a mesh through the public API (``proc_mesh(id).kill(rank)`` ...)."""
+
+    type: Literal["action"]
+    id: str
+    action: ActionName
+    mesh_id: str
+    rank: int | None  # kill, logs (None: every rank); respawn (None: every failed rank); stop ignores it
+
+
+class RefreshRequest(TypedDict):
+    type: Literal["refresh"]
+
+
+KernelMessage = Union[SnapshotMessage, UpdateMessage, ActionResult]
+FrontMessage = Union[ActionRequest, RefreshRequest]

@@ -1,0 +1,7 @@
+import { JupyterFrontEndPlugin } from '@jupyterlab/application';
+
+import { sidebarPlugin } from './plugin';
+
+const plugins: JupyterFrontEndPlugin<any>[] = [sidebarPlugin];
+
+export default plugins;

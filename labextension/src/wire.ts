@@ -1,0 +1,99 @@
+// The messages of the `jupyter_mesh.sidebar` comm: twins of jupyter_mesh/ui/wire.py (keep in step).
+
+export const COMM_TARGET = 'jupyter_mesh.sidebar';
+
+export type ProcState = 'starting' | 'idle' | 'busy' | 'paused' | 'failed' | 'stopped';
+export const STATES: readonly ProcState[] = ['starting', 'idle', 'busy', 'paused', 'failed', 'stopped'];
+
+export interface IFailure {
+  kind: string;
+  detail: string;
+  traceback: string;
+  exit_code: number | null;
+  signal: number | null;
+}
+
+export interface IRank {
+  rank: number;
+  coords: number[];
+  state: ProcState;
+  inflight: number;
+  pid: number | null;
+  failure: IFailure | null;
+}
+
+export interface IRecentFailure {
+  rank: number;
+  label: string;
+  kind: string;
+  detail: string;
+  time: number;
+}
+
+export interface IProgress {
+  done: number;
+  total: number;
+}
+
+export interface IMesh {
+  mesh_id: string;
+  name: string;
+  dims: string[];
+  sizes: number[];
+  ranks: IRank[];
+  stopped: boolean;
+  counts: Record<ProcState, number>;
+  inflight: number;
+  spawn: IProgress;
+  gather: IProgress | null;
+  failures: IRecentFailure[];
+}
+
+export interface ISnapshotMessage {
+  type: 'snapshot';
+  kernel: string;
+  meshes: IMesh[];
+}
+
+export interface IUpdateMessage {
+  type: 'update';
+  meshes: IMesh[];
+  removed: string[];
+}
+
+export interface IActionResult {
+  type: 'result';
+  id: string;
+  ok: boolean;
+  error: string;
+  lines: string[];
+}
+
+export type KernelMessage = ISnapshotMessage | IUpdateMessage | IActionResult;
+
+export type ActionName = 'kill' | 'respawn' | 'stop' | 'logs';
+
+export interface IActionRequest {
+  type: 'action';
+  id: string;
+  action: ActionName;
+  mesh_id: string;
+  rank: number | null;
+}
+
+export interface IRefreshRequest {
+  type: 'refresh';
+}
+
+export type FrontMessage = IActionRequest | IRefreshRequest;
+
+export function coordLabel(mesh: IMesh, coords: number[], upto: number = mesh.dims.length): string {
+  return mesh.dims
+    .slice(0, upto)
+    .map((d, i) => `${d}=${coords[i]}`)
+    .join(',');
+}
+
+export function shapeLabel(mesh: IMesh): string {
+  return mesh.dims.map((d, i) => `${d}=${mesh.sizes[i]}`).join(' × ') || '1 proc';
+}
