@@ -112,6 +112,20 @@ class Caller(Actor):
     def choose(self, counters) -> int:
         return counters.value.choose().get(timeout=10)
 
+    @endpoint
+    def sleep_on(self, faulty, seconds: float) -> str:
+        """Call one actor of another mesh directly and report how it ended."""
+        t0 = time.monotonic()
+        try:
+            faulty.slice(gpus=0).sleep.call_one(seconds).get(timeout=30)
+            return "finished"
+        except Exception as e:  # noqa: BLE001
+            return f"{type(e).__name__} after {time.monotonic() - t0:.1f}s"
+
+    @endpoint
+    def ok_on(self, faulty) -> str:
+        return faulty.slice(gpus=0).ok.call_one().get(timeout=10)
+
 
 class Sleeper(Actor):
     def __init__(self):

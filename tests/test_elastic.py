@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import time
 
 import pytest
 from _procs import wait_dead, wait_for
@@ -96,3 +97,23 @@ def test_grow_hosts_adds_agents():
         pm.stop()
     finally:
         job.stop()
+
+
+def test_actors_calling_a_rank_hear_of_its_death_and_respawn(host):
+    from actors import Caller
+
+    target = host.spawn_procs(per_host={"gpus": 1})
+    callers = host.spawn_procs(per_host={"gpus": 1})
+    try:
+        faulty = target.spawn("faulty", Faulty)
+        caller = callers.spawn("caller", Caller).slice(gpus=0)
+        pending = caller.sleep_on.call_one(faulty, 30)  # the caller waits on a direct call to rank 0
+        time.sleep(0.5)
+        target.kill(0, signal.SIGKILL)
+        outcome = pending.get(timeout=10)
+        assert outcome.startswith("SupervisionError"), outcome  # told, not left to time out
+        target.respawn()
+        assert caller.ok_on.call_one(faulty).get(timeout=10) == "fine"  # reaches the new proc
+    finally:
+        target.stop()
+        callers.stop()

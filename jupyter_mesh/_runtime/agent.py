@@ -146,6 +146,11 @@ class Agent:
             p = self.procs.get((h["m"], h["rk"]))
             if p is not None:
                 p.last_seen = time.monotonic()
+        elif k == "notice":  # a rank failed or was respawned: every local proc's client should know
+            with self.lock:
+                addrs = [p.addr for p in self.procs.values() if p.alive and p.up]
+            for addr in addrs:
+                self.transport.send_raw(addr, frames)
         elif k == "hb":
             self.last_controller = time.monotonic()
             self.transport.send(self.controller, Message({"k": "hb_ack", "addr": self.transport.address}))

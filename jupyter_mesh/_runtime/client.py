@@ -102,6 +102,7 @@ class Client:
         self._lock = threading.Lock()  # pending table, seq counters, send order
         self._seq: dict[str, list[int]] = {}
         self._actor_mesh: dict[str, str] = {}  # actor id -> proc mesh id
+        self._moved: dict[tuple[str, int], str] = {}  # respawned ranks' new addresses
         self._inflight: dict[tuple[str, int], int] = {}
         self._failed: dict[tuple[str, int], Failure] = {}
         self._stopped: set[str] = set()
@@ -177,7 +178,8 @@ class Client:
                 continue
             try:
                 self.transport.send(
-                    p.ref.proc_addrs[r], Message({"k": "cancel", "a": actor_id, "ci": p.call_id, "s": self.address})
+                    self._proc_addr(p.ref, r),
+                    Message({"k": "cancel", "a": actor_id, "ci": p.call_id, "s": self.address}),
                 )
             except Exception:  # noqa: BLE001 - the proc may be gone; nothing left to cancel there
                 pass
@@ -224,8 +226,21 @@ class Client:
                 "i": self._register(p),
                 "q": self._seqs(mesh, [rank]),
             }
-            self.transport.send(mesh._ref.proc_addrs[rank], Message(header, payload, bufs))
+            self.transport.send(self._proc_addr(mesh._ref, rank), Message(header, payload, bufs))
         return fut
+
+    def rank_moved(self, mesh_id: str, rank: int, address: str) -> None:
+        """A rank was respawned elsewhere: reach it at ``address`` (our copies of its mesh are stale),
+        forget its failure and start our sequence numbers to it again."""
+        with self._lock:
+            self._moved[(mesh_id, rank)] = address
+            self._failed.pop((mesh_id, rank), None)
+            for actor_id, arr in self._seq.items():
+                if self._actor_mesh.get(actor_id) == mesh_id and rank < len(arr):
+                    arr[rank] = 0
+
+    def _proc_addr(self, ref: ProcMeshRef, rank: int) -> str:
+        return self._moved.get((ref.mesh_id, rank)) or ref.proc_addrs[rank]
 
     def reset_ranks(self, mesh_id: str, ranks: list[int], actor_ids: list[str]) -> None:
         """Ranks got new procs: forget their failures and restart our sequence numbers to them."""
@@ -308,7 +323,7 @@ class Client:
                 "i": call_id,
                 "q": self._seqs(mesh, [rank]),
             }
-            self.transport.send(ref.proc_addrs[rank], Message(header, payload, bufs))
+            self.transport.send(self._proc_addr(ref, rank), Message(header, payload, bufs))
         if self.activity is not None:
             self.activity(ref.mesh_id, [rank], 1)
         fut.add_done_callback(lambda _f: self._done_inflight(key))

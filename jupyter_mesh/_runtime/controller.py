@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .._future import Future
-from .._serialize import loads
+from .._serialize import dumps, loads
 from .._shape import Shape
 from .._state import StateTracker
 from .._transport import Message, Transport
@@ -213,10 +213,23 @@ class Controller:
             return
         rec.failures[rank] = failure
         told = self.client.mark_failed({rank: failure}, mesh_id)
+        self._notify_procs({"k": "notice", "what": "failed", "m": mesh_id, "rk": rank}, failure)
         try:
             self._supervise(rec, rank, failure, told)
         finally:  # last: whoever sees the rank failed may rely on the fault being recorded already
             self.state.failed(mesh_id, rank, failure)
+
+    def _notify_procs(self, header: dict[str, Any], obj: Any = None) -> None:
+        """Tell every proc (through its agent: O(hosts) sends) that a rank failed or came back, so
+        actors calling it directly fail fast, or reach its new address."""
+        payload, bufs = dumps(obj) if obj is not None else (b"", [])
+        frames = self.transport.encode(Message(header, payload, bufs))
+        for addr in list(self._agent_seen):
+            if addr not in self._agents_lost:
+                try:
+                    self.transport.send_raw(addr, frames)
+                except Exception:  # noqa: BLE001 - closing down
+                    return
 
     def _supervise(self, rec: _ProcMeshRecord, rank: int, failure: Failure, told: int) -> None:
         """Who handles a failure: the actor that owns the mesh, else the fault hook if no call was told."""
@@ -554,6 +567,9 @@ class Controller:
             rec.failures.pop(r, None)
             self._killed_on_request.discard((ref.mesh_id, r))
             self.state.respawned(ref.mesh_id, r, rec.pids[r])
+            self._notify_procs(
+                {"k": "notice", "what": "respawned", "m": ref.mesh_id, "rk": r, "addr": ref.proc_addrs[r]}
+            )
         self._wait_actor_spawns(spawns, timeout, "while re-creating actors on respawned ranks")
         return ranks
 

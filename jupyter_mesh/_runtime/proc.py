@@ -252,6 +252,12 @@ class ProcRuntime:
             self._order_and_deliver(msg)
         elif k == "r" or k == "g":
             self.client.on_reply(msg)
+        elif k == "notice":
+            h = msg.header
+            if h["what"] == "failed":
+                self.client.mark_failed({h["rk"]: loads(msg.payload, msg.buffers)}, h["m"])
+            else:
+                self.client.rank_moved(h["m"], h["rk"], h["addr"])
         elif k == "reshape":  # the mesh grew or shrank: same rank, new extent
             self.shape = Shape.from_wire(msg.header["shape"])
             self.point = Point(self.rank, self.shape.extent)
