@@ -212,12 +212,14 @@ class Controller:
         if rec is None or rec.stopped:
             return
         rec.failures[rank] = failure
-        told = self.client.mark_failed({rank: failure}, mesh_id)
-        self._notify_procs({"k": "notice", "what": "failed", "m": mesh_id, "rk": rank}, failure)
+        # order matters: whoever wakes up from a failed call, or sees the rank failed, may rely on
+        # the fault having been handled and the state updated already
         try:
-            self._supervise(rec, rank, failure, told)
-        finally:  # last: whoever sees the rank failed may rely on the fault being recorded already
+            self._supervise(rec, rank, failure, self.client.waits_on(mesh_id, rank))
+        finally:
             self.state.failed(mesh_id, rank, failure)
+            self.client.mark_failed({rank: failure}, mesh_id)
+            self._notify_procs({"k": "notice", "what": "failed", "m": mesh_id, "rk": rank}, failure)
 
     def _notify_procs(self, header: dict[str, Any], obj: Any = None) -> None:
         """Tell every proc (through its agent: O(hosts) sends) that a rank failed or came back, so
@@ -231,7 +233,7 @@ class Controller:
                 except Exception:  # noqa: BLE001 - closing down
                     return
 
-    def _supervise(self, rec: _ProcMeshRecord, rank: int, failure: Failure, told: int) -> None:
+    def _supervise(self, rec: _ProcMeshRecord, rank: int, failure: Failure, told: bool) -> None:
         """Who handles a failure: the actor that owns the mesh, else the fault hook if no call was told."""
         if (rec.ref.mesh_id, rank) in self._killed_on_request:
             return
