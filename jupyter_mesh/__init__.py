@@ -10,6 +10,7 @@ Importing this package imports neither ZeroMQ, torch, IPython nor ucxx; the runt
 from ._actor import Actor, current_rank, endpoint
 from ._future import Future
 from ._mesh import ActorMesh, HostMesh, MeshEndpoint, ProcMesh
+from ._rdma import RDMABuffer, get_rdma_backend
 from ._shape import Extent, Point, Shape, Slice
 from ._value_mesh import ValueMesh
 from .errors import (
@@ -43,6 +44,7 @@ __all__ = [
     "MeshValueError",
     "Point",
     "ProcMesh",
+    "RDMABuffer",
     "RemoteFailure",
     "SerializationError",
     "Shape",
@@ -51,5 +53,6 @@ __all__ = [
     "ValueMesh",
     "current_rank",
     "endpoint",
+    "get_rdma_backend",
     "this_host",
 ]

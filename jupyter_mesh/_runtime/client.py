@@ -189,14 +189,25 @@ class Client:
         fut: Future[Any] = Future(f"{mesh._class_name}.{endpoint}")
         p = _Pending(fut, ref.mesh_id, "one", mesh._name, endpoint, None, [rank], {rank}, ref=ref)
         key = (mesh._actor_id, rank)
+        local = _same_host(ref, rank)
         with self._lock:
             call_id = self._register(p)
             self._inflight[key] = self._inflight.get(key, 0) + 1
             header = {"k": "c", "a": mesh._actor_id, "m": endpoint, "rk": rank, "s": self.address,
                       "rm": DIRECT, "i": call_id, "q": self._seqs(mesh, [rank])}
-            self.transport.send(ref.proc_addrs[rank], Message(header, payload, bufs))
+            if local:
+                header["l"] = 1  # data plane: the reply may come back through shared memory too
+            self.transport.send(ref.proc_addrs[rank], Message(header, payload, bufs), local=local)
         fut.add_done_callback(lambda _f: self._done_inflight(key))
         return fut
+
+    def check_rank(self, mesh_id: str, mesh_name: str, rank: int, context: str) -> None:
+        """Raise the error a call to ``rank`` of that proc mesh would raise now (stopped, failed)."""
+        if mesh_id in self._stopped:
+            raise MeshClosedError(f"proc mesh '{mesh_name}' was stopped; {context} cannot run. Spawn a new proc mesh.")
+        failure = self._failed.get((mesh_id, rank))
+        if failure is not None:
+            raise SupervisionError([failure], context)
 
     def _done_inflight(self, key: tuple[str, int]) -> None:
         with self._lock:
@@ -374,6 +385,21 @@ class Client:
                     p.stream_q.put(f)
             elif p.future is not None:
                 p.future._set_exception(exc)
+
+
+_host_key: str | None = None
+
+
+def _same_host(ref: ProcMeshRef, rank: int) -> bool:
+    """Is ``rank`` on this host? Then large buffers travel through shared memory (``_shm``)."""
+    global _host_key
+    if not ref.host_keys:
+        return False
+    if _host_key is None:
+        from .agent import host_key
+
+        _host_key = host_key()
+    return ref.host_keys[ref.rank_host[rank]] == _host_key
 
 
 def _remote_failure(info: Any, p: _Pending, rank: int) -> RemoteFailure:

@@ -16,6 +16,7 @@ import threading
 import traceback
 from typing import Any
 
+from .. import _rdma
 from .._actor import EndpointDef, _set_context, endpoints_of
 from .._serialize import dumps, loads
 from .._shape import Point, Shape, Slice
@@ -129,6 +130,7 @@ class ProcRuntime:
         self.transport = Transport(key, cfg.get("bind", "tcp://127.0.0.1"))
         self.client = Client(self.transport)
         set_current_client(self.client)
+        _rdma.set_identity(self.mesh_id, self.mesh_name, self.coords, self.rank)
         self.actors: dict[str, ActorHost] = {}
         self._order: dict[tuple[str, str], list[Any]] = {}  # (sender, actor) -> [next seq, {seq: msg}]
         self._orphans: dict[str, list[Message]] = {}  # calls that overtook their actor's spawn
@@ -139,7 +141,7 @@ class ProcRuntime:
             return
         hdr = {"k": "r", "i": h["i"], "rk": self.rank, "ok": ok}
         if rm == DIRECT:
-            self.transport.send(h["s"], Message(hdr, payload, bufs))
+            self.transport.send(h["s"], Message(hdr, payload, bufs), local=bool(h.get("l")))
         else:
             hdr["to"] = h["s"]
             self.transport.send(self.agent_addr, Message(hdr, payload, bufs))
@@ -150,6 +152,8 @@ class ProcRuntime:
             self._order_and_deliver(msg)
         elif k == "r" or k == "g":
             self.client.on_reply(msg)
+        elif k == "rdma":
+            _rdma.handle_message(self.transport, msg)
         elif k == "stats":
             payload = dumps(vars(self.transport.stats))[0]
             self.transport.send(msg.header["s"], Message({"k": "r", "i": msg.header["i"], "ok": OK}, payload))
