@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# the CPU wheel of torch first (on disk here), so nothing pulls a multi-GB CUDA build
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[test,dev]'
+	$(BIN)/pip install -q -e '.[test,dev,ucx]'
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -21,11 +21,15 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python -m jupyter_mesh.demo
 
+# UCX for real over its tcp transport (no GPU, no InfiniBand here); blocking progress, no busy threads
+UCX_TEST_ENV := UCX_TLS=tcp,self UCXPY_PROGRESS_MODE=blocking UCX_WARN_UNUSED_ENV_VARS=n
+
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(UCX_TEST_ENV) $(BIN)/python -m pytest -q -p no:cacheprovider
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_core.py
+	$(UCX_TEST_ENV) $(BIN)/python benchmarks/bench_dataplane.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check jupyter_mesh tests benchmarks

@@ -358,7 +358,9 @@ class RDMABuffer:
         st = _state()
         w = self._watch(timeout, fut, what)
 
-        def done(err: BaseException | None) -> None:
+        def done(err: BaseException | None, _keep: Region = region) -> None:
+            # _keep: UCX may write into the local memory until the operation completes, even after
+            # a timeout (the owner may resume): it must stay alive until this runs.
             if not w.claim():
                 return
             if err is not None:

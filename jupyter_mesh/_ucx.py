@@ -57,6 +57,11 @@ def _configure_env() -> dict[str, str]:
     bind = os.environ.get("JUPYTER_MESH_BIND", "tcp://127.0.0.1")
     if "UCX_NET_DEVICES" not in os.environ and ("127.0.0.1" in bind or "localhost" in bind):
         config["NET_DEVICES"] = "lo"
+    # tcp moves one-sided get/put as active-message fragments: 8 KiB by default, which halves the
+    # bandwidth of a 64 MiB put here; 256 KiB fragments reach UCX's tcp ceiling (W7)
+    for var in ("TCP_TX_SEG_SIZE", "TCP_RX_SEG_SIZE"):
+        if "UCX_" + var not in os.environ:
+            config[var] = "256k"
     return config
 
 
@@ -85,6 +90,7 @@ class UcxNode:
         self._eps: dict[bytes, Any] = {}
         self._rkeys: dict[tuple[bytes, bytes], int] = {}
         self._memhs: set[int] = set()
+        self._dead: list[tuple[Any, list[int]]] = []
         self._lock = threading.Lock()
         self._closed = False
         atexit.register(self.close)
@@ -114,7 +120,7 @@ class UcxNode:
         with self._lock:
             ep = self._eps.get(worker)
             if ep is not None and not ep.alive:
-                self._evict_locked(worker)
+                self._evict_locked(worker, destroy=False)
                 ep = None
             if ep is None:
                 addr = self._u.UCXAddress.create_from_buffer(worker)
@@ -130,10 +136,20 @@ class UcxNode:
                 rk = self._rkeys[key] = self.lib.rkey_unpack(ep.handle, desc.rkey)
             return rk
 
-    def _evict_locked(self, worker: bytes) -> None:
-        for key in [k for k in self._rkeys if k[0] == worker]:
-            self.lib.rkey_destroy(self._rkeys.pop(key))
-        self._eps.pop(worker, None)
+    def _evict_locked(self, worker: bytes, destroy: bool = True) -> None:
+        """Forget the endpoint to ``worker`` and its remote keys.
+
+        A failed endpoint is *not* destroyed here: UCX may still be tearing it down (we may even be in
+        one of its callbacks, on the progress thread), and destroying keys or endpoints then crashes.
+        They are kept, unused, until the process exits: a few hundred bytes per dead peer.
+        """
+        keys = [k for k in self._rkeys if k[0] == worker]
+        ep = self._eps.pop(worker, None)
+        if destroy:
+            for key in keys:
+                self.lib.rkey_destroy(self._rkeys.pop(key))
+        else:
+            self._dead.append((ep, [self._rkeys.pop(k) for k in keys]))
 
     def forget(self, desc: UcxDesc) -> None:
         """The region was dropped: release its remote key here."""
@@ -155,7 +171,7 @@ class UcxNode:
                 return
             with self._lock:
                 if self._eps.get(desc.worker) is ep:
-                    self._evict_locked(desc.worker)
+                    self._evict_locked(desc.worker, destroy=False)
             done(MeshError(f"UCX {op} failed: {self.lib.status_text(status)}; {_FAILURE_HINT}"))
 
         if op == "get":
