@@ -23,17 +23,21 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_actors import RdmaBench  # noqa: E402
+from bench_actors import RdmaBench
 
-from jupyter_mesh import this_host  # noqa: E402
+from jupyter_mesh import this_host
 
 SIZE = 64 << 20
 
 
 def gbps(times: list[float]) -> dict[str, float]:
     med = statistics.median(times)
-    return {"GBps": round(SIZE / med / 1e9, 3), "best_GBps": round(SIZE / min(times) / 1e9, 3),
-            "ms_median": round(med * 1e3, 2), "runs": len(times)}
+    return {
+        "GBps": round(SIZE / med / 1e9, 3),
+        "best_GBps": round(SIZE / min(times) / 1e9, 3),
+        "ms_median": round(med * 1e3, 2),
+        "runs": len(times),
+    }
 
 
 _ZMQ_PEER = r"""
@@ -59,8 +63,9 @@ def pyzmq_baseline(kind: str, runs: int) -> dict[str, float]:
     ack = ctx.socket(zmq.PULL)
     ack_port = ack.bind_to_random_port("tcp://127.0.0.1")
     target = "tcp" if kind == "tcp" else f"ipc:///tmp/jm-bench-{os.getpid()}.sock"
-    peer = subprocess.Popen([sys.executable, "-c", _ZMQ_PEER, target], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True)
+    peer = subprocess.Popen(
+        [sys.executable, "-c", _ZMQ_PEER, target], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     addr = peer.stdout.readline().strip()  # type: ignore[union-attr]
     peer.stdin.write(f"tcp://127.0.0.1:{ack_port}\n")  # type: ignore[union-attr]
     peer.stdin.flush()  # type: ignore[union-attr]
@@ -122,8 +127,11 @@ def main() -> None:
     from jupyter_mesh import _ucx
 
     results: dict[str, object] = {
-        "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0],
-                    "UCX_TLS": os.environ.get("UCX_TLS", "(UCX default)")},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": sys.version.split()[0],
+            "UCX_TLS": os.environ.get("UCX_TLS", "(UCX default)"),
+        },
         "size_MiB": SIZE >> 20,
     }
     host = this_host(preload=["torch"])
@@ -148,13 +156,20 @@ def main() -> None:
                 if backend == "ucx":
                     ratios[f"ucx.{op}/pyzmq_zero_copy_tcp"] = round(r[op]["GBps"] / zmq_tcp, 2)
     results["ratios"] = ratios
-    targets = {"same-host (shm) >= 0.5 x memcpy_one_copy_shm":
-               min(ratios[f"shm.{op}/memcpy_one_copy_shm"] for op in ("read_into", "write_from")) >= 0.5}
+    targets = {
+        "same-host (shm) >= 0.5 x memcpy_one_copy_shm": min(
+            ratios[f"shm.{op}/memcpy_one_copy_shm"] for op in ("read_into", "write_from")
+        )
+        >= 0.5
+    }
     if "ucx.read_into/pyzmq_zero_copy_tcp" in ratios:
-        targets["ucx tcp >= pyzmq tcp"] = min(ratios[f"ucx.{op}/pyzmq_zero_copy_tcp"]
-                                               for op in ("read_into", "write_from")) >= 1.0
+        targets["ucx tcp >= pyzmq tcp"] = (
+            min(ratios[f"ucx.{op}/pyzmq_zero_copy_tcp"] for op in ("read_into", "write_from")) >= 1.0
+        )
     results["targets_met"] = targets
-    results["for_reference"] = "Monarch 0.7 RDMABuffer on this kind of machine (tcp fallback): ~0.5-0.7 GB/s (not installed here)"
+    results["for_reference"] = (
+        "Monarch 0.7 RDMABuffer on this kind of machine (tcp fallback): ~0.5-0.7 GB/s (not installed here)"
+    )
     print(json.dumps(results, indent=2))
 
 

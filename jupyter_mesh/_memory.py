@@ -98,8 +98,7 @@ def region_of(obj: Any, role: str) -> Region:
         mv = memoryview(obj)
     except TypeError:
         raise MeshValueError(
-            f"{role} must be a torch.Tensor or a buffer (memoryview, bytearray, numpy array), "
-            f"got {type(obj).__name__}"
+            f"{role} must be a torch.Tensor or a buffer (memoryview, bytearray, numpy array), got {type(obj).__name__}"
         ) from None
     if not mv.c_contiguous:
         raise MeshValueError(f"{role} is not contiguous; pass a contiguous copy (e.g. numpy.ascontiguousarray)")

@@ -17,21 +17,22 @@ Every check that can fail without a peer (dropped, stopped mesh, size, dtype, de
 read-only) runs before a byte moves; a transfer in flight fails at its timeout, or at once when the
 owner is on this host and exits. Handles and UCX keys travel only inside signed messages.
 
-A buffer stays registered, and its memory alive, until ``drop()``.
+A buffer stays registered, and its memory alive, until ``drop()``; the owner's side (registry, liveness
+table, the requests it answers) is ``_rdma_owner``.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import pickle
 import secrets
-import threading
-from dataclasses import dataclass
 from typing import Any
 
-from . import _shm, _ucx, _watch
+from . import _rdma_owner, _shm, _ucx, _watch
 from ._future import Future
 from ._memory import BYTES, Region, buffer_address, copy_bytes, region_of
+from ._rdma_owner import OwnerInfo, ShmDesc, handle_message, pidns, set_identity, state
 from .errors import Failure, MeshClosedError, MeshError, MeshValueError, SupervisionError
 
 __all__ = ["ENV_BACKEND", "RDMABuffer", "get_rdma_backend", "handle_message", "set_identity"]
@@ -50,113 +51,6 @@ def _forced() -> str | None:
     return v
 
 
-@dataclass(frozen=True)
-class _Owner:
-    addr: str  # control-plane inbox of the owning process
-    host: str  # host key (same boot and network namespace)
-    pidns: int
-    pid: int
-    start: int  # process start time: (pid, start) names one process across pid reuse
-    mesh_id: str | None = None  # None: the controller (or a process outside any mesh)
-    mesh_name: str | None = None
-    coords: tuple[tuple[str, int], ...] = ()
-    rank: int = -1
-
-
-@dataclass(frozen=True)
-class _ShmDesc:
-    fd: int
-    inode: int
-    size: int  # bytes of the whole shared storage
-    offset: int  # where the region starts in it
-
-
-class _Owned:
-    """The owner's record of a live buffer."""
-
-    def __init__(self, region: Region):
-        self.region = region
-        self.memh: int | None = None
-        self.ucx: _ucx.UcxDesc | None = None
-        self.lock = threading.Lock()
-
-    def host_view(self, offset: int, n: int) -> memoryview:
-        r = self.region
-        if r.is_tensor:
-            import torch
-
-            flat = r.obj.detach().reshape(-1).view(torch.uint8)
-            return memoryview(flat.numpy())[offset : offset + n]  # keeps the tensor alive while sent
-        return r.obj[offset : offset + n]
-
-
-class _State:
-    """The data plane of this process: buffers it owns, handles it dropped, mappings it holds."""
-
-    def __init__(self) -> None:
-        self.pid = os.getpid()
-        self.owned: dict[str, _Owned] = {}
-        self.dropped: set[str] = set()
-        self.ucx_descs: dict[str, _ucx.UcxDesc] = {}
-        self.regions = _shm.RegionMap()
-        self.lock = threading.Lock()
-        self.identity: tuple[str, str, tuple[tuple[str, int], ...], int] | None = None
-        self._me: _Owner | None = None
-
-    def me(self) -> _Owner:
-        if self._me is None:
-            from ._runtime.agent import host_key
-            from ._runtime.client import current_client
-
-            mesh_id, mesh_name, coords, rank = self.identity or (None, None, (), -1)
-            self._me = _Owner(current_client().address, host_key(), _pidns(), self.pid,
-                              _watch.process_start_time(self.pid), mesh_id, mesh_name, coords, rank)
-        return self._me
-
-    def register_ucx(self, buf_id: str) -> _ucx.UcxDesc:
-        owned = self.owned.get(buf_id)
-        if owned is None:
-            raise MeshClosedError(f"RDMABuffer {buf_id} was dropped by its owner")
-        with owned.lock:
-            if owned.ucx is None:
-                r = owned.region
-                owned.memh, owned.ucx = _ucx.node().register(r.address, r.nbytes, r.is_cuda)
-            return owned.ucx
-
-    def release(self, buf_id: str) -> None:
-        with self.lock:
-            owned = self.owned.pop(buf_id, None)
-            self.dropped.add(buf_id)
-        if owned is not None and owned.memh is not None:
-            node = _ucx.existing()
-            if node is not None:
-                node.unregister(owned.memh)
-
-
-_state_obj: _State | None = None
-_state_lock = threading.Lock()
-
-
-def _state() -> _State:
-    global _state_obj
-    with _state_lock:
-        if _state_obj is None or _state_obj.pid != os.getpid():
-            _state_obj = _State()
-        return _state_obj
-
-
-def _pidns() -> int:
-    try:
-        return os.stat("/proc/self/ns/pid").st_ino
-    except OSError:
-        return 0
-
-
-def set_identity(mesh_id: str, mesh_name: str, coords: dict[str, int], rank: int) -> None:
-    """Called by the proc runtime: buffers made here belong to this rank of this proc mesh."""
-    _state().identity = (mesh_id, mesh_name, tuple(coords.items()), rank)
-
-
 class RDMABuffer:
     """A handle to a contiguous region of memory owned by the process that created it.
 
@@ -171,25 +65,25 @@ class RDMABuffer:
         if region.is_tensor and not region.is_cuda and forced in (None, "shm") and region.nbytes:
             s = _shm.share_tensor_storage(data)
             if s is not None:
-                shm = _ShmDesc(*s)
+                shm = ShmDesc(*s)
                 region = region_of(data, "the data of an RDMABuffer")  # the storage moved, in place
-        st = _state()
+        st = state()
         self._id = secrets.token_hex(8)
-        self._owner = st.me()
+        self._owner: OwnerInfo = st.me()
         self._nbytes, self._dtype, self._device = region.nbytes, region.dtype, region.device
         self._readonly = region.readonly
         self._shm = shm
-        self._ucx: _ucx.UcxDesc | None = None
+        self._ucx: tuple[_ucx.UcxDesc, _ucx.UcxDesc] | None = None  # (the region, the liveness table)
         self._dropped = False
-        with st.lock:
-            st.owned[self._id] = _Owned(region)
+        self._slot, self._token = st.own(self._id, region)
         if forced == "ucx" or region.is_cuda:
             self._ucx = st.register_ucx(self._id)
 
     # -- the handle ---------------------------------------------------------------------------------
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, ((self._id, self._owner, self._nbytes, self._dtype, self._device, self._readonly,
-                            self._shm, self._ucx),))
+        state = (self._id, self._owner, self._nbytes, self._dtype, self._device, self._readonly, self._shm,
+                 self._ucx, self._slot, self._token)  # fmt: skip
+        return (_rebuild, (state,))
 
     def size(self) -> int:
         """Bytes in the region."""
@@ -210,23 +104,27 @@ class RDMABuffer:
         return f"<RDMABuffer {self._nbytes} bytes {self._dtype} {self._device} on {where} (pid {o.pid}){state}>"
 
     def _is_mine(self) -> bool:
-        return self._owner.pid == os.getpid() and self._id in _state().owned
+        return self._owner.pid == os.getpid() and self._id in state().owned
 
     def _is_dropped(self) -> bool:
-        return self._dropped or self._id in _state().dropped
+        return self._dropped or self._id in state().dropped
 
     def _same_host(self) -> bool:
         from ._runtime.agent import host_key
 
-        return self._owner.host == host_key() and self._owner.pidns == _pidns()
+        return self._owner.host == host_key() and self._owner.pidns == pidns()
 
     def _pid_key(self) -> tuple[int, int] | None:
         return (self._owner.pid, self._owner.start) if self._same_host() else None
 
     def _owner_failure(self, what: str) -> SupervisionError:
         o = self._owner
-        f = Failure(o.mesh_name or "controller", dict(o.coords), "exit",
-                    f"the process that owns this RDMABuffer (pid {o.pid}) exited")
+        f = Failure(
+            o.mesh_name or "controller",
+            dict(o.coords),
+            "exit",
+            f"the process that owns this RDMABuffer (pid {o.pid}) exited",
+        )
         return SupervisionError([f], f"during {what}")
 
     # -- transfers ----------------------------------------------------------------------------------
@@ -305,25 +203,35 @@ class RDMABuffer:
     def _via_shm(self, op: str, region: Region, offset: int, fut: Future[None], what: str) -> None:
         o, s = self._owner, self._shm
         assert s is not None
-        if not _watch.owner_alive(o.pid, o.start):
-            fut._set_exception(self._owner_failure(what))
-            return
+        regions = state().regions
         try:
-            mapping, base = _state().regions.get(o.pid, s.fd, s.inode, s.size)
-        except OSError:
+            if not _watch.owner_alive(o.pid, o.start):
+                raise ProcessLookupError
+            table, table_base = regions.get(o.pid, o.table_fd, o.table_inode, _rdma_owner.SLOTS * 8)
+            word = ctypes.c_uint64.from_address(table_base + 8 * self._slot)
+            if word.value != self._token:
+                raise MeshClosedError(f"{what}: this RDMABuffer was dropped by its owner; ask it for a new one")
+            mapping, base = regions.get(o.pid, s.fd, s.inode, s.size)
+        except (OSError, ProcessLookupError):
             if not _watch.owner_alive(o.pid, o.start):
                 fut._set_exception(self._owner_failure(what))
             else:
                 fut._set_exception(MeshClosedError(f"{what}: the owner released this buffer's memory (dropped)"))
+            return
+        except MeshClosedError as e:
+            fut._set_exception(e)
             return
         remote = base + s.offset + offset
         if op == "get":
             copy_bytes(region.address, remote, region.nbytes)
         else:
             copy_bytes(remote, region.address, region.nbytes)
-        del mapping
+        dropped = word.value != self._token
+        del mapping, table, word
         if not _watch.owner_alive(o.pid, o.start):  # the copy may have raced the owner's death
             fut._set_exception(self._owner_failure(what))
+        elif dropped:
+            fut._set_exception(MeshClosedError(f"{what}: the owner dropped this RDMABuffer during the copy"))
         else:
             fut._set_result(None)
 
@@ -355,12 +263,13 @@ class RDMABuffer:
 
     def _via_ucx(self, op: str, region: Region, offset: int, timeout: float, fut: Future[None], what: str) -> None:
         node = _ucx.node()  # here, not on the receive thread: the first one takes a moment
-        st = _state()
+        st = state()
         w = self._watch(timeout, fut, what)
+        word = ctypes.c_uint64(0)
 
-        def done(err: BaseException | None, _keep: Region = region) -> None:
-            # _keep: UCX may write into the local memory until the operation completes, even after
-            # a timeout (the owner may resume): it must stay alive until this runs.
+        def done(err: BaseException | None, _keep: Any = (region, word)) -> None:
+            # _keep: UCX may write into local memory until an operation completes, even after a
+            # timeout (the owner may resume), so it stays alive until this runs
             if not w.claim():
                 return
             if err is not None:
@@ -368,17 +277,27 @@ class RDMABuffer:
             else:
                 fut._set_result(None)
 
-        def post(desc: _ucx.UcxDesc) -> None:
+        def checked(err: BaseException | None, desc: _ucx.UcxDesc) -> None:
+            if err is None and word.value != self._token:
+                err = MeshClosedError(f"{what}: this RDMABuffer was dropped by its owner; ask it for a new one")
+            if err is not None or w.finished:
+                done(err)
+                return
+            node.transfer(op, desc, region.address, region.nbytes, offset, region.is_cuda, done)
+
+        def post(descs: tuple[_ucx.UcxDesc, _ucx.UcxDesc]) -> None:
+            desc, table = descs
             if w.finished:
                 return
-            try:
-                node.transfer(op, desc, region.address, region.nbytes, offset, region.is_cuda, done)
+            try:  # first the liveness word (8 bytes, one-sided), then the data
+                addr = ctypes.addressof(word)
+                node.transfer("get", table, addr, 8, 8 * self._slot, False, lambda e: checked(e, desc))
             except Exception as e:  # noqa: BLE001 - reported through the future
                 done(MeshError(f"{what}: UCX could not start the transfer: {e}"))
 
-        desc = self._ucx or st.ucx_descs.get(self._id)
-        if desc is not None:
-            post(desc)
+        descs = self._ucx or st.ucx_descs.get(self._id)
+        if descs is not None:
+            post(descs)
             return
         from ._runtime.client import current_client
 
@@ -387,33 +306,33 @@ class RDMABuffer:
             if exc is not None:
                 done(exc)
                 return
-            d = _ucx.UcxDesc(*r.get(0))
-            st.ucx_descs[self._id] = d
-            post(d)
+            d = tuple(_ucx.UcxDesc(*t) for t in r.get(0))
+            st.ucx_descs[self._id] = (d[0], d[1])
+            post((d[0], d[1]))
 
-        current_client().request(self._owner.addr, {"k": "rdma", "op": "ucx", "b": self._id}, what=what
-                                 ).add_done_callback(on_desc)
+        request = {"k": "rdma", "op": "ucx", "b": self._id}
+        current_client().request(self._owner.addr, request, what=what).add_done_callback(on_desc)
 
     def drop(self) -> Future[None]:
         """Release the region: the owner forgets it (and its UCX registration); every handle stops working."""
-        st = _state()
+        st = state()
         self._dropped = True
         if self._is_mine():
             st.release(self._id)
             return Future.completed(None, "RDMABuffer.drop")
         st.dropped.add(self._id)
-        desc = st.ucx_descs.pop(self._id, None) or self._ucx
+        descs = st.ucx_descs.pop(self._id, None) or self._ucx
         node = _ucx.existing()
-        if desc is not None and node is not None:
-            node.forget(desc)
+        if descs is not None and node is not None:
+            node.forget(descs[0])
         if self._shm is not None:
             st.regions.forget(self._owner.pid, self._shm.inode)
         if self._pid_key() is not None and not _watch.owner_alive(self._owner.pid, self._owner.start):
             return Future.completed(None, "RDMABuffer.drop")
         from ._runtime.client import current_client
 
-        return current_client().request(self._owner.addr, {"k": "rdma", "op": "drop", "b": self._id},
-                                        what="RDMABuffer.drop")
+        request = {"k": "rdma", "op": "drop", "b": self._id}
+        return current_client().request(self._owner.addr, request, what="RDMABuffer.drop")
 
 
 def _host_bytes(region: Region) -> memoryview:
@@ -426,7 +345,7 @@ def _host_bytes(region: Region) -> memoryview:
 
 def _rebuild(state: tuple[Any, ...]) -> RDMABuffer:
     b = RDMABuffer.__new__(RDMABuffer)
-    (b._id, b._owner, b._nbytes, b._dtype, b._device, b._readonly, b._shm, b._ucx) = state
+    (b._id, b._owner, b._nbytes, b._dtype, b._device, b._readonly, b._shm, b._ucx, b._slot, b._token) = state
     b._dropped = False
     return b
 
@@ -438,54 +357,3 @@ def get_rdma_backend(buf: RDMABuffer | None = None) -> str:
         return _forced() or ("ucx" if _ucx.available() else "zmq")
     cpu = Region(None, 0, 0, buf._dtype, "cpu", False, False)
     return buf._backend(cpu)
-
-
-# -- the owner's side of the zmq backend (runs on the receive thread) -------------------------------------
-def handle_message(transport: Any, msg: Any) -> None:
-    """A signed ``rdma`` request to a buffer this process owns; answered without the owner's actors."""
-    from ._runtime.client import OK, RAISED
-    from ._serialize import dumps, loads
-    from ._transport import Message
-
-    h = msg.header
-    st = _state()
-
-    def reply(ok: int, obj: Any) -> None:
-        payload, bufs = dumps(obj)
-        transport.send(h["s"], Message({"k": "r", "i": h["i"], "ok": ok}, payload, bufs))
-
-    op = h.get("op")
-    try:
-        if op == "ucx":  # registering may start UCX (a moment): not on the receive thread
-            def serve() -> None:
-                try:
-                    d = st.register_ucx(h["b"])
-                    reply(OK, (d.worker, d.rkey, d.address, d.memory_type))
-                except Exception as e:  # noqa: BLE001 - the reader gets it
-                    reply(RAISED, MeshError(f"the owner could not register the buffer with UCX: {e}"))
-
-            threading.Thread(target=serve, name="rdma-ucx-register", daemon=True).start()
-            return
-        if op == "drop":
-            st.release(h["b"])
-            reply(OK, None)
-            return
-        owned = st.owned.get(h["b"])
-        if owned is None:
-            raise MeshClosedError("this RDMABuffer was dropped by its owner; ask it for a new one")
-        off, n = int(h["o"]), int(h["n"])
-        if off < 0 or off + n > owned.region.nbytes:
-            raise MeshValueError(f"range {off}+{n} is outside the buffer's {owned.region.nbytes} bytes")
-        if op == "get":
-            reply(OK, pickle.PickleBuffer(owned.host_view(off, n)))
-        elif op == "put":
-            data = memoryview(loads(msg.payload, msg.buffers)).cast("B")
-            if data.nbytes != n:
-                raise MeshValueError(f"got {data.nbytes} bytes, expected {n}")
-            copy_bytes(owned.region.address + off, buffer_address(data), n)
-            reply(OK, None)
-        else:
-            raise MeshValueError(f"unknown data-plane request {op!r}")
-    except Exception as e:  # noqa: BLE001 - every request gets an answer
-        reply(RAISED, e)
-

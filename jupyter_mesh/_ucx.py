@@ -20,8 +20,9 @@ import atexit
 import importlib.util
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from . import _ucx_ffi
 from .errors import MeshError
@@ -158,8 +159,16 @@ class UcxNode:
             if rk is not None:
                 self.lib.rkey_destroy(rk)
 
-    def transfer(self, op: str, desc: UcxDesc, local: int, nbytes: int, offset: int, local_cuda: bool,
-                 done: Callable[[BaseException | None], None]) -> None:
+    def transfer(
+        self,
+        op: str,
+        desc: UcxDesc,
+        local: int,
+        nbytes: int,
+        offset: int,
+        local_cuda: bool,
+        done: Callable[[BaseException | None], None],
+    ) -> None:
         """Post a one-sided ``get`` (remote -> local) or ``put`` (+ flush: visible remotely when done)."""
         ep = self._endpoint(desc.worker)
         rkey = self._rkey(ep, desc)
@@ -178,8 +187,15 @@ class UcxNode:
             self.lib.post_get(ep.handle, local, nbytes, desc.address + offset, rkey, finish, mt)
         else:
             failed: list[int] = []
-            self.lib.post_put(ep.handle, local, nbytes, desc.address + offset, rkey,
-                              lambda s: failed.append(s) if s != _ucx_ffi.UCS_OK else None, mt)
+            self.lib.post_put(
+                ep.handle,
+                local,
+                nbytes,
+                desc.address + offset,
+                rkey,
+                lambda s: failed.append(s) if s != _ucx_ffi.UCS_OK else None,
+                mt,
+            )
             self.lib.post_flush(ep.handle, lambda s: finish(failed[0] if failed else s))
         self.lib.worker_signal(self.worker.handle)
 

@@ -17,7 +17,7 @@ import ctypes
 import itertools
 import os
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 __all__ = ["UCS_OK", "UcpError", "UcpLib", "load"]
 
@@ -185,13 +185,29 @@ class UcpLib:
 
                 traceback.print_exc()
 
-    def post_get(self, ep: int, local: int, n: int, remote: int, rkey: int, done: Callable[[int], None],
-                 memory_type: int | None = None) -> None:
+    def post_get(
+        self,
+        ep: int,
+        local: int,
+        n: int,
+        remote: int,
+        rkey: int,
+        done: Callable[[int], None],
+        memory_type: int | None = None,
+    ) -> None:
         p, op_id = self._param(done, memory_type)
         self._started("ucp_get_nbx", self._ucp.ucp_get_nbx(ep, local, n, remote, rkey, ctypes.byref(p)), op_id)
 
-    def post_put(self, ep: int, local: int, n: int, remote: int, rkey: int, done: Callable[[int], None],
-                 memory_type: int | None = None) -> None:
+    def post_put(
+        self,
+        ep: int,
+        local: int,
+        n: int,
+        remote: int,
+        rkey: int,
+        done: Callable[[int], None],
+        memory_type: int | None = None,
+    ) -> None:
         p, op_id = self._param(done, memory_type)
         self._started("ucp_put_nbx", self._ucp.ucp_put_nbx(ep, local, n, remote, rkey, ctypes.byref(p)), op_id)
 

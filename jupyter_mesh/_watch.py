@@ -14,7 +14,7 @@ import os
 import selectors
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from .errors import MeshTimeoutError
 
@@ -39,8 +39,14 @@ class Watch:
 
     __slots__ = ("deadline", "died", "fail", "finished", "limit", "pid_key", "what")
 
-    def __init__(self, limit: float, pid_key: tuple[int, int] | None, fail: Callable[[BaseException], None],
-                 what: str, died: Callable[[], BaseException]):
+    def __init__(
+        self,
+        limit: float,
+        pid_key: tuple[int, int] | None,
+        fail: Callable[[BaseException], None],
+        what: str,
+        died: Callable[[], BaseException],
+    ):
         self.limit, self.deadline = limit, time.monotonic() + limit
         self.pid_key, self.fail, self.what, self.died = pid_key, fail, what, died
         self.finished = False
@@ -105,10 +111,9 @@ class _Watcher:
                     self._discard(heapq.heappop(self._heap)[2])
                 timeout = max(0.0, self._heap[0][0] - time.monotonic()) if self._heap else None
                 dead = [k for k, fd in self._pidfds.items() if fd < 0]
-            for key in dead:
-                self._owner_died(key)
-            events = self._sel.select(timeout)
-            for key, _ in events:
+            for owner in dead:
+                self._owner_died(owner)
+            for key, _ in self._sel.select(timeout):
                 if key.data is None:
                     try:
                         while os.read(self._wake_r, 512):
@@ -151,8 +156,13 @@ _watcher_lock = threading.Lock()
 _watcher_pid = 0
 
 
-def watch(timeout: float, owner: tuple[int, int] | None, fail: Callable[[BaseException], None], what: str,
-          died: Callable[[], BaseException]) -> Watch:
+def watch(
+    timeout: float,
+    owner: tuple[int, int] | None,
+    fail: Callable[[BaseException], None],
+    what: str,
+    died: Callable[[], BaseException],
+) -> Watch:
     """Call ``fail`` after ``timeout`` s, or as soon as ``owner`` (pid, start time) exits; unless done first."""
     global _watcher, _watcher_pid
     with _watcher_lock:

@@ -28,8 +28,9 @@ def test_rl_weight_sync_notebook_runs():
     env_backup = os.environ.get("JUPYTER_MESH_RDMA_BACKEND")
     os.environ.pop("JUPYTER_MESH_RDMA_BACKEND", None)  # auto: the notebook shows what a user gets
     try:
-        client = nbclient.NotebookClient(nb, kernel_name=_kernel_name(), timeout=180,
-                                         resources={"metadata": {"path": str(NOTEBOOKS)}})
+        client = nbclient.NotebookClient(
+            nb, kernel_name=_kernel_name(), timeout=180, resources={"metadata": {"path": str(NOTEBOOKS)}}
+        )
         client.execute()
     finally:
         if env_backup is not None:

@@ -96,7 +96,7 @@ class Controller:
             rec = self._meshes.get(h["m"])
             self.output(rec.ref.name if rec else h["m"], h["rk"], h["label"], h["fd"], h["lines"])
         elif k == "rdma":
-            from .. import _rdma
+            from .. import _rdma_owner as _rdma
 
             _rdma.handle_message(self.transport, msg)
         elif k == "proc_exit":

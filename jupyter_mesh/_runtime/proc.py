@@ -16,7 +16,7 @@ import threading
 import traceback
 from typing import Any
 
-from .. import _rdma
+from .. import _rdma_owner as _rdma
 from .._actor import EndpointDef, _set_context, endpoints_of
 from .._serialize import dumps, loads
 from .._shape import Point, Shape, Slice
