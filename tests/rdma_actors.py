@@ -66,3 +66,19 @@ class Puller(Actor):
         except Exception as e:  # noqa: BLE001 - the test looks at what it was
             return f"{type(e).__name__}: {e}"
         return "no error"
+
+
+class CudaOwner(Actor):
+    """GPU hosts only: holds a CUDA tensor behind an RDMABuffer (registered with UCX at once)."""
+
+    def __init__(self, nbytes: int):
+        self.t = torch.arange(nbytes // 4, dtype=torch.float32, device="cuda")
+        self.buf = RDMABuffer(self.t)
+
+    @endpoint
+    def handle(self) -> RDMABuffer:
+        return self.buf
+
+    @endpoint
+    def checksum(self) -> float:
+        return float(self.t.double().sum())
