@@ -60,9 +60,11 @@ class RDMABuffer:
 
     def __init__(self, data: Any):
         region = region_of(data, "the data of an RDMABuffer")
+        if not region.nbytes:
+            raise MeshValueError("an RDMABuffer needs at least one byte; this tensor or buffer is empty")
         forced = _forced()
         shm = None
-        if region.is_tensor and not region.is_cuda and forced in (None, "shm") and region.nbytes:
+        if region.is_tensor and not region.is_cuda and forced in (None, "shm"):
             s = _shm.share_tensor_storage(data)
             if s is not None:
                 shm = ShmDesc(*s)
@@ -110,9 +112,7 @@ class RDMABuffer:
         return self._dropped or self._id in state().dropped
 
     def _same_host(self) -> bool:
-        from ._runtime.agent import host_key
-
-        return self._owner.host == host_key() and self._owner.pidns == pidns()
+        return self._owner.host == _rdma_owner.host_key() and self._owner.pidns == pidns()
 
     def _pid_key(self) -> tuple[int, int] | None:
         return (self._owner.pid, self._owner.start) if self._same_host() else None
@@ -242,10 +242,17 @@ class RDMABuffer:
         from ._runtime.client import current_client
 
         n = region.nbytes
-        header = {"k": "rdma", "op": op, "b": self._id, "o": offset, "n": n}
+        header: dict[str, Any] = {"k": "rdma", "op": op, "b": self._id, "o": offset, "n": n}
         data = pickle.PickleBuffer(_host_bytes(region)) if op == "put" else None
-        w = self._watch(timeout, fut, what)
-        reply = current_client().request(self._owner.addr, header, data, what=what)
+        client = current_client()
+
+        def give_up(e: BaseException) -> None:  # timed out or the owner died: forget the request
+            if "i" in header:
+                client._finish(header["i"])
+            fut._set_exception(e)
+
+        w = _watch.watch(timeout, self._pid_key(), give_up, what, lambda: self._owner_failure(what))
+        reply = client.request(self._owner.addr, header, data, what=what)
 
         def on_reply(r: Future[Any]) -> None:
             exc = r.exception(0)

@@ -27,7 +27,7 @@ from . import _ucx, _watch
 from ._memory import Region, buffer_address, copy_bytes
 from .errors import MeshClosedError, MeshError, MeshValueError
 
-__all__ = ["Owned", "OwnerInfo", "ShmDesc", "handle_message", "pidns", "set_identity", "state"]
+__all__ = ["Owned", "OwnerInfo", "ShmDesc", "handle_message", "host_key", "pidns", "set_identity", "state"]
 
 SLOTS = 8192  # live buffers per process
 GRACE_S = 5.0
@@ -137,7 +137,6 @@ class State:
 
     def me(self) -> OwnerInfo:
         if self._me is None:
-            from ._runtime.agent import host_key
             from ._runtime.client import current_client
 
             mesh_id, mesh_name, coords, rank = self.identity or (None, None, (), -1)
@@ -195,11 +194,30 @@ def state() -> State:
         return _state_obj
 
 
+_ids: tuple[int, str, int] | None = None  # (pid, host key, pid namespace) of this process
+
+
+def _identity() -> tuple[int, str, int]:
+    global _ids
+    if _ids is None or _ids[0] != os.getpid():
+        from ._runtime.agent import host_key as agent_host_key
+
+        try:
+            ns = os.stat("/proc/self/ns/pid").st_ino
+        except OSError:
+            ns = 0
+        _ids = (os.getpid(), agent_host_key(), ns)
+    return _ids
+
+
+def host_key() -> str:
+    """This host (boot and network namespace), as the agents name it; cached."""
+    return _identity()[1]
+
+
 def pidns() -> int:
-    try:
-        return os.stat("/proc/self/ns/pid").st_ino
-    except OSError:
-        return 0
+    """Owners and readers must share a pid namespace for pids (and /proc/<pid>/fd) to mean the same."""
+    return _identity()[2]
 
 
 def set_identity(mesh_id: str, mesh_name: str, coords: dict[str, int], rank: int) -> None:

@@ -129,6 +129,8 @@ def test_bad_input_is_refused_before_any_transfer(host):
             RDMABuffer(torch.empty(4, 4).t())
         with pytest.raises(MeshValueError, match=r"torch\.Tensor or a buffer"):
             RDMABuffer(42)
+        with pytest.raises(MeshValueError, match="at least one byte"):
+            RDMABuffer(torch.empty(0))
         with pytest.raises(MeshValueError, match="read-only"):
             buf.read_into(memoryview(bytes(64)))
         with pytest.raises(MeshValueError, match="size mismatch"):
