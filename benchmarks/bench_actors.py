@@ -18,6 +18,19 @@ class Bench(Actor):
 
         return float(torch.ones(4).sum())
 
+    @endpoint
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+    @endpoint
+    def sleep(self, seconds: float) -> float:
+        import time
+
+        time.sleep(seconds)
+        return seconds
+
 
 class RdmaBench(Actor):
     """One side of the data-plane benchmark (W7): owns a buffer, or reads/writes someone else's."""

@@ -25,9 +25,9 @@ import zmq
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_actors import Bench  # noqa: E402
+from bench_actors import Bench
 
-from jupyter_mesh import this_host  # noqa: E402
+from jupyter_mesh import this_host
 
 
 def pct(xs: list[float], q: float) -> float:

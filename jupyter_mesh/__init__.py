@@ -11,11 +11,14 @@ from ._actor import Actor, current_rank, endpoint
 from ._future import Future
 from ._mesh import ActorMesh, HostMesh, MeshEndpoint, ProcMesh
 from ._rdma import RDMABuffer, get_rdma_backend
+from ._session import mesh_states, set_fault_hook, shutdown, subscribe
 from ._shape import Extent, Point, Shape, Slice
+from ._state import MeshEvent, MeshState, ProcState, RankState
 from ._value_mesh import ValueMesh
 from .errors import (
     ActorError,
     Failure,
+    MeshCancelledError,
     MeshClosedError,
     MeshError,
     MeshTimeoutError,
@@ -28,6 +31,14 @@ from .jobs import LocalJob, this_host
 
 __version__ = "0.1.0"
 
+
+def load_ipython_extension(ipython: object) -> None:
+    """``%load_ext jupyter_mesh`` in any IPython kernel: the %mesh magics and notebook output routing."""
+    from .notebook import load_ipython_extension as load
+
+    load(ipython)
+
+
 __all__ = [
     "Actor",
     "ActorError",
@@ -37,14 +48,19 @@ __all__ = [
     "Future",
     "HostMesh",
     "LocalJob",
+    "MeshCancelledError",
     "MeshClosedError",
     "MeshEndpoint",
     "MeshError",
+    "MeshEvent",
+    "MeshState",
     "MeshTimeoutError",
     "MeshValueError",
     "Point",
     "ProcMesh",
+    "ProcState",
     "RDMABuffer",
+    "RankState",
     "RemoteFailure",
     "SerializationError",
     "Shape",
@@ -54,5 +70,9 @@ __all__ = [
     "current_rank",
     "endpoint",
     "get_rdma_backend",
+    "mesh_states",
+    "set_fault_hook",
+    "shutdown",
+    "subscribe",
     "this_host",
 ]

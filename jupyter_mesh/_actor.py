@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import inspect
 import threading
-from typing import Any, Callable, Generic, TypeVar
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 from ._shape import Extent, Point
 
@@ -65,7 +66,7 @@ class Actor:
 
 
 class _ActorContext(threading.local):
-    point: Point | None = None
+    proc: Any = None  # the proc runtime: its ``point`` changes when the mesh grows or shrinks
     actor_name: str | None = None
 
 
@@ -75,8 +76,9 @@ _NO_RANK = Point(0, Extent((), ()))
 
 def current_rank() -> Point:
     """Coordinates of the calling actor in its mesh (an empty point outside actors, as in Monarch)."""
-    return _context.point or _NO_RANK
+    proc = _context.proc
+    return proc.point if proc is not None else _NO_RANK
 
 
-def _set_context(point: Point | None, actor_name: str | None) -> None:
-    _context.point, _context.actor_name = point, actor_name
+def _set_context(proc: Any, actor_name: str | None) -> None:
+    _context.proc, _context.actor_name = proc, actor_name

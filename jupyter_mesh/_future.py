@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from typing import Any, Callable, Generator, Generic, TypeVar
+from collections.abc import Callable, Generator
+from typing import Any, Generic, TypeVar
 
-from .errors import MeshTimeoutError
+from .errors import MeshCancelledError, MeshTimeoutError
 
 __all__ = ["Future"]
 
@@ -20,12 +21,13 @@ T = TypeVar("T")
 class Future(Generic[T]):
     """A value that arrives later. ``get(timeout)`` blocks; ``await fut`` suspends."""
 
-    __slots__ = ("_cf", "_what", "_on_cancel")
+    __slots__ = ("_cf", "_on_cancel", "_remote_cancelled", "_what")
 
     def __init__(self, what: str = "call", on_cancel: Callable[[], None] | None = None):
         self._cf: concurrent.futures.Future[T] = concurrent.futures.Future()
         self._what = what
         self._on_cancel = on_cancel
+        self._remote_cancelled = False
 
     # -- producer side (the runtime) --------------------------------------------------------------
     def _set_result(self, value: T) -> None:
@@ -38,13 +40,37 @@ class Future(Generic[T]):
 
     # -- consumer side ------------------------------------------------------------------------------
     def get(self, timeout: float | None = None) -> T:
-        """Wait for the value; raise the remote error, or ``MeshTimeoutError(phase="call")``."""
+        """Wait for the value; raise the remote error, or ``MeshTimeoutError(phase="call")``.
+
+        Ctrl-C (or a notebook interrupt) while waiting cancels the remote work, then re-raises.
+        """
         try:
             return self._cf.result(timeout)
+        except concurrent.futures.CancelledError:
+            raise MeshCancelledError(f"{self._what} was cancelled") from None
         except concurrent.futures.TimeoutError:
             if self._cf.done():  # lost the race with the producer
                 return self._cf.result(0)
             raise MeshTimeoutError("call", timeout, self._what) from None
+        except KeyboardInterrupt:
+            self.cancel()
+            raise
+
+    def cancel(self) -> bool:
+        """Stop waiting and ask the remote side to stop; False if the result was already there."""
+        if self._remote_cancelled or (self._cf.done() and not self._cf.cancelled()):
+            return False
+        self._remote_cancelled = True
+        self._set_exception(MeshCancelledError(f"{self._what} was cancelled"))
+        if self._on_cancel is not None:
+            try:
+                self._on_cancel()
+            except Exception:  # noqa: BLE001 - best effort: the caller is already released
+                pass
+        return True
+
+    def cancelled(self) -> bool:
+        return self._cf.cancelled() or (self._cf.done() and isinstance(self._cf.exception(), MeshCancelledError))
 
     def result(self, timeout: float | None = None) -> T:
         return self.get(timeout)
@@ -65,7 +91,14 @@ class Future(Generic[T]):
         self._cf.add_done_callback(lambda _cf: fn(self))
 
     def __await__(self) -> Generator[Any, None, T]:
-        return asyncio.wrap_future(self._cf).__await__()
+        waiter = asyncio.wrap_future(self._cf)
+
+        def on_done(f: asyncio.Future[T]) -> None:
+            if f.cancelled():  # the awaiting task was cancelled (notebook interrupt, timeout): stop remote work
+                self.cancel()
+
+        waiter.add_done_callback(on_done)
+        return waiter.__await__()
 
     def __repr__(self) -> str:
         state = "done" if self._cf.done() else "pending"

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import itertools
 import uuid
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, Iterator, Mapping, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ._actor import Actor, endpoints_of
 from ._future import Future
 from ._shape import Extent, Shape
+from ._state import MeshEvent, MeshState
 from ._value_mesh import ValueMesh
 from .errors import MeshClosedError, MeshValueError
 
@@ -89,6 +91,7 @@ class ProcMeshRef:
     rank_host: list[int]  # host index per global rank
     agent_addrs: list[str]  # agent inbox per host index
     host_keys: list[str] = field(default_factory=list)
+    host_dims: int = 1  # the leading dims that come from the host mesh
 
     def coords(self, rank: int) -> dict[str, int]:
         return dict(self.shape.point(rank))
@@ -107,11 +110,16 @@ class ActorMesh(_MeshTrait, Generic[A]):
         name: str,
         class_name: str,
         endpoint_names: frozenset[str],
-        shape: Shape,
+        view: Shape | None,
     ):
         self._ref, self._actor_id, self._name = ref, actor_id, name
-        self._class_name, self._endpoint_names, self._shape = class_name, endpoint_names, shape
+        self._class_name, self._endpoint_names = class_name, endpoint_names
+        self._view = view  # None: the whole proc mesh, following it when it grows or shrinks
         self.initialized: Future[None] | None = None  # set by ProcMesh.spawn in the spawning process
+
+    @property
+    def _shape(self) -> Shape:
+        return self._ref.shape if self._view is None else self._view
 
     def _with_shape(self, shape: Shape) -> ActorMesh[A]:
         m: ActorMesh[A] = ActorMesh(
@@ -136,7 +144,7 @@ class ActorMesh(_MeshTrait, Generic[A]):
     def __reduce__(self) -> tuple[Any, ...]:
         return (
             ActorMesh,
-            (self._ref, self._actor_id, self._name, self._class_name, self._endpoint_names, self._shape),
+            (self._ref, self._actor_id, self._name, self._class_name, self._endpoint_names, self._view),
         )
 
     @property
@@ -187,9 +195,13 @@ class MeshEndpoint:
 class ProcMesh(_MeshTrait):
     """Processes spawned on a host mesh; ``spawn`` puts one actor on each of them."""
 
-    def __init__(self, controller: Controller, ref: ProcMeshRef, shape: Shape | None = None):
+    def __init__(self, controller: Controller, ref: ProcMeshRef, view: Shape | None = None):
         self._controller, self._ref = controller, ref
-        self._shape = shape or ref.shape
+        self._view = view  # None: the whole mesh, whatever its current size
+
+    @property
+    def _shape(self) -> Shape:
+        return self._ref.shape if self._view is None else self._view
 
     def _with_shape(self, shape: Shape) -> ProcMesh:
         return ProcMesh(self._controller, self._ref, shape)
@@ -220,7 +232,7 @@ class ProcMesh(_MeshTrait):
         if not isinstance(name, str) or not name:
             raise MeshValueError("spawn() needs a non-empty actor mesh name as its first argument")
         mesh: ActorMesh[A] = ActorMesh(
-            self._ref, _new_id(name), name, cls.__qualname__, frozenset(endpoints_of(cls)), self._shape
+            self._ref, _new_id(name), name, cls.__qualname__, frozenset(endpoints_of(cls)), self._view
         )
         mesh.initialized = _client().spawn_actors(mesh, cls, args, kwargs)
         return mesh
@@ -234,6 +246,68 @@ class ProcMesh(_MeshTrait):
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    def state(self) -> MeshState:
+        """A snapshot of every rank's state (starting, idle, busy, paused, failed, stopped)."""
+        return self._controller.state.snapshot(self._ref.mesh_id)
+
+    def subscribe(self, listener: Callable[[MeshEvent], None]) -> Callable[[], None]:
+        """Call ``listener(event)`` on every change of this mesh; returns a function that unsubscribes.
+
+        Listeners run on the runtime's receive thread: keep them quick and non-blocking.
+        """
+        return self._controller.state.subscribe(listener, self._ref.mesh_id)
+
+    def _rank_of(self, rank: int | Mapping[str, int]) -> int:
+        if isinstance(rank, Mapping):
+            view = self._shape.select(**dict(rank))
+            if len(view) != 1:
+                raise MeshValueError(f"{dict(rank)} selects {len(view)} procs; give every dim of {self._shape}")
+            return view.slice.offset
+        ranks = self._shape.ranks()
+        if not isinstance(rank, int) or not 0 <= rank < len(ranks):
+            raise MeshValueError(f"rank {rank!r} out of range: this mesh has {len(ranks)} procs")
+        return ranks[rank]
+
+    def kill(self, rank: int | Mapping[str, int], sig: int = 15) -> None:
+        """Stop one proc (by index in this view, or by coordinates) with ``sig`` (default SIGTERM).
+
+        The rank then counts as failed, like any other death: calls to it raise SupervisionError
+        until :meth:`respawn` gives it a new proc.
+        """
+        self._check_open()
+        self._controller.kill(self._ref, self._rank_of(rank), sig)
+
+    def respawn(self, ranks: list[int] | None = None, timeout: float = 60.0) -> list[int]:
+        """New procs for failed ranks (all of them by default), at the same coordinates; every actor
+        mesh spawned on this proc mesh from this program is re-created there with its original
+        arguments. Returns the respawned global ranks."""
+        self._check_open()
+        targets = None if ranks is None else [self._rank_of(r) for r in ranks]
+        return self._controller.respawn(self._ref, targets, timeout)
+
+    def resize(self, timeout: float = 60.0, **sizes: int) -> None:
+        """Grow or shrink the mesh, e.g. ``procs.resize(gpus=8)``; actor meshes spawned on the whole
+        mesh follow (new ranks get actors built with the original spawn arguments).
+
+        Ranks keep their numbers, so only the outermost dim of size > 1 can change (``gpus`` on one
+        host, or ``hosts``). Shrinking stops the procs past the new end.
+        """
+        self._check_open()
+        if self._view is not None:
+            raise MeshValueError("resize() the whole proc mesh, not a slice of it")
+        if len(sizes) != 1:
+            raise MeshValueError(f"resize() takes exactly one dim=size, got {sizes}")
+        ((dim, size),) = sizes.items()
+        self._controller.resize(self._ref, dim, size, timeout)
+
+    def logs(self, rank: int | None = None, tail: int | None = 200) -> list[str]:
+        """The last ``tail`` output lines of the procs (or of one global ``rank``), prefixed by rank."""
+        lines = self._controller.logs(self._ref, rank, tail)
+        return [
+            f"[{self._ref.name} {','.join(f'{k}={v}' for k, v in self._ref.coords(r).items())}] {text}"
+            for _, r, _, text in lines
+        ]
 
     def pids(self) -> dict[int, int]:
         """Global rank -> OS pid, for the procs of this view (handy for tests and debugging)."""

@@ -10,8 +10,10 @@ from __future__ import annotations
 import io
 import pickle
 import sys
+import types
 import warnings
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import cloudpickle
 
@@ -59,7 +61,16 @@ class _Pickler(cloudpickle.Pickler):
         torch = sys.modules.get("torch")
         if torch is not None and type(obj) in (torch.Tensor, torch.nn.Parameter):
             return _reduce_tensor(torch, obj)
+        if type(obj) is types.CodeType:
+            return _reduce_code_keep_filename(obj)
         return super().reducer_override(obj)
+
+
+def _reduce_code_keep_filename(code: types.CodeType) -> Any:
+    """cloudpickle replaces a by-value function's file name with "<dynamic-code>"; keep the real one
+    so a remote traceback points at the notebook cell or script line that defined the endpoint."""
+    fn, args = cloudpickle.cloudpickle._code_reduce(code)
+    return fn, tuple(code.co_filename if a == "<dynamic-code>" else a for a in args)
 
 
 def dumps(obj: Any) -> tuple[bytes, list[memoryview]]:
@@ -76,7 +87,7 @@ def dumps(obj: Any) -> tuple[bytes, list[memoryview]]:
     f = io.BytesIO()
     try:
         _Pickler(f, protocol=5, buffer_callback=keep).dump(obj)
-    except Exception as e:  # noqa: BLE001 - re-raised with context
+    except Exception as e:
         raise SerializationError(f"cannot pickle {type(obj).__name__}: {e}") from e
     return f.getvalue(), buffers
 

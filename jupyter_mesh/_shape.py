@@ -8,8 +8,9 @@ coordinates to those global ranks. Views never copy; they only compute ranks. Pu
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
 
 from .errors import MeshValueError
 
@@ -166,9 +167,7 @@ class Shape:
         try:
             return self.labels.index(name)
         except ValueError:
-            raise MeshValueError(
-                f"unknown dim '{name}'; this mesh has dims {list(self.labels)}"
-            ) from None
+            raise MeshValueError(f"unknown dim '{name}'; this mesh has dims {list(self.labels)}") from None
 
     def select(self, **dims: int | slice) -> Shape:
         """Monarch's ``slice``: an int keeps one coordinate and drops the dim; a ``slice`` keeps the dim."""

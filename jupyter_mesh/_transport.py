@@ -15,8 +15,9 @@ import hashlib
 import hmac
 import logging
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import msgpack
 import zmq
@@ -185,7 +186,7 @@ class Transport:
                 continue
             try:
                 handler(msg, frames)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.exception("error handling %s message", msg.header.get("k"))
 
     @staticmethod

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Generic, Iterator, TypeVar
+from collections.abc import Iterator
+from typing import Any, Generic, TypeVar
 
 from ._shape import Extent, Point, Shape
 from .errors import MeshValueError
@@ -69,9 +70,7 @@ class ValueMesh(Generic[T]):
     def __repr__(self) -> str:
         if not self._shape.labels:
             return f"ValueMesh({self._values[0]!r})"
-        body = ", ".join(
-            f"{','.join(f'{k}={v}' for k, v in p.items())}: {v!r}" for p, v in list(self.items())[:16]
-        )
+        body = ", ".join(f"{','.join(f'{k}={v}' for k, v in p.items())}: {v!r}" for p, v in list(self.items())[:16])
         more = f", ... ({len(self) - 16} more)" if len(self) > 16 else ""
         return f"ValueMesh({self._shape}, {{{body}{more}}})"
 

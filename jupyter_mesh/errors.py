@@ -8,6 +8,7 @@
     ├── MeshClosedError             you stopped the mesh (or it was never started): it is *closed*
     ├── MeshTimeoutError            a wait ran out; ``phase`` says which (spawn, call, stop, transfer)
     │                               (also a builtin ``TimeoutError``)
+    ├── MeshCancelledError          you cancelled the call (``Future.cancel()``, Ctrl-C, notebook ■)
     ├── UsageError-like subclasses of builtins for bad input at the call site:
     │   ├── MeshValueError          (ValueError) bad slice, unknown dim, wrong shape
     │   └── SerializationError      (TypeError) an argument or result cannot be pickled
@@ -20,12 +21,14 @@ attributes so programs need not parse messages.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 __all__ = [
     "ActorError",
     "Failure",
+    "MeshCancelledError",
     "MeshClosedError",
     "MeshError",
     "MeshTimeoutError",
@@ -136,13 +139,18 @@ class SupervisionError(MeshError):
 
     def _message(self) -> str:
         first = self.failures[0]
-        lines = [f"{len(self.failures)} rank(s) of mesh '{first.mesh}' failed" + (f" {self.context}" if self.context else "") + ":"]
+        lines = [
+            f"{len(self.failures)} rank(s) of mesh '{first.mesh}' failed"
+            + (f" {self.context}" if self.context else "")
+            + ":"
+        ]
         lines += [f"  {f.describe()}" for f in self.failures[:16]]
         if len(self.failures) > 16:
             lines.append(f"  ... and {len(self.failures) - 16} more")
-        tb = next((f.traceback for f in self.failures if f.traceback), "")
-        if tb:
-            lines.append("Remote traceback:\n" + tb.rstrip())
+        with_tb = next((f for f in self.failures if f.traceback), None)
+        if with_tb is not None:
+            label = "Remote traceback" if with_tb.kind == "init" else "Last output of the proc"
+            lines.append(f"{label}:\n" + with_tb.traceback.rstrip())
         lines.append("What to do: " + _KIND_HINTS.get(first.kind, "inspect the failure, then respawn"))
         return "\n".join(lines)
 
@@ -152,6 +160,11 @@ class SupervisionError(MeshError):
 
 class MeshClosedError(MeshError):
     """The mesh (or runtime) was stopped by this program; it cannot be used any more."""
+
+
+class MeshCancelledError(MeshError):
+    """The call was cancelled here; the remote work was asked to stop (async endpoints are cancelled,
+    sync endpoints get KeyboardInterrupt at their next Python instruction)."""
 
 
 class MeshTimeoutError(MeshError, TimeoutError):

@@ -12,8 +12,9 @@ import os
 import secrets
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import IO, Any, Protocol, Sequence
+from typing import IO, Any, Protocol
 
 from ._future import Future
 from ._mesh import HostMesh
@@ -62,8 +63,14 @@ class LocalJob:
     def _start_agent(self, index: int) -> None:
         nonce = secrets.token_hex(8)
         self._waiters.append(self._controller.expect_agent(nonce))
-        cfg = {"key": self._controller.key.hex(), "controller": self._controller.address, "host_index": index,
-               "preload": self._preload, "nonce": nonce}
+        cfg = {
+            "key": self._controller.key.hex(),
+            "controller": self._controller.address,
+            "host_index": index,
+            "preload": self._preload,
+            "nonce": nonce,
+            "hb_timeout": self._controller.hb_timeout,
+        }
         p = subprocess.Popen(
             [sys.executable, "-m", "jupyter_mesh._runtime.agent"],
             stdin=subprocess.PIPE,
@@ -89,6 +96,17 @@ class LocalJob:
                 out.append(AgentHandle(i, h["addr"], h["pid"], h["hk"]))
             self._agents = out
         return self._agents
+
+    def add_hosts(self, n: int, timeout: float = 60.0) -> list[AgentHandle]:
+        """Start ``n`` more agents (hosts); used when a proc mesh grows along ``hosts``."""
+        if self._stopped:
+            raise MeshClosedError("this job was stopped; create a new one")
+        have = self.agents(timeout)
+        for i in range(self._n, self._n + n):
+            self._start_agent(i)
+        self._n += n
+        self._agents = None
+        return self.agents(timeout)[len(have) :]
 
     def host_mesh(self) -> HostMesh:
         return HostMesh(self._controller, self, Shape.from_sizes({"hosts": self._n}))

@@ -52,7 +52,7 @@ def wait_dead(pids: set[int] | list[int], timeout: float) -> set[int]:
     return left
 
 
-def wait_for(pred, timeout: float, interval: float = 0.02):  # noqa: ANN001
+def wait_for(pred, timeout: float, interval: float = 0.02):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         v = pred()

@@ -111,3 +111,74 @@ class Caller(Actor):
     @endpoint
     def choose(self, counters) -> int:
         return counters.value.choose().get(timeout=10)
+
+
+class Sleeper(Actor):
+    def __init__(self):
+        self.finished = 0
+        self.cancelled = 0
+
+    @endpoint
+    def busy_loop(self, seconds: float) -> str:
+        end = time.monotonic() + seconds
+        try:
+            while time.monotonic() < end:
+                pass
+        except KeyboardInterrupt:
+            self.cancelled += 1
+            raise
+        self.finished += 1
+        return "finished"
+
+    @endpoint
+    async def nap(self, seconds: float) -> str:
+        try:
+            await asyncio.sleep(seconds)
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        self.finished += 1
+        return "finished"
+
+    @endpoint
+    def counts(self) -> tuple:
+        return (self.finished, self.cancelled)
+
+
+class Supervisor(Actor):
+    """Owns a mesh of its own (spawned from inside this actor) and supervises it."""
+
+    def __init__(self, handle: bool):
+        self.handle = handle
+        self.seen: list[str] = []
+        self.children = None
+
+    @endpoint
+    def start_children(self, n: int) -> list:
+        from jupyter_mesh import this_host
+
+        self.procs = this_host().spawn_procs(per_host={"workers": n})
+        self.children = self.procs.spawn("kids", Faulty)
+        return list(self.children.pid.call().get(timeout=20).values())
+
+    @endpoint
+    def call_children(self) -> list:
+        return list(self.children.ok.call().get(timeout=10).values())
+
+    @endpoint
+    def respawn_children(self) -> list:
+        return self.procs.respawn()
+
+    @endpoint
+    def seen_failures(self) -> list:
+        return self.seen
+
+    def __supervise__(self, failure) -> bool:
+        self.seen.append(f"{failure.kind}:{dict(failure.coords)}")
+        return self.handle
+
+
+class EnvReader(Actor):
+    @endpoint
+    def env(self, *names: str) -> dict:
+        return {n: os.environ.get(n) for n in names}

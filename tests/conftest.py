@@ -7,9 +7,21 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from _procs import descendants, wait_dead  # noqa: E402
+from _procs import descendants, wait_dead
 
 PROC_PREFIXES = ("jupyter_mesh._runtime",)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def recorded_faults():
+    """Like a kernel: record unhandled failures instead of failing fast, so one test's deliberate
+    kill does not raise in the next test (fail-fast itself is tested in a subprocess)."""
+    import jupyter_mesh
+
+    seen = []
+    prev = jupyter_mesh.set_fault_hook(seen.append)
+    yield seen
+    jupyter_mesh.set_fault_hook(prev)
 
 
 @pytest.fixture(scope="session")

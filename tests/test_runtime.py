@@ -67,7 +67,7 @@ def test_call_one_needs_exactly_one(procs):
 
 def test_unknown_endpoint_is_attribute_error(procs):
     c = procs.spawn("c", Counter, 0)
-    with pytest.raises(AttributeError, match="no endpoint 'nope'.*incr"):
+    with pytest.raises(AttributeError, match=r"no endpoint 'nope'.*incr"):
         c.nope  # noqa: B018
 
 
@@ -183,9 +183,9 @@ def test_fifo_under_concurrent_senders(procs):
 
 
 def test_worker_output_reaches_controller_with_rank(procs):
-    from jupyter_mesh._runtime.controller import Controller
-
     from _procs import wait_for
+
+    from jupyter_mesh._runtime.controller import Controller
 
     seen = []
     ctl = Controller.get()
@@ -242,3 +242,28 @@ def test_tensors_and_arrays_roundtrip(procs):
     p = torch.nn.Parameter(torch.randn(4, 4))
     bp = one.echo.call_one(p).get(timeout=20)
     assert isinstance(bp, torch.nn.Parameter) and torch.equal(bp, p)
+
+
+def test_proc_that_fails_to_start_is_a_start_failure(host):
+    with pytest.raises(SupervisionError) as ei:
+        host.spawn_procs(per_host={"gpus": 2}, preload=["jm_no_such_module_xyz"], timeout=30)
+    e = ei.value
+    assert {f.kind for f in e.failures} == {"start"} and len(e.failures) == 2
+    assert "ModuleNotFoundError" in str(e) and "jm_no_such_module_xyz" in str(e)
+    assert "exited with code 3" in str(e)
+    # the host is fine afterwards
+    pm = host.spawn_procs(per_host={"gpus": 1})
+    pm.stop()
+
+
+def test_torchrun_variables_and_one_gpu_per_proc(procs):
+    from actors import EnvReader
+
+    e = procs.spawn("env", EnvReader)
+    envs = list(
+        e.env.call("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "CUDA_VISIBLE_DEVICES").get(10).values()
+    )
+    assert [x["RANK"] for x in envs] == ["0", "1", "2", "3"]
+    assert {x["WORLD_SIZE"] for x in envs} == {"4"} and {x["LOCAL_WORLD_SIZE"] for x in envs} == {"4"}
+    assert [x["LOCAL_RANK"] for x in envs] == ["0", "1", "2", "3"]
+    assert [x["CUDA_VISIBLE_DEVICES"] for x in envs] == ["0", "1", "2", "3"]

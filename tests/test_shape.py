@@ -29,8 +29,12 @@ def test_select_int_drops_dim_and_slice_keeps_it():
 
 @pytest.mark.parametrize(
     "kwargs, msg",
-    [({"gpus": 4}, "out of range"), ({"cpus": 0}, "unknown dim 'cpus'"), ({"gpus": slice(3, 1)}, "selects nothing"),
-     ({"gpus": "0"}, "takes an int or a slice")],
+    [
+        ({"gpus": 4}, "out of range"),
+        ({"cpus": 0}, "unknown dim 'cpus'"),
+        ({"gpus": slice(3, 1)}, "selects nothing"),
+        ({"gpus": "0"}, "takes an int or a slice"),
+    ],
 )
 def test_select_errors_are_clear(kwargs, msg):
     with pytest.raises(MeshValueError, match=msg):
@@ -56,7 +60,13 @@ def test_rename_flatten_split():
 
 def test_index_of_matches_ranks_for_views():
     s = mesh(a=3, b=4, c=5)
-    views = [s, s.select(b=slice(1, 4, 2)), s.select(a=2), s.select(c=slice(0, 5, 3), a=slice(1, 3)), s.split(c=("x", "y"), y=1)]
+    views = [
+        s,
+        s.select(b=slice(1, 4, 2)),
+        s.select(a=2),
+        s.select(c=slice(0, 5, 3), a=slice(1, 3)),
+        s.split(c=("x", "y"), y=1),
+    ]
     for v in views:
         ranks = v.ranks()
         for i, r in enumerate(ranks):

@@ -28,7 +28,7 @@ from typing import Any
 from .._serialize import dumps
 from .._shape import Point, Shape, Slice
 from .._transport import Message, Transport
-from ..errors import Failure, SupervisionError
+from ..errors import Failure, MeshValueError, SupervisionError
 from .client import BROKEN, DIRECT, GATHER, OK, RAISED, pack_gathered
 
 __all__ = ["Agent", "host_key", "main"]
@@ -55,6 +55,11 @@ class _Proc:
     alive: bool = True
     up: bool = False
     stopping: bool = False
+    killed_by_user: bool = False
+    last_seen: float = 0.0
+    fds: list[int] = field(default_factory=list)
+    exit_code: int | None = None
+    exit_signal: int | None = None
     tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=30))
 
 
@@ -64,8 +69,9 @@ class _Mesh:
     name: str
     shape: Shape
     ranks: list[int]
-    spawn_reply: tuple[str, int] | None = None  # (sender, call id) until every proc is up
-    stop_replies: list[tuple[str, int]] = field(default_factory=list)
+    spawn_cfg: dict[str, Any] = field(default_factory=dict)  # the spawn_procs request: env, preload, paths
+    waiters: list[tuple[tuple[str, int], set[int]]] = field(default_factory=list)  # start requests pending
+    stop_replies: list[tuple[tuple[str, int], set[int] | None]] = field(default_factory=list)
 
 
 @dataclass
@@ -83,6 +89,11 @@ class Agent:
         self.key = bytes.fromhex(cfg["key"])
         self.controller: str = cfg["controller"]
         self.host_index: int = cfg.get("host_index", 0)
+        # liveness: procs must answer pings within hb_timeout; the controller must ping us
+        self.hb_timeout: float = float(cfg.get("hb_timeout", 3.0))
+        self.hb_interval = self.hb_timeout / 4
+        self.controller_silence = 3 * self.hb_timeout
+        self.last_controller = time.monotonic()
         self.transport = Transport(self.key, cfg.get("bind", "tcp://127.0.0.1"))
         self.lock = threading.RLock()
         self.procs: dict[tuple[str, int], _Proc] = {}
@@ -131,6 +142,13 @@ class Agent:
         k = h["k"]
         if k == "r" and "to" in h:
             self._gathered(h, msg)
+        elif k == "pong":
+            p = self.procs.get((h["m"], h["rk"]))
+            if p is not None:
+                p.last_seen = time.monotonic()
+        elif k == "hb":
+            self.last_controller = time.monotonic()
+            self.transport.send(self.controller, Message({"k": "hb_ack", "addr": self.transport.address}))
         elif k == "c" or k == "spawn":
             self._relay(h, frames)
         elif k == "proc_up":
@@ -139,6 +157,10 @@ class Agent:
             self._spawn_procs(h)
         elif k == "stop_procs":
             self._stop_procs(h)
+        elif k == "start_procs":
+            self._start_procs(h)
+        elif k == "kill_proc":
+            self._kill_proc(h)
         elif k == "stats":
             self._reply((h["s"], h["i"]), OK, vars(self.transport.stats))
         elif k == "shutdown":
@@ -164,8 +186,15 @@ class Agent:
     def _failure(self, p: _Proc, kind: str, detail: str, code: int | None = None, sig: int | None = None) -> Failure:
         mesh = self.meshes.get(p.mesh_id)
         tail = "".join(p.tail)
-        return Failure(mesh.name if mesh else p.mesh_id, dict(mesh.shape.point(p.rank)) if mesh else {},
-                       kind, detail, tail, code, sig)
+        return Failure(
+            mesh.name if mesh else p.mesh_id,
+            dict(mesh.shape.point(p.rank)) if mesh else {},
+            kind,
+            detail,
+            tail,
+            code,
+            sig,
+        )
 
     def _broken(self, h: dict[str, Any], p: _Proc) -> None:
         f = self._failure(p, "exit", f"proc {p.pid} is not running")
@@ -192,53 +221,120 @@ class Agent:
 
     def _spawn_procs(self, h: dict[str, Any]) -> None:
         shape = Shape.from_wire(h["shape"])
-        mesh = _Mesh(h["mesh_id"], h["name"], shape, list(h["ranks"]), spawn_reply=(h["s"], h["i"]))
+        mesh = _Mesh(h["mesh_id"], h["name"], shape, list(h["ranks"]), spawn_cfg=h)
         with self.lock:
             self.meshes[mesh.mesh_id] = mesh
             if h.get("preload"):
                 self._tsend({"op": "preload", "modules": h["preload"], "token": 0})
-            for rank in mesh.ranks:
-                label = ",".join(f"{k}={v}" for k, v in Point(rank, shape.extent).items())
-                p = _Proc(mesh.mesh_id, rank, label)
-                self.procs[(mesh.mesh_id, rank)] = p
-                out_r, out_w = os.pipe()
-                err_r, err_w = os.pipe()
-                cfg = {"rank": rank, "mesh_id": mesh.mesh_id, "mesh_name": mesh.name, "shape": h["shape"],
-                       "agent": self.transport.address, "env": h.get("env") or {}, "preload": h.get("preload") or [],
-                       "bind": h.get("bind", "tcp://127.0.0.1"), "cwd": h.get("cwd"), "path": h.get("path")}
-                token = next(self._tokens)
-                self.fork_tokens[token] = p
-                self._tsend({"op": "fork", "token": token, "cfg": cfg}, [out_w, err_w])
-                os.close(out_w)
-                os.close(err_w)
-                for fd, stream in ((out_r, 1), (err_r, 2)):
-                    os.set_blocking(fd, False)
-                    self.sel.register(fd, selectors.EVENT_READ, ("pipe", (p, stream, bytearray())))
+            self._start(mesh, mesh.ranks, (h["s"], h["i"]))
+
+    def _start_procs(self, h: dict[str, Any]) -> None:
+        """Start procs for ``ranks`` of an existing mesh: respawn failed ranks, or grow the mesh."""
+        with self.lock:
+            mesh = self.meshes.get(h["mesh_id"])
+            if mesh is None:
+                self._reply((h["s"], h["i"]), RAISED, MeshValueError(f"no proc mesh {h['mesh_id']} on this host"))
+                return
+            busy = [r for r in h["ranks"] if (p := self.procs.get((mesh.mesh_id, r))) is not None and p.alive]
+            if busy:
+                self._reply(
+                    (h["s"], h["i"]), RAISED, MeshValueError(f"ranks {busy} are still running; kill them first")
+                )
+                return
+            if "shape" in h:
+                self._reshape(mesh, h["shape"])
+            for r in h["ranks"]:
+                if r not in mesh.ranks:
+                    mesh.ranks.append(r)
+            self._start(mesh, list(h["ranks"]), (h["s"], h["i"]))
+            self._check_waiters(mesh)  # a request with no ranks here (only a new extent) is done now
+
+    def _start(self, mesh: _Mesh, ranks: list[int], reply_to: tuple[str, int]) -> None:
+        """Fork one proc per rank from the template (caller holds the lock); reply when all are up."""
+        cfg0 = mesh.spawn_cfg
+        mesh.waiters.append((reply_to, set(ranks)))
+        for rank in ranks:
+            label = ",".join(f"{k}={v}" for k, v in Point(rank, mesh.shape.extent).items())
+            old = self.procs.get((mesh.mesh_id, rank))
+            if old is not None:
+                self.by_pid.pop(old.pid, None)
+            p = _Proc(mesh.mesh_id, rank, label)
+            self.procs[(mesh.mesh_id, rank)] = p
+            out_r, out_w = os.pipe()
+            err_r, err_w = os.pipe()
+            cfg = {
+                "rank": rank,
+                "mesh_id": mesh.mesh_id,
+                "mesh_name": mesh.name,
+                "shape": cfg0["shape"],
+                "agent": self.transport.address,
+                "env": cfg0.get("env") or {},
+                "preload": cfg0.get("preload") or [],
+                "bind": cfg0.get("bind", "tcp://127.0.0.1"),
+                "cwd": cfg0.get("cwd"),
+                "path": cfg0.get("path"),
+            }
+            token = next(self._tokens)
+            self.fork_tokens[token] = p
+            self._tsend({"op": "fork", "token": token, "cfg": cfg}, [out_w, err_w])
+            os.close(out_w)
+            os.close(err_w)
+            p.fds = [out_r, err_r]
+            for fd, stream in ((out_r, 1), (err_r, 2)):
+                os.set_blocking(fd, False)
+                self.sel.register(fd, selectors.EVENT_READ, ("pipe", (p, stream, bytearray())))
         os.write(self.wake_w, b"x")  # the I/O thread re-reads the selector
+
+    def _reshape(self, mesh: _Mesh, shape_wire: list[Any], keep: list[int] | None = None) -> None:
+        """The mesh grows or shrinks (caller holds the lock): tell the procs that stay their new extent."""
+        mesh.shape = Shape.from_wire(shape_wire)
+        mesh.spawn_cfg = {**mesh.spawn_cfg, "shape": shape_wire}
+        for r in mesh.ranks if keep is None else keep:
+            p = self.procs.get((mesh.mesh_id, r))
+            if p is not None and p.alive and p.up:
+                self.transport.send(p.addr, Message({"k": "reshape", "shape": shape_wire}))
+
+    def _kill_proc(self, h: dict[str, Any]) -> None:
+        with self.lock:
+            p = self.procs.get((h["mesh_id"], h["rank"]))
+        if p is None or not p.alive:
+            self._reply((h["s"], h["i"]), RAISED, MeshValueError(f"rank {h['rank']} is not running"))
+            return
+        p.killed_by_user = True
+        _kill(p.pid, int(h.get("sig", signal.SIGTERM)))
+        self._reply((h["s"], h["i"]), OK, p.pid)
 
     def _proc_up(self, h: dict[str, Any]) -> None:
         with self.lock:
             p = self.procs.get((h["m"], h["rk"]))
-            if p is None:
+            if p is None or (p.pid and p.pid != h["pid"]):
                 return
             p.addr, p.up = h["addr"], True
             if not p.pid:
                 p.pid = h["pid"]
                 self.by_pid[p.pid] = p
-            self._maybe_spawned(self.meshes[p.mesh_id])
+            self._check_waiters(self.meshes[p.mesh_id])
+        self._event({"k": "proc_ready", "m": p.mesh_id, "rk": p.rank, "pid": p.pid})  # for progress bars
 
-    def _maybe_spawned(self, mesh: _Mesh) -> None:
-        if mesh.spawn_reply is None:
-            return
-        procs = [self.procs[(mesh.mesh_id, r)] for r in mesh.ranks]
-        failed = [p for p in procs if not p.alive]
-        if failed:
-            to, mesh.spawn_reply = mesh.spawn_reply, None
-            fails = [self._failure(p, "start", f"proc failed to start ({_how(p)})") for p in failed]
-            self._reply(to, RAISED, SupervisionError(fails, "while starting its procs"))
-        elif all(p.up for p in procs):
-            to, mesh.spawn_reply = mesh.spawn_reply, None
-            self._reply(to, OK, [(p.rank, p.addr, p.pid) for p in procs])
+    def _check_waiters(self, mesh: _Mesh) -> None:
+        """Answer every start request whose procs are all up, or one of which died first."""
+        keep = []
+        for to, ranks in mesh.waiters:
+            procs = [self.procs[(mesh.mesh_id, r)] for r in sorted(ranks)]
+            failed = [p for p in procs if not p.alive]
+            if any(p.alive and not p.up for p in procs):
+                keep.append((to, ranks))  # report once every proc is up or dead: all failures at once
+            elif failed:
+                fails = [
+                    self._failure(p, "start", f"proc failed to start ({_how(p, p.exit_code, p.exit_signal)})")
+                    for p in failed
+                ]
+                self._reply(to, RAISED, SupervisionError(fails, "while starting its procs"))
+            elif all(p.up for p in procs):
+                self._reply(to, OK, [(p.rank, p.addr, p.pid) for p in procs])
+            else:
+                keep.append((to, ranks))
+        mesh.waiters = keep
 
     def _stop_procs(self, h: dict[str, Any]) -> None:
         grace = float(h.get("grace", 10.0))
@@ -247,8 +343,12 @@ class Agent:
             if mesh is None:
                 self._reply((h["s"], h["i"]), OK, None)
                 return
-            mesh.stop_replies.append((h["s"], h["i"]))
-            procs = [self.procs[(mesh.mesh_id, r)] for r in mesh.ranks]
+            only = h.get("ranks")  # a shrink stops some ranks; a stop, all of them
+            ranks = [r for r in mesh.ranks if only is None or r in only]
+            mesh.stop_replies.append(((h["s"], h["i"]), None if only is None else set(ranks)))
+            if h.get("shape"):
+                self._reshape(mesh, h["shape"], keep=[r for r in mesh.ranks if r not in ranks])
+            procs = [self.procs[(mesh.mesh_id, r)] for r in ranks]
             for p in procs:
                 p.stopping = True
             alive = [p for p in procs if p.alive]
@@ -269,31 +369,94 @@ class Agent:
                 _kill(p.pid, signal.SIGKILL)
 
     def _maybe_stopped(self, mesh: _Mesh) -> None:
+        """Answer stop requests whose procs are all gone, and forget those procs (and the mesh)."""
+        done = []
         with self.lock:
-            if not mesh.stop_replies or any(self.procs[(mesh.mesh_id, r)].alive for r in mesh.ranks):
-                return
-            replies, mesh.stop_replies = mesh.stop_replies, []
-            for r in mesh.ranks:
-                p = self.procs.pop((mesh.mesh_id, r))
-                self.by_pid.pop(p.pid, None)
-            del self.meshes[mesh.mesh_id]
-        for to in replies:
+            keep = []
+            for to, only in mesh.stop_replies:
+                ranks = [r for r in mesh.ranks if only is None or r in only]
+                if any(self.procs[(mesh.mesh_id, r)].alive for r in ranks):
+                    keep.append((to, only))
+                    continue
+                for r in ranks:
+                    p = self.procs.pop((mesh.mesh_id, r))
+                    self.by_pid.pop(p.pid, None)
+                mesh.ranks = [r for r in mesh.ranks if r not in ranks]
+                done.append(to)
+            mesh.stop_replies = keep
+            if not mesh.ranks and not keep:
+                self.meshes.pop(mesh.mesh_id, None)
+        for to in done:
             self._reply(to, OK, None)
 
     # -- I/O thread -------------------------------------------------------------------------------
     def io_loop(self) -> None:
+        next_tick = time.monotonic() + self.hb_interval
         while not self.shutting_down:
-            for key, _ in self.sel.select():
+            now = time.monotonic()
+            if now >= next_tick:
+                self._heartbeat_tick(now)
+                next_tick = now + self.hb_interval
+            for key, _ in self.sel.select(max(0.0, next_tick - now)):
+                if self.sel.get_map().get(key.fd) is not key:
+                    continue  # closed by an earlier event of this round (a drained pipe)
                 kind, data = key.data
-                if kind == "template":
-                    self._template_event()
-                elif kind == "wake":
-                    try:
-                        os.read(self.wake_r, 512)
-                    except BlockingIOError:
-                        pass
-                else:
-                    self._pipe_readable(key.fd, *data)
+                try:
+                    if kind == "template":
+                        self._template_event()
+                    elif kind == "wake":
+                        try:
+                            os.read(self.wake_r, 512)
+                        except BlockingIOError:
+                            pass
+                    else:
+                        self._pipe_readable(key.fd, *data)
+                except Exception:  # noqa: BLE001 - the agent must outlive any one bad event
+                    import traceback
+
+                    traceback.print_exc()
+
+    def _heartbeat_tick(self, now: float) -> None:
+        """Ping every running proc; declare dead those silent for hb_timeout (hung, SIGSTOPped)."""
+        if now - self.last_controller > self.controller_silence:
+            print(
+                f"jupyter-mesh agent: no heartbeat from the controller for {self.controller_silence:g} s; exiting",
+                file=sys.stderr,
+            )
+            self.shutdown()
+        with self.lock:
+            running = [p for p in self.procs.values() if p.alive and p.up and not p.stopping]
+        for p in running:
+            if p.last_seen and now - p.last_seen > self.hb_timeout:
+                self._declare_dead(
+                    p,
+                    f"proc {p.pid} stopped answering heartbeats for {now - p.last_seen:.1f} s "
+                    f"(hung, or stopped with SIGSTOP?); it was killed",
+                )
+            else:
+                if not p.last_seen:
+                    p.last_seen = now
+                try:
+                    self.transport.send(p.addr, Message({"k": "ping"}))
+                except Exception:  # noqa: BLE001 - its exit will be reported by the template
+                    pass
+
+    def _declare_dead(self, p: _Proc, detail: str) -> None:
+        with self.lock:
+            if not p.alive:
+                return
+            p.alive = False
+            mesh = self.meshes.get(p.mesh_id)
+            pending = [k for k, g in self.gathers.items() if g.mesh_id == p.mesh_id and p.rank in g.outstanding]
+        f = self._failure(p, "heartbeat", detail)
+        _kill(p.pid, signal.SIGKILL)  # a hung proc is of no use; killing it lets the rank be respawned
+        for key in pending:
+            self._add_to_gather(key, p.rank, BROKEN, dumps(f)[0], [])
+        if mesh is not None:
+            with self.lock:
+                self._check_waiters(mesh)
+            self._event({"k": "proc_exit", "m": p.mesh_id, "rk": p.rank}, f)
+            self._maybe_stopped(mesh)
 
     def _template_event(self) -> None:
         try:
@@ -324,32 +487,48 @@ class Agent:
             p = self.by_pid.get(pid)
             if p is None or not p.alive:
                 return
+        self._drain(p)
+        with self.lock:
             p.alive = False
+            p.exit_code, p.exit_signal = code, sig
             mesh = self.meshes.get(p.mesh_id)
             pending = [k for k, g in self.gathers.items() if g.mesh_id == p.mesh_id and p.rank in g.outstanding]
         how = _how(p, code, sig)
         kind = "signal" if sig else "exit"
-        f = self._failure(p, kind, f"proc {pid} {how}", code, sig)
+        by = " (killed on request)" if p.killed_by_user else ""
+        f = self._failure(p, kind, f"proc {pid} {how}{by}", code, sig)
         for key in pending:
             self._add_to_gather(key, p.rank, BROKEN, dumps(f)[0], [])
         if mesh is not None:
-            self._maybe_spawned(mesh)
+            with self.lock:
+                self._check_waiters(mesh)
             if not p.stopping:
                 self._event({"k": "proc_exit", "m": p.mesh_id, "rk": p.rank}, f)
             self._maybe_stopped(mesh)
 
-    def _pipe_readable(self, fd: int, p: _Proc, stream: int, buf: bytearray) -> None:
+    def _drain(self, p: _Proc) -> None:
+        """Read what a dead proc left in its pipes, so its last words (a traceback) are reported."""
+        for fd in p.fds:
+            for _ in range(1024):
+                try:
+                    key = self.sel.get_key(fd)
+                except (KeyError, ValueError):
+                    break
+                if not self._pipe_readable(fd, *key.data[1]):
+                    break
+
+    def _pipe_readable(self, fd: int, p: _Proc, stream: int, buf: bytearray) -> bool:
         try:
             chunk = os.read(fd, 1 << 16)
         except BlockingIOError:
-            return
+            return False
         except OSError:
             chunk = b""
         if chunk:
             buf += chunk
             cut = buf.rfind(b"\n")
             if cut < 0 and len(buf) < 1 << 16:
-                return
+                return True
             text, rest = bytes(buf[: cut + 1] if cut >= 0 else buf), buf[cut + 1 :] if cut >= 0 else b""
             buf[:] = rest
         else:
@@ -358,10 +537,11 @@ class Agent:
             text = bytes(buf)
             buf.clear()
             if not text:
-                return
+                return True
         lines = text.decode(errors="replace").splitlines()
         p.tail.extend(line + "\n" for line in lines)
         self._event({"k": "out", "m": p.mesh_id, "rk": p.rank, "fd": stream, "label": p.label, "lines": lines})
+        return True
 
     # -- lifecycle --------------------------------------------------------------------------------
     def shutdown(self) -> None:
@@ -440,8 +620,16 @@ def main() -> None:
     agent = Agent(cfg)
     threading.Thread(target=agent.transport.serve, args=(agent.handle,), name="recv", daemon=True).start()
     threading.Thread(target=_watch_stdin, args=(agent,), name="lifeline", daemon=True).start()
-    agent._event({"k": "agent_up", "h": agent.host_index, "addr": agent.transport.address, "pid": os.getpid(),
-                  "hk": host_key(), "nonce": cfg.get("nonce", "")})
+    agent._event(
+        {
+            "k": "agent_up",
+            "h": agent.host_index,
+            "addr": agent.transport.address,
+            "pid": os.getpid(),
+            "hk": host_key(),
+            "nonce": cfg.get("nonce", ""),
+        }
+    )
     try:
         agent.io_loop()
     finally:

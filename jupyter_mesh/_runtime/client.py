@@ -13,26 +13,30 @@ It turns endpoint calls into signed messages and replies into futures:
 from __future__ import annotations
 
 import itertools
+import linecache
 import pickle
 import queue
 import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 from .._future import Future
+from .._serialize import describe_unpicklable, dumps, loads
 from .._shape import Shape
+from .._transport import Message, Transport
 from .._value_mesh import ValueMesh
 from ..errors import (
     ActorError,
     Failure,
+    MeshCancelledError,
     MeshClosedError,
     MeshError,
+    MeshValueError,
     RemoteFailure,
     SerializationError,
     SupervisionError,
 )
-from .._serialize import describe_unpicklable, dumps, loads
-from .._transport import Message, Transport
 
 if TYPE_CHECKING:
     from .._mesh import ActorMesh, ProcMeshRef
@@ -43,6 +47,8 @@ __all__ = ["Client", "current_client", "set_current_client"]
 NO_REPLY, DIRECT, GATHER = 0, 1, 2
 # per-rank status in replies ("ok")
 RAISED, OK, BROKEN = 0, 1, 2
+
+_PROC_DEATH = frozenset({"exit", "signal", "heartbeat"})
 
 _current: Client | None = None
 _current_lock = threading.Lock()
@@ -82,6 +88,7 @@ class _Pending:
     broken: list[Failure] = field(default_factory=list)
     ref: ProcMeshRef | None = None
     stream_q: queue.SimpleQueue[Future[Any]] | None = None
+    call_id: int = 0
 
 
 class Client:
@@ -94,9 +101,16 @@ class Client:
         self._pending: dict[int, _Pending] = {}
         self._lock = threading.Lock()  # pending table, seq counters, send order
         self._seq: dict[str, list[int]] = {}
+        self._actor_mesh: dict[str, str] = {}  # actor id -> proc mesh id
         self._inflight: dict[tuple[str, int], int] = {}
         self._failed: dict[tuple[str, int], Failure] = {}
         self._stopped: set[str] = set()
+        # (mesh_id, ranks, +1 | -1): calls to ranks started / finished; the controller tracks busy/idle
+        self.activity: Callable[[str, list[int], int], None] | None = None
+        # (actor mesh, spawn payload, buffers): the controller keeps them to re-create actors on respawn
+        self.on_spawn: Callable[[ActorMesh[Any], bytes, list[Any]], None] | None = None
+        # runs before every call and spawn: the controller raises unhandled failures there (fail fast)
+        self.before_call: Callable[[], None] | None = None
 
     # -- helpers ---------------------------------------------------------------------------------------
     def _encode_args(self, mesh: ActorMesh[Any], endpoint: str, args: Any, kwargs: Any) -> tuple[bytes, list[Any]]:
@@ -110,9 +124,15 @@ class Client:
             ) from None
 
     def _check_targets(self, ref: ProcMeshRef, ranks: list[int], context: str) -> None:
+        if self.before_call is not None:
+            self.before_call()
         if ref.mesh_id in self._stopped:
-            raise MeshClosedError(
-                f"proc mesh '{ref.name}' was stopped; {context} cannot run. Spawn a new proc mesh."
+            raise MeshClosedError(f"proc mesh '{ref.name}' was stopped; {context} cannot run. Spawn a new proc mesh.")
+        gone = [r for r in ranks if r >= len(ref.proc_addrs)]
+        if gone:
+            raise MeshValueError(
+                f"{context}: ranks {gone[:8]} of '{ref.name}' were removed when the mesh shrank; "
+                "use a slice of the current mesh"
             )
         failed = [self._failed[(ref.mesh_id, r)] for r in ranks if (ref.mesh_id, r) in self._failed]
         if failed:
@@ -122,6 +142,9 @@ class Client:
         arr = self._seq.get(mesh._actor_id)
         if arr is None:
             arr = self._seq[mesh._actor_id] = [0] * len(mesh._ref.proc_addrs)
+            self._actor_mesh[mesh._actor_id] = mesh._ref.mesh_id
+        elif len(arr) < len(mesh._ref.proc_addrs):  # the mesh grew
+            arr.extend([0] * (len(mesh._ref.proc_addrs) - len(arr)))
         vals = [arr[r] for r in ranks]
         for r in ranks:
             arr[r] += 1
@@ -131,7 +154,33 @@ class Client:
     def _register(self, p: _Pending) -> int:
         call_id = next(self._ids)
         self._pending[call_id] = p
+        p.call_id = call_id
         return call_id
+
+    def _cancel(self, p: _Pending, actor_id: str) -> None:
+        """Forget the call and tell every proc still working on it to stop (O(ranks); cancels are rare)."""
+        with self._lock:
+            if self._pending.pop(p.call_id, None) is None:
+                return
+            ranks = sorted(p.outstanding)
+            p.outstanding.clear()
+        if self.activity is not None and ranks:
+            self.activity(p.mesh_id, ranks, -1)
+        if p.stream_q is not None:
+            for _ in ranks:
+                f: Future[Any] = Future(p.endpoint)
+                f._set_exception(MeshCancelledError(f"{p.actor}.{p.endpoint} was cancelled"))
+                p.stream_q.put(f)
+        assert p.ref is not None
+        for r in ranks:
+            if (p.mesh_id, r) in self._failed:
+                continue
+            try:
+                self.transport.send(
+                    p.ref.proc_addrs[r], Message({"k": "cancel", "a": actor_id, "ci": p.call_id, "s": self.address})
+                )
+            except Exception:  # noqa: BLE001 - the proc may be gone; nothing left to cancel there
+                pass
 
     # -- calls -----------------------------------------------------------------------------------------
     def spawn_actors(self, mesh: ActorMesh[Any], cls: type, args: Any, kwargs: Any) -> Future[None]:
@@ -142,35 +191,89 @@ class Client:
         except SerializationError as e:
             raise SerializationError(f"cannot send {cls.__qualname__} and its arguments to the procs: {e}") from None
         fut: Future[None] = Future(f"spawn of {mesh._name}")
-        p = _Pending(fut, mesh._ref.mesh_id, "spawn", mesh._name, "__init__", mesh._shape, ranks, set(ranks), ref=mesh._ref)
-        header = {"k": "spawn", "pm": mesh._ref.mesh_id, "a": mesh._actor_id, "n": mesh._name, "sl": mesh._shape.slice.to_wire(),
-                  "s": self.address, "rm": GATHER}
+        p = _Pending(
+            fut, mesh._ref.mesh_id, "spawn", mesh._name, "__init__", mesh._shape, ranks, set(ranks), ref=mesh._ref
+        )
+        header = {
+            "k": "spawn",
+            "pm": mesh._ref.mesh_id,
+            "a": mesh._actor_id,
+            "n": mesh._name,
+            "sl": mesh._shape.slice.to_wire(),
+            "s": self.address,
+            "rm": GATHER,
+        }
         self._send_cast(mesh, ranks, header, payload, bufs, p)
+        if self.on_spawn is not None:
+            self.on_spawn(mesh, payload, bufs)
         return fut
+
+    def respawn_actor(self, mesh: ActorMesh[Any], rank: int, payload: bytes, bufs: list[Any]) -> Future[None]:
+        """Re-create one actor on a freshly respawned proc with its original spawn payload."""
+        fut: Future[None] = Future(f"respawn of {mesh._name}")
+        p = _Pending(fut, mesh._ref.mesh_id, "spawn", mesh._name, "__init__", None, [rank], {rank}, ref=mesh._ref)
+        with self._lock:
+            header = {
+                "k": "spawn",
+                "pm": mesh._ref.mesh_id,
+                "a": mesh._actor_id,
+                "n": mesh._name,
+                "rk": rank,
+                "s": self.address,
+                "rm": DIRECT,
+                "i": self._register(p),
+                "q": self._seqs(mesh, [rank]),
+            }
+            self.transport.send(mesh._ref.proc_addrs[rank], Message(header, payload, bufs))
+        return fut
+
+    def reset_ranks(self, mesh_id: str, ranks: list[int], actor_ids: list[str]) -> None:
+        """Ranks got new procs: forget their failures and restart our sequence numbers to them."""
+        with self._lock:
+            for r in ranks:
+                self._failed.pop((mesh_id, r), None)
+            for a in actor_ids:
+                arr = self._seq.get(a)
+                if arr is not None:
+                    for r in ranks:
+                        if r < len(arr):
+                            arr[r] = 0
 
     def cast(self, mesh: ActorMesh[Any], endpoint: str, args: Any, kwargs: Any, mode: str) -> Any:
         ranks = mesh._shape.ranks()
         self._check_targets(mesh._ref, ranks, f"calling {mesh._class_name}.{endpoint}")
         payload, bufs = self._encode_args(mesh, endpoint, args, kwargs)
-        header = {"k": "c", "pm": mesh._ref.mesh_id, "a": mesh._actor_id, "m": endpoint,
-                  "sl": mesh._shape.slice.to_wire(), "s": self.address}
+        header = {
+            "k": "c",
+            "pm": mesh._ref.mesh_id,
+            "a": mesh._actor_id,
+            "m": endpoint,
+            "sl": mesh._shape.slice.to_wire(),
+            "s": self.address,
+        }
         if mode == "broadcast":
             header["rm"] = NO_REPLY
             self._send_cast(mesh, ranks, header, payload, bufs, None)
             return None
         fut: Future[Any] = Future(f"{mesh._class_name}.{endpoint}")
         p = _Pending(fut, mesh._ref.mesh_id, mode, mesh._name, endpoint, mesh._shape, ranks, set(ranks), ref=mesh._ref)
+        fut._on_cancel = lambda: self._cancel(p, mesh._actor_id)
         if mode == "stream":
             p.stream_q = queue.SimpleQueue()
             header["rm"] = DIRECT
             self._send_cast(mesh, ranks, header, payload, bufs, p)
-            return self._iter_stream(p)
+            return self._iter_stream(p, mesh._actor_id)
         header["rm"] = GATHER
         self._send_cast(mesh, ranks, header, payload, bufs, p)
         return fut
 
     def _send_cast(
-        self, mesh: ActorMesh[Any], ranks: list[int], header: dict[str, Any], payload: bytes, bufs: list[Any],
+        self,
+        mesh: ActorMesh[Any],
+        ranks: list[int],
+        header: dict[str, Any],
+        payload: bytes,
+        bufs: list[Any],
         p: _Pending | None,
     ) -> None:
         ref = mesh._ref
@@ -181,6 +284,8 @@ class Client:
             frames = self.transport.encode(Message(header, payload, bufs))
             for h in hosts:
                 self.transport.send_raw(ref.agent_addrs[h], frames)
+        if p is not None and self.activity is not None:
+            self.activity(ref.mesh_id, ranks, 1)
 
     def call_rank(self, mesh: ActorMesh[Any], rank: int, endpoint: str, args: Any, kwargs: Any) -> Future[Any]:
         ref = mesh._ref
@@ -188,16 +293,27 @@ class Client:
         payload, bufs = self._encode_args(mesh, endpoint, args, kwargs)
         fut: Future[Any] = Future(f"{mesh._class_name}.{endpoint}")
         p = _Pending(fut, ref.mesh_id, "one", mesh._name, endpoint, None, [rank], {rank}, ref=ref)
+        fut._on_cancel = lambda: self._cancel(p, mesh._actor_id)
         key = (mesh._actor_id, rank)
         local = _same_host(ref, rank)
         with self._lock:
             call_id = self._register(p)
             self._inflight[key] = self._inflight.get(key, 0) + 1
-            header = {"k": "c", "a": mesh._actor_id, "m": endpoint, "rk": rank, "s": self.address,
-                      "rm": DIRECT, "i": call_id, "q": self._seqs(mesh, [rank])}
+            header = {
+                "k": "c",
+                "a": mesh._actor_id,
+                "m": endpoint,
+                "rk": rank,
+                "s": self.address,
+                "rm": DIRECT,
+                "i": call_id,
+                "q": self._seqs(mesh, [rank]),
+            }
             if local:
                 header["l"] = 1  # data plane: the reply may come back through shared memory too
             self.transport.send(ref.proc_addrs[rank], Message(header, payload, bufs), local=local)
+        if self.activity is not None:
+            self.activity(ref.mesh_id, [rank], 1)
         fut.add_done_callback(lambda _f: self._done_inflight(key))
         return fut
 
@@ -223,14 +339,12 @@ class Client:
             self._check_targets(mesh._ref, mesh._shape.ranks(), f"choosing an actor of {mesh._name}")
         start = next(self._ids)  # rotate ties so equal loads spread out
         n = len(alive)
-        order = alive[start % n:] + alive[: start % n]
+        order = alive[start % n :] + alive[: start % n]
         rank = min(order, key=lambda r: self._inflight.get((mesh._actor_id, r), 0))
         return self.call_rank(mesh, rank, endpoint, args, kwargs)
 
-    def _iter_stream(self, p: _Pending) -> Iterator[Future[Any]]:
-        assert p.stream_q is not None
-        for _ in range(len(p.ranks)):
-            yield p.stream_q.get()
+    def _iter_stream(self, p: _Pending, actor_id: str) -> Iterator[Future[Any]]:
+        return _Stream(self, p, actor_id)
 
     def request(self, address: str, header: dict[str, Any], obj: Any = None, what: str = "request") -> Future[Any]:
         """A control request (to an agent): the reply's payload is the future's value."""
@@ -275,14 +389,25 @@ class Client:
             else:
                 p.future._set_exception(value if isinstance(value, BaseException) else MeshError(str(value)))
             return
+        outcome = self._decode_outcome(p, rank, ok, payload, bufs)
         with self._lock:
             if rank not in p.outstanding:
                 return
             p.outstanding.discard(rank)
-            done = not p.outstanding
+            # a broken rank dooms the whole call: fail it now, naming every broken rank it targets
+            doomed = isinstance(outcome, Failure) and outcome.kind in _PROC_DEATH and p.mode != "stream"
+            done = not p.outstanding or doomed
             if done:
                 self._pending.pop(call_id, None)
-        outcome = self._decode_outcome(p, rank, ok, payload, bufs)
+            finished = [rank]
+            if doomed:
+                known = {r: self._failed[(p.mesh_id, r)] for r in p.ranks if (p.mesh_id, r) in self._failed}
+                known[rank] = outcome
+                p.broken = [known[r] for r in sorted(known)]
+                finished += sorted(p.outstanding)
+                p.outstanding.clear()
+        if self.activity is not None:
+            self.activity(p.mesh_id, finished, -1)
         if p.mode == "stream":
             assert p.stream_q is not None
             f: Future[Any] = Future(p.endpoint)
@@ -308,8 +433,9 @@ class Client:
             value = loads(payload, bufs)
         except Exception as e:  # noqa: BLE001 - a result we cannot unpickle is that rank's error
             coords = p.ref.coords(rank) if p.ref else {}
-            return RemoteFailure(coords, p.actor, p.endpoint, "SerializationError",
-                                 f"the result does not unpickle here: {e}", "")
+            return RemoteFailure(
+                coords, p.actor, p.endpoint, "SerializationError", f"the result does not unpickle here: {e}", ""
+            )
         if ok == OK:
             return value
         if ok == BROKEN:
@@ -338,15 +464,40 @@ class Client:
             self._pending.pop(call_id, None)
 
     # -- supervision -----------------------------------------------------------------------------------
-    def mark_failed(self, failure_by_rank: dict[int, Failure], mesh_id: str) -> None:
-        """Ranks of ``mesh_id`` broke: fail what waits on them now, and later calls at the call site."""
+    def mark_failed(self, failure_by_rank: dict[int, Failure], mesh_id: str) -> int:
+        """Ranks of ``mesh_id`` broke: fail what waits on them now, and later calls at the call site.
+
+        Returns how many pending calls it failed (0: nobody was told; the fault hook should be)."""
         with self._lock:
             for r, f in failure_by_rank.items():
                 self._failed[(mesh_id, r)] = f
-            hit = [(cid, p) for cid, p in self._pending.items() if p.mesh_id == mesh_id and p.outstanding & failure_by_rank.keys()]
+            hit = [
+                (cid, p)
+                for cid, p in self._pending.items()
+                if p.mesh_id == mesh_id and p.outstanding & failure_by_rank.keys()
+            ]
         for cid, p in hit:
             for r in sorted(p.outstanding & failure_by_rank.keys()):
                 self._add(p, cid, r, BROKEN, pickle.dumps(failure_by_rank[r]), [])
+        return len(hit)
+
+    def mark_removed(self, mesh_id: str, ranks: list[int]) -> None:
+        """Ranks removed by a shrink: calls waiting on them fail as closed; their state is forgotten."""
+        gone = set(ranks)
+        with self._lock:
+            for r in ranks:
+                self._failed.pop((mesh_id, r), None)
+            first = min(ranks, default=None)
+            for actor_id, arr in self._seq.items():  # a later grow starts those ranks at 0 again
+                if first is not None and self._actor_mesh.get(actor_id) == mesh_id:
+                    del arr[first:]
+            hit = [(cid, p) for cid, p in self._pending.items() if p.mesh_id == mesh_id and p.outstanding & gone]
+            for cid, _ in hit:
+                self._pending.pop(cid, None)
+        for _, p in hit:
+            err = MeshClosedError(f"ranks of '{p.actor}' were removed by a shrink while {p.endpoint} was pending")
+            if p.future is not None and p.stream_q is None:
+                p.future._set_exception(err)
 
     def clear_failed(self, mesh_id: str, ranks: list[int]) -> None:
         with self._lock:
@@ -387,6 +538,41 @@ class Client:
                 p.future._set_exception(exc)
 
 
+class _Stream(Iterator[Future[Any]]):
+    """Completed futures in arrival order. Leaving early (``break``, Ctrl-C, an exception, or just
+    dropping the iterator) cancels the calls still running, so nothing keeps working for nobody."""
+
+    def __init__(self, client: Client, p: _Pending, actor_id: str):
+        self._client, self._p, self._actor_id = client, p, actor_id
+        self._left = len(p.ranks)
+
+    def __iter__(self) -> _Stream:
+        return self
+
+    def __next__(self) -> Future[Any]:
+        if not self._left:
+            raise StopIteration
+        assert self._p.stream_q is not None
+        try:
+            item = self._p.stream_q.get()
+        except BaseException:
+            self.close()
+            raise
+        self._left -= 1
+        return item
+
+    def close(self) -> None:
+        if self._left:
+            self._left = 0
+            self._client._cancel(self._p, self._actor_id)
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - at interpreter exit the runtime may be gone
+            pass
+
+
 _host_key: str | None = None
 
 
@@ -410,10 +596,29 @@ def _remote_failure(info: Any, p: _Pending, rank: int) -> RemoteFailure:
             exc = loads(info["exc"])
         except Exception:  # noqa: BLE001 - the class may not exist here; the text is enough
             exc = None
-    return RemoteFailure(coords, p.actor, info.get("endpoint", p.endpoint), info["type"], info["msg"], info["tb"], exc)
+    tb = _render_traceback(info) or info["tb"]
+    return RemoteFailure(coords, p.actor, info.get("endpoint", p.endpoint), info["type"], info["msg"], tb, exc)
 
 
-def pack_gathered(entries: list[tuple[int, int, bytes | memoryview, list[Any]]]) -> tuple[list[list[int]], bytes, list[Any]]:
+def _render_traceback(info: dict[str, Any]) -> str:
+    """Re-render the remote frames here, filling source lines from this process's linecache: code
+    defined in a notebook cell exists only in the kernel's linecache, not on the worker."""
+    frames = info.get("frames")
+    if not frames:
+        return ""
+    out = ["Traceback (most recent call last):\n"]
+    for filename, lineno, name, line in frames:
+        out.append(f'  File "{filename}", line {lineno}, in {name}\n')
+        line = line or linecache.getline(filename, lineno or 0).strip()
+        if line:
+            out.append(f"    {line}\n")
+    out.append(info.get("tail") or f"{info['type']}: {info['msg']}\n")
+    return "".join(out)
+
+
+def pack_gathered(
+    entries: list[tuple[int, int, bytes | memoryview, list[Any]]],
+) -> tuple[list[list[int]], bytes, list[Any]]:
     """(rank, ok, payload, buffers) per rank -> header table, one payload, all buffers (for ``g``)."""
     table, parts, bufs = [], [], []
     for rank, ok, payload, b in entries:
@@ -421,4 +626,3 @@ def pack_gathered(entries: list[tuple[int, int, bytes | memoryview, list[Any]]])
         parts.append(bytes(payload))
         bufs.extend(b)
     return table, b"".join(parts), bufs
-

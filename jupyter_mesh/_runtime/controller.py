@@ -8,31 +8,94 @@ printed output; everything else runs on the caller's thread. One per process: ``
 from __future__ import annotations
 
 import atexit
+import collections
+import heapq
 import os
 import secrets
 import sys
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from .._future import Future
 from .._serialize import loads
 from .._shape import Shape
+from .._state import StateTracker
 from .._transport import Message, Transport
-from ..errors import Failure, MeshClosedError, MeshError, MeshTimeoutError, SupervisionError, format_coords
+from ..errors import (
+    Failure,
+    MeshClosedError,
+    MeshError,
+    MeshTimeoutError,
+    MeshValueError,
+    SupervisionError,
+)
 from .client import Client
 
 if TYPE_CHECKING:
-    from .._mesh import ProcMeshRef
+    from .._mesh import ActorMesh, ProcMeshRef
     from ..jobs import AgentHandle, Job
 
-__all__ = ["Controller", "OutputSink"]
+__all__ = ["Controller", "Embedding", "FaultHook", "OutputSink", "fail_fast", "set_fault_hook"]
+
+
+@dataclass
+class Embedding:
+    """What a proc lends a controller created inside it (see ``Controller.__init__``)."""
+
+    key: bytes
+    transport: Transport
+    client: Client
+    route: Callable[[Callable[[Message, list[Any]], None]], None]  # forward controller messages here
+    # the actor that is spawning (per thread), so its __supervise__ hears of its meshes' failures
+    current_owner: Callable[[], Any]
+    supervise: Callable[[Any, SupervisionError], None]
+
+
+_embedding: Embedding | None = None
+
+
+def embed(embedding: Embedding) -> None:
+    """Called once by a proc at start-up: a Controller created later in it will share its runtime."""
+    global _embedding
+    _embedding = embedding
+
+
+FaultHook = Callable[[SupervisionError], None]
+"""Called (on the runtime's receive thread) with a failure that no pending call was told about."""
+
+
+def fail_fast(err: SupervisionError) -> None:
+    """The default in scripts: say it now, raise it at the next API call, exit non-zero if ignored."""
+    print(f"jupyter_mesh: unhandled failure: {err}", file=sys.stderr)
+    inst = Controller._instance
+    if inst is not None:
+        inst._hold_fault(err)
+
+
+fault_hook: FaultHook = fail_fast
+
+
+def set_fault_hook(hook: FaultHook | None) -> FaultHook:
+    """Install ``hook`` for unhandled failures (None restores fail-fast); returns the previous one.
+
+    A Jupyter kernel installs one that shows the failure and never kills the kernel.
+    """
+    global fault_hook
+    prev, fault_hook = fault_hook, hook or fail_fast
+    return prev
 
 
 def _local_host_key() -> str:
     from .agent import host_key
 
     return host_key()
+
+
+# output lines kept per rank for ProcMesh.logs() / %mesh logs (a flood of 10^5 lines fits)
+LOG_LINES_PER_RANK = int(os.environ.get("JUPYTER_MESH_LOG_LINES", "200000"))
 
 OutputSink = Callable[[str, int, str, int, list[str]], None]
 """(mesh name, rank, coords label, fd 1/2, lines) -> None: where worker output goes."""
@@ -51,6 +114,13 @@ class _ProcMeshRecord:
     pids: dict[int, int]
     stopped: bool = False
     failures: dict[int, Failure] = field(default_factory=dict)
+    # actor meshes spawned from here on this proc mesh, with their spawn payloads (for respawn)
+    actors: list[tuple[ActorMesh[Any], bytes, list[Any]]] = field(default_factory=list)
+    owner: Any = None  # the actor (inside a proc) that spawned this mesh: its __supervise__ is asked first
+    job: Any = None
+    env: dict[str, str] = field(default_factory=dict)
+    preload: list[str] = field(default_factory=list)
+    logs: dict[int, collections.deque[tuple[float, int, int, str]]] = field(default_factory=dict)
 
 
 class Controller:
@@ -66,25 +136,48 @@ class Controller:
             with cls._instance_lock:
                 inst = cls._instance
                 if inst is None:
-                    inst = cls._instance = Controller()
+                    inst = cls._instance = Controller(embedded=_embedding)
         return inst
 
-    def __init__(self, bind: str | None = None):
-        self.key = secrets.token_bytes(32)
-        self.transport = Transport(self.key, bind or os.environ.get("JUPYTER_MESH_BIND", "tcp://127.0.0.1"))
+    def __init__(self, bind: str | None = None, embedded: Embedding | None = None):
+        """``embedded``: inside a proc, an actor that spawns meshes makes the proc a controller too;
+        it then shares the proc's key, transport, client and receive thread instead of its own."""
+        self.embedded = embedded is not None
+        if embedded is not None:
+            self.key, self.transport, self.client = embedded.key, embedded.transport, embedded.client
+        else:
+            self.key = secrets.token_bytes(32)
+            self.transport = Transport(self.key, bind or os.environ.get("JUPYTER_MESH_BIND", "tcp://127.0.0.1"))
+            self.client = Client(self.transport)
         self.address = self.transport.address
-        self.client = Client(self.transport)
+        self.state = StateTracker()
+        self.client.activity = self.state.activity
+        self.client.on_spawn = self._record_spawn
         self.output: OutputSink = print_output
         self._agent_waiters: dict[str, Future[dict[str, Any]]] = {}
         self._meshes: dict[str, _ProcMeshRecord] = {}
         self._jobs: list[Job] = []
         self._lock = threading.Lock()
         self._closed = False
-        self._thread = threading.Thread(
-            target=self.transport.serve, args=(self._on_message,), name="jupyter-mesh-recv", daemon=True
-        )
-        self._thread.start()
-        atexit.register(self.shutdown)
+        self.pending_fault: SupervisionError | None = None
+        self._killed_on_request: set[tuple[str, int]] = set()
+        self.client.before_call = self.raise_pending_fault
+        # liveness of agents: O(hosts) pings per interval, never O(procs)
+        self.hb_timeout = float(os.environ.get("JUPYTER_MESH_HEARTBEAT_TIMEOUT", "3.0"))
+        self._agent_seen: dict[str, float] = {}
+        self._agents_lost: set[str] = set()
+        self._hb_stop = threading.Event()
+        self._hb_thread = threading.Thread(target=self._heartbeats, name="jupyter-mesh-heartbeat", daemon=True)
+        self._hb_thread.start()
+        self._thread: threading.Thread | None = None
+        if embedded is not None:
+            embedded.route(self._on_message)
+        else:
+            self._thread = threading.Thread(
+                target=self.transport.serve, args=(self._on_message,), name="jupyter-mesh-recv", daemon=True
+            )
+            self._thread.start()
+        atexit.register(self._at_exit)
 
     # -- events from the wire (receive thread) ----------------------------------------------------
     def _on_message(self, msg: Message, frames: list[Any]) -> None:
@@ -94,14 +187,26 @@ class Controller:
             self.client.on_reply(msg)
         elif k == "out":
             rec = self._meshes.get(h["m"])
+            if rec is not None:
+                now = time.time()
+                q = rec.logs.get(h["rk"])
+                if q is None:
+                    q = rec.logs[h["rk"]] = collections.deque(maxlen=LOG_LINES_PER_RANK)
+                q.extend((now, h["rk"], h["fd"], line) for line in h["lines"])
             self.output(rec.ref.name if rec else h["m"], h["rk"], h["label"], h["fd"], h["lines"])
+        elif k == "proc_ready":
+            self.state.ready(h["m"], h["rk"], h["pid"])
         elif k == "rdma":
             from .. import _rdma_owner as _rdma
 
             _rdma.handle_message(self.transport, msg)
         elif k == "proc_exit":
             self._proc_exit(h["m"], h["rk"], loads(msg.payload, msg.buffers))
+        elif k == "hb_ack":
+            if h["addr"] in self._agent_seen:
+                self._agent_seen[h["addr"]] = time.monotonic()
         elif k == "agent_up":
+            self._agent_seen[h["addr"]] = time.monotonic()
             w = self._agent_waiters.pop(h.get("nonce", ""), None)
             if w is not None:
                 w._set_result(h)
@@ -111,10 +216,70 @@ class Controller:
         if rec is None or rec.stopped:
             return
         rec.failures[rank] = failure
-        self.client.mark_failed({rank: failure}, mesh_id)
-        print(f"jupyter_mesh: [{failure.mesh} {format_coords(failure.coords)}] {failure.detail}", file=sys.stderr)
+        told = self.client.mark_failed({rank: failure}, mesh_id)
+        self.state.failed(mesh_id, rank, failure)
+        if (mesh_id, rank) in self._killed_on_request:
+            return
+        if rec.owner is not None and _embedding is not None:  # an actor owns the mesh: it supervises
+            _embedding.supervise(rec.owner, SupervisionError([failure], f"in mesh '{rec.ref.name}' that it owns"))
+            return
+        if not told:  # nobody was told: unhandled so far
+            hook = fault_hook
+            try:
+                hook(SupervisionError([failure], "while nothing was waiting on it"))
+            except Exception:  # noqa: BLE001 - a broken hook must not break supervision
+                import traceback
+
+                traceback.print_exc()
+
+    # -- fail fast (the default fault hook in scripts) ---------------------------------------------
+    def _hold_fault(self, err: SupervisionError) -> None:
+        with self._lock:
+            prev = self.pending_fault
+            self.pending_fault = SupervisionError([*(prev.failures if prev else []), *err.failures], err.context)
+
+    def raise_pending_fault(self) -> None:
+        """Raise an unhandled failure at the next API call (once), as fail-fast promises."""
+        if self.pending_fault is None:
+            return
+        with self._lock:
+            err, self.pending_fault = self.pending_fault, None
+        if err is not None:
+            raise err
 
     # -- agents -----------------------------------------------------------------------------------
+    def _heartbeats(self) -> None:
+        interval = self.hb_timeout / 4
+        while not self._hb_stop.wait(interval):
+            now = time.monotonic()
+            for addr, seen in list(self._agent_seen.items()):
+                if addr in self._agents_lost:
+                    continue
+                if now - seen > self.hb_timeout:
+                    self._agents_lost.add(addr)
+                    self._host_lost(addr, now - seen)
+                    continue
+                try:
+                    self.transport.send(addr, Message({"k": "hb"}))
+                except Exception:  # noqa: BLE001 - closing down
+                    return
+
+    def _host_lost(self, addr: str, silent: float) -> None:
+        """An agent went silent: every rank on its host is failed (procs there may be unreachable)."""
+        for mesh_id, rec in list(self._meshes.items()):
+            if rec.stopped or addr not in rec.ref.agent_addrs:
+                continue
+            host = rec.ref.agent_addrs.index(addr)
+            ranks = [r for r, h in enumerate(rec.ref.rank_host) if h == host and r not in rec.failures]
+            for r in ranks:
+                f = Failure(
+                    rec.ref.name,
+                    rec.ref.coords(r),
+                    "heartbeat",
+                    f"the host agent at {addr} stopped answering heartbeats for {silent:.1f} s",
+                )
+                self._proc_exit(mesh_id, r, f)
+
     def expect_agent(self, nonce: str) -> Future[dict[str, Any]]:
         fut: Future[dict[str, Any]] = Future("agent start")
         self._agent_waiters[nonce] = fut
@@ -130,29 +295,42 @@ class Controller:
 
     # -- proc meshes ------------------------------------------------------------------------------
     def spawn_procs(
-        self, job: Job, host_indices: list[int], shape: Shape, name: str, env: dict[str, str],
-        preload: list[str], timeout: float,
+        self,
+        job: Job,
+        host_indices: list[int],
+        shape: Shape,
+        name: str,
+        env: dict[str, str],
+        preload: list[str],
+        timeout: float,
     ) -> ProcMeshRef:
         from .._mesh import ProcMeshRef, _new_id
 
         self._check_open()
+        self.raise_pending_fault()
         agents: list[AgentHandle] = job.agents(timeout)
         hosts = [agents[i] for i in host_indices]
         per_host = len(shape) // len(hosts)
         mesh_id = _new_id(name)
-        ref = ProcMeshRef(mesh_id, name, shape, [""] * len(shape), [r // per_host for r in range(len(shape))],
-                          [a.addr for a in hosts], [a.host_key for a in hosts])
+        ref = ProcMeshRef(
+            mesh_id,
+            name,
+            shape,
+            [""] * len(shape),
+            [r // per_host for r in range(len(shape))],
+            [a.addr for a in hosts],
+            [a.host_key for a in hosts],
+        )
         rec = _ProcMeshRecord(ref, {})
+        if _embedding is not None and self.embedded:
+            rec.owner = _embedding.current_owner()
         self._meshes[mesh_id] = rec
-        futs = []
-        for pos, agent in enumerate(hosts):
-            ranks = list(range(pos * per_host, (pos + 1) * per_host))
-            futs.append(self.client.request(agent.addr, {
-                "k": "spawn_procs", "mesh_id": mesh_id, "name": name, "ranks": ranks, "shape": shape.to_wire(),
-                "env": env, "preload": preload,
-                # same machine: procs see the controller's modules and relative paths
-                **({"cwd": os.getcwd(), "path": sys.path} if agent.host_key == _local_host_key() else {}),
-            }, what=f"spawn of proc mesh '{name}'"))
+        self.state.created(mesh_id, name, dict(shape.extent), [dict(shape.point(r)) for r in range(len(shape))])
+        rec.job, rec.env, rec.preload = job, env, preload
+        futs = [
+            self._spawn_request(agent, ref, list(range(pos * per_host, (pos + 1) * per_host)), env, preload)
+            for pos, agent in enumerate(hosts)
+        ]
         errors: list[BaseException] = []
         for f in futs:
             try:
@@ -171,21 +349,222 @@ class Controller:
             raise errors[0]
         return ref
 
+    def _spawn_request(
+        self, agent: AgentHandle, ref: ProcMeshRef, ranks: list[int], env: dict[str, str], preload: list[str]
+    ) -> Future[Any]:
+        req = {
+            "k": "spawn_procs",
+            "mesh_id": ref.mesh_id,
+            "name": ref.name,
+            "ranks": ranks,
+            "shape": ref.shape.to_wire(),
+            "env": env,
+            "preload": preload,
+        }
+        if agent.host_key == _local_host_key():  # same machine: procs see our modules and relative paths
+            req.update(cwd=os.getcwd(), path=sys.path)
+        return self.client.request(agent.addr, req, what=f"spawn of proc mesh '{ref.name}'")
+
+    # -- elasticity -------------------------------------------------------------------------------
+    def resize(self, ref: ProcMeshRef, dim: str, size: int, timeout: float) -> None:
+        """Grow or shrink one dim. Ranks keep their numbers, so every dim before ``dim`` must have
+        size 1 (``hosts`` for a one-host mesh, or ``hosts`` itself)."""
+        rec = self._record(ref)
+        self.raise_pending_fault()
+        shape = ref.shape
+        if dim not in shape.labels:
+            raise MeshValueError(f"unknown dim '{dim}'; this mesh has dims {list(shape.labels)}")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            raise MeshValueError(f"the new size of '{dim}' must be a positive int, got {size!r}")
+        i = shape.labels.index(dim)
+        outer = [lbl for lbl, n in zip(shape.labels[:i], shape.slice.sizes[:i]) if n != 1]
+        if outer:
+            raise MeshValueError(
+                f"cannot resize '{dim}' while {outer} have size > 1: ranks would be renumbered. "
+                "Resize the outermost dim, or spawn a new proc mesh"
+            )
+        new_shape = Shape.from_sizes({**dict(shape.extent), dim: size})
+        old_n, new_n = len(shape), len(new_shape)
+        if new_n > old_n:
+            self._grow(rec, new_shape, dim, timeout)
+        elif new_n < old_n:
+            self._shrink(rec, new_shape, timeout)
+
+    def _grow(self, rec: _ProcMeshRecord, new_shape: Shape, dim: str, timeout: float) -> None:
+        ref = rec.ref
+        old_n, new_n = len(ref.shape), len(new_shape)
+        n_hosts = len(ref.agent_addrs)
+        if dim == ref.shape.labels[0] and ref.host_dims >= 1:  # more hosts
+            n_hosts = new_shape.slice.sizes[0]
+            if not hasattr(rec.job, "add_hosts"):
+                raise MeshValueError(f"{rec.job!r} cannot add hosts; spawn a new proc mesh on a larger host mesh")
+            agents = rec.job.add_hosts(n_hosts - len(ref.agent_addrs), timeout)
+        per_host = new_n // n_hosts
+        new_ranks = list(range(old_n, new_n))
+        ref.proc_addrs.extend([""] * (new_n - old_n))
+        ref.rank_host.extend(r // per_host for r in new_ranks)
+        futs = []
+        for h, addr in enumerate(ref.agent_addrs):  # hosts we have: new ranks (or just the new extent)
+            ranks = [r for r in new_ranks if ref.rank_host[r] == h]
+            futs.append(
+                self.client.request(
+                    addr,
+                    {"k": "start_procs", "mesh_id": ref.mesh_id, "ranks": ranks, "shape": new_shape.to_wire()},
+                    what=f"grow of '{ref.name}'",
+                )
+            )
+        old_shape, ref.shape = ref.shape, new_shape
+        if n_hosts > len(ref.agent_addrs):  # new hosts get the mesh from scratch
+            for agent in agents:
+                h = len(ref.agent_addrs)
+                ref.agent_addrs.append(agent.addr)
+                ref.host_keys.append(agent.host_key)
+                ranks = [r for r in new_ranks if ref.rank_host[r] == h]
+                futs.append(self._spawn_request(agent, ref, ranks, rec.env, rec.preload))
+        self.state.resized(ref.mesh_id, dict(new_shape.extent), [dict(new_shape.point(r)) for r in range(new_n)])
+        try:
+            for f in futs:
+                for rank, addr, pid in f.get(timeout):
+                    ref.proc_addrs[rank] = addr
+                    rec.pids[rank] = pid
+        except BaseException:
+            self._shrink(rec, old_shape, 5.0)  # undo: no half-grown mesh
+            raise
+        spawns = [
+            self.client.respawn_actor(m, r, payload, bufs)
+            for m, payload, bufs in rec.actors
+            if m._view is None
+            for r in new_ranks
+        ]
+        self._wait_actor_spawns(spawns, timeout, "while creating actors on the new ranks")
+
+    def _shrink(self, rec: _ProcMeshRecord, new_shape: Shape, timeout: float) -> None:
+        ref = rec.ref
+        new_n = len(new_shape)
+        removed = list(range(new_n, len(ref.proc_addrs)))
+        ref.shape = new_shape  # from now on no call targets the removed ranks
+        self.client.mark_removed(ref.mesh_id, removed)
+        futs = [
+            self.client.request(
+                addr,
+                {
+                    "k": "stop_procs",
+                    "mesh_id": ref.mesh_id,
+                    "grace": timeout,
+                    "ranks": [r for r in removed if ref.rank_host[r] == h],
+                    "shape": new_shape.to_wire(),
+                },
+                what=f"shrink of '{ref.name}'",
+            )
+            for h, addr in enumerate(ref.agent_addrs)
+        ]
+        for f in futs:
+            f.get(timeout + 5.0)
+        del ref.proc_addrs[new_n:], ref.rank_host[new_n:]
+        for r in removed:
+            rec.pids.pop(r, None)
+            rec.failures.pop(r, None)
+        self.state.resized(ref.mesh_id, dict(new_shape.extent), [dict(new_shape.point(r)) for r in range(new_n)])
+
+    def _wait_actor_spawns(self, spawns: list[Future[None]], timeout: float, context: str) -> None:
+        errors = []
+        for f in spawns:
+            try:
+                f.get(timeout)
+            except SupervisionError as e:
+                errors.extend(e.failures)
+        if errors:
+            raise SupervisionError(errors, context)
+
     def stop_procs(self, ref: ProcMeshRef, timeout: float) -> None:
         rec = self._meshes.get(ref.mesh_id)
         if rec is None or rec.stopped:
             return
         rec.stopped = True
         self.client.mark_stopped(ref.mesh_id)
+        self.state.stopped(ref.mesh_id)
         if self._closed:
             return
-        futs = [self.client.request(a, {"k": "stop_procs", "mesh_id": ref.mesh_id, "grace": timeout},
-                                    what=f"stop of '{ref.name}'") for a in ref.agent_addrs]
+        futs = [
+            self.client.request(
+                a, {"k": "stop_procs", "mesh_id": ref.mesh_id, "grace": timeout}, what=f"stop of '{ref.name}'"
+            )
+            for a in ref.agent_addrs
+        ]
         for f in futs:
             try:
                 f.get(timeout + 5.0)
             except MeshTimeoutError:
-                raise MeshTimeoutError("stop", timeout + 5.0, f"agents did not confirm that '{ref.name}' stopped") from None
+                raise MeshTimeoutError(
+                    "stop", timeout + 5.0, f"agents did not confirm that '{ref.name}' stopped"
+                ) from None
+
+    def _record_spawn(self, mesh: ActorMesh[Any], payload: bytes, bufs: list[Any]) -> None:
+        rec = self._meshes.get(mesh._ref.mesh_id)
+        if rec is not None:
+            rec.actors.append((mesh, payload, [bytes(b) for b in bufs]))
+
+    def _record(self, ref: ProcMeshRef) -> _ProcMeshRecord:
+        rec = self._meshes.get(ref.mesh_id)
+        if rec is None or rec.stopped:
+            raise MeshClosedError(f"proc mesh '{ref.name}' was stopped; spawn a new one")
+        return rec
+
+    def kill(self, ref: ProcMeshRef, rank: int, sig: int, timeout: float = 10.0) -> int:
+        """Send ``sig`` to the proc of ``rank``; its exit is then reported like any failure."""
+        self._record(ref)
+        self._killed_on_request.add((ref.mesh_id, rank))
+        return self.client.request(
+            ref.agent_addrs[ref.rank_host[rank]],
+            {"k": "kill_proc", "mesh_id": ref.mesh_id, "rank": rank, "sig": sig},
+            what=f"kill of rank {rank}",
+        ).get(timeout)
+
+    def respawn(self, ref: ProcMeshRef, ranks: list[int] | None, timeout: float) -> list[int]:
+        """New procs for failed ranks, same coordinates; actors spawned from here are re-created."""
+        rec = self._record(ref)
+        ranks = sorted(rec.failures) if ranks is None else sorted(set(ranks))
+        alive = [r for r in ranks if r not in rec.failures]
+        if alive:
+            raise MeshValueError(f"ranks {alive} of '{ref.name}' have not failed; kill them first to respawn them")
+        if not ranks:
+            return []
+        by_host: dict[int, list[int]] = {}
+        for r in ranks:
+            by_host.setdefault(ref.rank_host[r], []).append(r)
+        futs = [
+            self.client.request(
+                ref.agent_addrs[h], {"k": "start_procs", "mesh_id": ref.mesh_id, "ranks": rs}, what=f"respawn of {rs}"
+            )
+            for h, rs in by_host.items()
+        ]
+        for f in futs:
+            for rank, addr, pid in f.get(timeout):
+                ref.proc_addrs[rank] = addr
+                rec.pids[rank] = pid
+        self.client.reset_ranks(ref.mesh_id, ranks, [m._actor_id for m, _, _ in rec.actors])
+        spawns = [
+            self.client.respawn_actor(m, r, payload, bufs)
+            for m, payload, bufs in rec.actors
+            for r in ranks
+            if m._shape.slice.index_of(r) is not None
+        ]
+        for r in ranks:
+            rec.failures.pop(r, None)
+            self._killed_on_request.discard((ref.mesh_id, r))
+            self.state.respawned(ref.mesh_id, r, rec.pids[r])
+        self._wait_actor_spawns(spawns, timeout, "while re-creating actors on respawned ranks")
+        return ranks
+
+    def logs(self, ref: ProcMeshRef, rank: int | None, tail: int | None) -> list[tuple[float, int, int, str]]:
+        rec = self._meshes.get(ref.mesh_id)
+        if rec is None:
+            return []
+        if rank is not None:
+            lines = list(rec.logs.get(rank, ()))
+        else:  # every rank, in arrival order
+            lines = list(heapq.merge(*(list(q) for q in rec.logs.values()), key=lambda x: x[0]))
+        return lines[-tail:] if tail else lines
 
     def is_stopped(self, mesh_id: str) -> bool:
         rec = self._meshes.get(mesh_id)
@@ -195,26 +574,38 @@ class Controller:
         return dict(self._meshes[mesh_id].pids)
 
     # -- shutdown ---------------------------------------------------------------------------------
+    def _at_exit(self) -> None:
+        self.shutdown()
+        err = self.pending_fault
+        if err is not None:  # fail fast: an ignored failure makes the program fail
+            print(f"jupyter_mesh: exiting with an unhandled failure:\n{err}", file=sys.stderr)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1)
+
     def shutdown(self) -> None:
         """Stop every agent (and so every proc); fail whatever still waits. Idempotent."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-        for rec in self._meshes.values():
+        for mesh_id, rec in self._meshes.items():
             rec.stopped = True
+            self.state.stopped(mesh_id)
+        self._hb_stop.set()
         self.client.fail_all(MeshClosedError("the jupyter_mesh controller shut down while this call was pending"))
         for job in self._jobs:
             try:
                 job.stop()
             except Exception as e:  # noqa: BLE001 - keep stopping the others
                 print(f"jupyter_mesh: error stopping {job!r}: {e}", file=sys.stderr)
-        self.transport.stop_serving()
-        self._thread.join(2.0)
-        self.transport.close()
-        from .. import _shm
+        if self._thread is not None:  # an embedded controller leaves the proc's transport alone
+            self.transport.stop_serving()
+            self._thread.join(2.0)
+            self.transport.close()
+            from .. import _shm
 
-        _shm.sweep(self.transport.shm_prefix)  # segments no receiver claimed (it died first)
+            _shm.sweep(self.transport.shm_prefix)  # segments no receiver claimed (it died first)
         with Controller._instance_lock:
             if Controller._instance is self:
                 Controller._instance = None
@@ -223,7 +614,6 @@ class Controller:
         if _client_mod._current is self.client:
             _client_mod.set_current_client(None)
         try:
-            atexit.unregister(self.shutdown)
+            atexit.unregister(self._at_exit)
         except Exception:  # noqa: BLE001
             pass
-

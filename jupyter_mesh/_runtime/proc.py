@@ -9,11 +9,14 @@ endpoints run on a real loop. Results are sent straight from the actor's thread.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import importlib
+import inspect
 import os
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 from .. import _rdma_owner as _rdma
@@ -21,8 +24,11 @@ from .._actor import EndpointDef, _set_context, endpoints_of
 from .._serialize import dumps, loads
 from .._shape import Point, Shape, Slice
 from .._transport import Message, Transport
-from ..errors import Failure, SerializationError
+from ..errors import Failure, SerializationError, SupervisionError
 from .client import BROKEN, DIRECT, NO_REPLY, OK, RAISED, Client, set_current_client
+from .controller import Embedding, embed
+
+_owner = threading.local()  # the ActorHost running on this thread
 
 __all__ = ["ProcRuntime", "main"]
 
@@ -33,11 +39,21 @@ def _error_info(e: BaseException, endpoint: str, skip_frames: int = 1) -> dict[s
         if tb is not None and tb.tb_next is not None:
             tb = tb.tb_next
     text = "".join(traceback.format_exception(type(e), e, tb))
+    frames = [(f.filename, f.lineno, f.name, f.line or "") for f in traceback.extract_tb(tb)]
+    tail = "".join(traceback.format_exception_only(type(e), e))
     try:
         exc_bytes: bytes | None = dumps(e)[0]
     except Exception:  # noqa: BLE001 - unpicklable exceptions travel as text only
         exc_bytes = None
-    return {"type": type(e).__qualname__, "msg": str(e), "tb": text, "exc": exc_bytes, "endpoint": endpoint}
+    return {
+        "type": type(e).__qualname__,
+        "msg": str(e),
+        "tb": text,
+        "exc": exc_bytes,
+        "endpoint": endpoint,
+        "frames": frames,
+        "tail": tail,
+    }
 
 
 class ActorHost:
@@ -50,25 +66,73 @@ class ActorHost:
         self.init_failure: Failure | None = None
         self.loop = asyncio.new_event_loop()
         self.queue: asyncio.Queue[Message] = asyncio.Queue()
+        # cancellation: which call runs now, and calls cancelled before they started
+        self._lock = threading.Lock()
+        self._current: tuple[str, int] | None = None
+        self._task: asyncio.Task[Any] | None = None
+        self._cancelled: set[tuple[str, int]] = set()
         self.thread = threading.Thread(target=self._main, name=f"actor-{name}", daemon=True)
         self.thread.start()
+
+    def cancel(self, sender: str, call_id: int) -> None:
+        """From the receive thread: stop call ``(sender, call_id)`` if it runs, skip it if queued."""
+        key = (sender, call_id)
+        with self._lock:
+            if self._current != key:
+                self._cancelled.add(key)
+                return
+            if self._task is not None:
+                self.loop.call_soon_threadsafe(self._task.cancel)
+            else:  # a sync endpoint: KeyboardInterrupt at its next Python instruction
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                    ctypes.c_ulong(self.thread.ident or 0), ctypes.py_object(KeyboardInterrupt)
+                )
 
     def enqueue(self, msg: Message) -> None:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, msg)
 
     def _main(self) -> None:
         asyncio.set_event_loop(self.loop)
-        _set_context(self.runtime.point, self.name)
+        _owner.host = self
+        _set_context(self.runtime, self.name)
         set_current_client(self.runtime.client)
         self.loop.run_until_complete(self._consume())
 
     async def _consume(self) -> None:
         while True:
             msg = await self.queue.get()
-            if msg.header["k"] == "spawn":
+            k = msg.header["k"]
+            if k == "spawn":
                 self._spawn(msg)
+            elif k == "supervise":
+                await self._supervise(msg.payload)  # type: ignore[arg-type]
             else:
                 await self._call(msg)
+
+    async def _supervise(self, err: SupervisionError) -> None:
+        """A mesh this actor spawned lost ranks: ask ``__supervise__``; unhandled means this proc fails.
+
+        Our unit of failure is the proc, so escalation is the proc exiting: its own supervisor (the
+        controller, or the actor that owns *its* mesh) then sees the failure, with this message as
+        the proc's last output.
+        """
+        hook = getattr(self.instance, "__supervise__", None)
+        for failure in err.failures:
+            handled = False
+            if hook is not None:
+                try:
+                    handled = hook(failure)
+                    if inspect.isawaitable(handled):
+                        handled = await handled
+                except BaseException as e:  # noqa: BLE001 - a raising supervisor did not handle it
+                    print(
+                        f"[{self.name}] __supervise__ raised:\n" + _error_info(e, "__supervise__")["tb"],
+                        file=sys.stderr,
+                    )
+                    handled = False
+            if not handled:
+                print(f"[{self.name}] unhandled failure of a mesh it owns, so this proc fails:\n{err}", file=sys.stderr)
+                _exit(75)
 
     def _spawn(self, msg: Message) -> None:
         rt = self.runtime
@@ -91,15 +155,28 @@ class ActorHost:
         if self.init_failure is not None:
             rt.reply(h, BROKEN, dumps(self.init_failure)[0], [])
             return
+        key = (h["s"], h["i"])
         try:
-            args, kwargs = loads(msg.payload, msg.buffers)
-            ep = self.endpoints.get(method)
-            if ep is None:
-                raise AttributeError(f"{type(self.instance).__qualname__} has no endpoint '{method}'")
-            if ep.is_async:
-                result = await ep.fn(self.instance, *args, **kwargs)
-            else:
-                result = ep.fn(self.instance, *args, **kwargs)
+            with self._lock:
+                if key in self._cancelled:
+                    self._cancelled.discard(key)
+                    raise asyncio.CancelledError(f"{method} was cancelled before it started")
+                self._current = key if h["i"] else None
+            try:
+                args, kwargs = loads(msg.payload, msg.buffers)
+                ep = self.endpoints.get(method)
+                if ep is None:
+                    raise AttributeError(f"{type(self.instance).__qualname__} has no endpoint '{method}'")
+                if ep.is_async:
+                    self._task = self.loop.create_task(ep.fn(self.instance, *args, **kwargs))
+                    result = await self._task
+                else:
+                    result = ep.fn(self.instance, *args, **kwargs)
+            finally:
+                with self._lock:
+                    self._current, self._task = None, None
+                    if self.thread.ident:  # drop a KeyboardInterrupt that arrived too late
+                        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.thread.ident), None)
         except BaseException as e:  # noqa: BLE001 - a raising endpoint must not kill the actor
             if h["rm"] == NO_REPLY:
                 print(f"[{self.name}.{method}] broadcast raised:\n" + _error_info(e, method)["tb"], file=sys.stderr)
@@ -111,7 +188,14 @@ class ActorHost:
         try:
             payload, bufs = dumps(result)
         except SerializationError as e:
-            rt.reply(h, RAISED, dumps(_error_info(SerializationError(f"the return value of {method} does not pickle: {e}"), method, 0))[0], [])
+            rt.reply(
+                h,
+                RAISED,
+                dumps(_error_info(SerializationError(f"the return value of {method} does not pickle: {e}"), method, 0))[
+                    0
+                ],
+                [],
+            )
             return
         rt.reply(h, OK, payload, bufs)
 
@@ -130,10 +214,28 @@ class ProcRuntime:
         self.transport = Transport(key, cfg.get("bind", "tcp://127.0.0.1"))
         self.client = Client(self.transport)
         set_current_client(self.client)
+        # an actor here may spawn meshes of its own: the controller made for that shares our runtime
+        self._controller_handler: Callable[[Message, list[Any]], None] | None = None
+        embed(
+            Embedding(
+                key,
+                self.transport,
+                self.client,
+                self._route_to_controller,
+                lambda: getattr(_owner, "host", None),
+                self._supervise,
+            )
+        )
         _rdma.set_identity(self.mesh_id, self.mesh_name, self.coords, self.rank)
         self.actors: dict[str, ActorHost] = {}
         self._order: dict[tuple[str, str], list[Any]] = {}  # (sender, actor) -> [next seq, {seq: msg}]
         self._orphans: dict[str, list[Message]] = {}  # calls that overtook their actor's spawn
+
+    def _route_to_controller(self, handler: Callable[[Message, list[Any]], None]) -> None:
+        self._controller_handler = handler
+
+    def _supervise(self, host: ActorHost, err: SupervisionError) -> None:
+        host.enqueue(Message({"k": "supervise"}, err))  # type: ignore[arg-type]
 
     def reply(self, h: dict[str, Any], ok: int, payload: bytes, bufs: list[Any]) -> None:
         rm = h["rm"]
@@ -152,6 +254,15 @@ class ProcRuntime:
             self._order_and_deliver(msg)
         elif k == "r" or k == "g":
             self.client.on_reply(msg)
+        elif k == "reshape":  # the mesh grew or shrank: same rank, new extent
+            self.shape = Shape.from_wire(msg.header["shape"])
+            self.point = Point(self.rank, self.shape.extent)
+        elif k == "ping":
+            self.transport.send(self.agent_addr, Message({"k": "pong", "m": self.mesh_id, "rk": self.rank}))
+        elif k == "cancel":
+            host = self.actors.get(msg.header["a"])
+            if host is not None:
+                host.cancel(msg.header["s"], msg.header["ci"])
         elif k == "rdma":
             _rdma.handle_message(self.transport, msg)
         elif k == "stats":
@@ -159,6 +270,8 @@ class ProcRuntime:
             self.transport.send(msg.header["s"], Message({"k": "r", "i": msg.header["i"], "ok": OK}, payload))
         elif k == "stop":
             _exit(0)
+        elif self._controller_handler is not None:  # events for meshes spawned by our actors
+            self._controller_handler(msg, frames)
 
     def _order_and_deliver(self, msg: Message) -> None:
         h = msg.header
@@ -206,7 +319,9 @@ class ProcRuntime:
     def serve(self) -> None:
         self.transport.send(
             self.agent_addr,
-            Message({"k": "proc_up", "m": self.mesh_id, "rk": self.rank, "addr": self.transport.address, "pid": os.getpid()}),
+            Message(
+                {"k": "proc_up", "m": self.mesh_id, "rk": self.rank, "addr": self.transport.address, "pid": os.getpid()}
+            ),
         )
         self.transport.serve(self.handle)
 
@@ -229,6 +344,32 @@ def _watch_lifeline(fd: int) -> None:
     os._exit(70)
 
 
+def _set_rank_env(cfg: dict[str, Any]) -> None:
+    """torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE), so SPMD code ports as is,
+    and one GPU per proc along a ``gpus`` dim (unless the spawn's env chose CUDA_VISIBLE_DEVICES)."""
+    shape = Shape.from_wire(cfg["shape"])
+    rank = cfg["rank"]
+    point = Point(rank, shape.extent)
+    host_dims = cfg.get("host_dims", 1)
+    local = (
+        Shape.from_sizes(dict(zip(shape.labels[host_dims:], shape.slice.sizes[host_dims:])))
+        if len(shape.labels) > host_dims
+        else Shape.from_sizes({})
+    )
+    local_size = len(local)
+    os.environ.update(
+        JUPYTER_MESH_RANK=str(rank),
+        RANK=str(rank),
+        WORLD_SIZE=str(len(shape)),
+        LOCAL_RANK=str(rank % local_size if local_size else 0),
+        LOCAL_WORLD_SIZE=str(local_size or 1),
+    )
+    if "gpus" in shape.labels and "CUDA_VISIBLE_DEVICES" not in (cfg.get("env") or {}):
+        gpu = point["gpus"]
+        inherited = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+        os.environ["CUDA_VISIBLE_DEVICES"] = inherited[gpu] if gpu < len(inherited) else str(gpu)
+
+
 def main(cfg: dict[str, Any], key: bytes, lifeline_fd: int) -> None:
     """Entry point in a freshly forked child of the template. Never returns."""
     threading.Thread(target=_watch_lifeline, args=(lifeline_fd,), name="lifeline", daemon=True).start()
@@ -241,7 +382,7 @@ def main(cfg: dict[str, Any], key: bytes, lifeline_fd: int) -> None:
     for entry in cfg.get("path") or ():
         if entry not in sys.path:
             sys.path.append(entry)
-    os.environ["JUPYTER_MESH_RANK"] = str(cfg["rank"])
+    _set_rank_env(cfg)
     try:
         for mod in cfg.get("preload") or ():
             importlib.import_module(mod)

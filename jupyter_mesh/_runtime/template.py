@@ -41,7 +41,9 @@ def _preload(mods: list[str]) -> list[str]:
     return errors
 
 
-def _child(sock: socket.socket, wake: tuple[int, int], fds: list[int], cfg: dict[str, Any], key: bytes, lifeline: int) -> None:
+def _child(
+    sock: socket.socket, wake: tuple[int, int], fds: list[int], cfg: dict[str, Any], key: bytes, lifeline: int
+) -> None:
     """Runs in the forked child; becomes a proc and never returns."""
     try:
         signal.set_wakeup_fd(-1)
@@ -112,8 +114,15 @@ def main() -> None:
                 if pid == 0:
                     break
                 code = os.waitstatus_to_exitcode(status)
-                _send(sock, {"op": "exit", "pid": pid, "code": code if code >= 0 else None,
-                             "signal": -code if code < 0 else None})
+                _send(
+                    sock,
+                    {
+                        "op": "exit",
+                        "pid": pid,
+                        "code": code if code >= 0 else None,
+                        "signal": -code if code < 0 else None,
+                    },
+                )
         if sock in ready:
             try:
                 data, fds, _flags, _addr = socket.recv_fds(sock, 1 << 20, 4)

@@ -1,0 +1,213 @@
+"""Per-rank state of proc meshes and the stream of changes: what widgets, the sidebar and
+``jupyter-mesh status`` render. Pure data and callbacks: no sockets, no Jupyter.
+
+A rank is *starting* until its proc reports in, then *idle* or *busy* (calls from this controller in
+flight), *paused* in a debugger, *failed* (with a :class:`~jupyter_mesh.errors.Failure`), or *stopped*.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from .errors import Failure
+
+__all__ = ["MeshEvent", "MeshState", "ProcState", "RankState", "StateTracker"]
+
+
+class ProcState(str, enum.Enum):
+    STARTING = "starting"
+    IDLE = "idle"
+    BUSY = "busy"
+    PAUSED = "paused"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class RankState:
+    rank: int
+    coords: Mapping[str, int]
+    state: ProcState
+    inflight: int = 0
+    pid: int | None = None
+    failure: Failure | None = None
+
+
+@dataclass(frozen=True)
+class MeshState:
+    """A snapshot of one proc mesh."""
+
+    mesh_id: str
+    name: str
+    sizes: Mapping[str, int]
+    ranks: tuple[RankState, ...]
+    stopped: bool = False
+
+    def counts(self) -> dict[str, int]:
+        out = {s.value: 0 for s in ProcState}
+        for r in self.ranks:
+            out[r.state.value] += 1
+        return out
+
+    @property
+    def failures(self) -> list[Failure]:
+        return [r.failure for r in self.ranks if r.failure is not None]
+
+
+@dataclass(frozen=True)
+class MeshEvent:
+    """One change. ``kind``: created, state, failed, stopped, respawned, resized."""
+
+    kind: str
+    mesh_id: str
+    name: str
+    rank: int | None = None
+    coords: Mapping[str, int] = field(default_factory=dict)
+    state: ProcState | None = None
+    previous: ProcState | None = None
+    failure: Failure | None = None
+    time: float = field(default_factory=time.time)
+
+
+Listener = Callable[[MeshEvent], None]
+
+
+class _MeshEntry:
+    def __init__(self, mesh_id: str, name: str, sizes: dict[str, int], coords: list[dict[str, int]]):
+        self.mesh_id, self.name, self.sizes, self.coords = mesh_id, name, sizes, coords
+        n = len(coords)
+        self.state = [ProcState.STARTING] * n
+        self.inflight = [0] * n
+        self.pids: list[int | None] = [None] * n
+        self.failures: list[Failure | None] = [None] * n
+        self.stopped = False
+
+
+class StateTracker:
+    """Holds the state of every proc mesh of this controller and tells listeners what changed.
+
+    Listeners run on the thread that caused the change (often the runtime's receive thread): they
+    must be quick and must not block; a listener that raises is dropped from nothing, only logged.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._meshes: dict[str, _MeshEntry] = {}
+        self._listeners: list[tuple[str | None, Listener]] = []
+
+    # -- listeners --------------------------------------------------------------------------------
+    def subscribe(self, fn: Listener, mesh_id: str | None = None) -> Callable[[], None]:
+        entry = (mesh_id, fn)
+        with self._lock:
+            self._listeners.append(entry)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                if entry in self._listeners:
+                    self._listeners.remove(entry)
+
+        return unsubscribe
+
+    def _emit(self, ev: MeshEvent) -> None:
+        if not self._listeners:
+            return
+        for mesh_id, fn in list(self._listeners):
+            if mesh_id is None or mesh_id == ev.mesh_id:
+                try:
+                    fn(ev)
+                except Exception:
+                    import logging
+
+                    logging.getLogger("jupyter_mesh.state").exception("state listener failed")
+
+    # -- updates from the runtime -----------------------------------------------------------------
+    def created(self, mesh_id: str, name: str, sizes: dict[str, int], coords: list[dict[str, int]]) -> None:
+        with self._lock:
+            self._meshes[mesh_id] = _MeshEntry(mesh_id, name, sizes, coords)
+        self._emit(MeshEvent("created", mesh_id, name))
+
+    def _set(
+        self, e: _MeshEntry, rank: int, new: ProcState, kind: str = "state", failure: Failure | None = None
+    ) -> None:
+        old = e.state[rank]
+        if old == new and failure is None:
+            return
+        e.state[rank] = new
+        if self._listeners:  # on the call path: build the event only for someone
+            self._emit(MeshEvent(kind, e.mesh_id, e.name, rank, e.coords[rank], new, old, failure))
+
+    def ready(self, mesh_id: str, rank: int, pid: int) -> None:
+        e = self._meshes.get(mesh_id)
+        if e is None or e.stopped:
+            return
+        e.pids[rank] = pid
+        if e.state[rank] == ProcState.STARTING:
+            self._set(e, rank, ProcState.BUSY if e.inflight[rank] else ProcState.IDLE)
+
+    def activity(self, mesh_id: str, ranks: list[int], delta: int) -> None:
+        """Calls from this controller to ``ranks`` started (+1) or finished (-1)."""
+        e = self._meshes.get(mesh_id)
+        if e is None:
+            return
+        for r in ranks:
+            n = e.inflight[r] = max(0, e.inflight[r] + delta)
+            if e.state[r] in (ProcState.IDLE, ProcState.BUSY):
+                self._set(e, r, ProcState.BUSY if n else ProcState.IDLE)
+
+    def failed(self, mesh_id: str, rank: int, failure: Failure) -> None:
+        e = self._meshes.get(mesh_id)
+        if e is None or e.stopped:
+            return
+        e.failures[rank] = failure
+        e.inflight[rank] = 0
+        self._set(e, rank, ProcState.FAILED, "failed", failure)
+
+    def respawned(self, mesh_id: str, rank: int, pid: int) -> None:
+        e = self._meshes.get(mesh_id)
+        if e is None:
+            return
+        e.failures[rank], e.pids[rank], e.inflight[rank] = None, pid, 0
+        self._set(e, rank, ProcState.IDLE, "respawned")
+
+    def resized(self, mesh_id: str, sizes: dict[str, int], coords: list[dict[str, int]]) -> None:
+        e = self._meshes.get(mesh_id)
+        if e is None:
+            return
+        n_old, n_new = len(e.coords), len(coords)
+        e.sizes, e.coords = sizes, coords
+        if n_new > n_old:
+            e.state += [ProcState.STARTING] * (n_new - n_old)
+            e.inflight += [0] * (n_new - n_old)
+            e.pids += [None] * (n_new - n_old)
+            e.failures += [None] * (n_new - n_old)
+        else:
+            del e.state[n_new:], e.inflight[n_new:], e.pids[n_new:], e.failures[n_new:]
+        self._emit(MeshEvent("resized", e.mesh_id, e.name))
+
+    def stopped(self, mesh_id: str) -> None:
+        e = self._meshes.get(mesh_id)
+        if e is None or e.stopped:
+            return
+        e.stopped = True
+        for r in range(len(e.state)):
+            e.state[r] = ProcState.STOPPED
+            e.inflight[r] = 0
+        self._emit(MeshEvent("stopped", e.mesh_id, e.name, state=ProcState.STOPPED))
+
+    # -- reading ----------------------------------------------------------------------------------
+    def snapshot(self, mesh_id: str) -> MeshState:
+        e = self._meshes[mesh_id]
+        ranks = tuple(
+            RankState(r, e.coords[r], e.state[r], e.inflight[r], e.pids[r], e.failures[r]) for r in range(len(e.state))
+        )
+        return MeshState(e.mesh_id, e.name, dict(e.sizes), ranks, e.stopped)
+
+    def mesh_ids(self) -> list[str]:
+        return list(self._meshes)

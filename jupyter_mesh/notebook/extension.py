@@ -1,0 +1,101 @@
+"""Wiring the front into an IPython shell: magics, the output sink, cell events, traceback rendering.
+
+One :class:`Front` per shell. In a Jupyter kernel worker output is published to the cell that is
+running (as ``stream`` messages with that cell's parent header); in a terminal IPython it is printed.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from .. import SupervisionError, set_fault_hook
+from .._runtime.controller import Controller
+from . import tracebacks
+from .magics import MeshMagics
+from .output import OutputRouter
+
+__all__ = ["Front", "front_of", "load", "unload"]
+
+
+class Front:
+    """Everything the notebook front keeps for one shell (and its kernel, when there is one)."""
+
+    def __init__(self, shell: Any):
+        self.shell = shell
+        self.kernel = getattr(shell, "kernel", None)
+        self.router = OutputRouter(self._publish if self.kernel is not None else _print)
+        self.magics = MeshMagics(shell, self.router)
+        shell.register_magics(self.magics)
+        tracebacks.install(shell)
+        shell.events.register("pre_execute", self.pre_execute)
+        shell.events.register("post_execute", self.post_execute)
+        # the kernel hosts the controller for its whole life: start it now, with output routed here
+        Controller.get().output = self.router.sink
+        # a failure nobody waits on is shown, never raised later: the kernel must live on
+        self._prev_fault_hook = set_fault_hook(self._on_fault)
+
+    def _on_fault(self, err: SupervisionError) -> None:
+        lines = [
+            f"jupyter_mesh: {f.mesh} [{','.join(f'{k}={v}' for k, v in f.coords.items())}] {f.detail}"
+            for f in err.failures
+        ]
+        self.router.notify(
+            "\n".join(lines) + "\n(calls to it raise SupervisionError; `%mesh respawn` or "
+            "ProcMesh.respawn() brings it back)\n"
+        )
+
+    def _publish(self, parent: Any, name: str, text: str) -> None:
+        if not parent:
+            return
+        k = self.kernel
+        k.session.send(
+            k.iopub_socket, "stream", {"name": name, "text": text}, parent=parent, ident=b"stream." + name.encode()
+        )
+
+    def pre_execute(self) -> None:
+        parent = getattr(self.shell, "parent_header", None) if self.kernel is not None else True
+        self.router.begin_cell(parent)
+
+    def post_execute(self) -> None:
+        self.router.end_cell()
+
+    def shutdown(self) -> None:
+        """Stop every mesh, agent and proc of this kernel (Shut Down, Restart, or unloading)."""
+        try:
+            self.magics.meshes.down_all()
+        finally:
+            Controller.get().shutdown()
+            self.router.close()
+
+    def detach(self) -> None:
+        self.shell.events.unregister("pre_execute", self.pre_execute)
+        self.shell.events.unregister("post_execute", self.post_execute)
+        self.shell.set_custom_exc((), None)
+        set_fault_hook(self._prev_fault_hook)
+        self.shutdown()
+
+
+def _print(parent: Any, name: str, text: str) -> None:
+    stream = sys.stdout if name == "stdout" else sys.stderr
+    stream.write(text)
+    stream.flush()
+
+
+def front_of(shell: Any) -> Front | None:
+    return getattr(shell, "_jupyter_mesh_front", None)
+
+
+def load(shell: Any) -> Front:
+    front = front_of(shell)
+    if front is None:
+        front = Front(shell)
+        shell._jupyter_mesh_front = front
+    return front
+
+
+def unload(shell: Any) -> None:
+    front = front_of(shell)
+    if front is not None:
+        front.detach()
+        shell._jupyter_mesh_front = None

@@ -1,0 +1,349 @@
+"""``%mesh`` (up, status, down, scale, kill, logs, push, pull) and ``%%mesh`` (run a cell on every proc).
+
+Arguments are parsed with argparse from ``shlex.split(line)`` and never evaluated; a bad argument is an
+IPython ``UsageError`` that ends with the usage line. Errors from the meshes themselves (a rank that
+raised, a proc that died) are raised as they are and rendered by :mod:`.tracebacks`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+import signal
+import uuid
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_cell_magic, magics_class
+
+from .. import Future, MeshError, MeshValueError, Shape, ValueMesh
+from .meshes import MeshRegistry
+from .output import SYNC_PREFIX, OutputRouter, fold_label, group_by_rank
+from .remote_exec import CellError
+
+__all__ = ["MeshMagics", "parse_slice"]
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SLICE_PART = re.compile(r"^([A-Za-z_]\w*)=(?:(-?\d+)|(-?\d*):(-?\d*))$")
+
+
+class _HelpShown(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports to IPython instead of exiting the kernel."""
+
+    def error(self, message: str) -> Any:
+        raise UsageError(f"{message}\n{self.format_usage().strip()}")
+
+    def exit(self, status: int = 0, message: str | None = None) -> Any:
+        if message:
+            print(message)
+        raise _HelpShown
+
+
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {n}")
+    return n
+
+
+def _name(text: str) -> str:
+    if not _NAME.match(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a valid mesh name (letters, digits and _, like a variable)")
+    return text
+
+
+def _modules(text: str) -> list[str]:
+    mods = [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in mods if not all(p.isidentifier() for p in m.split("."))]
+    if bad or not mods:
+        raise argparse.ArgumentTypeError(f"--preload takes module names, got {text!r}")
+    return mods
+
+
+def parse_slice(text: str) -> dict[str, int | slice]:
+    """``gpus=0:2,hosts=0`` -> ``{"gpus": slice(0, 2), "hosts": 0}`` (no eval)."""
+    out: dict[str, int | slice] = {}
+    for part in text.split(","):
+        m = _SLICE_PART.match(part.strip())
+        if not m:
+            raise UsageError(f"bad --on slice {part!r}: write dim=i or dim=start:stop, e.g. --on gpus=0:2")
+        dim, idx, start, stop = m.groups()
+        if idx is not None:
+            out[dim] = int(idx)
+        else:
+            out[dim] = slice(int(start) if start else None, int(stop) if stop else None)
+    return out
+
+
+def _rank_or_coords(text: str) -> int | dict[str, int]:
+    if text.isdigit():
+        return int(text)
+    coords: dict[str, int] = {}
+    for part in text.split(","):
+        k, sep, v = part.partition("=")
+        if not sep or not k.isidentifier() or not v.isdigit():
+            raise argparse.ArgumentTypeError(f"RANK is a global rank (3) or coordinates (hosts=0,gpus=3), got {text!r}")
+        coords[k] = int(v)
+    return coords
+
+
+def _build_parsers() -> tuple[_Parser, _Parser]:
+    line = _Parser(prog="%mesh", description="Bring meshes of procs up and down, look at them, move data.")
+    sub = line.add_subparsers(
+        dest="cmd", metavar="{up,status,down,scale,kill,respawn,logs,push,pull}", parser_class=_Parser
+    )
+    sub.required = True
+
+    up = sub.add_parser("up", help="start a local mesh of procs (one host agent per --hosts)")
+    up.add_argument("--hosts", type=_positive, default=1)
+    size = up.add_mutually_exclusive_group()
+    size.add_argument("--procs", type=_positive, help="procs per host (dim 'procs'; default 2)")
+    size.add_argument("--gpus", type=_positive, help="procs per host, one per GPU (dim 'gpus')")
+    up.add_argument("--name", type=_name, default="procs", help="mesh name, also bound as a variable")
+    up.add_argument("--preload", type=_modules, action="append", default=[], help="modules every proc starts with")
+
+    sub.add_parser("status", help="the meshes, their procs and failed ranks")
+
+    down = sub.add_parser("down", help="stop a mesh (default: the current one)")
+    down.add_argument("name", nargs="?", type=_name)
+    down.add_argument("--all", action="store_true", help="stop every mesh")
+
+    scale = sub.add_parser("scale", help="resize a mesh in place (or restart it when the shape cannot grow in place)")
+    scale.add_argument("name", nargs="?", type=_name)
+    scale.add_argument("--hosts", type=_positive)
+    ssize = scale.add_mutually_exclusive_group(required=True)
+    ssize.add_argument("--procs", type=_positive)
+    ssize.add_argument("--gpus", type=_positive)
+
+    kill = sub.add_parser("kill", help="kill one proc (to try failure handling)")
+    kill.add_argument("rank", type=_rank_or_coords, metavar="RANK", help="global rank, or coordinates like gpus=1")
+    kill.add_argument("--name", type=_name)
+    kill.add_argument("--signal", choices=["KILL", "TERM", "INT"], default="KILL")
+
+    respawn = sub.add_parser("respawn", help="new procs for failed ranks (default: all of them)")
+    respawn.add_argument("ranks", nargs="*", type=int, metavar="RANK")
+    respawn.add_argument("--name", type=_name)
+
+    logs = sub.add_parser("logs", help="worker output kept by the kernel")
+    logs.add_argument("--name", type=_name)
+    logs.add_argument("--rank", type=int, help="global rank")
+    tail = logs.add_mutually_exclusive_group()
+    tail.add_argument("--tail", type=_positive, default=100, help="last N lines (default 100)")
+    tail.add_argument("--all", action="store_true", help="every kept line")
+    logs.add_argument("--save", metavar="PATH", help="write the lines to a file instead of the cell")
+
+    push = sub.add_parser("push", help="copy variables from here to every proc's %%%%mesh namespace")
+    push.add_argument("names", nargs="+", metavar="NAME")
+    push.add_argument("--name", dest="mesh", type=_name)
+
+    pull = sub.add_parser("pull", help="gather a variable from every proc (a ValueMesh)")
+    pull.add_argument("var", metavar="NAME")
+    pull.add_argument("--name", dest="mesh", type=_name)
+
+    cell = _Parser(prog="%%mesh", description="Run the cell on every proc of a mesh (or a slice of it).")
+    cell.add_argument("--on", metavar="SLICE", help="e.g. gpus=0:2 or hosts=0,gpus=1")
+    cell.add_argument("--name", type=_name)
+    cell.add_argument("--no-stream", action="store_true", help="show output grouped by rank at the end")
+    cell.add_argument("--timeout", type=float, default=None, metavar="SECONDS")
+    return line, cell
+
+
+@magics_class
+class MeshMagics(Magics):
+    """State of one kernel's meshes plus the magics that drive them."""
+
+    def __init__(self, shell: Any, router: OutputRouter):
+        super().__init__(shell)
+        self.router = router
+        self.meshes = MeshRegistry()
+        self._line_parser, self._cell_parser = _build_parsers()
+
+    @line_cell_magic
+    def mesh(self, line: str, cell: str | None = None) -> Any:
+        """%mesh up|status|down|scale|kill|respawn|logs|push|pull ...   %%mesh [--on SLICE] [--name NAME] [--no-stream]
+
+        `%mesh -h` and `%mesh up -h` explain each command.
+        """
+        parser = self._line_parser if cell is None else self._cell_parser
+        try:
+            argv = shlex.split(line)
+        except ValueError as e:
+            raise UsageError(f"cannot split the arguments: {e}\n{parser.format_usage().strip()}") from None
+        try:
+            args = parser.parse_args(argv)
+        except _HelpShown:
+            return None
+        try:
+            if cell is not None:
+                return self._run_cell(args, cell)
+            return getattr(self, f"_cmd_{args.cmd}")(args)
+        except LookupError as e:
+            raise UsageError(str(e.args[0] if e.args else e)) from None
+
+    # -- %mesh commands -------------------------------------------------------------------------
+    def _cmd_up(self, args: argparse.Namespace) -> None:
+        if args.name in self.meshes:
+            raise UsageError(f"mesh '{args.name}' is already up: `%mesh down {args.name}` first, or pick --name")
+        dim, n = ("gpus", args.gpus) if args.gpus else ("procs", args.procs or 2)
+        preload = [m for group in args.preload for m in group]
+        entry = self.meshes.up(args.name, args.hosts, dim, n, preload)
+        self.shell.user_ns[args.name] = entry.procs
+        print(f"mesh '{args.name}' is up: {entry.procs.sizes} (bound to the variable `{args.name}`)")
+
+    def _cmd_status(self, args: argparse.Namespace) -> None:
+        rows = self.meshes.status_rows()
+        if not rows:
+            print("no mesh is up (`%mesh up` starts one)")
+            return
+        cols = list(rows[0])
+        width = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in cols}
+        print("  ".join(c.ljust(width[c]) for c in cols))
+        for r in rows:
+            print("  ".join(str(r[c]).ljust(width[c]) for c in cols))
+        print("(* = the default mesh of %%mesh and %mesh commands)")
+
+    def _cmd_down(self, args: argparse.Namespace) -> None:
+        entries = self.meshes.down_all() if args.all else [self.meshes.down(self.meshes.get(args.name).name)]
+        for e in entries:
+            if self.shell.user_ns.get(e.name) is e.procs:
+                del self.shell.user_ns[e.name]
+        print(f"stopped: {', '.join(e.name for e in entries) or 'nothing was up'}")
+
+    def _cmd_scale(self, args: argparse.Namespace) -> None:
+        old = self.meshes.get(args.name)
+        dim, n = ("gpus", args.gpus) if args.gpus else ("procs", args.procs)
+        hosts = args.hosts or old.hosts
+        why = f"the dim changes from '{old.dim}' to '{dim}'"
+        if dim == old.dim:  # in place: running procs, their actors and %%mesh variables stay
+            try:
+                if hosts != old.hosts and n != old.per_host:
+                    raise MeshValueError("hosts and procs per host both change")
+                if hosts != old.hosts:
+                    old.procs.resize(hosts=hosts)
+                elif n != old.per_host:
+                    old.procs.resize(**{dim: n})
+                old.hosts, old.per_host = hosts, n
+                print(
+                    f"mesh '{old.name}' resized in place to {old.procs.sizes} (new procs start with empty %%mesh namespaces)"
+                )
+                return
+            except MeshValueError as e:
+                why = str(e).split(";")[0].split(":")[0]
+        print(f"resizing '{old.name}' in place is not possible ({why}); restarting it")
+        self.meshes.down(old.name)
+        if self.shell.user_ns.get(old.name) is old.procs:
+            del self.shell.user_ns[old.name]
+        entry = self.meshes.up(old.name, hosts, dim, n, old.preload)
+        self.shell.user_ns[old.name] = entry.procs
+        print(
+            f"mesh '{old.name}' restarted at {entry.procs.sizes} (procs restart: actors and %%mesh variables start fresh)"
+        )
+
+    def _cmd_kill(self, args: argparse.Namespace) -> None:
+        entry = self.meshes.get(args.name)
+        try:
+            entry.procs.kill(args.rank, getattr(signal, f"SIG{args.signal}"))
+        except MeshValueError as e:
+            raise UsageError(str(e)) from None
+        rank = args.rank if isinstance(args.rank, int) else ",".join(f"{k}={v}" for k, v in args.rank.items())
+        print(f"sent SIG{args.signal} to rank {rank} of '{entry.name}'; `%mesh respawn` brings it back")
+
+    def _cmd_respawn(self, args: argparse.Namespace) -> None:
+        entry = self.meshes.get(args.name)
+        try:
+            ranks = entry.procs.respawn(args.ranks or None)
+        except MeshValueError as e:
+            raise UsageError(str(e)) from None
+        print(
+            f"respawned ranks {ranks or 'none (nothing had failed)'} of '{entry.name}' "
+            "(actors re-created; their %%mesh variables start empty)"
+        )
+
+    def _cmd_logs(self, args: argparse.Namespace) -> None:
+        entries = [self.meshes.get(args.name)] if args.name or len(self.meshes.names()) == 1 else self.meshes.entries()
+        lines = [ln for e in entries for ln in e.procs.logs(args.rank, None) if SYNC_PREFIX not in ln]
+        if not (args.all or args.save):
+            lines = lines[-args.tail :]
+        text = "".join(ln + "\n" for ln in lines)
+        if args.save:
+            with open(args.save, "w") as f:
+                f.write(text)
+            print(f"wrote {len(lines)} lines to {args.save}")
+        elif not lines:
+            print("no worker output kept yet")
+        else:
+            print(text, end="")
+
+    def _cmd_push(self, args: argparse.Namespace) -> None:
+        entry = self.meshes.get(args.mesh)
+        missing = [n for n in args.names if n not in self.shell.user_ns]
+        if missing:
+            raise UsageError(f"not defined here: {', '.join(missing)}")
+        values = {n: self.shell.user_ns[n] for n in args.names}
+        _wait(entry.executor.push.call(values))
+        print(f"pushed {', '.join(args.names)} to {len(entry.executor)} procs of '{entry.name}'")
+
+    def _cmd_pull(self, args: argparse.Namespace) -> ValueMesh[Any]:
+        entry = self.meshes.get(args.mesh)
+        return _wait(entry.executor.pull.call(args.var))
+
+    # -- %%mesh ---------------------------------------------------------------------------------
+    def _run_cell(self, args: argparse.Namespace, code: str) -> ValueMesh[Any] | None:
+        entry = self.meshes.get(args.name)
+        view = entry.executor
+        if args.on:
+            try:
+                view = view.slice(**parse_slice(args.on))
+            except MeshError as e:
+                raise UsageError(f"--on {args.on}: {e}") from None
+        filename = self.shell.compile.cache(code, self.shell.execution_count)
+        token = uuid.uuid4().hex
+        synced = self.router.expect_sync(token, 2 * len(view))
+        self.router.set_collect(args.no_stream)
+        try:
+            results = _wait(view.run.call(code, filename, token), args.timeout)
+            synced.wait(2.0)  # the procs' last lines travel by another path than the replies
+            self.router.flush()  # shown before the result
+        finally:
+            self.router.forget_sync(token)
+            if args.no_stream:
+                self.router.publish("stdout", group_by_rank(self.router.take_collected()))
+        values, errors = [], []
+        for point, (ok, value) in results.items():
+            values.append(value)
+            if not ok:
+                errors.append((",".join(f"{k}={v}" for k, v in point.items()), value))
+        if errors:
+            self._show_errors(errors, len(values))
+        if all(v is None for v in values):
+            return None
+        return ValueMesh(Shape.from_sizes(results.sizes), values)
+
+    def _show_errors(self, errors: list[tuple[str, CellError]], total: int) -> None:
+        folded: dict[str, list[str]] = {}
+        for label, err in errors:
+            folded.setdefault(err.traceback.rstrip(), []).append(label)
+        self.router.flush()
+        parts = [f"{len(errors)} of {total} ranks raised (their other results are in the returned ValueMesh)\n"]
+        for tb, labels in folded.items():
+            parts.append(f"-------- [{fold_label(labels)}] --------\n{tb}\n")
+        self.router.publish("stderr", "".join(parts))
+
+
+def _wait(fut: Future[Any], timeout: float | None = None) -> Any:
+    """Wait for a call; on Interrupt, cancel it (where the runtime can) and let the interrupt through."""
+    try:
+        return fut.get(timeout)
+    except KeyboardInterrupt:
+        cancel = getattr(fut, "cancel", None)
+        if cancel is not None:
+            cancel()
+        raise

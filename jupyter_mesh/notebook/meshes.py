@@ -1,0 +1,112 @@
+"""The meshes a notebook brought up with ``%mesh up``: each is a job, its proc mesh and a ``%%mesh`` executor.
+
+Only the public API is used: a ``LocalJob`` per mesh (so ``%mesh down`` stops its agents too), its
+``spawn_procs``, and a :class:`~.remote_exec.RemoteExec` actor on every proc.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import ActorMesh, LocalJob, ProcMesh
+from .remote_exec import RemoteExec
+
+__all__ = ["MeshEntry", "MeshRegistry"]
+
+
+@dataclass
+class MeshEntry:
+    name: str
+    job: LocalJob
+    procs: ProcMesh
+    executor: ActorMesh[RemoteExec]
+    hosts: int
+    dim: str
+    per_host: int
+    preload: list[str] = field(default_factory=list)
+
+
+class MeshRegistry:
+    """Name -> :class:`MeshEntry`; the most recently brought-up mesh is the default."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, MeshEntry] = {}
+        self.default: str | None = None
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._entries
+
+    def names(self) -> list[str]:
+        return list(self._entries)
+
+    def entries(self) -> list[MeshEntry]:
+        return list(self._entries.values())
+
+    def get(self, name: str | None) -> MeshEntry:
+        """The named mesh, or the default one; ``LookupError`` with what to do when there is none."""
+        if name is None:
+            if self.default is None:
+                raise LookupError("no mesh is up: start one with `%mesh up` (e.g. `%mesh up --procs 4`)")
+            name = self.default
+        entry = self._entries.get(name)
+        if entry is None:
+            known = ", ".join(self._entries) or "none"
+            raise LookupError(f"no mesh named '{name}' (meshes up: {known}); start it with `%mesh up --name {name}`")
+        return entry
+
+    def up(
+        self, name: str, hosts: int, dim: str, per_host: int, preload: list[str], timeout: float = 60.0
+    ) -> MeshEntry:
+        job = LocalJob(hosts=hosts, preload=preload)
+        try:
+            procs = job.host_mesh().spawn_procs(per_host={dim: per_host}, name=name, timeout=timeout)
+            executor = procs.spawn("mesh_exec", RemoteExec)
+            assert executor.initialized is not None
+            executor.initialized.get(timeout)
+        except BaseException:
+            job.stop()
+            raise
+        entry = self._entries[name] = MeshEntry(name, job, procs, executor, hosts, dim, per_host, list(preload))
+        self.default = name
+        return entry
+
+    def down(self, name: str, timeout: float = 5.0) -> MeshEntry:
+        entry = self._entries.pop(name)
+        try:
+            entry.procs.stop(timeout=timeout)
+        finally:
+            entry.job.stop()
+        if self.default == name:
+            self.default = next(reversed(self._entries), None)
+        return entry
+
+    def down_all(self) -> list[MeshEntry]:
+        entries = list(self._entries.values())
+        for e in entries:
+            try:
+                self.down(e.name)
+            except Exception:  # noqa: BLE001 - bring the others down anyway
+                pass
+        return entries
+
+    def status_rows(self) -> list[dict[str, Any]]:
+        rows = []
+        for e in self._entries.values():
+            st = e.procs.state()
+            counts = ", ".join(f"{n} {s}" for s, n in st.counts().items() if n)
+            failed = [
+                f"{r.rank} ({r.failure.kind})" if r.failure else str(r.rank)
+                for r in st.ranks
+                if r.state.value == "failed"
+            ]
+            rows.append(
+                {
+                    "name": e.name + (" *" if e.name == self.default else ""),
+                    "dims": ", ".join(f"{k}={v}" for k, v in st.sizes.items()),
+                    "procs": counts,
+                    "failed ranks": ", ".join(failed) or "-",
+                    "pids": " ".join(str(r.pid) for r in st.ranks),
+                }
+            )
+        return rows

@@ -1,0 +1,325 @@
+"""Worker output in the notebook: which cell gets it, folding across ranks, flood control, the log store.
+
+The controller calls :meth:`OutputRouter.sink` on its receive thread with each batch of lines a proc
+wrote. The sink only stores and enqueues; a thread of its own does the rest, so a flood never delays
+replies. Rules:
+
+* Output belongs to the cell that is running when it arrives (the cell that made the call, or, if that
+  one already returned, the one running now). Between cells nothing is shown; everything is kept for
+  ``%mesh logs``.
+* Identical lines from several ranks within ``window`` seconds fold into one: ``[gpus 0-3] loss 0.42``.
+* A cell shows at most ``cell_lines`` lines (and lines of at most ``line_chars`` characters); past that
+  it says how many it held back. The controller keeps the lines for ``ProcMesh.logs()`` / ``%mesh logs``.
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["LogLine", "OutputRouter", "fold_label", "group_by_rank", "parse_label"]
+
+Publish = Callable[[Any, str, str], None]
+"""(parent header of the cell or None, "stdout" | "stderr", text) -> None"""
+
+SYNC_PREFIX = "\x00jupyter-mesh-sync "
+
+
+@dataclass(frozen=True)
+class LogLine:
+    t: float
+    mesh: str
+    rank: int
+    label: str
+    fd: int
+    text: str
+
+
+def parse_label(label: str) -> dict[str, int]:
+    """``hosts=0,gpus=1`` -> ``{"hosts": 0, "gpus": 1}`` (empty for a 0-dim mesh)."""
+    out: dict[str, int] = {}
+    for part in label.split(","):
+        k, sep, v = part.partition("=")
+        if sep and v.lstrip("-").isdigit():
+            out[k] = int(v)
+    return out
+
+
+def _ranges(values: Iterable[int]) -> str:
+    vs = sorted(set(values))
+    out, start, prev = [], vs[0], vs[0]
+    for v in [*vs[1:], None]:
+        if v is not None and v == prev + 1:
+            prev = v
+            continue
+        out.append(f"{start}" if start == prev else f"{start}-{prev}")
+        if v is not None:
+            start = prev = v
+    return ",".join(out)
+
+
+def fold_label(labels: list[str]) -> str:
+    """One prefix for the ranks that printed the same line: ``gpus 0-3``, ``hosts=1 gpus=2``.
+
+    A dim that is 0 for all of them is left out (``hosts=0`` on one machine says nothing), except the
+    last one. If the ranks do not form a box (every combination of the per-dim values), list them.
+    """
+    coords = [parse_label(lb) for lb in labels]
+    if not coords or not coords[0]:
+        return "rank 0" if len(labels) <= 1 else f"{len(labels)} ranks"
+    dims = list(coords[0])
+    per_dim = {d: sorted({c.get(d, 0) for c in coords}) for d in dims}
+    box = 1
+    for vs in per_dim.values():
+        box *= len(vs)
+    if box != len({tuple(c.items()) for c in coords}):
+        return "; ".join(lb for lb in labels[:8]) + (f" (+{len(labels) - 8})" if len(labels) > 8 else "")
+    parts = []
+    for i, d in enumerate(dims):
+        vs = per_dim[d]
+        if vs == [0] and i < len(dims) - 1:
+            continue
+        parts.append(f"{d}={vs[0]}" if len(vs) == 1 else f"{d} {_ranges(vs)}")
+    return " ".join(parts)
+
+
+@dataclass
+class _Cell:
+    parent: Any
+    collect: bool = False  # --no-stream: hold lines, show them grouped by rank at the end
+    shown: int = 0
+    held_back: int = 0
+    collected: list[LogLine] = field(default_factory=list)
+
+
+class OutputRouter:
+    """Routes worker lines to the running cell, folds them and limits floods."""
+
+    def __init__(
+        self,
+        publish: Publish,
+        *,
+        window: float = 0.05,
+        cell_lines: int = 2000,
+        line_chars: int = 2000,
+    ):
+        self._publish = publish
+        self.window, self.cell_lines, self.line_chars = window, cell_lines, line_chars
+        self._meshes: list[str] = []  # names seen, in order: the prefix names the mesh once there are several
+        self._queue: collections.deque[LogLine] = collections.deque()
+        self._cond = threading.Condition()
+        self._cell: _Cell | None = None
+        self._flush_req = 0
+        self._flush_done = 0
+        self._syncs: dict[str, list[Any]] = {}  # token -> [remaining markers, Event]
+        self._notices: list[str] = []  # said while no cell ran: shown in the next one
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="jupyter-mesh-output", daemon=True)
+        self._thread.start()
+
+    # -- receive thread ------------------------------------------------------------------------
+    def sink(self, mesh: str, rank: int, label: str, fd: int, lines: list[str]) -> None:
+        now = time.time()
+        if mesh not in self._meshes:
+            self._meshes.append(mesh)
+        batch = []
+        for text in lines:
+            if SYNC_PREFIX in text:  # the sync line may end a line the user left unterminated
+                text, _, token = text.partition(SYNC_PREFIX)
+                self._sync_seen(token)
+                if not text:
+                    continue
+            batch.append(LogLine(now, mesh, rank, label, fd, text))
+        if batch and self._cell is not None:  # between cells: only the controller's log keeps it
+            with self._cond:
+                self._queue.extend(batch)
+                self._cond.notify()
+
+    def _sync_seen(self, token: str) -> None:
+        with self._cond:
+            st = self._syncs.get(token)
+            if st is None:
+                return
+            st[0] -= 1
+            if st[0] <= 0:
+                st[1].set()
+
+    # -- the kernel's side -----------------------------------------------------------------------
+    def begin_cell(self, parent: Any) -> None:
+        """A cell starts: output from now on is shown in it."""
+        with self._cond:
+            self._cell = _Cell(parent)
+            notices, self._notices = self._notices, []
+        for text in notices:
+            self._publish(parent, "stderr", text)
+
+    def notify(self, text: str) -> None:
+        """A message for the user (a failure nobody waited on): in the running cell, else the next."""
+        with self._cond:
+            cell = self._cell
+            if cell is None:
+                self._notices.append(text)
+                return
+        self._publish(cell.parent, "stderr", text)
+
+    def end_cell(self, timeout: float = 2.0) -> None:
+        """The cell finished: show what is pending (before the kernel reports idle), then detach."""
+        self.flush(timeout)
+        with self._cond:
+            cell, self._cell = self._cell, None
+        if cell is not None and cell.held_back:
+            self._publish(
+                cell.parent,
+                "stderr",
+                f"[jupyter_mesh] {cell.held_back} more worker lines not shown here; "
+                "`%mesh logs --tail 100` shows the latest ones\n",
+            )
+
+    def set_collect(self, collect: bool) -> None:
+        """``%%mesh --no-stream``: hold this cell's worker lines until :meth:`take_collected`."""
+        with self._cond:
+            if self._cell is not None:
+                self._cell.collect = collect
+
+    def take_collected(self) -> list[LogLine]:
+        self.flush()
+        with self._cond:
+            if self._cell is None:
+                return []
+            out, self._cell.collected = self._cell.collected, []
+            self._cell.collect = False
+            return out
+
+    def publish(self, name: str, text: str) -> None:
+        """Write into the running cell (used for grouped output)."""
+        cell = self._cell
+        self._publish(cell.parent if cell else None, name, text)
+
+    def expect_sync(self, token: str, markers: int) -> threading.Event:
+        """Wait handle for ``markers`` sync lines carrying ``token`` (procs print them when a
+        ``%%mesh`` cell ends there, so the cell can wait until their output has arrived)."""
+        ev = threading.Event()
+        with self._cond:
+            self._syncs[token] = [markers, ev]
+        return ev
+
+    def forget_sync(self, token: str) -> None:
+        with self._cond:
+            self._syncs.pop(token, None)
+
+    def flush(self, timeout: float = 2.0) -> None:
+        """Return once every line received so far has been published (or ``timeout`` passed)."""
+        if threading.current_thread() is self._thread:
+            return
+        with self._cond:
+            self._flush_req += 1
+            want = self._flush_req
+            self._cond.notify()
+            self._cond.wait_for(lambda: self._flush_done >= want or self._closed, timeout)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(2.0)
+
+    # -- the output thread ---------------------------------------------------------------------
+    def _run(self) -> None:
+        pending: list[LogLine] = []
+        first = 0.0
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed and self._flush_req == self._flush_done:
+                    wait = None if not pending else max(0.0, first + self.window - time.monotonic())
+                    if wait == 0.0:
+                        break
+                    self._cond.wait(wait)
+                if self._closed:
+                    return
+                if self._queue and not pending:
+                    first = time.monotonic()
+                pending.extend(self._queue)
+                self._queue.clear()
+                flush_to = self._flush_req
+                cell = self._cell
+            if pending and (flush_to != self._flush_done or time.monotonic() >= first + self.window):
+                try:
+                    self._emit(cell, pending)
+                except Exception as e:  # noqa: BLE001 - never let the output thread die
+                    print(f"jupyter_mesh: output routing failed: {e!r}", file=sys.__stderr__)
+                pending = []
+            if flush_to != self._flush_done:
+                with self._cond:
+                    self._flush_done = flush_to
+                    self._cond.notify_all()
+
+    def _emit(self, cell: _Cell | None, lines: list[LogLine]) -> None:
+        if cell is None:
+            return  # between cells: kept for %mesh logs only
+        if cell.collect:
+            cell.collected.extend(lines)
+            return
+        room = self.cell_lines - cell.shown
+        if room <= 0:
+            cell.held_back += len(lines)
+            return
+        out = {1: [], 2: []}
+        for fd, prefix, text in self._fold(lines):
+            out[fd].append(f"[{prefix}] {text}")
+        for fd, name in ((1, "stdout"), (2, "stderr")):
+            rows = out[fd]
+            if not rows:
+                continue
+            room = self.cell_lines - cell.shown
+            if len(rows) > room:
+                cell.held_back += len(rows) - room
+                rows = rows[:room]
+                rows.append(
+                    f"[jupyter_mesh] output truncated after {self.cell_lines} lines in this cell "
+                    "(the rest is kept: `%mesh logs`)"
+                )
+            cell.shown += len(rows)
+            self._publish(cell.parent, name, "".join(self._cut(r) + "\n" for r in rows))
+
+    def _cut(self, row: str) -> str:
+        if len(row) <= self.line_chars:
+            return row
+        return row[: self.line_chars] + f"... [{len(row) - self.line_chars} more characters]"
+
+    def _fold(self, lines: list[LogLine]) -> list[tuple[int, str, str]]:
+        """Group identical lines of different ranks; a rank's n-th repeat of a line joins the others'
+        n-th repeat, so each rank's lines keep their order."""
+        groups: dict[tuple[str, int, str, int], list[LogLine]] = {}
+        seen: dict[tuple[str, int, str, int], int] = collections.defaultdict(int)
+        for ln in lines:
+            k = (ln.mesh, ln.fd, ln.text, ln.rank)
+            n = seen[k]
+            seen[k] = n + 1
+            groups.setdefault((ln.mesh, ln.fd, ln.text, n), []).append(ln)
+        several = len(self._meshes) > 1
+        out = []
+        for (mesh, fd, text, _n), members in groups.items():
+            prefix = fold_label([m.label for m in members])
+            out.append((fd, f"{mesh} {prefix}" if several else prefix, text))
+        return out
+
+
+def group_by_rank(lines: list[LogLine]) -> str:
+    """``--no-stream``: each rank's lines under one heading; ranks with the same lines share it."""
+    by_rank: dict[tuple[str, int], list[LogLine]] = {}
+    for ln in lines:
+        by_rank.setdefault((ln.mesh, ln.rank), []).append(ln)
+    same: dict[tuple[str, ...], list[str]] = {}
+    for members in by_rank.values():
+        body = tuple(("! " if m.fd == 2 else "") + m.text for m in members)
+        same.setdefault(body, []).append(members[0].label)
+    out = []
+    for body, labels in same.items():
+        out.append(f"--- [{fold_label(labels)}] ---\n")
+        out.extend(line + "\n" for line in body)
+    return "".join(out)

@@ -1,0 +1,78 @@
+"""Starting a real `mesh` kernel through jupyter_client and running cells on it (every wait bounded)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any
+
+from _procs import descendants, wait_dead
+
+
+def isolate_jupyter_dirs() -> None:
+    """Keep tests away from the user's Jupyter config, data and runtime dirs (the kernelspec installed
+    in the venv's share/jupyter stays visible)."""
+    base = tempfile.mkdtemp(prefix="jm-jupyter-")
+    for var in ("JUPYTER_DATA_DIR", "JUPYTER_CONFIG_DIR", "JUPYTER_RUNTIME_DIR", "IPYTHONDIR"):
+        os.environ[var] = os.path.join(base, var.lower())
+
+
+@dataclass
+class Cell:
+    reply: dict[str, Any]
+    msg_id: str
+    msgs: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        return self.reply["content"]["status"]
+
+    def stream(self, name: str | None = None) -> str:
+        return "".join(
+            m["content"]["text"]
+            for m in self.msgs
+            if m["msg_type"] == "stream" and (name is None or m["content"]["name"] == name)
+        )
+
+    @property
+    def result(self) -> str | None:
+        for m in self.msgs:
+            if m["msg_type"] == "execute_result":
+                return m["content"]["data"]["text/plain"]
+        return None
+
+    @property
+    def error(self) -> dict[str, Any] | None:
+        for m in self.msgs:
+            if m["msg_type"] == "error":
+                return m["content"]
+        return None
+
+
+class Kernel:
+    def __init__(self, name: str = "mesh"):
+        from jupyter_client.manager import start_new_kernel
+
+        self.km, self.kc = start_new_kernel(kernel_name=name, startup_timeout=60)
+        self.pid: int = self.km.provisioner.process.pid  # type: ignore[union-attr]
+
+    def run(self, code: str, timeout: float = 60.0) -> Cell:
+        msgs: list[dict[str, Any]] = []
+        reply = self.kc.execute_interactive(code, timeout=timeout, output_hook=msgs.append)
+        return Cell(reply, reply["parent_header"]["msg_id"], msgs)
+
+    def ok(self, code: str, timeout: float = 60.0) -> Cell:
+        cell = self.run(code, timeout)
+        assert cell.status == "ok", f"cell failed: {cell.error and cell.error['evalue']}\n{cell.stream()}"
+        return cell
+
+    def workers(self) -> set[int]:
+        return descendants(self.pid)
+
+    def shutdown(self, now: bool = False) -> set[int]:
+        """Shut the kernel down; returns the processes below it that are still alive 5 s later."""
+        before = self.workers()
+        self.kc.stop_channels()
+        self.km.shutdown_kernel(now=now)
+        return wait_dead(before, 5.0)

@@ -1,0 +1,93 @@
+"""Cancellation: the caller is released at once and the remote work stops."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+
+import pytest
+from actors import Sleeper
+
+from jupyter_mesh import MeshCancelledError
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.parametrize("endpoint", ["busy_loop", "nap"])
+def test_cancel_stops_sync_and_async_endpoints(procs, endpoint):
+    s = procs.spawn("s", Sleeper)
+    one = s.slice(gpus=0)
+    fut = getattr(one, endpoint).call_one(30)
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    assert fut.cancel()
+    with pytest.raises(MeshCancelledError):
+        fut.get(timeout=1)
+    assert time.monotonic() - t0 < 1.0
+    # the actor is free again (it would be busy for 30 s otherwise) and counted the cancel
+    assert one.counts.call_one().get(timeout=5) == (0, 1)
+
+
+def test_cancel_a_whole_mesh_call_and_queued_calls(procs):
+    s = procs.spawn("s", Sleeper)
+    running = s.nap.call(30)
+    queued = s.nap.call(30)
+    time.sleep(0.3)
+    assert running.cancel() and queued.cancel()
+    counts = s.counts.call().get(timeout=5)  # answers at once: nothing is left running
+    for finished, cancelled in counts.values():
+        # the queued call is skipped, or cancelled just after it started if its cancel came late
+        assert finished == 0 and cancelled in (1, 2)
+
+
+def test_ctrl_c_in_get_cancels_remote_work(procs):
+    s = procs.spawn("s", Sleeper)
+    one = s.slice(gpus=1)
+    fut = one.busy_loop.call_one(30)
+    timer = threading.Timer(0.3, os.kill, args=(os.getpid(), signal.SIGINT))
+    timer.start()
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        fut.get(timeout=10)
+    assert time.monotonic() - t0 < 1.5
+    assert fut.cancelled()
+    assert one.counts.call_one().get(timeout=5) == (0, 1)
+
+
+def test_cancel_after_done_is_false(procs):
+    s = procs.spawn("s", Sleeper)
+    fut = s.slice(gpus=0).nap.call_one(0)
+    assert fut.get(timeout=5) == "finished"
+    assert not fut.cancel()
+
+
+def test_cancelled_await_cancels_remote_work(procs):
+    s = procs.spawn("s", Sleeper)
+    one = s.slice(gpus=2)
+
+    async def main():
+        task = asyncio.ensure_future(_await(one))
+        await asyncio.sleep(0.3)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    async def _await(m):
+        return await m.nap.call_one(30)
+
+    asyncio.run(main())
+    assert one.counts.call_one().get(timeout=5) == (0, 1)
+
+
+def test_leaving_a_stream_early_cancels_the_rest(procs):
+    s = procs.spawn("s", Sleeper)
+    s.slice(gpus=0).nap.call_one(0).get(timeout=5)
+    stream = s.nap.stream(30)
+    it = iter(stream)
+    time.sleep(0.3)
+    it.close()  # what a `break` out of the loop (or Ctrl-C in it) does to the generator
+    counts = s.counts.call().get(timeout=5)
+    assert [c for _, c in counts.values()] == [1, 1, 1, 1]

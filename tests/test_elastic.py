@@ -1,0 +1,98 @@
+"""Elasticity: kill a rank, respawn it in place with its actors re-created; logs are kept."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+from _procs import wait_dead, wait_for
+from actors import Counter, Faulty
+
+from jupyter_mesh import MeshValueError, ProcState, SupervisionError
+
+pytestmark = pytest.mark.integration
+
+
+def test_kill_then_respawn_in_place(procs):
+    counters = procs.spawn("counters", Counter, 10)
+    faulty = procs.slice(gpus=slice(2, 4)).spawn("faulty", Faulty)
+    assert list(counters.incr.call().get(timeout=10).values()) == [11] * 4
+    old = procs.pids()
+    procs.kill({"hosts": 0, "gpus": 2})
+    assert not wait_dead([old[2]], 3)
+    assert wait_for(lambda: procs.state().ranks[2].state == ProcState.FAILED, 3)
+    with pytest.raises(SupervisionError, match="killed on request"):
+        counters.incr.call().get(timeout=5)
+    assert procs.respawn() == [2]
+    assert procs.pids()[2] != old[2] and procs.state().ranks[2].state == ProcState.IDLE
+    # the respawned rank has fresh actors built from the original spawn arguments
+    assert list(counters.incr.call().get(timeout=10).values()) == [12, 12, 11, 12]
+    assert counters.slice(gpus=2).whoami.call_one().get(timeout=10) == {"hosts": 0, "gpus": 2}
+    assert list(faulty.ok.call().get(timeout=10).values()) == ["fine", "fine"]
+    # ordering still holds on the new proc
+    futs = [counters.slice(gpus=2).incr.call_one() for _ in range(20)]
+    assert [f.get(timeout=10) for f in futs] == list(range(12, 32))
+
+
+def test_respawn_rejects_live_ranks_and_kill_dead_ones(procs):
+    with pytest.raises(MeshValueError, match="have not failed"):
+        procs.respawn([1])
+    assert procs.respawn() == []
+    procs.kill(1, signal.SIGKILL)
+    assert wait_for(lambda: procs.state().ranks[1].state == ProcState.FAILED, 3)
+    with pytest.raises(Exception, match="not running"):
+        procs.kill(1)
+    with pytest.raises(MeshValueError, match="out of range"):
+        procs.kill(9)
+
+
+def test_logs_are_kept_per_rank(procs):
+    f = procs.spawn("f", Faulty)
+    f.shout.call("line for the log").get(timeout=10)
+    assert wait_for(lambda: len([x for x in procs.logs() if "line for the log" in x]) == 4, 3)
+    one = procs.logs(rank=3, tail=1)
+    assert one == ["[" + procs.name + " hosts=0,gpus=3] line for the log"]
+
+
+def test_grow_and_shrink_per_host_dim(host):
+    pm = host.spawn_procs(per_host={"gpus": 2})
+    try:
+        c = pm.spawn("c", Counter, 7)
+        part = c.slice(gpus=0)
+        assert list(c.incr.call().get(timeout=10).values()) == [8, 8]
+        pm.resize(gpus=4)
+        assert pm.sizes == {"hosts": 1, "gpus": 4} and len(pm.pids()) == 4
+        # the whole-mesh actor mesh followed: new ranks got actors built with the spawn arguments
+        assert list(c.incr.call().get(timeout=10).values()) == [9, 9, 8, 8]
+        assert c.slice(gpus=3).whoami.call_one().get(timeout=10) == {"hosts": 0, "gpus": 3}
+        assert part.incr.call_one().get(timeout=10) == 10  # views stay as they were
+        assert [r.state for r in pm.state().ranks] == [ProcState.IDLE] * 4
+        removed = [pm.pids()[2], pm.pids()[3]]
+        last = c.slice(gpus=3)
+        pm.resize(gpus=1)
+        assert not wait_dead(removed, 5)
+        assert list(c.incr.call().get(timeout=10).values()) == [11]
+        with pytest.raises(MeshValueError, match="removed when the mesh shrank"):
+            last.incr.call_one()  # a view of a removed rank
+        pm.resize(gpus=3)  # growing again starts fresh procs at the old ranks
+        assert list(c.incr.call().get(timeout=10).values()) == [12, 8, 8]
+    finally:
+        pm.stop()
+
+
+def test_grow_hosts_adds_agents():
+    from jupyter_mesh import LocalJob
+
+    job = LocalJob(hosts=1)
+    try:
+        pm = job.host_mesh().spawn_procs(per_host={"gpus": 2})
+        c = pm.spawn("c", Counter, 0)
+        pm.resize(hosts=2)
+        assert len(job.pids()) == 2 and len(set(pm._ref.agent_addrs)) == 2
+        vm = c.whoami.call().get(timeout=10)
+        assert [dict(v) for v in vm.values()] == [{"hosts": h, "gpus": g} for h in range(2) for g in range(2)]
+        with pytest.raises(MeshValueError, match="renumbered"):
+            pm.resize(gpus=3)
+        pm.stop()
+    finally:
+        job.stop()

@@ -1,0 +1,269 @@
+"""Kernel tests: a real `mesh` kernel through jupyter_client; real agents and procs behind it."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from _kernel import Kernel, isolate_jupyter_dirs
+from _procs import alive, wait_dead, wait_for
+
+pytestmark = [
+    pytest.mark.kernel,
+    # jupyter_client leaves its private event loops and sockets to the garbage collector
+    pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
+    pytest.mark.filterwarnings("ignore:unclosed:ResourceWarning"),
+]
+
+ROOT = Path(__file__).resolve().parent.parent
+
+ACTORS = """
+import time, os
+from jupyter_mesh import Actor, endpoint, current_rank
+
+class Worker(Actor):
+    @endpoint
+    def fail_on(self, ranks):
+        r = current_rank().rank
+        if r in ranks:
+            raise ValueError(f"rank {r} refuses")
+        return r
+
+    @endpoint
+    def spin(self, seconds):  # compute-bound: the runtime interrupts it in the actor's thread
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            pass
+        return "done"
+
+    @endpoint
+    async def nap(self, seconds):
+        import asyncio
+        await asyncio.sleep(seconds)
+        return "slept"
+
+    @endpoint
+    def ping(self):
+        return os.getpid()
+
+    @endpoint
+    def say_later(self, delay, text):
+        time.sleep(delay)
+        print(text, flush=True)
+
+w = procs.spawn("w", Worker)
+w.initialized.get(30)
+"""
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    isolate_jupyter_dirs()
+    k = Kernel()
+    k.ok("%mesh up --gpus 4")
+    k.ok(ACTORS)
+    yield k
+    assert not k.shutdown(), "processes left after the kernel shut down"
+
+
+def test_kernelspec_is_installed_and_matches_the_shipped_one():
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    from jupyter_mesh.notebook.install import KERNEL_SPEC
+
+    spec = KernelSpecManager().get_kernel_spec("mesh")
+    assert spec.display_name == "Python 3 (mesh)"
+    assert spec.argv[1:] == ["-m", "jupyter_mesh.notebook.kernel", "-f", "{connection_file}"]
+    assert json.loads((ROOT / "kernel" / "kernel.json").read_text()) == KERNEL_SPEC
+
+
+def test_status_shows_the_mesh(kernel):
+    out = kernel.ok("%mesh status").stream()
+    assert re.search(r"procs \*\s+hosts=1, gpus=4\s+4 idle", out), out
+
+
+def test_cell_runs_on_every_proc_keeps_namespaces_and_returns_a_value_mesh(kernel):
+    kernel.ok("%%mesh\nx = current_rank()['gpus'] * 10")
+    cell = kernel.ok("%%mesh\nx + 1")
+    assert cell.result.startswith("ValueMesh({hosts: 1, gpus: 4}") and "gpus=3: 31" in cell.result
+    part = kernel.ok("%%mesh --on gpus=1:3\nx")
+    assert "{hosts: 1, gpus: 2}" in part.result and "gpus=0: 10" in part.result and "gpus=1: 20" in part.result
+
+
+def test_identical_lines_fold_and_rank_lines_stay_apart(kernel):
+    out = kernel.ok("%%mesh\nprint('epoch 1 loss 0.42')\nprint('rank', current_rank()['gpus'])").stream("stdout")
+    assert "[gpus 0-3] epoch 1 loss 0.42\n" in out
+    assert out.count("epoch 1 loss 0.42") == 1
+    for g in range(4):
+        assert f"[gpus={g}] rank {g}\n" in out
+
+
+def test_no_stream_groups_by_rank(kernel):
+    out = kernel.ok("%%mesh --no-stream\nprint('a')\nprint('b', current_rank()['gpus'] % 2)").stream("stdout")
+    assert "--- [gpus 0,2] ---\na\nb 0\n" in out and "--- [gpus 1,3] ---\na\nb 1\n" in out
+
+
+def test_failing_ranks_show_folded_tracebacks_and_others_still_return(kernel):
+    cell = kernel.ok("%%mesh\nif current_rank()['gpus'] in (1, 3):\n    raise KeyError('missing')\n'fine'")
+    err = cell.stream("stderr")
+    assert "2 of 4 ranks raised" in err and "[gpus 1,3]" in err
+    assert err.count("KeyError: 'missing'") == 1  # identical tracebacks shown once
+    assert "raise KeyError('missing')" in err  # with the cell's source line
+    assert "gpus=0: 'fine'" in cell.result and "gpus=2: 'fine'" in cell.result
+
+
+def test_push_and_pull_move_variables(kernel):
+    kernel.ok("lr = 0.25\n%mesh push lr")
+    kernel.ok("%%mesh\ny = lr * (current_rank()['gpus'] + 1)")
+    cell = kernel.ok("%mesh pull y")
+    assert "gpus=0: 0.25" in cell.result and "gpus=3: 1.0" in cell.result
+
+
+def test_actor_error_renders_remote_frames_first_with_rank_and_actor(kernel):
+    cell = kernel.run("w.fail_on.call([2]).get(10)")
+    assert cell.status == "error" and cell.error["ename"] == "ActorError"
+    tb = "\n".join(cell.error["traceback"])
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", tb)
+    remote = plain.index("remote traceback: w.fail_on on [hosts=0,gpus=2]")
+    assert remote < plain.index("local traceback")
+    assert 'raise ValueError(f"rank {r} refuses")' in plain  # source from the notebook cell
+    assert "magics.py" not in plain and "client.py" not in plain  # no internals
+
+
+def test_output_goes_to_the_cell_that_runs_when_it_arrives(kernel):
+    first = kernel.ok("w.slice(gpus=0).say_later.broadcast(0.0, 'early line')\nimport time; time.sleep(0.5)")
+    assert "[gpus=0] early line" in first.stream("stdout")
+    kernel.ok("w.slice(gpus=1).say_later.broadcast(0.6, 'late line')")  # returns before the print
+    second = kernel.ok("time.sleep(1.5)")
+    assert "[gpus=1] late line" in second.stream("stdout")
+    for m in second.msgs:
+        if m["msg_type"] == "stream" and "late line" in m["content"]["text"]:
+            assert m["parent_header"]["msg_id"] == second.msg_id
+    assert "late line" in kernel.ok("%mesh logs --rank 1 --tail 5").stream()
+
+
+def test_flood_is_limited_in_the_cell_and_kept_for_logs(kernel):
+    t0 = time.monotonic()
+    cell = kernel.ok("%%mesh\nfor i in range(100_000):\n    print('line', i, current_rank()['gpus'])", timeout=120)
+    took = time.monotonic() - t0
+    out = cell.stream()
+    assert out.count("\n") < 2100, "the cell got more than its line budget"
+    assert "output truncated after 2000 lines" in out and "more worker lines not shown here" in out
+    for rank in range(4):  # every line is kept, whichever rank finished first
+        assert f"line 99999 {rank}" in kernel.ok(f"%mesh logs --rank {rank} --tail 1").stream()
+        assert f"line 0 {rank}\n" in kernel.ok(f"%mesh logs --rank {rank} --all").stream()
+    print(f"flood of 4x10^5 lines: cell finished in {took:.1f} s")
+
+
+@pytest.mark.parametrize("endpoint", ["spin", "nap"])
+def test_interrupt_returns_promptly_and_cancels_the_remote_call(kernel, endpoint):
+    pids = kernel.ok("w.ping.call().get(10)").result
+    t = threading.Timer(1.0, kernel.km.interrupt_kernel)
+    t.start()
+    t0 = time.monotonic()
+    cell = kernel.run(f"w.{endpoint}.call(30).get()", timeout=20)
+    waited = time.monotonic() - t0 - 1.0
+    t.join()
+    assert cell.status == "error" and cell.error["ename"] == "KeyboardInterrupt"
+    assert waited < 1.0, f"the cell took {waited:.2f} s to return after the interrupt"
+    # the remote work was cancelled (else the actors stay busy for 30 s): they answer at once,
+    # from the same procs
+    assert kernel.ok("w.ping.call().get(5)").result == pids
+
+
+def test_interrupt_during_a_mesh_cell(kernel):
+    t = threading.Timer(1.0, kernel.km.interrupt_kernel)
+    t.start()
+    t0 = time.monotonic()
+    cell = kernel.run(
+        "%%mesh\nimport time\nend = time.monotonic() + 30\nwhile time.monotonic() < end: pass", timeout=20
+    )
+    t.join()
+    assert cell.error and cell.error["ename"] == "KeyboardInterrupt"
+    assert time.monotonic() - t0 - 1.0 < 1.0
+    assert "gpus=3: 3" in kernel.ok("%%mesh --timeout 5\ncurrent_rank()['gpus']").result
+
+
+@pytest.mark.parametrize(
+    ("line", "expect"),
+    [
+        ("%mesh", "the following arguments are required"),
+        ("%mesh bogus", "invalid choice: 'bogus'"),
+        ("%mesh up --procs 0", "expected a number >= 1"),
+        ("%mesh up --procs 2 --gpus 2", "not allowed with argument"),
+        ("%mesh up --name 'x; import os'", "not a valid mesh name"),
+        ("%mesh up --preload '__import__(\"os\")'", "--preload takes module names"),
+        ("%mesh kill banana", "RANK is a global rank"),
+        ("%mesh kill 9", "out of range"),
+        ("%mesh down nosuch", "no mesh named 'nosuch'"),
+        ("%mesh push undefined_here", "not defined here: undefined_here"),
+        ("%mesh logs --tail -3", "expected a number >= 1"),
+        ("%mesh up --hosts 'unterminated", "cannot split the arguments"),
+        ("%%mesh --on gpus=zero\n1", "bad --on slice"),
+        ("%%mesh --on cpus=0\n1", "--on cpus=0"),
+        ("%%mesh --name nosuch\n1", "no mesh named 'nosuch'"),
+    ],
+)
+def test_bad_arguments_are_usage_errors(kernel, line, expect):
+    cell = kernel.run(line)
+    assert cell.status == "error"
+    text = cell.stream("stderr") + json.dumps(cell.error or {})
+    assert "UsageError" in text and expect in text, text
+    assert "Traceback" not in text
+
+
+def test_kill_respawn_scale_down(kernel):
+    kernel.ok("%mesh up --procs 2 --name extra")
+    pids = set(json.loads(kernel.ok("import json; json.dumps(list(extra.pids().values()))").result.strip("'")))
+    kernel.ok("%mesh kill procs=1 --name extra")
+    assert wait_for(lambda: "1 (signal)" in kernel.ok("%mesh status").stream(), 5.0)
+    cell = kernel.run("%%mesh --name extra\n1")
+    assert cell.error and cell.error["ename"] == "SupervisionError"
+    kernel.ok("%mesh respawn --name extra")
+    assert "procs=1: 1" in kernel.ok("%%mesh --name extra\n1").result
+    before = json.loads(kernel.ok("json.dumps(list(extra.pids().values()))").result.strip("'"))
+    assert "resized in place" in kernel.ok("%mesh scale extra --procs 3").stream()
+    assert "procs: 3" in kernel.ok("%%mesh --name extra\n1").result
+    now_list = json.loads(kernel.ok("json.dumps(list(extra.pids().values()))").result.strip("'"))
+    assert now_list[:2] == before  # the running procs were kept
+    now = set(now_list)
+    kernel.ok("%mesh down extra")
+    assert not wait_dead(pids | now, 5.0)
+    assert "extra" not in kernel.ok("%mesh status").stream()
+
+
+def _lifecycle_kernel() -> tuple[Kernel, set[int]]:
+    isolate_jupyter_dirs()
+    k = Kernel()
+    k.ok("%mesh up --procs 2")
+    workers = k.workers()
+    assert len(workers) >= 4, f"expected an agent, a template and 2 procs, found {workers}"
+    return k, workers
+
+
+def test_shutdown_leaves_no_process():
+    k, workers = _lifecycle_kernel()
+    assert not k.shutdown(now=False)
+    assert not any(alive(p) for p in workers)
+
+
+def test_restart_stops_every_proc_and_the_new_kernel_works():
+    k, workers = _lifecycle_kernel()
+    k.km.restart_kernel(now=False)
+    k.kc.wait_for_ready(timeout=60)
+    assert not wait_dead(workers, 5.0), "procs of the old kernel survived the restart"
+    k.pid = k.km.provisioner.process.pid
+    k.ok("%mesh up --procs 2")
+    assert "procs: 2" in k.ok("%%mesh\n1").result
+    assert not k.shutdown()
+
+
+def test_hard_kill_leaves_no_orphans():
+    k, workers = _lifecycle_kernel()
+    k.kc.stop_channels()
+    k.km.shutdown_kernel(now=True)  # SIGKILL: do_shutdown never runs, the lifelines must do it
+    assert not wait_dead(workers, 10.0), "workers outlived a hard-killed kernel"

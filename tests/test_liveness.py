@@ -1,0 +1,67 @@
+"""Hung procs and silent hosts are found by heartbeats (default timeout 3 s)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+from _procs import wait_dead, wait_for
+from actors import Faulty
+
+from jupyter_mesh import LocalJob, ProcState, SupervisionError
+
+pytestmark = pytest.mark.integration
+
+
+def test_sigstopped_proc_is_declared_dead_by_heartbeat(host):
+    pm = host.spawn_procs(per_host={"gpus": 2})
+    try:
+        f = pm.spawn("f", Faulty)
+        pid = f.slice(gpus=1).pid.call_one().get(timeout=10)
+        fut = f.slice(gpus=1).sleep.call_one(60)
+        os.kill(pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        with pytest.raises(SupervisionError, match="stopped answering heartbeats") as ei:
+            fut.get(timeout=10)
+        took = time.monotonic() - t0
+        assert took < 5.0, took
+        assert ei.value.failures[0].kind == "heartbeat"
+        assert not wait_dead([pid], 3)  # killed, so the rank can be respawned
+        assert pm.state().ranks[1].state == ProcState.FAILED
+        assert pm.respawn() == [1]
+        assert f.slice(gpus=1).ok.call_one().get(timeout=10) == "fine"
+    finally:
+        pm.stop(timeout=2)
+
+
+def test_stop_with_a_hung_proc_is_bounded(host):
+    pm = host.spawn_procs(per_host={"gpus": 2})
+    pids = list(pm.pids().values())
+    os.kill(pids[0], signal.SIGSTOP)
+    t0 = time.monotonic()
+    pm.stop(timeout=1.0)
+    assert time.monotonic() - t0 < 3.0
+    assert not wait_dead(pids, 3)
+
+
+def test_silent_host_agent_fails_its_ranks():
+    job = LocalJob(hosts=1)
+    agent = job.pids()[0]
+    try:
+        pm = job.host_mesh().spawn_procs(per_host={"gpus": 2})
+        f = pm.spawn("f", Faulty)
+        f.initialized.get(timeout=10)
+        fut = f.sleep.call(60)
+        os.kill(agent, signal.SIGSTOP)
+        t0 = time.monotonic()
+        with pytest.raises(SupervisionError, match="stopped answering heartbeats") as ei:
+            fut.get(timeout=10)
+        assert time.monotonic() - t0 < 5.0
+        assert {x.kind for x in ei.value.failures} == {"heartbeat"}
+        assert wait_for(lambda: all(r.state == ProcState.FAILED for r in pm.state().ranks), 2)
+    finally:
+        os.kill(agent, signal.SIGCONT)
+        job.stop()
+    assert not wait_dead([agent], 5)

@@ -1,0 +1,128 @@
+"""Unit tests of the wire: signing, framing, serialization (no processes)."""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+
+import msgpack
+import pytest
+
+from jupyter_mesh._serialize import INBAND_LIMIT, dumps, loads
+from jupyter_mesh._transport import Message, Transport
+
+KEY = b"k" * 32
+
+
+@pytest.fixture
+def transport():
+    t = Transport(KEY)
+    yield t
+    t.close()
+
+
+class Boom:
+    def __reduce__(self):
+        raise AssertionError("must never be pickled in these tests")
+
+
+def _evil_payload() -> bytes:
+    # unpickling this would run os.system: it must never be unpickled
+    return b"cos\nsystem\n(S'touch /tmp/jm-should-not-exist'\ntR."
+
+
+def test_roundtrip_and_buffers(transport):
+    np = pytest.importorskip("numpy")
+    a = np.arange(INBAND_LIMIT, dtype=np.uint8)
+    payload, bufs = dumps({"a": a, "n": 3})
+    assert len(bufs) == 1 and len(payload) < 1000  # the array is not inside the pickle
+    frames = transport.encode(Message({"k": "c", "i": 1}, payload, bufs))
+    msg = transport.decode(frames)
+    assert msg is not None and msg.header["k"] == "c"
+    out = loads(msg.payload, msg.buffers)
+    assert (out["a"] == a).all() and out["n"] == 3
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        "wrong_key",
+        "flip_header",
+        "flip_payload",
+        "truncate",
+        "unsigned",
+        "extra_buffer",
+        "short_buffer",
+        "not_msgpack",
+        "wrong_version",
+    ],
+)
+def test_forged_or_broken_frames_are_dropped_and_counted(transport, mutate):
+    payload = _evil_payload()
+    good = transport.encode(Message({"k": "c", "i": 1}, payload, [b"x" * 10]))
+    frames = list(good)
+    if mutate == "wrong_key":
+        other = Transport(b"z" * 32)
+        frames = other.encode(Message({"k": "c", "i": 1}, payload))
+        other.close()
+    elif mutate == "flip_header":
+        frames[1] = frames[1][:-1] + bytes([frames[1][-1] ^ 1])
+    elif mutate == "flip_payload":
+        frames[2] = frames[2][:-1] + b"X"
+    elif mutate == "truncate":
+        frames = frames[:2]
+    elif mutate == "unsigned":
+        frames = [b"", frames[1], frames[2]]
+    elif mutate == "extra_buffer":
+        frames = [*frames, b"more"]
+    elif mutate == "short_buffer":
+        frames[3] = b"x" * 9
+    elif mutate == "not_msgpack":
+        h = b"\xc1garbage"
+        frames = [transport._sign(h, payload), h, payload]
+    elif mutate == "wrong_version":
+        h = msgpack.packb({"k": "c", "v": 999, "nb": []})
+        frames = [transport._sign(h, payload), h, payload]
+    before = transport.stats.dropped
+    assert transport.decode(frames) is None
+    assert transport.stats.dropped == before + 1
+
+
+def test_torch_tensor_travels_out_of_band():
+    torch = pytest.importorskip("torch")
+    t = torch.randn(256, 256)
+    payload, bufs = dumps(t)
+    assert len(bufs) == 1 and bufs[0].nbytes == t.nbytes and len(payload) < 500
+    assert torch.equal(loads(payload, bufs), t)
+
+
+def test_main_classes_pickle_by_value():
+    code = (
+        "from jupyter_mesh._serialize import dumps\n"
+        "class Local:\n    def hi(self): return 'hi'\n"
+        "import sys; p, b = dumps(Local()); sys.stdout.buffer.write(p)\n"
+    )
+    blob = subprocess.run([sys.executable, "-c", code], capture_output=True, check=True).stdout
+    obj = pickle.loads(blob)
+    assert obj.hi() == "hi"
+
+
+def test_importing_the_package_stays_light():
+    code = (
+        "import sys, jupyter_mesh\n"
+        "heavy = [m for m in ('torch', 'IPython', 'ipywidgets', 'ucxx', 'zmq', 'numpy') if m in sys.modules]\n"
+        "print(','.join(heavy))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == ""
+
+
+def test_public_api_is_sorted_and_complete():
+    import jupyter_mesh
+
+    assert list(jupyter_mesh.__all__) == sorted(jupyter_mesh.__all__)
+    for name in jupyter_mesh.__all__:
+        assert hasattr(jupyter_mesh, name)
+    for name in ("Actor", "endpoint", "this_host", "current_rank", "ValueMesh", "Future", "ActorError"):
+        assert name in jupyter_mesh.__all__

@@ -1,0 +1,237 @@
+"""Forged messages against live processes; lifelines (no orphans); proc death; multi-host; __main__ actors."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import zmq
+from _procs import descendants, wait_dead, wait_for
+from actors import Counter, Faulty
+
+from jupyter_mesh import LocalJob, SupervisionError
+from jupyter_mesh._runtime.controller import Controller
+from jupyter_mesh._transport import Message, Transport
+
+pytestmark = pytest.mark.integration
+
+MARKER = "/tmp/jm-forged-message-executed"
+
+
+def _forged_frames() -> list[list[bytes]]:
+    evil = b"cos\nsystem\n(S'touch " + MARKER.encode() + b"'\ntR."
+    other = Transport(os.urandom(32))  # right format, wrong key
+    try:
+        signed_wrong = other.encode(
+            Message({"k": "c", "a": "x", "m": "m", "rk": 0, "q": 0, "s": "tcp://127.0.0.1:1", "rm": 1, "i": 1}, evil)
+        )
+    finally:
+        other.close()
+    return [signed_wrong, [b"garbage"], [b"", b"", evil], [os.urandom(32), os.urandom(40), evil, b"x"]]
+
+
+def _blast(address: str, n_rounds: int = 5) -> int:
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.PUSH)
+    s.setsockopt(zmq.LINGER, 1000)
+    s.connect(address)
+    sent = 0
+    for _ in range(n_rounds):
+        for frames in _forged_frames():
+            s.send_multipart(frames)
+            sent += 1
+    s.close()
+    ctx.term()
+    return sent
+
+
+def test_forged_messages_are_dropped_everywhere(procs):
+    if os.path.exists(MARKER):
+        os.unlink(MARKER)
+    ctl = Controller.get()
+    counters = procs.spawn("c", Counter, 0)
+    counters.initialized.get(timeout=10)
+    ref = procs._ref
+    targets = {"controller": ctl.address, "agent": ref.agent_addrs[0], "proc": ref.proc_addrs[0]}
+    before_ctl = ctl.transport.stats.dropped
+    for addr in targets.values():
+        _blast(addr)
+    stats_agent = wait_for(
+        lambda: (
+            (s := ctl.client.request(ref.agent_addrs[0], {"k": "stats"}).get(5))["dropped_bad_signature"] >= 15 and s
+        ),
+        5,
+    )
+    stats_proc = wait_for(
+        lambda: (
+            (s := ctl.client.request(ref.proc_addrs[0], {"k": "stats"}).get(5))["dropped_bad_signature"] >= 15 and s
+        ),
+        5,
+    )
+    assert stats_agent and stats_agent["dropped_bad_signature"] + stats_agent["dropped_malformed"] >= 20
+    assert stats_proc and stats_proc["dropped_bad_signature"] + stats_proc["dropped_malformed"] >= 20
+    assert wait_for(lambda: ctl.transport.stats.dropped - before_ctl >= 20, 5)
+    assert not os.path.exists(MARKER), "a forged message was executed"
+    assert list(counters.incr.call().get(timeout=10).values()) == [1, 1, 1, 1]  # everyone still serves
+
+
+def test_sockets_bind_loopback_only(procs):
+    ctl = Controller.get()
+    for addr in [ctl.address, *procs._ref.agent_addrs, *procs._ref.proc_addrs]:
+        assert addr.startswith("tcp://127.0.0.1:"), addr
+
+
+_SCRIPT = textwrap.dedent(
+    """
+    import sys, time
+    from jupyter_mesh import Actor, endpoint, this_host
+
+    class Interactive(Actor):          # defined in __main__: travels by value
+        def __init__(self, base):
+            self.base = base
+        @endpoint
+        def add(self, x):
+            return self.base + x
+
+    procs = this_host().spawn_procs(per_host={"gpus": 2})
+    m = procs.spawn("i", Interactive, 40)
+    print("RESULT", list(m.add.call(2).get(timeout=20).values()), flush=True)
+    if sys.argv[1] == "hang":
+        print("READY", flush=True)
+        time.sleep(600)
+    procs.stop()
+    """
+)
+
+
+def test_interactively_defined_class_works_in_a_script(tmp_path):
+    script = tmp_path / "main_script.py"
+    script.write_text(_SCRIPT)
+    out = subprocess.run([sys.executable, str(script), "exit"], capture_output=True, text=True, timeout=60)
+    assert "RESULT [42, 42]" in out.stdout, out.stderr
+
+
+def test_kill_9_controller_leaves_no_process(tmp_path):
+    script = tmp_path / "main_script.py"
+    script.write_text(_SCRIPT)
+    p = subprocess.Popen([sys.executable, str(script), "hang"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            line = p.stdout.readline()
+            if "READY" in line or not line:
+                break
+        kids = descendants(p.pid)
+        assert len(kids) >= 4, kids  # agent, template, 2 procs
+        p.send_signal(signal.SIGKILL)
+        p.wait(5)
+        t0 = time.monotonic()
+        left = wait_dead(kids, 2.0)
+        assert not left, f"orphans {sorted(left)} after {time.monotonic() - t0:.2f}s"
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(5)
+        p.stdout.close()
+
+
+def test_killed_proc_fails_pending_call_and_later_calls(host):
+    pm = host.spawn_procs(per_host={"gpus": 2})
+    try:
+        f = pm.spawn("f", Faulty)
+        pid1 = f.slice(gpus=1).pid.call_one().get(timeout=10)
+        fut = f.slice(gpus=1).sleep.call_one(30)
+        gathered = f.sleep.call(30)
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        os.kill(pid1, signal.SIGKILL)
+        with pytest.raises(SupervisionError, match="SIGKILL") as ei:
+            fut.get(timeout=5)
+        assert time.monotonic() - t0 < 2.0
+        assert ei.value.failures[0].coords == {"hosts": 0, "gpus": 1}
+        assert ei.value.failures[0].signal == signal.SIGKILL
+        with pytest.raises(SupervisionError):
+            gathered.get(timeout=2)  # fails fast: rank 0 is still sleeping
+        with pytest.raises(SupervisionError, match="gpus=1"):
+            f.ok.call().get(timeout=5)
+        g = pm.slice(gpus=0).spawn("g", Faulty)  # slices without the dead rank still work
+        assert list(g.ok.call().get(timeout=5).values()) == ["fine"]
+    finally:
+        pm.stop(timeout=2)
+
+
+def test_kill_9_agent_takes_its_procs_down():
+    job = LocalJob(hosts=1)
+    hm = job.host_mesh()
+    pm = hm.spawn_procs(per_host={"gpus": 2})
+    pids = set(pm.pids().values())
+    agent_pid = job.pids()[0]
+    kids = descendants(agent_pid)
+    os.kill(agent_pid, signal.SIGKILL)
+    assert not wait_dead(pids | kids, 3.0)
+    job.stop()
+
+
+def test_two_local_hosts_fan_out_and_gather():
+    job = LocalJob(hosts=2)
+    try:
+        hm = job.host_mesh()
+        assert hm.sizes == {"hosts": 2}
+        pm = hm.spawn_procs(per_host={"gpus": 2})
+        c = pm.spawn("c", Counter, 0)
+        vm = c.whoami.call().get(timeout=10)
+        assert [dict(v) for v in vm.values()] == [{"hosts": h, "gpus": g} for h in range(2) for g in range(2)]
+        assert pm.slice(hosts=1).spawn("d", Counter, 5).incr.call().get(timeout=10).sizes == {"gpus": 2}
+        assert len(set(pm._ref.agent_addrs)) == 2
+        pm.stop()
+    finally:
+        job.stop()
+    assert not wait_dead(job.pids(), 3.0)
+
+
+_FAIL_FAST = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    sys.path.insert(0, sys.argv[2])
+    from actors import Faulty
+    from jupyter_mesh import SupervisionError, this_host
+
+    procs = this_host().spawn_procs(per_host={"gpus": 2})
+    f = procs.spawn("f", Faulty)
+    pid = f.slice(gpus=1).pid.call_one().get(timeout=20)
+    os.kill(pid, signal.SIGKILL)          # nothing is waiting on rank 1: an unhandled failure
+    deadline = time.monotonic() + 20
+    while procs.state().ranks[1].state != "failed" and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if sys.argv[1] == "observe":
+        try:
+            f.slice(gpus=0).ok.call_one().get(timeout=5)   # any next API call raises it, once
+        except SupervisionError as e:
+            print("RAISED", e.failures[0].coords, flush=True)
+        print("AFTER", f.slice(gpus=0).ok.call_one().get(timeout=5), flush=True)
+    else:
+        print("IGNORED", flush=True)      # the program ends without looking: exit code 1
+    """
+)
+
+
+@pytest.mark.parametrize("mode", ["observe", "ignore"])
+def test_fail_fast_is_the_default_in_scripts(tmp_path, mode):
+    script = tmp_path / "fail_fast.py"
+    script.write_text(_FAIL_FAST)
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    out = subprocess.run([sys.executable, str(script), mode, tests_dir], capture_output=True, text=True, timeout=60)
+    if mode == "observe":
+        assert "RAISED {'hosts': 0, 'gpus': 1}" in out.stdout, out.stderr
+        assert "AFTER fine" in out.stdout
+        assert out.returncode == 0, out.stderr
+    else:
+        assert "IGNORED" in out.stdout
+        assert out.returncode == 1
+        assert "unhandled failure" in out.stderr and "SIGKILL" in out.stderr
