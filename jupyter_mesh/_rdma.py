@@ -280,6 +280,9 @@ class RDMABuffer:
             if not w.claim():
                 return
             if err is not None:
+                o = self._owner
+                if self._pid_key() is not None and not _watch.owner_alive(o.pid, o.start):
+                    err = self._owner_failure(what)  # UCX saw the connection drop before we saw the exit
                 fut._set_exception(err)
             else:
                 fut._set_result(None)

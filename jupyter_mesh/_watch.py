@@ -28,8 +28,11 @@ def process_start_time(pid: int) -> int:
 
 
 def owner_alive(pid: int, start: int) -> bool:
+    """Is that process (not a later one with its pid) still running? A zombie is not."""
     try:
-        return process_start_time(pid) == start
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return fields[0] not in ("Z", "X") and int(fields[19]) == start
     except (OSError, ValueError, IndexError):
         return False
 
