@@ -6,6 +6,7 @@ Real procs and real transfers. UCX runs for real over its tcp transport when ucx
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import signal
@@ -113,6 +114,40 @@ def test_transport_sends_large_local_buffers_through_shm_and_checks_signature_fi
     finally:
         for t in (a, b, stranger):
             t.close()
+
+
+_LISTENERS = r"""
+import json, os, socket
+from jupyter_mesh import _ucx
+_ucx.node()
+mine = set()
+for fd in os.listdir("/proc/self/fd"):
+    try:
+        link = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        continue
+    if link.startswith("socket:["):
+        mine.add(link[8:-1])
+found = []
+for table, fam in (("/proc/net/tcp", socket.AF_INET), ("/proc/net/tcp6", socket.AF_INET6)):
+    for line in open(table).read().splitlines()[1:]:
+        f = line.split()
+        if f[3] == "0A" and f[9] in mine:  # LISTEN, ours
+            raw = bytes.fromhex(f[1].split(":")[0])
+            words = [raw[i:i + 4][::-1] for i in range(0, len(raw), 4)]
+            found.append(socket.inet_ntop(fam, b"".join(words)))
+print(json.dumps(sorted(found)))
+"""
+
+
+@pytest.mark.skipif(not HAS_UCX, reason="ucxx not installed")
+def test_ucx_listens_on_loopback_only():
+    """UCX's tcp transport does not check remote keys: by default it must not be reachable from outside."""
+    env = {k: v for k, v in os.environ.items() if k not in ("UCX_NET_DEVICES", "JUPYTER_MESH_BIND")}
+    env.update(UCX_ENV)
+    out = subprocess.run([sys.executable, "-c", _LISTENERS], capture_output=True, text=True, timeout=60, env=env)
+    addrs = json.loads(out.stdout.strip().splitlines()[-1])
+    assert addrs and all(a in ("127.0.0.1", "::1") for a in addrs), (addrs, out.stderr[-2000:])
 
 
 def test_bad_input_is_refused_before_any_transfer(host):
