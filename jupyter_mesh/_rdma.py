@@ -56,6 +56,11 @@ class RDMABuffer:
 
     ``RDMABuffer(tensor_or_buffer)`` registers the region; the handle pickles into a few hundred bytes
     and can be sent anywhere in the session. ``read_into``/``write_from`` return futures.
+
+    A CPU tensor's storage is moved into shared memory once, in place, as ``Tensor.share_memory_()``
+    does (views and parameters that share it follow; the storage can no longer be resized). Other
+    buffers (memoryview, bytearray, numpy) stay where they are and are served over UCX or ZeroMQ.
+    The memory stays registered and alive until ``drop()``.
     """
 
     def __init__(self, data: Any):
@@ -129,7 +134,12 @@ class RDMABuffer:
 
     # -- transfers ----------------------------------------------------------------------------------
     def read_into(self, dst: Any, *, offset: int = 0, timeout: float = DEFAULT_TIMEOUT) -> Future[None]:
-        """Copy the remote region (from byte ``offset``) into ``dst``, a contiguous tensor or buffer."""
+        """Copy the remote region (from byte ``offset``) into ``dst``, a contiguous tensor or buffer.
+
+        ``dst`` must have the buffer's size (or fit from ``offset``) and its dtype (or be bytes).
+        ``timeout`` bounds the wait on the owner (zmq, ucx); a same-host copy (shm) never waits on it.
+        After a timeout the destination's content is undefined.
+        """
         return self._transfer("get", dst, offset, timeout)
 
     def write_from(self, src: Any, *, offset: int = 0, timeout: float = DEFAULT_TIMEOUT) -> Future[None]:
