@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml package.json package-lock.json
 	# build deps first, then an editable install without build isolation (~20 s instead of ~70 s);
 	# the build runs npm (package-lock.json) and prebuilds the JupyterLab sidebar into the install
 	$(BIN)/pip install -q hatchling hatch-jupyter-builder editables 'jupyterlab>=4.2,<5'
-	$(BIN)/pip install -q --no-build-isolation -e '.[test,dev]'
+	$(BIN)/pip install -q --no-build-isolation -e '.[test,dev,ucx]'
 	$(BIN)/jupyter labextension list 2>&1 | grep -E 'jupyter-mesh .*enabled.*OK'
 	touch $(STAMP)
 
@@ -34,23 +34,27 @@ demo: $(STAMP)
 	$(BIN)/python -m jupyter_mesh.demo
 	$(BIN)/python -m jupyter_mesh.notebook.headless notebooks/quickstart.ipynb
 
+# UCX for real over its tcp transport (no GPU, no InfiniBand here); blocking progress, no busy threads
+UCX_TEST_ENV := UCX_TLS=tcp,self UCXPY_PROGRESS_MODE=blocking UCX_WARN_UNUSED_ENV_VARS=n
+
 # two pytest runs (the browser tests keep their own event loop); fails if either fails
 test: $(STAMP) chromium
 	$(BIN)/ruff check jupyter_mesh tests benchmarks
 	$(BIN)/ruff format --check jupyter_mesh tests benchmarks
-	$(BIN)/python -m pytest -q -p no:cacheprovider --ignore=tests/ui; core=$$?; \
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests/ui; ui=$$?; \
+	$(UCX_TEST_ENV) $(BIN)/python -m pytest -q -p no:cacheprovider --ignore=tests/ui; core=$$?; \
+	$(UCX_TEST_ENV) $(BIN)/python -m pytest -q -p no:cacheprovider tests/ui; ui=$$?; \
 	test $$core -eq 0 -a $$ui -eq 0
 
 test-core: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider --ignore=tests/ui
+	$(UCX_TEST_ENV) $(BIN)/python -m pytest -q -p no:cacheprovider --ignore=tests/ui
 
 test-ui: $(STAMP) chromium
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests/ui
+	$(UCX_TEST_ENV) $(BIN)/python -m pytest -q -p no:cacheprovider tests/ui
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_core.py
 	$(BIN)/python benchmarks/bench_failures.py
+	$(UCX_TEST_ENV) $(BIN)/python benchmarks/bench_dataplane.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check jupyter_mesh tests benchmarks

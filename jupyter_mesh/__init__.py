@@ -10,6 +10,7 @@ Importing this package imports neither ZeroMQ, torch, IPython nor ucxx; the runt
 from ._actor import Actor, current_rank, endpoint
 from ._future import Future
 from ._mesh import ActorMesh, HostMesh, MeshEndpoint, ProcMesh
+from ._rdma import RDMABuffer, get_rdma_backend
 from ._session import mesh_states, proc_mesh, set_fault_hook, shutdown, subscribe
 from ._shape import Extent, Point, Shape, Slice
 from ._state import MeshEvent, MeshState, ProcState, RankState
@@ -63,6 +64,7 @@ __all__ = [
     "Point",
     "ProcMesh",
     "ProcState",
+    "RDMABuffer",
     "RankState",
     "RemoteFailure",
     "SerializationError",
@@ -72,6 +74,7 @@ __all__ = [
     "ValueMesh",
     "current_rank",
     "endpoint",
+    "get_rdma_backend",
     "mesh_states",
     "proc_mesh",
     "set_fault_hook",

@@ -22,6 +22,8 @@ from typing import Any
 import msgpack
 import zmq
 
+from . import _shm
+
 __all__ = ["Message", "Transport", "TransportStats"]
 
 log = logging.getLogger("jupyter_mesh.transport")
@@ -62,6 +64,7 @@ class Transport:
         if len(key) < 16:
             raise ValueError("the session key must be at least 16 bytes")
         self._key = key
+        self.shm_prefix = _shm.session_prefix(key)  # data plane: same-host segments of this session
         self._ctx = zmq.Context()
         self._inbox = self._ctx.socket(zmq.PULL)
         self._inbox.setsockopt(zmq.RCVHWM, 0)
@@ -84,7 +87,13 @@ class Transport:
         h.update(payload)
         return h.digest()
 
-    def encode(self, msg: Message) -> list[Any]:
+    def encode(self, msg: Message, local: bool = False) -> list[Any]:
+        """Sign and frame. ``local``: the peer is on this host, so large buffers go through shared
+        memory and only their segment names travel, in the signed header (see ``_shm``)."""
+        if local and msg.buffers:
+            entries, msg.buffers = _shm.stash(self.shm_prefix, msg.buffers)
+            if entries:
+                msg.header["sh"] = entries
         msg.header["v"] = PROTOCOL_VERSION
         msg.header["nb"] = [memoryview(b).nbytes for b in msg.buffers]
         header = msgpack.packb(msg.header, use_bin_type=True)
@@ -109,6 +118,8 @@ class Transport:
             ):
                 self.stats.dropped_malformed += 1
                 return None
+            if "sh" in h:  # authentic: now it is safe to open the segments it names
+                bufs = _shm.unstash(self.shm_prefix, h["sh"], bufs)
         except Exception:  # noqa: BLE001 - anything odd from the wire is dropped, never fatal
             self.stats.dropped_malformed += 1
             return None
@@ -133,8 +144,8 @@ class Transport:
                     self._outs[address] = entry
         return entry
 
-    def send(self, address: str, msg: Message) -> None:
-        frames = self.encode(msg)
+    def send(self, address: str, msg: Message, local: bool = False) -> None:
+        frames = self.encode(msg, local)
         sock, lock = self._out(address)
         with lock:
             sock.send_multipart(frames, copy=len(frames) == 3)

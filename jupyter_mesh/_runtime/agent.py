@@ -566,6 +566,9 @@ class Agent:
         os.close(self.lifeline_w)
         self.template.kill()
         self.template.wait(5)
+        from .. import _shm
+
+        _shm.sweep(self.transport.shm_prefix)  # segments sent to procs that died before mapping them
         os._exit(0)
 
 

@@ -310,6 +310,7 @@ class Client:
         p = _Pending(fut, ref.mesh_id, "one", mesh._name, endpoint, None, [rank], {rank}, ref=ref)
         fut._on_cancel = lambda: self._cancel(p, mesh._actor_id)
         key = (mesh._actor_id, rank)
+        local = _same_host(ref, rank)
         with self._lock:
             call_id = self._register(p)
             self._inflight[key] = self._inflight.get(key, 0) + 1
@@ -323,11 +324,21 @@ class Client:
                 "i": call_id,
                 "q": self._seqs(mesh, [rank]),
             }
-            self.transport.send(self._proc_addr(ref, rank), Message(header, payload, bufs))
+            if local:
+                header["l"] = 1  # data plane: the reply may come back through shared memory too
+            self.transport.send(self._proc_addr(ref, rank), Message(header, payload, bufs), local=local)
         if self.activity is not None:
             self.activity(ref.mesh_id, [rank], 1)
         fut.add_done_callback(lambda _f: self._done_inflight(key))
         return fut
+
+    def check_rank(self, mesh_id: str, mesh_name: str, rank: int, context: str) -> None:
+        """Raise the error a call to ``rank`` of that proc mesh would raise now (stopped, failed)."""
+        if mesh_id in self._stopped:
+            raise MeshClosedError(f"proc mesh '{mesh_name}' was stopped; {context} cannot run. Spawn a new proc mesh.")
+        failure = self._failed.get((mesh_id, rank))
+        if failure is not None:
+            raise SupervisionError([failure], context)
 
     def _done_inflight(self, key: tuple[str, int]) -> None:
         with self._lock:
@@ -580,6 +591,21 @@ class _Stream(Iterator[Future[Any]]):
             self.close()
         except Exception:  # noqa: BLE001 - at interpreter exit the runtime may be gone
             pass
+
+
+_host_key: str | None = None
+
+
+def _same_host(ref: ProcMeshRef, rank: int) -> bool:
+    """Is ``rank`` on this host? Then large buffers travel through shared memory (``_shm``)."""
+    global _host_key
+    if not ref.host_keys:
+        return False
+    if _host_key is None:
+        from .agent import host_key
+
+        _host_key = host_key()
+    return ref.host_keys[ref.rank_host[rank]] == _host_key
 
 
 def _remote_failure(info: Any, p: _Pending, rank: int) -> RemoteFailure:

@@ -196,6 +196,10 @@ class Controller:
             self.output(rec.ref.name if rec else h["m"], h["rk"], h["label"], h["fd"], h["lines"])
         elif k == "proc_ready":
             self.state.ready(h["m"], h["rk"], h["pid"])
+        elif k == "rdma":
+            from .. import _rdma_owner as _rdma
+
+            _rdma.handle_message(self.transport, msg)
         elif k == "proc_exit":
             self._proc_exit(h["m"], h["rk"], loads(msg.payload, msg.buffers))
         elif k == "hb_ack":
@@ -622,6 +626,9 @@ class Controller:
             self.transport.stop_serving()
             self._thread.join(2.0)
             self.transport.close()
+            from .. import _shm
+
+            _shm.sweep(self.transport.shm_prefix)  # segments no receiver claimed (it died first)
         with Controller._instance_lock:
             if Controller._instance is self:
                 Controller._instance = None

@@ -19,6 +19,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from .. import _rdma_owner as _rdma
 from .._actor import EndpointDef, _set_context, endpoints_of
 from .._serialize import dumps, loads
 from .._shape import Point, Shape, Slice
@@ -225,6 +226,7 @@ class ProcRuntime:
                 self._supervise,
             )
         )
+        _rdma.set_identity(self.mesh_id, self.mesh_name, self.coords, self.rank)
         self.actors: dict[str, ActorHost] = {}
         self._order: dict[tuple[str, str], list[Any]] = {}  # (sender, actor) -> [next seq, {seq: msg}]
         self._orphans: dict[str, list[Message]] = {}  # calls that overtook their actor's spawn
@@ -241,7 +243,7 @@ class ProcRuntime:
             return
         hdr = {"k": "r", "i": h["i"], "rk": self.rank, "ok": ok}
         if rm == DIRECT:
-            self.transport.send(h["s"], Message(hdr, payload, bufs))
+            self.transport.send(h["s"], Message(hdr, payload, bufs), local=bool(h.get("l")))
         else:
             hdr["to"] = h["s"]
             self.transport.send(self.agent_addr, Message(hdr, payload, bufs))
@@ -267,6 +269,8 @@ class ProcRuntime:
             host = self.actors.get(msg.header["a"])
             if host is not None:
                 host.cancel(msg.header["s"], msg.header["ci"])
+        elif k == "rdma":
+            _rdma.handle_message(self.transport, msg)
         elif k == "stats":
             payload = dumps(vars(self.transport.stats))[0]
             self.transport.send(msg.header["s"], Message({"k": "r", "i": msg.header["i"], "ok": OK}, payload))
