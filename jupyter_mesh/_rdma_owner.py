@@ -200,7 +200,7 @@ _ids: tuple[int, str, int] | None = None  # (pid, host key, pid namespace) of th
 def _identity() -> tuple[int, str, int]:
     global _ids
     if _ids is None or _ids[0] != os.getpid():
-        from ._runtime.agent import host_key as agent_host_key
+        from ._runtime.agent_state import host_key as agent_host_key
 
         try:
             ns = os.stat("/proc/self/ns/pid").st_ino

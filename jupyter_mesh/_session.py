@@ -58,6 +58,6 @@ def set_fault_hook(hook: Callable[[SupervisionError], None] | None) -> Callable[
     Default (``None``): fail fast - print it, raise it at the next API call, exit non-zero at the end
     if it was never raised. Jupyter kernels install a hook that shows it and keeps the kernel alive.
     """
-    from ._runtime import controller
+    from ._runtime import hooks
 
-    return controller.set_fault_hook(hook)
+    return hooks.set_fault_hook(hook)

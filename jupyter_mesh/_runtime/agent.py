@@ -12,7 +12,6 @@ template's socket (fork results, child exits) and every proc's stdout/stderr pip
 
 from __future__ import annotations
 
-import collections
 import json
 import os
 import selectors
@@ -22,66 +21,17 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from .._serialize import dumps
 from .._shape import Point, Shape, Slice
 from .._transport import Message, Transport
 from ..errors import Failure, MeshValueError, SupervisionError
-from .client import BROKEN, DIRECT, GATHER, OK, RAISED, pack_gathered
+from .agent_state import Gather, MeshEntry, ProcEntry, alive, describe_exit, host_key, kill
+from .client import BROKEN, DIRECT, GATHER, OK, RAISED
+from .pending import pack_gathered
 
 __all__ = ["Agent", "host_key", "main"]
-
-
-def host_key() -> str:
-    """Same boot and same network namespace = same host (shared memory and loopback both work)."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-        netns = os.stat("/proc/self/ns/net").st_ino
-        return f"{boot}/{netns}"
-    except OSError:
-        return socket.gethostname()
-
-
-@dataclass
-class _Proc:
-    mesh_id: str
-    rank: int
-    label: str
-    pid: int = 0
-    addr: str = ""
-    alive: bool = True
-    up: bool = False
-    stopping: bool = False
-    killed_by_user: bool = False
-    last_seen: float = 0.0
-    fds: list[int] = field(default_factory=list)
-    exit_code: int | None = None
-    exit_signal: int | None = None
-    tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=30))
-
-
-@dataclass
-class _Mesh:
-    mesh_id: str
-    name: str
-    shape: Shape
-    ranks: list[int]
-    spawn_cfg: dict[str, Any] = field(default_factory=dict)  # the spawn_procs request: env, preload, paths
-    waiters: list[tuple[tuple[str, int], set[int]]] = field(default_factory=list)  # start requests pending
-    stop_replies: list[tuple[tuple[str, int], set[int] | None]] = field(default_factory=list)
-
-
-@dataclass
-class _Gather:
-    mesh_id: str
-    sender: str
-    call_id: int
-    outstanding: set[int]
-    entries: list[tuple[int, int, Any, list[Any]]] = field(default_factory=list)
-    frames_keepalive: list[Any] = field(default_factory=list)
 
 
 class Agent:
@@ -96,11 +46,11 @@ class Agent:
         self.last_controller = time.monotonic()
         self.transport = Transport(self.key, cfg.get("bind", "tcp://127.0.0.1"))
         self.lock = threading.RLock()
-        self.procs: dict[tuple[str, int], _Proc] = {}
-        self.by_pid: dict[int, _Proc] = {}
-        self.meshes: dict[str, _Mesh] = {}
-        self.gathers: dict[tuple[str, int], _Gather] = {}
-        self.fork_tokens: dict[int, _Proc] = {}
+        self.procs: dict[tuple[str, int], ProcEntry] = {}
+        self.by_pid: dict[int, ProcEntry] = {}
+        self.meshes: dict[str, MeshEntry] = {}
+        self.gathers: dict[tuple[str, int], Gather] = {}
+        self.fork_tokens: dict[int, ProcEntry] = {}
         self._tokens = iter(range(1, 1 << 62))
         self.shutting_down = False
         # pipes, the template and its lifeline
@@ -180,7 +130,7 @@ class Agent:
             targets = [self.procs[(mesh.mesh_id, r)] for r in mesh.ranks if sl.index_of(r) is not None]
             dead = [p for p in targets if not p.alive]
             if h["rm"] == GATHER:
-                g = _Gather(mesh.mesh_id, h["s"], h["i"], {p.rank for p in targets})
+                g = Gather(mesh.mesh_id, h["s"], h["i"], {p.rank for p in targets})
                 self.gathers[(h["s"], h["i"])] = g
         for p in targets:
             if p.alive:
@@ -188,7 +138,9 @@ class Agent:
         for p in dead:
             self._broken(h, p)
 
-    def _failure(self, p: _Proc, kind: str, detail: str, code: int | None = None, sig: int | None = None) -> Failure:
+    def _failure(
+        self, p: ProcEntry, kind: str, detail: str, code: int | None = None, sig: int | None = None
+    ) -> Failure:
         mesh = self.meshes.get(p.mesh_id)
         tail = "".join(p.tail)
         return Failure(
@@ -201,7 +153,7 @@ class Agent:
             sig,
         )
 
-    def _broken(self, h: dict[str, Any], p: _Proc) -> None:
+    def _broken(self, h: dict[str, Any], p: ProcEntry) -> None:
         f = self._failure(p, "exit", f"proc {p.pid} is not running")
         if h["rm"] == GATHER:
             self._add_to_gather((h["s"], h["i"]), p.rank, BROKEN, dumps(f)[0], [])
@@ -226,7 +178,7 @@ class Agent:
 
     def _spawn_procs(self, h: dict[str, Any]) -> None:
         shape = Shape.from_wire(h["shape"])
-        mesh = _Mesh(h["mesh_id"], h["name"], shape, list(h["ranks"]), spawn_cfg=h)
+        mesh = MeshEntry(h["mesh_id"], h["name"], shape, list(h["ranks"]), spawn_cfg=h)
         with self.lock:
             self.meshes[mesh.mesh_id] = mesh
             if h.get("preload"):
@@ -254,7 +206,7 @@ class Agent:
             self._start(mesh, list(h["ranks"]), (h["s"], h["i"]))
             self._check_waiters(mesh)  # a request with no ranks here (only a new extent) is done now
 
-    def _start(self, mesh: _Mesh, ranks: list[int], reply_to: tuple[str, int]) -> None:
+    def _start(self, mesh: MeshEntry, ranks: list[int], reply_to: tuple[str, int]) -> None:
         """Fork one proc per rank from the template (caller holds the lock); reply when all are up."""
         cfg0 = mesh.spawn_cfg
         mesh.waiters.append((reply_to, set(ranks)))
@@ -263,7 +215,7 @@ class Agent:
             old = self.procs.get((mesh.mesh_id, rank))
             if old is not None:
                 self.by_pid.pop(old.pid, None)
-            p = _Proc(mesh.mesh_id, rank, label)
+            p = ProcEntry(mesh.mesh_id, rank, label)
             self.procs[(mesh.mesh_id, rank)] = p
             out_r, out_w = os.pipe()
             err_r, err_w = os.pipe()
@@ -290,7 +242,7 @@ class Agent:
                 self.sel.register(fd, selectors.EVENT_READ, ("pipe", (p, stream, bytearray())))
         os.write(self.wake_w, b"x")  # the I/O thread re-reads the selector
 
-    def _reshape(self, mesh: _Mesh, shape_wire: list[Any], keep: list[int] | None = None) -> None:
+    def _reshape(self, mesh: MeshEntry, shape_wire: list[Any], keep: list[int] | None = None) -> None:
         """The mesh grows or shrinks (caller holds the lock): tell the procs that stay their new extent."""
         mesh.shape = Shape.from_wire(shape_wire)
         mesh.spawn_cfg = {**mesh.spawn_cfg, "shape": shape_wire}
@@ -306,7 +258,7 @@ class Agent:
             self._reply((h["s"], h["i"]), RAISED, MeshValueError(f"rank {h['rank']} is not running"))
             return
         p.killed_by_user = True
-        _kill(p.pid, int(h.get("sig", signal.SIGTERM)))
+        kill(p.pid, int(h.get("sig", signal.SIGTERM)))
         self._reply((h["s"], h["i"]), OK, p.pid)
 
     def _proc_up(self, h: dict[str, Any]) -> None:
@@ -321,7 +273,7 @@ class Agent:
             self._check_waiters(self.meshes[p.mesh_id])
         self._event({"k": "proc_ready", "m": p.mesh_id, "rk": p.rank, "pid": p.pid})  # for progress bars
 
-    def _check_waiters(self, mesh: _Mesh) -> None:
+    def _check_waiters(self, mesh: MeshEntry) -> None:
         """Answer every start request whose procs are all up, or one of which died first."""
         keep = []
         for to, ranks in mesh.waiters:
@@ -331,7 +283,7 @@ class Agent:
                 keep.append((to, ranks))  # report once every proc is up or dead: all failures at once
             elif failed:
                 fails = [
-                    self._failure(p, "start", f"proc failed to start ({_how(p, p.exit_code, p.exit_signal)})")
+                    self._failure(p, "start", f"proc failed to start ({describe_exit(p, p.exit_code, p.exit_signal)})")
                     for p in failed
                 ]
                 self._reply(to, RAISED, SupervisionError(fails, "while starting its procs"))
@@ -356,24 +308,24 @@ class Agent:
             procs = [self.procs[(mesh.mesh_id, r)] for r in ranks]
             for p in procs:
                 p.stopping = True
-            alive = [p for p in procs if p.alive]
-        for p in alive:
+            running = [p for p in procs if p.alive]
+        for p in running:
             if p.up:
                 self.transport.send(p.addr, Message({"k": "stop"}))
             else:
-                _kill(p.pid, signal.SIGKILL)
-        if alive:
-            t = threading.Timer(grace, self._escalate, args=(alive,))
+                kill(p.pid, signal.SIGKILL)
+        if running:
+            t = threading.Timer(grace, self._escalate, args=(running,))
             t.daemon = True
             t.start()
         self._maybe_stopped(mesh)
 
-    def _escalate(self, procs: list[_Proc]) -> None:
+    def _escalate(self, procs: list[ProcEntry]) -> None:
         for p in procs:
             if p.alive:
-                _kill(p.pid, signal.SIGKILL)
+                kill(p.pid, signal.SIGKILL)
 
-    def _maybe_stopped(self, mesh: _Mesh) -> None:
+    def _maybe_stopped(self, mesh: MeshEntry) -> None:
         """Answer stop requests whose procs are all gone, and forget those procs (and the mesh)."""
         done = []
         with self.lock:
@@ -446,7 +398,7 @@ class Agent:
                 except Exception:  # noqa: BLE001 - its exit will be reported by the template
                     pass
 
-    def _declare_dead(self, p: _Proc, detail: str) -> None:
+    def _declare_dead(self, p: ProcEntry, detail: str) -> None:
         with self.lock:
             if not p.alive:
                 return
@@ -454,7 +406,7 @@ class Agent:
             mesh = self.meshes.get(p.mesh_id)
             pending = [k for k, g in self.gathers.items() if g.mesh_id == p.mesh_id and p.rank in g.outstanding]
         f = self._failure(p, "heartbeat", detail)
-        _kill(p.pid, signal.SIGKILL)  # a hung proc is of no use; killing it lets the rank be respawned
+        kill(p.pid, signal.SIGKILL)  # a hung proc is of no use; killing it lets the rank be respawned
         for key in pending:
             self._add_to_gather(key, p.rank, BROKEN, dumps(f)[0], [])
         if mesh is not None:
@@ -498,7 +450,7 @@ class Agent:
             p.exit_code, p.exit_signal = code, sig
             mesh = self.meshes.get(p.mesh_id)
             pending = [k for k, g in self.gathers.items() if g.mesh_id == p.mesh_id and p.rank in g.outstanding]
-        how = _how(p, code, sig)
+        how = describe_exit(p, code, sig)
         kind = "signal" if sig else "exit"
         by = " (killed on request)" if p.killed_by_user else ""
         f = self._failure(p, kind, f"proc {pid} {how}{by}", code, sig)
@@ -511,7 +463,7 @@ class Agent:
                 self._event({"k": "proc_exit", "m": p.mesh_id, "rk": p.rank}, f)
             self._maybe_stopped(mesh)
 
-    def _drain(self, p: _Proc) -> None:
+    def _drain(self, p: ProcEntry) -> None:
         """Read what a dead proc left in its pipes, so its last words (a traceback) are reported."""
         for fd in p.fds:
             for _ in range(1024):
@@ -522,7 +474,7 @@ class Agent:
                 if not self._pipe_readable(fd, *key.data[1]):
                     break
 
-    def _pipe_readable(self, fd: int, p: _Proc, stream: int, buf: bytearray) -> bool:
+    def _pipe_readable(self, fd: int, p: ProcEntry, stream: int, buf: bytearray) -> bool:
         try:
             chunk = os.read(fd, 1 << 16)
         except BlockingIOError:
@@ -557,12 +509,12 @@ class Agent:
         with self.lock:
             procs = [p for p in self.procs.values() if p.alive]
         for p in procs:
-            _kill(p.pid, signal.SIGTERM)
+            kill(p.pid, signal.SIGTERM)
         deadline = time.monotonic() + 1.0
-        while time.monotonic() < deadline and any(_alive(p.pid) for p in procs):
+        while time.monotonic() < deadline and any(alive(p.pid) for p in procs):
             time.sleep(0.02)
         for p in procs:
-            _kill(p.pid, signal.SIGKILL)
+            kill(p.pid, signal.SIGKILL)
         os.close(self.lifeline_w)
         self.template.kill()
         self.template.wait(5)
@@ -570,40 +522,6 @@ class Agent:
 
         _shm.sweep(self.transport.shm_prefix)  # segments sent to procs that died before mapping them
         os._exit(0)
-
-
-def _how(p: _Proc, code: int | None = None, sig: int | None = None) -> str:
-    if sig:
-        try:
-            name = signal.Signals(sig).name
-        except ValueError:
-            name = str(sig)
-        return f"was killed by {name}"
-    if code is not None:
-        return f"exited with code {code}"
-    return "exited"
-
-
-def _kill(pid: int, sig: int) -> None:
-    if pid:
-        try:
-            os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-def _alive(pid: int) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is dead for our purposes
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
-    except OSError:
-        return False
 
 
 def _watch_stdin(agent: Agent) -> None:

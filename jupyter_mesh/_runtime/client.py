@@ -13,17 +13,14 @@ It turns endpoint calls into signed messages and replies into futures:
 from __future__ import annotations
 
 import itertools
-import linecache
 import pickle
 import queue
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .._future import Future
 from .._serialize import describe_unpicklable, dumps, loads
-from .._shape import Shape
 from .._transport import Message, Transport
 from .._value_mesh import ValueMesh
 from ..errors import (
@@ -37,6 +34,7 @@ from ..errors import (
     SerializationError,
     SupervisionError,
 )
+from .pending import Pending, Stream, remote_failure
 
 if TYPE_CHECKING:
     from .._mesh import ActorMesh, ProcMeshRef
@@ -71,26 +69,6 @@ def set_current_client(client: Client | None) -> None:
     _current = client
 
 
-@dataclass
-class _Pending:
-    """A call waiting for replies from ``ranks`` (global ranks, in view order)."""
-
-    future: Future[Any] | None
-    mesh_id: str
-    mode: str  # call | one | stream | request
-    actor: str = ""
-    endpoint: str = ""
-    shape: Shape | None = None
-    ranks: list[int] = field(default_factory=list)
-    outstanding: set[int] = field(default_factory=set)
-    values: dict[int, Any] = field(default_factory=dict)
-    raised: list[RemoteFailure] = field(default_factory=list)
-    broken: list[Failure] = field(default_factory=list)
-    ref: ProcMeshRef | None = None
-    stream_q: queue.SimpleQueue[Future[Any]] | None = None
-    call_id: int = 0
-
-
 class Client:
     """Sends calls, matches replies to pending futures, fails them when ranks break."""
 
@@ -98,7 +76,7 @@ class Client:
         self.transport = transport
         self.address = transport.address
         self._ids = itertools.count(1)
-        self._pending: dict[int, _Pending] = {}
+        self._pending: dict[int, Pending] = {}
         self._lock = threading.Lock()  # pending table, seq counters, send order
         self._seq: dict[str, list[int]] = {}
         self._actor_mesh: dict[str, str] = {}  # actor id -> proc mesh id
@@ -152,13 +130,13 @@ class Client:
         first = vals[0]
         return first if all(v == first for v in vals) else vals
 
-    def _register(self, p: _Pending) -> int:
+    def _register(self, p: Pending) -> int:
         call_id = next(self._ids)
         self._pending[call_id] = p
         p.call_id = call_id
         return call_id
 
-    def _cancel(self, p: _Pending, actor_id: str) -> None:
+    def _cancel(self, p: Pending, actor_id: str) -> None:
         """Forget the call and tell every proc still working on it to stop (O(ranks); cancels are rare)."""
         with self._lock:
             if self._pending.pop(p.call_id, None) is None:
@@ -193,7 +171,7 @@ class Client:
         except SerializationError as e:
             raise SerializationError(f"cannot send {cls.__qualname__} and its arguments to the procs: {e}") from None
         fut: Future[None] = Future(f"spawn of {mesh._name}")
-        p = _Pending(
+        p = Pending(
             fut, mesh._ref.mesh_id, "spawn", mesh._name, "__init__", mesh._shape, ranks, set(ranks), ref=mesh._ref
         )
         header = {
@@ -213,7 +191,7 @@ class Client:
     def respawn_actor(self, mesh: ActorMesh[Any], rank: int, payload: bytes, bufs: list[Any]) -> Future[None]:
         """Re-create one actor on a freshly respawned proc with its original spawn payload."""
         fut: Future[None] = Future(f"respawn of {mesh._name}")
-        p = _Pending(fut, mesh._ref.mesh_id, "spawn", mesh._name, "__init__", None, [rank], {rank}, ref=mesh._ref)
+        p = Pending(fut, mesh._ref.mesh_id, "spawn", mesh._name, "__init__", None, [rank], {rank}, ref=mesh._ref)
         with self._lock:
             header = {
                 "k": "spawn",
@@ -271,7 +249,7 @@ class Client:
             self._send_cast(mesh, ranks, header, payload, bufs, None)
             return None
         fut: Future[Any] = Future(f"{mesh._class_name}.{endpoint}")
-        p = _Pending(fut, mesh._ref.mesh_id, mode, mesh._name, endpoint, mesh._shape, ranks, set(ranks), ref=mesh._ref)
+        p = Pending(fut, mesh._ref.mesh_id, mode, mesh._name, endpoint, mesh._shape, ranks, set(ranks), ref=mesh._ref)
         fut._on_cancel = lambda: self._cancel(p, mesh._actor_id)
         if mode == "stream":
             p.stream_q = queue.SimpleQueue()
@@ -289,7 +267,7 @@ class Client:
         header: dict[str, Any],
         payload: bytes,
         bufs: list[Any],
-        p: _Pending | None,
+        p: Pending | None,
     ) -> None:
         ref = mesh._ref
         hosts = sorted({ref.rank_host[r] for r in ranks})
@@ -307,7 +285,7 @@ class Client:
         self._check_targets(ref, [rank], f"calling {mesh._class_name}.{endpoint}")
         payload, bufs = self._encode_args(mesh, endpoint, args, kwargs)
         fut: Future[Any] = Future(f"{mesh._class_name}.{endpoint}")
-        p = _Pending(fut, ref.mesh_id, "one", mesh._name, endpoint, None, [rank], {rank}, ref=ref)
+        p = Pending(fut, ref.mesh_id, "one", mesh._name, endpoint, None, [rank], {rank}, ref=ref)
         fut._on_cancel = lambda: self._cancel(p, mesh._actor_id)
         key = (mesh._actor_id, rank)
         local = _same_host(ref, rank)
@@ -358,15 +336,15 @@ class Client:
         rank = min(order, key=lambda r: self._inflight.get((mesh._actor_id, r), 0))
         return self.call_rank(mesh, rank, endpoint, args, kwargs)
 
-    def _iter_stream(self, p: _Pending, actor_id: str) -> Iterator[Future[Any]]:
-        return _Stream(self, p, actor_id)
+    def _iter_stream(self, p: Pending, actor_id: str) -> Iterator[Future[Any]]:
+        return Stream(self, p, actor_id)
 
     def request(self, address: str, header: dict[str, Any], obj: Any = None, what: str = "request") -> Future[Any]:
         """A control request (to an agent): the reply's payload is the future's value."""
         fut: Future[Any] = Future(what)
         payload, bufs = dumps(obj)
         with self._lock:
-            header["i"] = self._register(_Pending(fut, "", "request"))
+            header["i"] = self._register(Pending(fut, "", "request"))
             header["s"] = self.address
             self.transport.send(address, Message(header, payload, bufs))
         return fut
@@ -390,7 +368,7 @@ class Client:
             pos += plen
             bpos += nbuf
 
-    def _add(self, p: _Pending, call_id: int, rank: int, ok: int, payload: Any, bufs: list[Any]) -> None:
+    def _add(self, p: Pending, call_id: int, rank: int, ok: int, payload: Any, bufs: list[Any]) -> None:
         if p.mode == "request":
             self._finish(call_id)
             assert p.future is not None
@@ -443,7 +421,7 @@ class Client:
         if done:
             self._complete(p)
 
-    def _decode_outcome(self, p: _Pending, rank: int, ok: int, payload: Any, bufs: list[Any]) -> Any:
+    def _decode_outcome(self, p: Pending, rank: int, ok: int, payload: Any, bufs: list[Any]) -> Any:
         try:
             value = loads(payload, bufs)
         except Exception as e:  # noqa: BLE001 - a result we cannot unpickle is that rank's error
@@ -455,9 +433,9 @@ class Client:
             return value
         if ok == BROKEN:
             return value  # a Failure built by the agent or proc
-        return _remote_failure(value, p, rank)
+        return remote_failure(value, p, rank)
 
-    def _complete(self, p: _Pending) -> None:
+    def _complete(self, p: Pending) -> None:
         assert p.future is not None
         if p.mode == "stream":
             return
@@ -519,15 +497,6 @@ class Client:
             if p.future is not None and p.stream_q is None:
                 p.future._set_exception(err)
 
-    def clear_failed(self, mesh_id: str, ranks: list[int]) -> None:
-        with self._lock:
-            for r in ranks:
-                self._failed.pop((mesh_id, r), None)
-
-    def failed_ranks(self, mesh_id: str) -> dict[int, Failure]:
-        with self._lock:
-            return {r: f for (m, r), f in self._failed.items() if m == mesh_id}
-
     def mark_stopped(self, mesh_id: str) -> None:
         with self._lock:
             self._stopped.add(mesh_id)
@@ -558,41 +527,6 @@ class Client:
                 p.future._set_exception(exc)
 
 
-class _Stream(Iterator[Future[Any]]):
-    """Completed futures in arrival order. Leaving early (``break``, Ctrl-C, an exception, or just
-    dropping the iterator) cancels the calls still running, so nothing keeps working for nobody."""
-
-    def __init__(self, client: Client, p: _Pending, actor_id: str):
-        self._client, self._p, self._actor_id = client, p, actor_id
-        self._left = len(p.ranks)
-
-    def __iter__(self) -> _Stream:
-        return self
-
-    def __next__(self) -> Future[Any]:
-        if not self._left:
-            raise StopIteration
-        assert self._p.stream_q is not None
-        try:
-            item = self._p.stream_q.get()
-        except BaseException:
-            self.close()
-            raise
-        self._left -= 1
-        return item
-
-    def close(self) -> None:
-        if self._left:
-            self._left = 0
-            self._client._cancel(self._p, self._actor_id)
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - at interpreter exit the runtime may be gone
-            pass
-
-
 _host_key: str | None = None
 
 
@@ -602,47 +536,7 @@ def _same_host(ref: ProcMeshRef, rank: int) -> bool:
     if not ref.host_keys:
         return False
     if _host_key is None:
-        from .agent import host_key
+        from .agent_state import host_key
 
         _host_key = host_key()
     return ref.host_keys[ref.rank_host[rank]] == _host_key
-
-
-def _remote_failure(info: Any, p: _Pending, rank: int) -> RemoteFailure:
-    coords = p.ref.coords(rank) if p.ref else {}
-    exc = None
-    if info.get("exc") is not None:
-        try:
-            exc = loads(info["exc"])
-        except Exception:  # noqa: BLE001 - the class may not exist here; the text is enough
-            exc = None
-    tb = _render_traceback(info) or info["tb"]
-    return RemoteFailure(coords, p.actor, info.get("endpoint", p.endpoint), info["type"], info["msg"], tb, exc)
-
-
-def _render_traceback(info: dict[str, Any]) -> str:
-    """Re-render the remote frames here, filling source lines from this process's linecache: code
-    defined in a notebook cell exists only in the kernel's linecache, not on the worker."""
-    frames = info.get("frames")
-    if not frames:
-        return ""
-    out = ["Traceback (most recent call last):\n"]
-    for filename, lineno, name, line in frames:
-        out.append(f'  File "{filename}", line {lineno}, in {name}\n')
-        line = line or linecache.getline(filename, lineno or 0).strip()
-        if line:
-            out.append(f"    {line}\n")
-    out.append(info.get("tail") or f"{info['type']}: {info['msg']}\n")
-    return "".join(out)
-
-
-def pack_gathered(
-    entries: list[tuple[int, int, bytes | memoryview, list[Any]]],
-) -> tuple[list[list[int]], bytes, list[Any]]:
-    """(rank, ok, payload, buffers) per rank -> header table, one payload, all buffers (for ``g``)."""
-    table, parts, bufs = [], [], []
-    for rank, ok, payload, b in entries:
-        table.append([rank, ok, len(payload), len(b)])
-        parts.append(bytes(payload))
-        bufs.extend(b)
-    return table, b"".join(parts), bufs

@@ -29,67 +29,22 @@ from ..errors import (
     MeshClosedError,
     MeshError,
     MeshTimeoutError,
-    MeshValueError,
     SupervisionError,
 )
+from . import hooks
 from .client import Client
+from .elastic import Elastic
+from .hooks import Embedding
 
 if TYPE_CHECKING:
     from .._mesh import ActorMesh, ProcMeshRef
     from ..jobs import AgentHandle, Job
 
-__all__ = ["Controller", "Embedding", "FaultHook", "OutputSink", "fail_fast", "set_fault_hook"]
-
-
-@dataclass
-class Embedding:
-    """What a proc lends a controller created inside it (see ``Controller.__init__``)."""
-
-    key: bytes
-    transport: Transport
-    client: Client
-    route: Callable[[Callable[[Message, list[Any]], None]], None]  # forward controller messages here
-    # the actor that is spawning (per thread), so its __supervise__ hears of its meshes' failures
-    current_owner: Callable[[], Any]
-    supervise: Callable[[Any, SupervisionError], None]
-
-
-_embedding: Embedding | None = None
-
-
-def embed(embedding: Embedding) -> None:
-    """Called once by a proc at start-up: a Controller created later in it will share its runtime."""
-    global _embedding
-    _embedding = embedding
-
-
-FaultHook = Callable[[SupervisionError], None]
-"""Called (on the runtime's receive thread) with a failure that no pending call was told about."""
-
-
-def fail_fast(err: SupervisionError) -> None:
-    """The default in scripts: say it now, raise it at the next API call, exit non-zero if ignored."""
-    print(f"jupyter_mesh: unhandled failure: {err}", file=sys.stderr)
-    inst = Controller._instance
-    if inst is not None:
-        inst._hold_fault(err)
-
-
-fault_hook: FaultHook = fail_fast
-
-
-def set_fault_hook(hook: FaultHook | None) -> FaultHook:
-    """Install ``hook`` for unhandled failures (None restores fail-fast); returns the previous one.
-
-    A Jupyter kernel installs one that shows the failure and never kills the kernel.
-    """
-    global fault_hook
-    prev, fault_hook = fault_hook, hook or fail_fast
-    return prev
+__all__ = ["Controller", "OutputSink"]
 
 
 def _local_host_key() -> str:
-    from .agent import host_key
+    from .agent_state import host_key
 
     return host_key()
 
@@ -123,7 +78,7 @@ class _ProcMeshRecord:
     logs: dict[int, collections.deque[tuple[float, int, int, str]]] = field(default_factory=dict)
 
 
-class Controller:
+class Controller(Elastic):
     """Session key, control-plane endpoint, agents and proc meshes of this program."""
 
     _instance: Controller | None = None
@@ -136,7 +91,7 @@ class Controller:
             with cls._instance_lock:
                 inst = cls._instance
                 if inst is None:
-                    inst = cls._instance = Controller(embedded=_embedding)
+                    inst = cls._instance = Controller(embedded=hooks.embedding())
         return inst
 
     def __init__(self, bind: str | None = None, embedded: Embedding | None = None):
@@ -241,12 +196,13 @@ class Controller:
         """Who handles a failure: the actor that owns the mesh, else the fault hook if no call was told."""
         if (rec.ref.mesh_id, rank) in self._killed_on_request:
             return
-        if rec.owner is not None and _embedding is not None:
-            _embedding.supervise(rec.owner, SupervisionError([failure], f"in mesh '{rec.ref.name}' that it owns"))
+        emb = hooks.embedding()
+        if rec.owner is not None and emb is not None:
+            emb.supervise(rec.owner, SupervisionError([failure], f"in mesh '{rec.ref.name}' that it owns"))
             return
         if not told:
             try:
-                fault_hook(SupervisionError([failure], "while nothing was waiting on it"))
+                hooks.fault_hook(SupervisionError([failure], "while nothing was waiting on it"))
             except Exception:  # noqa: BLE001 - a broken hook must not break supervision
                 import traceback
 
@@ -342,8 +298,9 @@ class Controller:
             [a.host_key for a in hosts],
         )
         rec = _ProcMeshRecord(ref, {})
-        if _embedding is not None and self.embedded:
-            rec.owner = _embedding.current_owner()
+        emb = hooks.embedding()
+        if emb is not None and self.embedded:
+            rec.owner = emb.current_owner()
         self._meshes[mesh_id] = rec
         self.state.created(mesh_id, name, dict(shape.extent), [dict(shape.point(r)) for r in range(len(shape))])
         rec.job, rec.env, rec.preload = job, env, preload
@@ -385,117 +342,6 @@ class Controller:
             req.update(cwd=os.getcwd(), path=sys.path)
         return self.client.request(agent.addr, req, what=f"spawn of proc mesh '{ref.name}'")
 
-    # -- elasticity -------------------------------------------------------------------------------
-    def resize(self, ref: ProcMeshRef, dim: str, size: int, timeout: float) -> None:
-        """Grow or shrink one dim. Ranks keep their numbers, so every dim before ``dim`` must have
-        size 1 (``hosts`` for a one-host mesh, or ``hosts`` itself)."""
-        rec = self._record(ref)
-        self.raise_pending_fault()
-        shape = ref.shape
-        if dim not in shape.labels:
-            raise MeshValueError(f"unknown dim '{dim}'; this mesh has dims {list(shape.labels)}")
-        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-            raise MeshValueError(f"the new size of '{dim}' must be a positive int, got {size!r}")
-        i = shape.labels.index(dim)
-        outer = [lbl for lbl, n in zip(shape.labels[:i], shape.slice.sizes[:i]) if n != 1]
-        if outer:
-            raise MeshValueError(
-                f"cannot resize '{dim}' while {outer} have size > 1: ranks would be renumbered. "
-                "Resize the outermost dim, or spawn a new proc mesh"
-            )
-        new_shape = Shape.from_sizes({**dict(shape.extent), dim: size})
-        old_n, new_n = len(shape), len(new_shape)
-        if new_n > old_n:
-            self._grow(rec, new_shape, dim, timeout)
-        elif new_n < old_n:
-            self._shrink(rec, new_shape, timeout)
-
-    def _grow(self, rec: _ProcMeshRecord, new_shape: Shape, dim: str, timeout: float) -> None:
-        ref = rec.ref
-        old_n, new_n = len(ref.shape), len(new_shape)
-        n_hosts = len(ref.agent_addrs)
-        if dim == ref.shape.labels[0] and ref.host_dims >= 1:  # more hosts
-            n_hosts = new_shape.slice.sizes[0]
-            if not hasattr(rec.job, "add_hosts"):
-                raise MeshValueError(f"{rec.job!r} cannot add hosts; spawn a new proc mesh on a larger host mesh")
-            agents = rec.job.add_hosts(n_hosts - len(ref.agent_addrs), timeout)
-        per_host = new_n // n_hosts
-        new_ranks = list(range(old_n, new_n))
-        ref.proc_addrs.extend([""] * (new_n - old_n))
-        ref.rank_host.extend(r // per_host for r in new_ranks)
-        futs = []
-        for h, addr in enumerate(ref.agent_addrs):  # hosts we have: new ranks (or just the new extent)
-            ranks = [r for r in new_ranks if ref.rank_host[r] == h]
-            futs.append(
-                self.client.request(
-                    addr,
-                    {"k": "start_procs", "mesh_id": ref.mesh_id, "ranks": ranks, "shape": new_shape.to_wire()},
-                    what=f"grow of '{ref.name}'",
-                )
-            )
-        old_shape, ref.shape = ref.shape, new_shape
-        if n_hosts > len(ref.agent_addrs):  # new hosts get the mesh from scratch
-            for agent in agents:
-                h = len(ref.agent_addrs)
-                ref.agent_addrs.append(agent.addr)
-                ref.host_keys.append(agent.host_key)
-                ranks = [r for r in new_ranks if ref.rank_host[r] == h]
-                futs.append(self._spawn_request(agent, ref, ranks, rec.env, rec.preload))
-        self.state.resized(ref.mesh_id, dict(new_shape.extent), [dict(new_shape.point(r)) for r in range(new_n)])
-        try:
-            for f in futs:
-                for rank, addr, pid in f.get(timeout):
-                    ref.proc_addrs[rank] = addr
-                    rec.pids[rank] = pid
-        except BaseException:
-            self._shrink(rec, old_shape, 5.0)  # undo: no half-grown mesh
-            raise
-        spawns = [
-            self.client.respawn_actor(m, r, payload, bufs)
-            for m, payload, bufs in rec.actors
-            if m._view is None
-            for r in new_ranks
-        ]
-        self._wait_actor_spawns(spawns, timeout, "while creating actors on the new ranks")
-
-    def _shrink(self, rec: _ProcMeshRecord, new_shape: Shape, timeout: float) -> None:
-        ref = rec.ref
-        new_n = len(new_shape)
-        removed = list(range(new_n, len(ref.proc_addrs)))
-        ref.shape = new_shape  # from now on no call targets the removed ranks
-        self.client.mark_removed(ref.mesh_id, removed)
-        futs = [
-            self.client.request(
-                addr,
-                {
-                    "k": "stop_procs",
-                    "mesh_id": ref.mesh_id,
-                    "grace": timeout,
-                    "ranks": [r for r in removed if ref.rank_host[r] == h],
-                    "shape": new_shape.to_wire(),
-                },
-                what=f"shrink of '{ref.name}'",
-            )
-            for h, addr in enumerate(ref.agent_addrs)
-        ]
-        for f in futs:
-            f.get(timeout + 5.0)
-        del ref.proc_addrs[new_n:], ref.rank_host[new_n:]
-        for r in removed:
-            rec.pids.pop(r, None)
-            rec.failures.pop(r, None)
-        self.state.resized(ref.mesh_id, dict(new_shape.extent), [dict(new_shape.point(r)) for r in range(new_n)])
-
-    def _wait_actor_spawns(self, spawns: list[Future[None]], timeout: float, context: str) -> None:
-        errors = []
-        for f in spawns:
-            try:
-                f.get(timeout)
-            except SupervisionError as e:
-                errors.extend(e.failures)
-        if errors:
-            raise SupervisionError(errors, context)
-
     def stop_procs(self, ref: ProcMeshRef, timeout: float) -> None:
         rec = self._meshes.get(ref.mesh_id)
         if rec is None or rec.stopped:
@@ -529,55 +375,6 @@ class Controller:
         if rec is None or rec.stopped:
             raise MeshClosedError(f"proc mesh '{ref.name}' was stopped; spawn a new one")
         return rec
-
-    def kill(self, ref: ProcMeshRef, rank: int, sig: int, timeout: float = 10.0) -> int:
-        """Send ``sig`` to the proc of ``rank``; its exit is then reported like any failure."""
-        self._record(ref)
-        self._killed_on_request.add((ref.mesh_id, rank))
-        return self.client.request(
-            ref.agent_addrs[ref.rank_host[rank]],
-            {"k": "kill_proc", "mesh_id": ref.mesh_id, "rank": rank, "sig": sig},
-            what=f"kill of rank {rank}",
-        ).get(timeout)
-
-    def respawn(self, ref: ProcMeshRef, ranks: list[int] | None, timeout: float) -> list[int]:
-        """New procs for failed ranks, same coordinates; actors spawned from here are re-created."""
-        rec = self._record(ref)
-        ranks = sorted(rec.failures) if ranks is None else sorted(set(ranks))
-        alive = [r for r in ranks if r not in rec.failures]
-        if alive:
-            raise MeshValueError(f"ranks {alive} of '{ref.name}' have not failed; kill them first to respawn them")
-        if not ranks:
-            return []
-        by_host: dict[int, list[int]] = {}
-        for r in ranks:
-            by_host.setdefault(ref.rank_host[r], []).append(r)
-        futs = [
-            self.client.request(
-                ref.agent_addrs[h], {"k": "start_procs", "mesh_id": ref.mesh_id, "ranks": rs}, what=f"respawn of {rs}"
-            )
-            for h, rs in by_host.items()
-        ]
-        for f in futs:
-            for rank, addr, pid in f.get(timeout):
-                ref.proc_addrs[rank] = addr
-                rec.pids[rank] = pid
-        self.client.reset_ranks(ref.mesh_id, ranks, [m._actor_id for m, _, _ in rec.actors])
-        spawns = [
-            self.client.respawn_actor(m, r, payload, bufs)
-            for m, payload, bufs in rec.actors
-            for r in ranks
-            if m._shape.slice.index_of(r) is not None
-        ]
-        for r in ranks:
-            rec.failures.pop(r, None)
-            self._killed_on_request.discard((ref.mesh_id, r))
-            self.state.respawned(ref.mesh_id, r, rec.pids[r])
-            self._notify_procs(
-                {"k": "notice", "what": "respawned", "m": ref.mesh_id, "rk": r, "addr": ref.proc_addrs[r]}
-            )
-        self._wait_actor_spawns(spawns, timeout, "while re-creating actors on respawned ranks")
-        return ranks
 
     def logs(self, ref: ProcMeshRef, rank: int | None, tail: int | None) -> list[tuple[float, int, int, str]]:
         rec = self._meshes.get(ref.mesh_id)

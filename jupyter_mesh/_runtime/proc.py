@@ -26,7 +26,7 @@ from .._shape import Point, Shape, Slice
 from .._transport import Message, Transport
 from ..errors import Failure, SerializationError, SupervisionError
 from .client import BROKEN, DIRECT, NO_REPLY, OK, RAISED, Client, set_current_client
-from .controller import Embedding, embed
+from .hooks import Embedding, embed
 
 _owner = threading.local()  # the ActorHost running on this thread
 

@@ -1,0 +1,101 @@
+"""What a host agent knows about its procs, meshes and gathers, and the OS helpers it uses on them.
+
+Plain data and functions; the agent (``agent.py``) owns the threads and the messages.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._shape import Shape
+
+__all__ = ["Gather", "MeshEntry", "ProcEntry", "alive", "describe_exit", "host_key", "kill"]
+
+
+def host_key() -> str:
+    """Same boot and same network namespace = same host (shared memory and loopback both work)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        netns = os.stat("/proc/self/ns/net").st_ino
+        return f"{boot}/{netns}"
+    except OSError:
+        return socket.gethostname()
+
+
+@dataclass
+class ProcEntry:
+    mesh_id: str
+    rank: int
+    label: str
+    pid: int = 0
+    addr: str = ""
+    alive: bool = True
+    up: bool = False
+    stopping: bool = False
+    killed_by_user: bool = False
+    last_seen: float = 0.0
+    fds: list[int] = field(default_factory=list)
+    exit_code: int | None = None
+    exit_signal: int | None = None
+    tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=30))
+
+
+@dataclass
+class MeshEntry:
+    mesh_id: str
+    name: str
+    shape: Shape
+    ranks: list[int]
+    spawn_cfg: dict[str, Any] = field(default_factory=dict)  # the spawn_procs request: env, preload, paths
+    waiters: list[tuple[tuple[str, int], set[int]]] = field(default_factory=list)  # start requests pending
+    stop_replies: list[tuple[tuple[str, int], set[int] | None]] = field(default_factory=list)
+
+
+@dataclass
+class Gather:
+    mesh_id: str
+    sender: str
+    call_id: int
+    outstanding: set[int]
+    entries: list[tuple[int, int, Any, list[Any]]] = field(default_factory=list)
+    frames_keepalive: list[Any] = field(default_factory=list)
+
+
+def describe_exit(p: ProcEntry, code: int | None = None, sig: int | None = None) -> str:
+    if sig:
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = str(sig)
+        return f"was killed by {name}"
+    if code is not None:
+        return f"exited with code {code}"
+    return "exited"
+
+
+def kill(pid: int, sig: int) -> None:
+    if pid:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def alive(pid: int) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purposes
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False

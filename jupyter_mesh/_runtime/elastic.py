@@ -1,0 +1,191 @@
+"""Elasticity, as part of the controller: kill a rank, respawn failed ranks in place, grow or shrink a
+proc mesh. Actor meshes spawned from here are re-created on new procs from their spawn payloads."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .._future import Future
+from .._shape import Shape
+from ..errors import MeshValueError, SupervisionError
+
+if TYPE_CHECKING:
+    from .._mesh import ProcMeshRef
+    from .controller import _ProcMeshRecord
+
+__all__ = ["Elastic"]
+
+
+class Elastic:
+    """Mixed into :class:`~.controller.Controller`; uses its client, state tracker and mesh records."""
+
+    if TYPE_CHECKING:  # provided by the controller
+        client: Any
+        state: Any
+        _killed_on_request: set[tuple[str, int]]
+
+        def _record(self, ref: ProcMeshRef) -> _ProcMeshRecord: ...
+        def _spawn_request(
+            self, agent: Any, ref: ProcMeshRef, ranks: list[int], env: dict[str, str], preload: list[str]
+        ) -> Future[Any]: ...
+        def _notify_procs(self, header: dict[str, Any], obj: Any = None) -> None: ...
+        def raise_pending_fault(self) -> None: ...
+
+    def kill(self, ref: ProcMeshRef, rank: int, sig: int, timeout: float = 10.0) -> int:
+        """Send ``sig`` to the proc of ``rank``; its exit is then reported like any failure."""
+        self._record(ref)
+        self._killed_on_request.add((ref.mesh_id, rank))
+        return self.client.request(
+            ref.agent_addrs[ref.rank_host[rank]],
+            {"k": "kill_proc", "mesh_id": ref.mesh_id, "rank": rank, "sig": sig},
+            what=f"kill of rank {rank}",
+        ).get(timeout)
+
+    def respawn(self, ref: ProcMeshRef, ranks: list[int] | None, timeout: float) -> list[int]:
+        """New procs for failed ranks, same coordinates; actors spawned from here are re-created."""
+        rec = self._record(ref)
+        ranks = sorted(rec.failures) if ranks is None else sorted(set(ranks))
+        alive = [r for r in ranks if r not in rec.failures]
+        if alive:
+            raise MeshValueError(f"ranks {alive} of '{ref.name}' have not failed; kill them first to respawn them")
+        if not ranks:
+            return []
+        by_host: dict[int, list[int]] = {}
+        for r in ranks:
+            by_host.setdefault(ref.rank_host[r], []).append(r)
+        futs = [
+            self.client.request(
+                ref.agent_addrs[h], {"k": "start_procs", "mesh_id": ref.mesh_id, "ranks": rs}, what=f"respawn of {rs}"
+            )
+            for h, rs in by_host.items()
+        ]
+        for f in futs:
+            for rank, addr, pid in f.get(timeout):
+                ref.proc_addrs[rank] = addr
+                rec.pids[rank] = pid
+        self.client.reset_ranks(ref.mesh_id, ranks, [m._actor_id for m, _, _ in rec.actors])
+        spawns = [
+            self.client.respawn_actor(m, r, payload, bufs)
+            for m, payload, bufs in rec.actors
+            for r in ranks
+            if m._shape.slice.index_of(r) is not None
+        ]
+        for r in ranks:
+            rec.failures.pop(r, None)
+            self._killed_on_request.discard((ref.mesh_id, r))
+            self.state.respawned(ref.mesh_id, r, rec.pids[r])
+            self._notify_procs(
+                {"k": "notice", "what": "respawned", "m": ref.mesh_id, "rk": r, "addr": ref.proc_addrs[r]}
+            )
+        self._wait_actor_spawns(spawns, timeout, "while re-creating actors on respawned ranks")
+        return ranks
+
+    def resize(self, ref: ProcMeshRef, dim: str, size: int, timeout: float) -> None:
+        """Grow or shrink one dim. Ranks keep their numbers, so every dim before ``dim`` must have
+        size 1 (``hosts`` for a one-host mesh, or ``hosts`` itself)."""
+        rec = self._record(ref)
+        self.raise_pending_fault()
+        shape = ref.shape
+        if dim not in shape.labels:
+            raise MeshValueError(f"unknown dim '{dim}'; this mesh has dims {list(shape.labels)}")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            raise MeshValueError(f"the new size of '{dim}' must be a positive int, got {size!r}")
+        i = shape.labels.index(dim)
+        outer = [lbl for lbl, n in zip(shape.labels[:i], shape.slice.sizes[:i]) if n != 1]
+        if outer:
+            raise MeshValueError(
+                f"cannot resize '{dim}' while {outer} have size > 1: ranks would be renumbered. "
+                "Resize the outermost dim, or spawn a new proc mesh"
+            )
+        new_shape = Shape.from_sizes({**dict(shape.extent), dim: size})
+        old_n, new_n = len(shape), len(new_shape)
+        if new_n > old_n:
+            self._grow(rec, new_shape, dim, timeout)
+        elif new_n < old_n:
+            self._shrink(rec, new_shape, timeout)
+
+    def _grow(self, rec: _ProcMeshRecord, new_shape: Shape, dim: str, timeout: float) -> None:
+        ref = rec.ref
+        old_n, new_n = len(ref.shape), len(new_shape)
+        n_hosts = len(ref.agent_addrs)
+        if dim == ref.shape.labels[0] and ref.host_dims >= 1:  # more hosts
+            n_hosts = new_shape.slice.sizes[0]
+            if not hasattr(rec.job, "add_hosts"):
+                raise MeshValueError(f"{rec.job!r} cannot add hosts; spawn a new proc mesh on a larger host mesh")
+            agents = rec.job.add_hosts(n_hosts - len(ref.agent_addrs), timeout)
+        per_host = new_n // n_hosts
+        new_ranks = list(range(old_n, new_n))
+        ref.proc_addrs.extend([""] * (new_n - old_n))
+        ref.rank_host.extend(r // per_host for r in new_ranks)
+        futs = []
+        for h, addr in enumerate(ref.agent_addrs):  # hosts we have: new ranks (or just the new extent)
+            ranks = [r for r in new_ranks if ref.rank_host[r] == h]
+            futs.append(
+                self.client.request(
+                    addr,
+                    {"k": "start_procs", "mesh_id": ref.mesh_id, "ranks": ranks, "shape": new_shape.to_wire()},
+                    what=f"grow of '{ref.name}'",
+                )
+            )
+        old_shape, ref.shape = ref.shape, new_shape
+        if n_hosts > len(ref.agent_addrs):  # new hosts get the mesh from scratch
+            for agent in agents:
+                h = len(ref.agent_addrs)
+                ref.agent_addrs.append(agent.addr)
+                ref.host_keys.append(agent.host_key)
+                ranks = [r for r in new_ranks if ref.rank_host[r] == h]
+                futs.append(self._spawn_request(agent, ref, ranks, rec.env, rec.preload))
+        self.state.resized(ref.mesh_id, dict(new_shape.extent), [dict(new_shape.point(r)) for r in range(new_n)])
+        try:
+            for f in futs:
+                for rank, addr, pid in f.get(timeout):
+                    ref.proc_addrs[rank] = addr
+                    rec.pids[rank] = pid
+        except BaseException:
+            self._shrink(rec, old_shape, 5.0)  # undo: no half-grown mesh
+            raise
+        spawns = [
+            self.client.respawn_actor(m, r, payload, bufs)
+            for m, payload, bufs in rec.actors
+            if m._view is None
+            for r in new_ranks
+        ]
+        self._wait_actor_spawns(spawns, timeout, "while creating actors on the new ranks")
+
+    def _shrink(self, rec: _ProcMeshRecord, new_shape: Shape, timeout: float) -> None:
+        ref = rec.ref
+        new_n = len(new_shape)
+        removed = list(range(new_n, len(ref.proc_addrs)))
+        ref.shape = new_shape  # from now on no call targets the removed ranks
+        self.client.mark_removed(ref.mesh_id, removed)
+        futs = [
+            self.client.request(
+                addr,
+                {
+                    "k": "stop_procs",
+                    "mesh_id": ref.mesh_id,
+                    "grace": timeout,
+                    "ranks": [r for r in removed if ref.rank_host[r] == h],
+                    "shape": new_shape.to_wire(),
+                },
+                what=f"shrink of '{ref.name}'",
+            )
+            for h, addr in enumerate(ref.agent_addrs)
+        ]
+        for f in futs:
+            f.get(timeout + 5.0)
+        del ref.proc_addrs[new_n:], ref.rank_host[new_n:]
+        for r in removed:
+            rec.pids.pop(r, None)
+            rec.failures.pop(r, None)
+        self.state.resized(ref.mesh_id, dict(new_shape.extent), [dict(new_shape.point(r)) for r in range(new_n)])
+
+    def _wait_actor_spawns(self, spawns: list[Future[None]], timeout: float, context: str) -> None:
+        errors = []
+        for f in spawns:
+            try:
+                f.get(timeout)
+            except SupervisionError as e:
+                errors.extend(e.failures)
+        if errors:
+            raise SupervisionError(errors, context)

@@ -1,0 +1,76 @@
+"""Two seams of the controller: what a proc lends a controller created inside it (``Embedding``), and
+what happens to a failure no call was told about (the fault hook: fail fast by default)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..errors import SupervisionError
+
+if TYPE_CHECKING:
+    from .._transport import Message, Transport
+    from .client import Client
+
+__all__ = ["Embedding", "FaultHook", "embed", "embedding", "fail_fast", "fault_hook", "set_fault_hook"]
+
+
+@dataclass
+class Embedding:
+    """What a proc lends a controller created inside it (see ``Controller.__init__``)."""
+
+    key: bytes
+    transport: Transport
+    client: Client
+    route: Callable[[Callable[[Message, list[Any]], None]], None]  # forward controller messages here
+    # the actor that is spawning (per thread), so its __supervise__ hears of its meshes' failures
+    current_owner: Callable[[], Any]
+    supervise: Callable[[Any, SupervisionError], None]
+
+
+_embedding: Embedding | None = None
+
+
+def embed(value: Embedding) -> None:
+    """Called once by a proc at start-up: a Controller created later in it will share its runtime."""
+    global _embedding
+    _embedding = value
+
+
+def embedding() -> Embedding | None:
+    """The proc's runtime to share, when this process is a proc; None in a controller's own program."""
+    return _embedding
+
+
+FaultHook = Callable[[SupervisionError], None]
+"""Called (on the runtime's receive thread) with a failure that no pending call was told about."""
+
+
+def fail_fast(err: SupervisionError) -> None:
+    """The default in scripts: say it now, raise it at the next API call, exit non-zero if ignored."""
+    print(f"jupyter_mesh: unhandled failure: {err}", file=sys.stderr)
+    from .controller import Controller
+
+    inst = Controller._instance
+    if inst is not None:
+        inst._hold_fault(err)
+
+
+_hook: FaultHook = fail_fast
+
+
+def set_fault_hook(hook: FaultHook | None) -> FaultHook:
+    """Install ``hook`` for unhandled failures (None restores fail-fast); returns the previous one.
+
+    A Jupyter kernel installs one that shows the failure and never kills the kernel.
+    """
+    global _hook
+    prev, _hook = _hook, hook or fail_fast
+    return prev
+
+
+def fault_hook(err: SupervisionError) -> None:
+    """Hand ``err`` to the installed hook."""
+    _hook(err)

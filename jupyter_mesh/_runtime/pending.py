@@ -1,0 +1,116 @@
+"""Calls waiting for replies, and how replies become values or errors: the bookkeeping half of the
+client (``client.Client`` sends and routes; this module holds what it waits on)."""
+
+from __future__ import annotations
+
+import linecache
+import queue
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .._future import Future
+from .._serialize import loads
+from .._shape import Shape
+from ..errors import Failure, RemoteFailure
+
+if TYPE_CHECKING:
+    from .._mesh import ProcMeshRef
+    from .client import Client
+
+__all__ = ["Pending", "Stream", "pack_gathered", "remote_failure"]
+
+
+@dataclass
+class Pending:
+    """A call waiting for replies from ``ranks`` (global ranks, in view order)."""
+
+    future: Future[Any] | None
+    mesh_id: str
+    mode: str  # call | one | stream | request
+    actor: str = ""
+    endpoint: str = ""
+    shape: Shape | None = None
+    ranks: list[int] = field(default_factory=list)
+    outstanding: set[int] = field(default_factory=set)
+    values: dict[int, Any] = field(default_factory=dict)
+    raised: list[RemoteFailure] = field(default_factory=list)
+    broken: list[Failure] = field(default_factory=list)
+    ref: ProcMeshRef | None = None
+    stream_q: queue.SimpleQueue[Future[Any]] | None = None
+    call_id: int = 0
+
+
+class Stream(Iterator[Future[Any]]):
+    """Completed futures in arrival order. Leaving early (``break``, Ctrl-C, an exception, or just
+    dropping the iterator) cancels the calls still running, so nothing keeps working for nobody."""
+
+    def __init__(self, client: Client, p: Pending, actor_id: str):
+        self._client, self._p, self._actor_id = client, p, actor_id
+        self._left = len(p.ranks)
+
+    def __iter__(self) -> Stream:
+        return self
+
+    def __next__(self) -> Future[Any]:
+        if not self._left:
+            raise StopIteration
+        assert self._p.stream_q is not None
+        try:
+            item = self._p.stream_q.get()
+        except BaseException:
+            self.close()
+            raise
+        self._left -= 1
+        return item
+
+    def close(self) -> None:
+        if self._left:
+            self._left = 0
+            self._client._cancel(self._p, self._actor_id)
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - at interpreter exit the runtime may be gone
+            pass
+
+
+def remote_failure(info: Any, p: Pending, rank: int) -> RemoteFailure:
+    coords = p.ref.coords(rank) if p.ref else {}
+    exc = None
+    if info.get("exc") is not None:
+        try:
+            exc = loads(info["exc"])
+        except Exception:  # noqa: BLE001 - the class may not exist here; the text is enough
+            exc = None
+    tb = render_traceback(info) or info["tb"]
+    return RemoteFailure(coords, p.actor, info.get("endpoint", p.endpoint), info["type"], info["msg"], tb, exc)
+
+
+def render_traceback(info: dict[str, Any]) -> str:
+    """Re-render the remote frames here, filling source lines from this process's linecache: code
+    defined in a notebook cell exists only in the kernel's linecache, not on the worker."""
+    frames = info.get("frames")
+    if not frames:
+        return ""
+    out = ["Traceback (most recent call last):\n"]
+    for filename, lineno, name, line in frames:
+        out.append(f'  File "{filename}", line {lineno}, in {name}\n')
+        line = line or linecache.getline(filename, lineno or 0).strip()
+        if line:
+            out.append(f"    {line}\n")
+    out.append(info.get("tail") or f"{info['type']}: {info['msg']}\n")
+    return "".join(out)
+
+
+def pack_gathered(
+    entries: list[tuple[int, int, bytes | memoryview, list[Any]]],
+) -> tuple[list[list[int]], bytes, list[Any]]:
+    """(rank, ok, payload, buffers) per rank -> header table, one payload, all buffers (for ``g``)."""
+    table, parts, bufs = [], [], []
+    for rank, ok, payload, b in entries:
+        table.append([rank, ok, len(payload), len(b)])
+        parts.append(bytes(payload))
+        bufs.extend(b)
+    return table, b"".join(parts), bufs
