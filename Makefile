@@ -41,6 +41,7 @@ UCX_TEST_ENV := UCX_TLS=tcp,self UCXPY_PROGRESS_MODE=blocking UCX_WARN_UNUSED_EN
 test: $(STAMP) chromium
 	$(BIN)/ruff check jupyter_mesh tests benchmarks
 	$(BIN)/ruff format --check jupyter_mesh tests benchmarks
+	$(BIN)/python -m mypy jupyter_mesh
 	$(UCX_TEST_ENV) $(BIN)/python -m pytest -q -p no:cacheprovider --ignore=tests/ui; core=$$?; \
 	$(UCX_TEST_ENV) $(BIN)/python -m pytest -q -p no:cacheprovider tests/ui; ui=$$?; \
 	test $$core -eq 0 -a $$ui -eq 0
@@ -57,6 +58,7 @@ bench: $(STAMP)
 	$(UCX_TEST_ENV) $(BIN)/python benchmarks/bench_dataplane.py
 
 lint: $(STAMP)
+	$(BIN)/python -m mypy jupyter_mesh
 	$(BIN)/ruff check jupyter_mesh tests benchmarks
 	$(BIN)/ruff format --check jupyter_mesh tests benchmarks
 

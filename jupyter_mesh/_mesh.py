@@ -7,6 +7,7 @@ sockets. ActorMeshes are small picklable values: pass them to other actors and c
 
 from __future__ import annotations
 
+import abc
 import itertools
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -40,13 +41,17 @@ def _new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
 
-class _MeshTrait:
+class _MeshTrait(abc.ABC):
     """Shape operations shared by every mesh: they return views that share the same processes."""
 
-    _shape: Shape
+    @property
+    @abc.abstractmethod
+    def _shape(self) -> Shape:
+        """The view this mesh object covers."""
 
-    def _with_shape(self, shape: Shape) -> Any:  # pragma: no cover - overridden
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _with_shape(self, shape: Shape) -> Any:
+        """The same kind of mesh over another view of the same processes."""
 
     @property
     def extent(self) -> Extent:
@@ -334,7 +339,11 @@ class HostMesh(_MeshTrait):
     """Hosts with a jupyter_mesh agent on each; ``spawn_procs`` starts processes on them."""
 
     def __init__(self, controller: Controller, job: Any, shape: Shape):
-        self._controller, self._job, self._shape = controller, job, shape
+        self._controller, self._job, self._hosts = controller, job, shape
+
+    @property
+    def _shape(self) -> Shape:
+        return self._hosts
 
     def _with_shape(self, shape: Shape) -> HostMesh:
         return HostMesh(self._controller, self._job, shape)

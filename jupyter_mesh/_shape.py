@@ -7,6 +7,7 @@ coordinates to those global ranks. Views never copy; they only compute ranks. Pu
 
 from __future__ import annotations
 
+import builtins
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -169,7 +170,7 @@ class Shape:
         except ValueError:
             raise MeshValueError(f"unknown dim '{name}'; this mesh has dims {list(self.labels)}") from None
 
-    def select(self, **dims: int | slice) -> Shape:
+    def select(self, **dims: int | builtins.slice) -> Shape:
         """Monarch's ``slice``: an int keeps one coordinate and drops the dim; a ``slice`` keeps the dim."""
         labels = list(self.labels)
         offset, sizes, strides = self.slice.offset, list(self.slice.sizes), list(self.slice.strides)

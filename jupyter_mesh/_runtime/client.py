@@ -236,7 +236,7 @@ class Client:
         ranks = mesh._shape.ranks()
         self._check_targets(mesh._ref, ranks, f"calling {mesh._class_name}.{endpoint}")
         payload, bufs = self._encode_args(mesh, endpoint, args, kwargs)
-        header = {
+        header: dict[str, Any] = {
             "k": "c",
             "pm": mesh._ref.mesh_id,
             "a": mesh._actor_id,

@@ -316,11 +316,11 @@ class ProcRuntime:
             for m in self._orphans.pop(actor_id, []):
                 host.enqueue(m)
             return
-        host = self.actors.get(actor_id)
-        if host is None:
+        target = self.actors.get(actor_id)
+        if target is None:
             self._orphans.setdefault(actor_id, []).append(msg)
         else:
-            host.enqueue(msg)
+            target.enqueue(msg)
 
     def serve(self) -> None:
         self.transport.send(

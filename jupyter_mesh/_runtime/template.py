@@ -97,7 +97,7 @@ def main() -> None:
     _send(sock, {"op": "ready", "pid": os.getpid()})
     while True:
         try:
-            ready, _, _ = select.select([sock, r], [], [])
+            ready, _, _ = select.select([sock.fileno(), r], [], [])
         except InterruptedError:
             continue
         if r in ready:
@@ -123,7 +123,7 @@ def main() -> None:
                         "signal": -code if code < 0 else None,
                     },
                 )
-        if sock in ready:
+        if sock.fileno() in ready:
             try:
                 data, fds, _flags, _addr = socket.recv_fds(sock, 1 << 20, 4)
             except OSError as e:

@@ -11,6 +11,7 @@ import json
 import os
 import sys
 import tempfile
+from typing import Any
 
 __all__ = ["KERNEL_SPEC", "install_kernel"]
 
@@ -27,7 +28,7 @@ def install_kernel(user: bool = False, prefix: str | None = None) -> str:
     """Install the spec; returns where. Outside this environment the spec names this interpreter."""
     from jupyter_client.kernelspec import KernelSpecManager
 
-    spec = dict(KERNEL_SPEC)
+    spec: dict[str, Any] = dict(KERNEL_SPEC)
     if user or (prefix and os.path.realpath(prefix) != os.path.realpath(sys.prefix)):
         spec["argv"] = [sys.executable, *spec["argv"][1:]]
     with tempfile.TemporaryDirectory() as d:

@@ -268,7 +268,7 @@ class OutputRouter:
         if room <= 0:
             cell.held_back += len(lines)
             return
-        out = {1: [], 2: []}
+        out: dict[int, list[str]] = {1: [], 2: []}
         for fd, prefix, text in self._fold(lines):
             out[fd].append(f"[{prefix}] {text}")
         for fd, name in ((1, "stdout"), (2, "stderr")):

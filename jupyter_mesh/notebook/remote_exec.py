@@ -46,7 +46,9 @@ def run_code(code: str, filename: str, ns: dict[str, Any]) -> Any:
     tree = ast.parse(code, filename, "exec")
     last = None
     if tree.body and isinstance(tree.body[-1], ast.Expr):
-        last = ast.Expression(tree.body.pop().value)
+        tail = tree.body.pop()
+        assert isinstance(tail, ast.Expr)
+        last = ast.Expression(tail.value)
     exec(compile(tree, filename, "exec"), ns)
     if last is not None:
         return eval(compile(last, filename, "eval"), ns)

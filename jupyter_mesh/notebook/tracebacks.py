@@ -55,10 +55,10 @@ def remote_blocks(e: BaseException) -> list[str]:
         head = f"mesh '{e.failures[0].mesh}': {len(e.failures)} rank(s) failed" + (f" {e.context}" if e.context else "")
         blocks.append(_rule(head) + "\n" + "\n".join(lines))
         tails: dict[str, list[Any]] = {}
-        for f in e.failures:
-            tail = "\n".join(ln for ln in f.traceback.rstrip().splitlines() if SYNC_PREFIX not in ln)
+        for sf in e.failures:
+            tail = "\n".join(ln for ln in sf.traceback.rstrip().splitlines() if SYNC_PREFIX not in ln)
             if tail.strip():
-                tails.setdefault(tail, []).append(f.coords)
+                tails.setdefault(tail, []).append(sf.coords)
         for text, coords in tails.items():
             blocks.append(_rule(f"last output of {_ranks(coords)}") + "\n" + text)
     return blocks
