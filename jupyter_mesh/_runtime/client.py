@@ -460,9 +460,14 @@ class Client:
 
     # -- supervision -----------------------------------------------------------------------------------
     def waits_on(self, mesh_id: str, rank: int) -> bool:
-        """Whether a call from here waits on ``rank`` (then its caller will hear of a failure)."""
+        """Whether a call from here waits on ``rank`` (then its caller will hear of a failure).
+
+        A spawn does not count: few programs look at ``ActorMesh.initialized``, so a failure that
+        only fails that future would go unseen."""
         with self._lock:
-            return any(p.mesh_id == mesh_id and rank in p.outstanding for p in self._pending.values())
+            return any(
+                p.mesh_id == mesh_id and rank in p.outstanding and p.mode != "spawn" for p in self._pending.values()
+            )
 
     def mark_failed(self, failure_by_rank: dict[int, Failure], mesh_id: str) -> int:
         """Ranks of ``mesh_id`` broke: fail what waits on them now, and later calls at the call site.
