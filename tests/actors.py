@@ -196,3 +196,28 @@ class EnvReader(Actor):
     @endpoint
     def env(self, *names: str) -> dict:
         return {n: os.environ.get(n) for n in names}
+
+
+class Ticker(Actor):
+    """Starts a background task from an async endpoint: it must keep running while the actor idles."""
+
+    def __init__(self):
+        self.ticks = 0
+        self._task = None
+
+    @endpoint
+    async def start(self) -> None:
+        async def tick():
+            while True:
+                self.ticks += 1
+                await asyncio.sleep(0.01)
+
+        self._task = asyncio.get_running_loop().create_task(tick())
+
+    @endpoint
+    def ticks_now(self) -> int:
+        return self.ticks
+
+    @endpoint
+    async def ticks_async(self) -> int:
+        return self.ticks

@@ -267,3 +267,17 @@ def test_torchrun_variables_and_one_gpu_per_proc(procs):
     assert {x["WORLD_SIZE"] for x in envs} == {"4"} and {x["LOCAL_WORLD_SIZE"] for x in envs} == {"4"}
     assert [x["LOCAL_RANK"] for x in envs] == ["0", "1", "2", "3"]
     assert [x["CUDA_VISIBLE_DEVICES"] for x in envs] == ["0", "1", "2", "3"]
+
+
+def test_background_tasks_of_async_endpoints_keep_running(procs):
+    import time
+
+    from actors import Ticker
+
+    t = procs.spawn("ticker", Ticker).slice(gpus=0)
+    t.start.call_one().get(timeout=10)
+    time.sleep(0.5)  # the actor is idle: its loop must still run the task
+    first = t.ticks_now.call_one().get(timeout=10)
+    assert first >= 10, first
+    time.sleep(0.3)
+    assert t.ticks_async.call_one().get(timeout=10) > first

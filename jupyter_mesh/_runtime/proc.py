@@ -13,6 +13,7 @@ import ctypes
 import importlib
 import inspect
 import os
+import queue
 import sys
 import threading
 import traceback
@@ -65,7 +66,10 @@ class ActorHost:
         self.endpoints: dict[str, EndpointDef[Any]] = {}
         self.init_failure: Failure | None = None
         self.loop = asyncio.new_event_loop()
-        self.queue: asyncio.Queue[Message] = asyncio.Queue()
+        # the mailbox is a C-level queue: a sync endpoint runs with no event loop turn at all (measured
+        # ~50 us a call on 2 cores); the loop runs for async endpoints and while their tasks live on
+        self._mailbox: queue.SimpleQueue[Message] = queue.SimpleQueue()
+        self._loop_waiter: asyncio.Future[None] | None = None
         # cancellation: which call runs now, and calls cancelled before they started
         self._lock = threading.Lock()
         self._current: tuple[str, int] | None = None
@@ -89,25 +93,44 @@ class ActorHost:
                 )
 
     def enqueue(self, msg: Message) -> None:
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, msg)
+        self._mailbox.put(msg)
+        with self._lock:
+            waiter = self._loop_waiter
+        if waiter is not None:  # the loop is running background tasks: wake it for the mail
+            self.loop.call_soon_threadsafe(_set_done, waiter)
 
     def _main(self) -> None:
         asyncio.set_event_loop(self.loop)
         _owner.host = self
         _set_context(self.runtime, self.name)
         set_current_client(self.runtime.client)
-        self.loop.run_until_complete(self._consume())
-
-    async def _consume(self) -> None:
         while True:
-            msg = await self.queue.get()
+            if self._mailbox.empty() and any(not t.done() for t in asyncio.all_tasks(self.loop)):
+                self.loop.run_until_complete(self._run_tasks_until_mail())
+            msg = self._mailbox.get()
             k = msg.header["k"]
             if k == "spawn":
                 self._spawn(msg)
             elif k == "supervise":
-                await self._supervise(msg.payload)  # type: ignore[arg-type]
+                self.loop.run_until_complete(self._supervise(msg.payload))  # type: ignore[arg-type]
             else:
-                await self._call(msg)
+                ep = self.endpoints.get(msg.header["m"])
+                if ep is not None and ep.is_async:
+                    self.loop.run_until_complete(self._call(msg, ep))
+                else:
+                    self._call_sync(msg, ep)
+
+    async def _run_tasks_until_mail(self) -> None:
+        """Tasks an async endpoint left running keep running while the actor waits for mail."""
+        waiter: asyncio.Future[None] = self.loop.create_future()
+        with self._lock:
+            self._loop_waiter = waiter
+        try:
+            if self._mailbox.empty():  # checked after publishing the waiter: no wake-up is lost
+                await waiter
+        finally:
+            with self._lock:
+                self._loop_waiter = None
 
     async def _supervise(self, err: SupervisionError) -> None:
         """A mesh this actor spawned lost ranks: ask ``__supervise__``; unhandled means this proc fails.
@@ -149,55 +172,80 @@ class ActorHost:
             return
         rt.reply(msg.header, OK, dumps(None)[0], [])
 
-    async def _call(self, msg: Message) -> None:
-        rt, h = self.runtime, msg.header
-        method = h["m"]
+    def _begin(self, h: dict[str, Any]) -> bool:
+        """Before an endpoint runs: False (and the reply sent) if the actor is broken."""
         if self.init_failure is not None:
-            rt.reply(h, BROKEN, dumps(self.init_failure)[0], [])
-            return
+            self.runtime.reply(h, BROKEN, dumps(self.init_failure)[0], [])
+            return False
+        return True
+
+    def _enter(self, h: dict[str, Any]) -> None:
+        """Mark the call as running (so a cancel can reach it), unless it was cancelled while queued."""
         key = (h["s"], h["i"])
+        with self._lock:
+            if key in self._cancelled:
+                self._cancelled.discard(key)
+                raise asyncio.CancelledError(f"{h['m']} was cancelled before it started")
+            self._current = key if h["i"] else None
+
+    def _leave(self) -> None:
+        with self._lock:
+            self._current, self._task = None, None
+            if self.thread.ident:  # drop a KeyboardInterrupt that arrived too late
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.thread.ident), None)
+
+    def _call_sync(self, msg: Message, ep: EndpointDef[Any] | None) -> None:
+        h = msg.header
+        if not self._begin(h):
+            return
         try:
-            with self._lock:
-                if key in self._cancelled:
-                    self._cancelled.discard(key)
-                    raise asyncio.CancelledError(f"{method} was cancelled before it started")
-                self._current = key if h["i"] else None
+            self._enter(h)
             try:
                 args, kwargs = loads(msg.payload, msg.buffers)
-                ep = self.endpoints.get(method)
                 if ep is None:
-                    raise AttributeError(f"{type(self.instance).__qualname__} has no endpoint '{method}'")
-                if ep.is_async:
-                    self._task = self.loop.create_task(ep.fn(self.instance, *args, **kwargs))
-                    result = await self._task
-                else:
-                    result = ep.fn(self.instance, *args, **kwargs)
+                    raise AttributeError(f"{type(self.instance).__qualname__} has no endpoint '{h['m']}'")
+                result = ep.fn(self.instance, *args, **kwargs)
             finally:
-                with self._lock:
-                    self._current, self._task = None, None
-                    if self.thread.ident:  # drop a KeyboardInterrupt that arrived too late
-                        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.thread.ident), None)
+                self._leave()
         except BaseException as e:  # noqa: BLE001 - a raising endpoint must not kill the actor
-            if h["rm"] == NO_REPLY:
-                print(f"[{self.name}.{method}] broadcast raised:\n" + _error_info(e, method)["tb"], file=sys.stderr)
-                return
-            rt.reply(h, RAISED, dumps(_error_info(e, method))[0], [])
+            self._respond_error(h, e)
             return
+        self._respond(h, result)
+
+    async def _call(self, msg: Message, ep: EndpointDef[Any]) -> None:
+        h = msg.header
+        if not self._begin(h):
+            return
+        try:
+            self._enter(h)
+            try:
+                args, kwargs = loads(msg.payload, msg.buffers)
+                self._task = self.loop.create_task(ep.fn(self.instance, *args, **kwargs))
+                result = await self._task
+            finally:
+                self._leave()
+        except BaseException as e:  # noqa: BLE001 - a raising endpoint must not kill the actor
+            self._respond_error(h, e)
+            return
+        self._respond(h, result)
+
+    def _respond_error(self, h: dict[str, Any], e: BaseException) -> None:
+        method = h["m"]
+        if h["rm"] == NO_REPLY:
+            print(f"[{self.name}.{method}] broadcast raised:\n" + _error_info(e, method)["tb"], file=sys.stderr)
+            return
+        self.runtime.reply(h, RAISED, dumps(_error_info(e, method))[0], [])
+
+    def _respond(self, h: dict[str, Any], result: Any) -> None:
         if h["rm"] == NO_REPLY:
             return
         try:
             payload, bufs = dumps(result)
         except SerializationError as e:
-            rt.reply(
-                h,
-                RAISED,
-                dumps(_error_info(SerializationError(f"the return value of {method} does not pickle: {e}"), method, 0))[
-                    0
-                ],
-                [],
-            )
+            err = SerializationError(f"the return value of {h['m']} does not pickle: {e}")
+            self.runtime.reply(h, RAISED, dumps(_error_info(err, h["m"], 0))[0], [])
             return
-        rt.reply(h, OK, payload, bufs)
+        self.runtime.reply(h, OK, payload, bufs)
 
 
 class ProcRuntime:
@@ -330,6 +378,11 @@ class ProcRuntime:
             ),
         )
         self.transport.serve(self.handle)
+
+
+def _set_done(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 def _exit(code: int) -> None:
