@@ -17,7 +17,7 @@ import queue
 import sys
 import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from .. import _rdma_owner as _rdma
@@ -118,7 +118,7 @@ class ActorHost:
                 if ep is not None and ep.is_async:
                     self.loop.run_until_complete(self._call(msg, ep))
                 else:
-                    self._call_sync(msg, ep)
+                    _run_now(self._call(msg, ep))
 
     async def _run_tasks_until_mail(self) -> None:
         """Tasks an async endpoint left running keep running while the actor waits for mail."""
@@ -194,7 +194,9 @@ class ActorHost:
             if self.thread.ident:  # drop a KeyboardInterrupt that arrived too late
                 ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.thread.ident), None)
 
-    def _call_sync(self, msg: Message, ep: EndpointDef[Any] | None) -> None:
+    async def _call(self, msg: Message, ep: EndpointDef[Any] | None) -> None:
+        """Run one call and reply. For a sync endpoint this coroutine never suspends, so the actor
+        thread drives it by hand (``_run_now``) without an event-loop turn."""
         h = msg.header
         if not self._begin(h):
             return
@@ -204,24 +206,11 @@ class ActorHost:
                 args, kwargs = loads(msg.payload, msg.buffers)
                 if ep is None:
                     raise AttributeError(f"{type(self.instance).__qualname__} has no endpoint '{h['m']}'")
-                result = ep.fn(self.instance, *args, **kwargs)
-            finally:
-                self._leave()
-        except BaseException as e:  # noqa: BLE001 - a raising endpoint must not kill the actor
-            self._respond_error(h, e)
-            return
-        self._respond(h, result)
-
-    async def _call(self, msg: Message, ep: EndpointDef[Any]) -> None:
-        h = msg.header
-        if not self._begin(h):
-            return
-        try:
-            self._enter(h)
-            try:
-                args, kwargs = loads(msg.payload, msg.buffers)
-                self._task = self.loop.create_task(ep.fn(self.instance, *args, **kwargs))
-                result = await self._task
+                if ep.is_async:
+                    self._task = self.loop.create_task(ep.fn(self.instance, *args, **kwargs))
+                    result = await self._task
+                else:
+                    result = ep.fn(self.instance, *args, **kwargs)
             finally:
                 self._leave()
         except BaseException as e:  # noqa: BLE001 - a raising endpoint must not kill the actor
@@ -378,6 +367,16 @@ class ProcRuntime:
             ),
         )
         self.transport.serve(self.handle)
+
+
+def _run_now(coro: Coroutine[Any, Any, None]) -> None:
+    """Run a coroutine that never suspends to its end, on this thread, without an event loop."""
+    try:
+        coro.send(None)
+    except StopIteration:
+        return
+    coro.close()
+    raise RuntimeError("a sync endpoint's call suspended; it must not await")
 
 
 def _set_done(fut: asyncio.Future[None]) -> None:
