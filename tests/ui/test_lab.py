@@ -133,3 +133,26 @@ def test_sidebar_and_widget_follow_a_live_mesh(page, lab):
     side_mesh.locator(".jm-cell[data-rank='5'][data-state='idle']").wait_for(timeout=20_000)
     widget.locator(".jm-cell[data-rank='5'][data-state='idle']").wait_for(timeout=5_000)
     assert side_mesh.locator(".jm-cell[data-state='idle']").count() == 8
+
+
+def test_widget_in_notebook_7(page, lab):
+    """The same widget in Notebook 7 (the classic-notebook UI served beside JupyterLab)."""
+    _notebook(
+        lab.root / "nb7.ipynb",
+        [
+            "from jupyter_mesh import this_host\nprocs = this_host().spawn_procs(per_host={'gpus': 2}, name='nb7')",
+            "procs",
+        ],
+    )
+    page.goto(f"{lab.url}/notebooks/nb7.ipynb?token={lab.token}")
+    page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=60_000)
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle'], #jp-top-bar", timeout=60_000)
+    deadline = time.monotonic() + 60
+    widget = page.locator(".jp-OutputArea .jm-widget .jm-mesh[data-mesh='nb7']")
+    page.locator(".jp-Notebook .jp-Cell").first.click()
+    for _ in range(2):
+        page.keyboard.press("Shift+Enter")
+        time.sleep(0.5)
+    while time.monotonic() < deadline and widget.locator(".jm-cell[data-state='idle']").count() < 2:
+        time.sleep(0.2)
+    assert widget.locator(".jm-cell[data-state='idle']").count() == 2
