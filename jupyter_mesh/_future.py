@@ -31,12 +31,16 @@ class Future(Generic[T]):
 
     # -- producer side (the runtime) --------------------------------------------------------------
     def _set_result(self, value: T) -> None:
-        if not self._cf.done():
+        try:  # a reply and a cancel may race: the first one wins, the other is a no-op
             self._cf.set_result(value)
+        except concurrent.futures.InvalidStateError:
+            pass
 
     def _set_exception(self, exc: BaseException) -> None:
-        if not self._cf.done():
+        try:
             self._cf.set_exception(exc)
+        except concurrent.futures.InvalidStateError:
+            pass
 
     # -- consumer side ------------------------------------------------------------------------------
     def get(self, timeout: float | None = None) -> T:

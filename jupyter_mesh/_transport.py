@@ -29,6 +29,7 @@ __all__ = ["Message", "Transport", "TransportStats"]
 log = logging.getLogger("jupyter_mesh.transport")
 
 PROTOCOL_VERSION = 1
+BUFFER_SEND_WAIT = 30.0  # seconds a send waits for ZeroMQ to let go of the caller's buffers
 _SIG_LEN = 32
 
 
@@ -145,18 +146,40 @@ class Transport:
         return entry
 
     def send(self, address: str, msg: Message, local: bool = False) -> None:
-        frames = self.encode(msg, local)
-        sock, lock = self._out(address)
-        with lock:
-            sock.send_multipart(frames, copy=len(frames) == 3)
-        self.stats.sent += 1
+        self._send_frames(address, self.encode(msg, local))
 
     def send_raw(self, address: str, frames: Sequence[Any]) -> None:
         """Forward frames already signed by someone else (agents relay casts without re-signing)."""
+        self._send_frames(address, list(frames))
+
+    def _send_frames(self, address: str, frames: list[Any]) -> None:
         sock, lock = self._out(address)
+        tracker = None
         with lock:
-            sock.send_multipart(list(frames), copy=len(frames) == 3)
+            try:
+                if len(frames) > 3:  # buffers go without a copy; we wait below until ZeroMQ is done
+                    tracker = sock.send_multipart(frames, copy=False, track=True)
+                else:
+                    sock.send_multipart(frames)
+            except BaseException:
+                # interrupted half-way (Ctrl-C between frames): the socket would glue the rest of
+                # this message to the next one, so it goes and a fresh one is made on next use
+                self._discard(address, sock)
+                raise
         self.stats.sent += 1
+        if tracker is not None:
+            # value semantics: once send returns, the caller may change its tensors. A peer that
+            # never reads (it died) must not block us forever: its message is lost anyway.
+            try:
+                tracker.wait(BUFFER_SEND_WAIT)
+            except zmq.NotDone:
+                pass
+
+    def _discard(self, address: str, sock: zmq.Socket[Any]) -> None:
+        with self._outs_lock:
+            if self._outs.get(address, (None,))[0] is sock:
+                del self._outs[address]
+        sock.close(linger=0)
 
     def forget(self, address: str) -> None:
         """Close the outgoing socket to a peer that is gone, dropping what is still queued for it."""

@@ -221,3 +221,30 @@ class Ticker(Actor):
     @endpoint
     async def ticks_async(self) -> int:
         return self.ticks
+
+
+class BadStr(Exception):
+    def __str__(self):
+        raise ValueError("no str for you")
+
+
+class Tricky(Actor):
+    @endpoint
+    def raise_bad_str(self) -> None:
+        raise BadStr()
+
+    @endpoint
+    def first(self, a) -> float:
+        return float(a[0])
+
+    @endpoint
+    def ok(self) -> str:
+        return "fine"
+
+    @endpoint
+    def call_other(self, other, seconds: float) -> str:
+        try:
+            other.slice(gpus=0).ok.call_one().get(timeout=seconds)
+            return "answered"
+        except Exception as e:  # noqa: BLE001
+            return type(e).__name__

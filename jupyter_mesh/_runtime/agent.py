@@ -28,7 +28,7 @@ from .._shape import Point, Shape, Slice
 from .._transport import Message, Transport
 from ..errors import Failure, MeshValueError, SupervisionError
 from .agent_state import Gather, MeshEntry, ProcEntry, alive, describe_exit, host_key, kill
-from .client import BROKEN, DIRECT, GATHER, OK, RAISED
+from .client import BROKEN, DIRECT, GATHER, NO_REPLY, OK, RAISED
 from .pending import pack_gathered
 
 __all__ = ["Agent", "host_key", "main"]
@@ -44,7 +44,8 @@ class Agent:
         self.hb_interval = self.hb_timeout / 4
         self.controller_silence = 3 * self.hb_timeout
         self.last_controller = time.monotonic()
-        self.transport = Transport(self.key, cfg.get("bind", "tcp://127.0.0.1"))
+        self.bind: str = cfg.get("bind", "tcp://127.0.0.1")
+        self.transport = Transport(self.key, self.bind)
         self.lock = threading.RLock()
         self.procs: dict[tuple[str, int], ProcEntry] = {}
         self.by_pid: dict[int, ProcEntry] = {}
@@ -125,18 +126,40 @@ class Agent:
         sl = Slice.from_wire(h["sl"])
         with self.lock:
             mesh = self.meshes.get(h["pm"])
-            if mesh is None:
+            if mesh is None:  # stopped (or never here): say so rather than leave the caller waiting
+                self._gone(h, sl)
                 return
             targets = [self.procs[(mesh.mesh_id, r)] for r in mesh.ranks if sl.index_of(r) is not None]
-            dead = [p for p in targets if not p.alive]
+            if not targets:
+                return
             if h["rm"] == GATHER:
                 g = Gather(mesh.mesh_id, h["s"], h["i"], {p.rank for p in targets})
                 self.gathers[(h["s"], h["i"])] = g
+        dead = []
         for p in targets:
-            if p.alive:
+            if not (p.alive and p.up):  # dead, or not up yet (a respawn or grow under way)
+                dead.append(p)
+                continue
+            try:
                 self.transport.send_raw(p.addr, frames)
+            except Exception:  # noqa: BLE001 - one bad peer must not starve the others
+                dead.append(p)
         for p in dead:
             self._broken(h, p)
+
+    def _gone(self, h: dict[str, Any], sl: Slice) -> None:
+        """A call for a proc mesh this agent does not have: every targeted rank answers "stopped"."""
+        if h["rm"] == NO_REPLY or not h.get("i"):
+            return
+        f = Failure(h["pm"], {}, "stopped", "its proc mesh was stopped (or never ran on this host)")
+        payload = dumps(f)[0]
+        entries: list[tuple[int, int, bytes | memoryview, list[Any]]] = [(r, BROKEN, payload, []) for r in sl.ranks()]
+        if h["rm"] == GATHER:
+            table, payload_all, bufs_all = pack_gathered(entries)
+            self.transport.send(h["s"], Message({"k": "g", "i": h["i"], "n": table}, payload_all, bufs_all))
+        else:
+            for r, ok, pl, _ in entries:
+                self.transport.send(h["s"], Message({"k": "r", "i": h["i"], "rk": r, "ok": ok}, pl))
 
     def _failure(
         self, p: ProcEntry, kind: str, detail: str, code: int | None = None, sig: int | None = None
@@ -227,7 +250,7 @@ class Agent:
                 "agent": self.transport.address,
                 "env": cfg0.get("env") or {},
                 "preload": cfg0.get("preload") or [],
-                "bind": cfg0.get("bind", "tcp://127.0.0.1"),
+                "bind": cfg0.get("bind", self.bind),  # procs listen where their agent does
                 "cwd": cfg0.get("cwd"),
                 "path": cfg0.get("path"),
             }
@@ -414,6 +437,8 @@ class Agent:
                 self._check_waiters(mesh)
             self._event({"k": "proc_exit", "m": p.mesh_id, "rk": p.rank}, f)
             self._maybe_stopped(mesh)
+        if p.addr:
+            self.transport.forget(p.addr)
 
     def _template_event(self) -> None:
         try:
@@ -434,6 +459,8 @@ class Agent:
                 if p is not None and not p.pid:
                     p.pid = msg["pid"]
                     self.by_pid[p.pid] = p
+                    if p.stopping:  # stopped before we even knew its pid
+                        kill(p.pid, signal.SIGKILL)
         elif op == "exit":
             self._proc_exited(msg["pid"], msg["code"], msg["signal"])
         elif op == "preloaded" and msg["errors"]:
@@ -462,6 +489,8 @@ class Agent:
             if not p.stopping:
                 self._event({"k": "proc_exit", "m": p.mesh_id, "rk": p.rank}, f)
             self._maybe_stopped(mesh)
+        if p.addr:  # its socket would retry and queue for nobody (and count against ZeroMQ's limit)
+            self.transport.forget(p.addr)
 
     def _drain(self, p: ProcEntry) -> None:
         """Read what a dead proc left in its pipes, so its last words (a traceback) are reported."""

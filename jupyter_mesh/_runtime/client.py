@@ -81,6 +81,7 @@ class Client:
         self._seq: dict[str, list[int]] = {}
         self._actor_mesh: dict[str, str] = {}  # actor id -> proc mesh id
         self._moved: dict[tuple[str, int], str] = {}  # respawned ranks' new addresses
+        self._deferred: list[tuple[Pending, str]] = []  # cancels asked for by finalizers
         self._inflight: dict[tuple[str, int], int] = {}
         self._failed: dict[tuple[str, int], Failure] = {}
         self._stopped: set[str] = set()
@@ -105,17 +106,44 @@ class Client:
     def _check_targets(self, ref: ProcMeshRef, ranks: list[int], context: str) -> None:
         if self.before_call is not None:
             self.before_call()
+        self._drain_deferred()
+        err = self._blocked(ref, ranks, context)
+        if err is not None:
+            raise err
+
+    def _blocked(self, ref: ProcMeshRef, ranks: list[int], context: str) -> MeshError | None:
+        """Why a call to ``ranks`` cannot run now (stopped, shrunk away, failed), or None."""
         if ref.mesh_id in self._stopped:
-            raise MeshClosedError(f"proc mesh '{ref.name}' was stopped; {context} cannot run. Spawn a new proc mesh.")
+            return MeshClosedError(f"proc mesh '{ref.name}' was stopped; {context} cannot run. Spawn a new proc mesh.")
         gone = [r for r in ranks if r >= len(ref.proc_addrs)]
         if gone:
-            raise MeshValueError(
+            return MeshValueError(
                 f"{context}: ranks {gone[:8]} of '{ref.name}' were removed when the mesh shrank; "
                 "use a slice of the current mesh"
             )
         failed = [self._failed[(ref.mesh_id, r)] for r in ranks if (ref.mesh_id, r) in self._failed]
         if failed:
-            raise SupervisionError(failed, context)
+            return SupervisionError(failed, context)
+        return None
+
+    def _unseq(self, mesh: ActorMesh[Any], ranks: list[int]) -> None:
+        """Give back the sequence numbers of a message that was never sent (no gap may stay)."""
+        arr = self._seq.get(mesh._actor_id)
+        if arr is not None:
+            for r in ranks:
+                arr[r] -= 1
+
+    def defer_cancel(self, p: Pending, actor_id: str) -> None:
+        """For finalizers, which must not take locks: the cancel runs at the next call from here."""
+        self._deferred.append((p, actor_id))
+
+    def _drain_deferred(self) -> None:
+        while self._deferred:
+            try:
+                p, actor_id = self._deferred.pop()
+            except IndexError:
+                return
+            self._cancel(p, actor_id)
 
     def _seqs(self, mesh: ActorMesh[Any], ranks: list[int]) -> int | list[int]:
         arr = self._seq.get(mesh._actor_id)
@@ -193,6 +221,7 @@ class Client:
         fut: Future[None] = Future(f"respawn of {mesh._name}")
         p = Pending(fut, mesh._ref.mesh_id, "spawn", mesh._name, "__init__", None, [rank], {rank}, ref=mesh._ref)
         with self._lock:
+            call_id = self._register(p)
             header = {
                 "k": "spawn",
                 "pm": mesh._ref.mesh_id,
@@ -201,10 +230,15 @@ class Client:
                 "rk": rank,
                 "s": self.address,
                 "rm": DIRECT,
-                "i": self._register(p),
+                "i": call_id,
                 "q": self._seqs(mesh, [rank]),
             }
-            self.transport.send(self._proc_addr(mesh._ref, rank), Message(header, payload, bufs))
+            try:
+                self.transport.send(self._proc_addr(mesh._ref, rank), Message(header, payload, bufs))
+            except BaseException:
+                self._unseq(mesh, [rank])
+                self._pending.pop(call_id, None)
+                raise
         return fut
 
     def rank_moved(self, mesh_id: str, rank: int, address: str) -> None:
@@ -272,11 +306,28 @@ class Client:
         ref = mesh._ref
         hosts = sorted({ref.rank_host[r] for r in ranks})
         with self._lock:
+            # checked again under the lock: a rank may have failed while the arguments were pickled
+            err = self._blocked(ref, ranks, f"calling {mesh._class_name}.{header.get('m', '__init__')}")
+            if err is not None:
+                if p is None:
+                    raise err
+                assert p.future is not None
+                p.future._set_exception(err)
+                return
             header["i"] = self._register(p) if p is not None else 0
             header["q"] = self._seqs(mesh, ranks)
-            frames = self.transport.encode(Message(header, payload, bufs))
-            for h in hosts:
-                self.transport.send_raw(ref.agent_addrs[h], frames)
+            sent = 0
+            try:
+                frames = self.transport.encode(Message(header, payload, bufs))
+                for h in hosts:
+                    self.transport.send_raw(ref.agent_addrs[h], frames)
+                    sent += 1
+            except BaseException:
+                if not sent:  # nobody got it: as if it never happened
+                    self._unseq(mesh, ranks)
+                    if p is not None:
+                        self._pending.pop(header["i"], None)
+                raise
         if p is not None and self.activity is not None:
             self.activity(ref.mesh_id, ranks, 1)
 
@@ -295,22 +346,40 @@ class Client:
             self.activity(ref.mesh_id, [rank], 1)
         fut.add_done_callback(lambda _f: self._done_inflight(key))
         with self._lock:
-            call_id = self._register(p)
-            self._inflight[key] = self._inflight.get(key, 0) + 1
-            header = {
-                "k": "c",
-                "a": mesh._actor_id,
-                "m": endpoint,
-                "rk": rank,
-                "s": self.address,
-                "rm": DIRECT,
-                "i": call_id,
-                "q": self._seqs(mesh, [rank]),
-            }
-            if local:
-                header["l"] = 1  # data plane: the reply may come back through shared memory too
-            self.transport.send(self._proc_addr(ref, rank), Message(header, payload, bufs), local=local)
+            # checked again under the lock: the rank may have failed while the arguments were pickled
+            err = self._blocked(ref, [rank], f"calling {mesh._class_name}.{endpoint}")
+            if err is None:
+                call_id = self._register(p)
+                self._inflight[key] = self._inflight.get(key, 0) + 1
+                header = {
+                    "k": "c",
+                    "a": mesh._actor_id,
+                    "m": endpoint,
+                    "rk": rank,
+                    "s": self.address,
+                    "rm": DIRECT,
+                    "i": call_id,
+                    "q": self._seqs(mesh, [rank]),
+                }
+                if local:
+                    header["l"] = 1  # data plane: the reply may come back through shared memory too
+                try:
+                    self.transport.send(self._proc_addr(ref, rank), Message(header, payload, bufs), local=local)
+                except BaseException as e:  # never sent (Ctrl-C, full /dev/shm): no gap, nothing pending
+                    self._unseq(mesh, [rank])
+                    self._pending.pop(call_id, None)
+                    err = MeshCancelledError(f"{mesh._class_name}.{endpoint} was not sent: {e!r}")
+                    if not isinstance(e, Exception):
+                        self._after_unsent(ref, rank, fut, err)
+                        raise
+        if err is not None:
+            self._after_unsent(ref, rank, fut, err)
         return fut
+
+    def _after_unsent(self, ref: ProcMeshRef, rank: int, fut: Future[Any], err: BaseException) -> None:
+        if self.activity is not None:
+            self.activity(ref.mesh_id, [rank], -1)
+        fut._set_exception(err)
 
     def check_rank(self, mesh_id: str, mesh_name: str, rank: int, context: str) -> None:
         """Raise the error a call to ``rank`` of that proc mesh would raise now (stopped, failed)."""
@@ -496,12 +565,21 @@ class Client:
             for actor_id, arr in self._seq.items():  # a later grow starts those ranks at 0 again
                 if first is not None and self._actor_mesh.get(actor_id) == mesh_id:
                     del arr[first:]
-            hit = [(cid, p) for cid, p in self._pending.items() if p.mesh_id == mesh_id and p.outstanding & gone]
-            for cid, _ in hit:
-                self._pending.pop(cid, None)
-        for _, p in hit:
+            hit = [p for p in self._pending.values() if p.mesh_id == mesh_id and p.outstanding & gone]
+            lost: dict[int, int] = {}
+            for p in hit:
+                lost[p.call_id] = len(p.outstanding & gone)
+                p.outstanding -= gone
+                if p.stream_q is None or not p.outstanding:
+                    self._pending.pop(p.call_id, None)
+        for p in hit:
             err = MeshClosedError(f"ranks of '{p.actor}' were removed by a shrink while {p.endpoint} was pending")
-            if p.future is not None and p.stream_q is None:
+            if p.stream_q is not None:  # one closed future per removed rank; the others still answer
+                for _ in range(lost[p.call_id]):
+                    f: Future[Any] = Future(p.endpoint)
+                    f._set_exception(err)
+                    p.stream_q.put(f)
+            elif p.future is not None:
                 p.future._set_exception(err)
 
     def mark_stopped(self, mesh_id: str) -> None:

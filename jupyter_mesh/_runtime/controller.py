@@ -171,6 +171,8 @@ class Controller(Elastic):
         if rec is None or rec.stopped:
             return
         rec.failures[rank] = failure
+        if rank < len(rec.ref.proc_addrs) and rec.ref.proc_addrs[rank]:
+            self.transport.forget(rec.ref.proc_addrs[rank])  # no socket left retrying a dead proc
         # order matters: whoever wakes up from a failed call, or sees the rank failed, may rely on
         # the fault having been handled and the state updated already
         try:
@@ -327,14 +329,20 @@ class Controller(Elastic):
         return ref
 
     def _spawn_request(
-        self, agent: AgentHandle, ref: ProcMeshRef, ranks: list[int], env: dict[str, str], preload: list[str]
+        self,
+        agent: AgentHandle,
+        ref: ProcMeshRef,
+        ranks: list[int],
+        env: dict[str, str],
+        preload: list[str],
+        shape: Shape | None = None,
     ) -> Future[Any]:
         req = {
             "k": "spawn_procs",
             "mesh_id": ref.mesh_id,
             "name": ref.name,
             "ranks": ranks,
-            "shape": ref.shape.to_wire(),
+            "shape": (shape or ref.shape).to_wire(),
             "env": env,
             "preload": preload,
         }
@@ -349,6 +357,8 @@ class Controller(Elastic):
         rec.stopped = True
         self.client.mark_stopped(ref.mesh_id)
         self.state.stopped(ref.mesh_id)
+        # actors elsewhere holding this mesh: calls to it fail as closed instead of waiting
+        self._notify_procs({"k": "notice", "what": "stopped", "m": ref.mesh_id})
         if self._closed:
             return
         futs = [
@@ -364,6 +374,9 @@ class Controller(Elastic):
                 raise MeshTimeoutError(
                     "stop", timeout + 5.0, f"agents did not confirm that '{ref.name}' stopped"
                 ) from None
+        for addr in ref.proc_addrs:
+            if addr:
+                self.transport.forget(addr)
 
     def _record_spawn(self, mesh: ActorMesh[Any], payload: bytes, bufs: list[Any]) -> None:
         rec = self._meshes.get(mesh._ref.mesh_id)

@@ -26,7 +26,13 @@ class Elastic:
 
         def _record(self, ref: ProcMeshRef) -> _ProcMeshRecord: ...
         def _spawn_request(
-            self, agent: Any, ref: ProcMeshRef, ranks: list[int], env: dict[str, str], preload: list[str]
+            self,
+            agent: Any,
+            ref: ProcMeshRef,
+            ranks: list[int],
+            env: dict[str, str],
+            preload: list[str],
+            shape: Shape | None = None,
         ) -> Future[Any]: ...
         def _notify_procs(self, header: dict[str, Any], obj: Any = None) -> None: ...
         def raise_pending_fault(self) -> None: ...
@@ -127,14 +133,15 @@ class Elastic:
                     what=f"grow of '{ref.name}'",
                 )
             )
-        old_shape, ref.shape = ref.shape, new_shape
+        old_shape = ref.shape  # the new shape is published once its procs are up: no call reaches a
+        # rank whose proc does not exist yet
         if n_hosts > len(ref.agent_addrs):  # new hosts get the mesh from scratch
             for agent in agents:
                 h = len(ref.agent_addrs)
                 ref.agent_addrs.append(agent.addr)
                 ref.host_keys.append(agent.host_key)
                 ranks = [r for r in new_ranks if ref.rank_host[r] == h]
-                futs.append(self._spawn_request(agent, ref, ranks, rec.env, rec.preload))
+                futs.append(self._spawn_request(agent, ref, ranks, rec.env, rec.preload, new_shape))
         self.state.resized(ref.mesh_id, dict(new_shape.extent), [dict(new_shape.point(r)) for r in range(new_n)])
         try:
             for f in futs:
@@ -144,6 +151,7 @@ class Elastic:
         except BaseException:
             self._shrink(rec, old_shape, 5.0)  # undo: no half-grown mesh
             raise
+        ref.shape = new_shape
         spawns = [
             self.client.respawn_actor(m, r, payload, bufs)
             for m, payload, bufs in rec.actors

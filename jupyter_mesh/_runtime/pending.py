@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import linecache
 import queue
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -70,10 +70,11 @@ class Stream(Iterator[Future[Any]]):
             self._client._cancel(self._p, self._actor_id)
 
     def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - at interpreter exit the runtime may be gone
-            pass
+        # a finalizer may run inside any code that holds the client's lock (the GC runs anywhere):
+        # it only queues the cancel, which the next call from this process carries out
+        if self._left:
+            self._left = 0
+            self._client.defer_cancel(self._p, self._actor_id)
 
 
 def remote_failure(info: Any, p: Pending, rank: int) -> RemoteFailure:
@@ -105,7 +106,7 @@ def render_traceback(info: dict[str, Any]) -> str:
 
 
 def pack_gathered(
-    entries: list[tuple[int, int, bytes | memoryview, list[Any]]],
+    entries: Sequence[tuple[int, int, bytes | memoryview, list[Any]]],
 ) -> tuple[list[list[int]], bytes, list[Any]]:
     """(rank, ok, payload, buffers) per rank -> header table, one payload, all buffers (for ``g``)."""
     table, parts, bufs = [], [], []

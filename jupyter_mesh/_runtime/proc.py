@@ -39,16 +39,19 @@ def _error_info(e: BaseException, endpoint: str, skip_frames: int = 1) -> dict[s
     for _ in range(skip_frames):  # start the traceback at the user's code, not our dispatcher
         if tb is not None and tb.tb_next is not None:
             tb = tb.tb_next
-    text = "".join(traceback.format_exception(type(e), e, tb))
+    try:
+        text = "".join(traceback.format_exception(type(e), e, tb))
+        tail = "".join(traceback.format_exception_only(type(e), e))
+    except BaseException:  # noqa: BLE001 - an exception that cannot even be formatted
+        text = tail = f"{type(e).__qualname__}: {_safe_str(e)}\n"
     frames = [(f.filename, f.lineno, f.name, f.line or "") for f in traceback.extract_tb(tb)]
-    tail = "".join(traceback.format_exception_only(type(e), e))
     try:
         exc_bytes: bytes | None = dumps(e)[0]
     except Exception:  # noqa: BLE001 - unpicklable exceptions travel as text only
         exc_bytes = None
     return {
         "type": type(e).__qualname__,
-        "msg": str(e),
+        "msg": _safe_str(e),
         "tb": text,
         "exc": exc_bytes,
         "endpoint": endpoint,
@@ -108,17 +111,35 @@ class ActorHost:
             if self._mailbox.empty() and any(not t.done() for t in asyncio.all_tasks(self.loop)):
                 self.loop.run_until_complete(self._run_tasks_until_mail())
             msg = self._mailbox.get()
-            k = msg.header["k"]
-            if k == "spawn":
-                self._spawn(msg)
-            elif k == "supervise":
-                self.loop.run_until_complete(self._supervise(msg.payload))  # type: ignore[arg-type]
+            try:
+                self._handle(msg)
+            except BaseException as e:  # noqa: BLE001 - the actor must outlive any one message
+                self._last_resort(msg.header, e)
+
+    def _handle(self, msg: Message) -> None:
+        k = msg.header["k"]
+        if k == "spawn":
+            self._spawn(msg)
+        elif k == "supervise":
+            self.loop.run_until_complete(self._supervise(msg.payload))  # type: ignore[arg-type]
+        else:
+            ep = self.endpoints.get(msg.header["m"])
+            if ep is not None and ep.is_async:
+                self.loop.run_until_complete(self._call(msg, ep))
             else:
-                ep = self.endpoints.get(msg.header["m"])
-                if ep is not None and ep.is_async:
-                    self.loop.run_until_complete(self._call(msg, ep))
-                else:
-                    _run_now(self._call(msg, ep))
+                _run_now(self._call(msg, ep))
+
+    def _last_resort(self, h: dict[str, Any], e: BaseException) -> None:
+        """Replying itself failed (a broken exception, a full /dev/shm...): release the caller with a
+        plain-text error so nothing waits forever, and keep the actor serving."""
+        print(f"[{self.name}] could not reply to {h.get('m', h.get('k'))}: {_safe_str(e)}", file=sys.stderr)
+        if h.get("k") not in ("c", "spawn") or not h.get("i"):
+            return
+        info = {"type": type(e).__qualname__, "msg": _safe_str(e), "tb": "", "exc": None, "endpoint": h.get("m", "")}
+        try:
+            self.runtime.reply(h, RAISED, dumps(info)[0], [])
+        except BaseException:  # noqa: BLE001 - nothing more can be done from here
+            pass
 
     async def _run_tasks_until_mail(self) -> None:
         """Tasks an async endpoint left running keep running while the actor waits for mail."""
@@ -295,6 +316,8 @@ class ProcRuntime:
             h = msg.header
             if h["what"] == "failed":
                 self.client.mark_failed({h["rk"]: loads(msg.payload, msg.buffers)}, h["m"])
+            elif h["what"] == "stopped":
+                self.client.mark_stopped(h["m"])
             else:
                 self.client.rank_moved(h["m"], h["rk"], h["addr"])
         elif k == "reshape":  # the mesh grew or shrank: same rank, new extent
@@ -367,6 +390,13 @@ class ProcRuntime:
             ),
         )
         self.transport.serve(self.handle)
+
+
+def _safe_str(e: BaseException) -> str:
+    try:
+        return str(e)
+    except BaseException:  # noqa: BLE001 - an exception whose __str__ raises
+        return f"<{type(e).__qualname__}: str() failed>"
 
 
 def _run_now(coro: Coroutine[Any, Any, None]) -> None:

@@ -1,0 +1,83 @@
+"""Regression tests for hangs and wrong results found in review: each would hang or lie before."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+from actors import Faulty, Tricky
+
+from jupyter_mesh import ActorError, MeshClosedError, SupervisionError
+
+pytestmark = pytest.mark.integration
+
+
+def test_an_exception_that_cannot_be_printed_still_comes_back(procs):
+    t = procs.spawn("t", Tricky).slice(gpus=0)
+    with pytest.raises(ActorError, match="BadStr"):
+        t.raise_bad_str.call_one().get(timeout=10)
+    assert t.ok.call_one().get(timeout=10) == "fine"  # the actor still serves
+
+
+def test_arguments_are_values_not_views(procs):
+    np = pytest.importorskip("numpy")
+    t = procs.spawn("t", Tricky).slice(gpus=1)
+    buf = np.zeros(100_000)  # 800 kB: sent as its own zero-copy frame
+    futs = []
+    for i in range(20):
+        buf[0] = i
+        futs.append(t.first.call_one(buf))
+        buf[0] = -1  # changed right after the call: the actor must still see i
+    assert [f.get(timeout=20) for f in futs] == [float(i) for i in range(20)]
+
+
+class _KillWhilePickled:
+    def __init__(self, pid):
+        self.pid = pid
+
+    def __reduce__(self):
+        os.kill(self.pid, signal.SIGKILL)
+        time.sleep(1.0)  # the death is reported while the arguments are still being pickled
+        return (int, (0,))
+
+
+def test_rank_dying_while_arguments_are_pickled_fails_the_call(host):
+    pm = host.spawn_procs(per_host={"gpus": 1})
+    try:
+        f = pm.spawn("f", Faulty)
+        pid = f.slice(gpus=0).pid.call_one().get(timeout=10)
+        fut = f.slice(gpus=0).echo.call_one(_KillWhilePickled(pid))
+        with pytest.raises(SupervisionError):
+            fut.get(timeout=5)
+    finally:
+        pm.stop(timeout=2)
+
+
+def test_stream_survives_a_shrink(host):
+    pm = host.spawn_procs(per_host={"gpus": 2})
+    try:
+        f = pm.spawn("f", Faulty)
+        stream = f.sleep.stream(1.0)
+        time.sleep(0.2)
+        pm.resize(gpus=1)
+        outcomes = [fut.exception(timeout=10) for fut in stream]
+        assert sorted(type(o).__name__ for o in outcomes) == ["MeshClosedError", "NoneType"]
+    finally:
+        pm.stop(timeout=2)
+
+
+def test_actor_calling_a_stopped_mesh_is_told(host):
+    target = host.spawn_procs(per_host={"gpus": 1})
+    callers = host.spawn_procs(per_host={"gpus": 1})
+    try:
+        other = target.spawn("other", Tricky)
+        caller = callers.spawn("caller", Tricky).slice(gpus=0)
+        assert caller.call_other.call_one(other, 10).get(timeout=15) == "answered"
+        target.stop()
+        t0 = time.monotonic()
+        assert caller.call_other.call_one(other, 10).get(timeout=15) == MeshClosedError.__name__
+        assert time.monotonic() - t0 < 5
+    finally:
+        callers.stop()
