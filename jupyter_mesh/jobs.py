@@ -70,6 +70,7 @@ class LocalJob:
             "preload": self._preload,
             "nonce": nonce,
             "hb_timeout": self._controller.hb_timeout,
+            "nested": self._controller.embedded,  # started by an actor inside a proc
         }
         p = subprocess.Popen(
             [sys.executable, "-m", "jupyter_mesh._runtime.agent"],
@@ -115,6 +116,16 @@ class LocalJob:
         if self._stopped:
             return
         self._stopped = True
+        from ._runtime.controller import Controller
+        from ._transport import Message
+
+        ctl = Controller._instance
+        for a in self._agents or []:  # "stop, we are still here" (closing stdin alone means we died)
+            try:
+                if ctl is not None and not ctl._closed:
+                    ctl.transport.send(a.addr, Message({"k": "shutdown"}))
+            except Exception:  # noqa: BLE001 - the pipe below stops it anyway
+                pass
         for p in self._procs:
             try:
                 if p.stdin:

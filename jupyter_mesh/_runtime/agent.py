@@ -54,6 +54,8 @@ class Agent:
         self.fork_tokens: dict[int, ProcEntry] = {}
         self._tokens = iter(range(1, 1 << 62))
         self.shutting_down = False
+        self.orphaned = True
+        self.nested = bool(cfg.get("nested"))  # started by an actor: the session's controller sweeps
         # pipes, the template and its lifeline
         self.sel = selectors.DefaultSelector()
         self.lifeline_r, self.lifeline_w = os.pipe()
@@ -119,8 +121,8 @@ class Agent:
             self._kill_proc(h)
         elif k == "stats":
             self._reply((h["s"], h["i"]), OK, vars(self.transport.stats))
-        elif k == "shutdown":
-            self.shutdown()
+        elif k == "shutdown":  # the controller stops this job; it lives on
+            self.shutdown(orphaned=False)
 
     def _relay(self, h: dict[str, Any], frames: list[Any]) -> None:
         sl = Slice.from_wire(h["sl"])
@@ -530,10 +532,14 @@ class Agent:
         return True
 
     # -- lifecycle --------------------------------------------------------------------------------
-    def shutdown(self) -> None:
-        """Kill every proc, the template, and exit. Runs on controller request or its death."""
+    def shutdown(self, orphaned: bool = True) -> None:
+        """Kill every proc, the template, and exit. Runs on controller request or its death.
+
+        Only an orphaned agent (its controller gone) sweeps the session's shared-memory segments: a
+        controller that asked us to stop still has other meshes whose messages may be in flight."""
         if self.shutting_down:
             return
+        self.orphaned = orphaned
         self.shutting_down = True
         with self.lock:
             procs = [p for p in self.procs.values() if p.alive]
@@ -549,7 +555,10 @@ class Agent:
         self.template.wait(5)
         from .. import _shm
 
-        _shm.sweep(self.transport.shm_prefix)  # segments sent to procs that died before mapping them
+        if (
+            self.orphaned and not self.nested
+        ):  # segments sent to procs that died before mapping them, nobody left to claim
+            _shm.sweep(self.transport.shm_prefix)
         os._exit(0)
 
 
