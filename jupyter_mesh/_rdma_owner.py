@@ -227,7 +227,7 @@ def set_identity(mesh_id: str, mesh_name: str, coords: dict[str, int], rank: int
 
 def handle_message(transport: Any, msg: Any) -> None:
     """A signed ``rdma`` request about a buffer this process owns; answered without its actors."""
-    from ._runtime.client import OK, RAISED
+    from ._runtime.pending import OK, RAISED
     from ._serialize import dumps, loads
     from ._transport import Message
 

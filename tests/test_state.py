@@ -89,3 +89,28 @@ def test_proc_mesh_lookup_by_id(procs):
     assert same.pids() == procs.pids() and same.name == procs.name
     with pytest.raises(MeshValueError, match="no proc mesh with id"):
         proc_mesh("nope")
+
+
+def test_agent_output_lines_from_a_pipe():
+    import os
+
+    from jupyter_mesh._runtime.agent_state import read_lines
+
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    buf = bytearray()
+    try:
+        assert read_lines(r, buf) == ([], False, False)  # nothing yet
+        os.write(w, b"one\ntw")
+        assert read_lines(r, buf) == (["one"], False, True)  # the partial line waits
+        os.write(w, b"o\n")
+        assert read_lines(r, buf) == (["two"], False, True)
+        os.write(w, b"last words")
+        os.close(w)
+        w = -1
+        assert read_lines(r, buf) == ([], False, True)
+        assert read_lines(r, buf) == (["last words"], True, True)  # EOF flushes the rest
+    finally:
+        os.close(r)
+        if w >= 0:
+            os.close(w)

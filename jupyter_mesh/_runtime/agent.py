@@ -27,9 +27,8 @@ from .._serialize import dumps
 from .._shape import Point, Shape, Slice
 from .._transport import Message, Transport
 from ..errors import Failure, MeshValueError, SupervisionError
-from .agent_state import Gather, MeshEntry, ProcEntry, alive, describe_exit, host_key, kill
-from .client import BROKEN, DIRECT, GATHER, NO_REPLY, OK, RAISED
-from .pending import pack_gathered
+from .agent_state import Gather, MeshEntry, ProcEntry, alive, describe_exit, host_key, kill, read_lines
+from .pending import BROKEN, DIRECT, GATHER, NO_REPLY, OK, RAISED, pack_gathered
 
 __all__ = ["Agent", "host_key", "main"]
 
@@ -506,30 +505,14 @@ class Agent:
                     break
 
     def _pipe_readable(self, fd: int, p: ProcEntry, stream: int, buf: bytearray) -> bool:
-        try:
-            chunk = os.read(fd, 1 << 16)
-        except BlockingIOError:
-            return False
-        except OSError:
-            chunk = b""
-        if chunk:
-            buf += chunk
-            cut = buf.rfind(b"\n")
-            if cut < 0 and len(buf) < 1 << 16:
-                return True
-            text, rest = bytes(buf[: cut + 1] if cut >= 0 else buf), buf[cut + 1 :] if cut >= 0 else b""
-            buf[:] = rest
-        else:
+        lines, eof, progressed = read_lines(fd, buf)
+        if eof:
             self.sel.unregister(fd)
             os.close(fd)
-            text = bytes(buf)
-            buf.clear()
-            if not text:
-                return True
-        lines = text.decode(errors="replace").splitlines()
-        p.tail.extend(line + "\n" for line in lines)
-        self._event({"k": "out", "m": p.mesh_id, "rk": p.rank, "fd": stream, "label": p.label, "lines": lines})
-        return True
+        if lines:
+            p.tail.extend(line + "\n" for line in lines)
+            self._event({"k": "out", "m": p.mesh_id, "rk": p.rank, "fd": stream, "label": p.label, "lines": lines})
+        return progressed
 
     # -- lifecycle --------------------------------------------------------------------------------
     def shutdown(self, orphaned: bool = True) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 from .._shape import Shape
 
-__all__ = ["Gather", "MeshEntry", "ProcEntry", "alive", "describe_exit", "host_key", "kill"]
+__all__ = ["Gather", "MeshEntry", "ProcEntry", "alive", "describe_exit", "host_key", "kill", "read_lines"]
 
 
 def host_key() -> str:
@@ -99,3 +99,27 @@ def alive(pid: int) -> bool:
             return f.read().split(") ", 1)[1][0] != "Z"
     except OSError:
         return False
+
+
+def read_lines(fd: int, buf: bytearray) -> tuple[list[str], bool, bool]:
+    """Read a proc's non-blocking output pipe: (complete lines, EOF, read anything?).
+
+    A partial line waits in ``buf`` until its newline, 64 KiB, or EOF."""
+    try:
+        chunk = os.read(fd, 1 << 16)
+    except BlockingIOError:
+        return [], False, False
+    except OSError:
+        chunk = b""
+    if chunk:
+        buf += chunk
+        cut = buf.rfind(b"\n")
+        if cut < 0 and len(buf) < 1 << 16:
+            return [], False, True
+        end = cut + 1 if cut >= 0 else len(buf)
+        text = bytes(buf[:end])
+        del buf[:end]
+        return text.decode(errors="replace").splitlines(), False, True
+    text = bytes(buf)
+    buf.clear()
+    return text.decode(errors="replace").splitlines(), True, True

@@ -13,7 +13,6 @@ It turns endpoint calls into signed messages and replies into futures:
 from __future__ import annotations
 
 import itertools
-import pickle
 import queue
 import threading
 from collections.abc import Callable, Iterator
@@ -34,17 +33,14 @@ from ..errors import (
     SerializationError,
     SupervisionError,
 )
-from .pending import Pending, Stream, remote_failure
+from .pending import BROKEN, DIRECT, GATHER, NO_REPLY, OK, Pending, Stream, remote_failure
+from .supervision import Supervision
 
 if TYPE_CHECKING:
     from .._mesh import ActorMesh, ProcMeshRef
 
 __all__ = ["Client", "current_client", "set_current_client"]
 
-# reply modes carried in a call header ("rm")
-NO_REPLY, DIRECT, GATHER = 0, 1, 2
-# per-rank status in replies ("ok")
-RAISED, OK, BROKEN = 0, 1, 2
 
 _PROC_DEATH = frozenset({"exit", "signal", "heartbeat"})
 
@@ -69,7 +65,7 @@ def set_current_client(client: Client | None) -> None:
     _current = client
 
 
-class Client:
+class Client(Supervision):
     """Sends calls, matches replies to pending futures, fails them when ranks break."""
 
     def __init__(self, transport: Transport):
@@ -241,30 +237,8 @@ class Client:
                 raise
         return fut
 
-    def rank_moved(self, mesh_id: str, rank: int, address: str) -> None:
-        """A rank was respawned elsewhere: reach it at ``address`` (our copies of its mesh are stale),
-        forget its failure and start our sequence numbers to it again."""
-        with self._lock:
-            self._moved[(mesh_id, rank)] = address
-            self._failed.pop((mesh_id, rank), None)
-            for actor_id, arr in self._seq.items():
-                if self._actor_mesh.get(actor_id) == mesh_id and rank < len(arr):
-                    arr[rank] = 0
-
     def _proc_addr(self, ref: ProcMeshRef, rank: int) -> str:
         return self._moved.get((ref.mesh_id, rank)) or ref.proc_addrs[rank]
-
-    def reset_ranks(self, mesh_id: str, ranks: list[int], actor_ids: list[str]) -> None:
-        """Ranks got new procs: forget their failures and restart our sequence numbers to them."""
-        with self._lock:
-            for r in ranks:
-                self._failed.pop((mesh_id, r), None)
-            for a in actor_ids:
-                arr = self._seq.get(a)
-                if arr is not None:
-                    for r in ranks:
-                        if r < len(arr):
-                            arr[r] = 0
 
     def cast(self, mesh: ActorMesh[Any], endpoint: str, args: Any, kwargs: Any, mode: str) -> Any:
         ranks = mesh._shape.ranks()
@@ -528,88 +502,6 @@ class Client:
             self._pending.pop(call_id, None)
 
     # -- supervision -----------------------------------------------------------------------------------
-    def waits_on(self, mesh_id: str, rank: int) -> bool:
-        """Whether a call from here waits on ``rank`` (then its caller will hear of a failure).
-
-        A spawn does not count: few programs look at ``ActorMesh.initialized``, so a failure that
-        only fails that future would go unseen."""
-        with self._lock:
-            return any(
-                p.mesh_id == mesh_id and rank in p.outstanding and p.mode != "spawn" for p in self._pending.values()
-            )
-
-    def mark_failed(self, failure_by_rank: dict[int, Failure], mesh_id: str) -> int:
-        """Ranks of ``mesh_id`` broke: fail what waits on them now, and later calls at the call site.
-
-        Returns how many pending calls it failed (0: nobody was told; the fault hook should be)."""
-        with self._lock:
-            for r, f in failure_by_rank.items():
-                self._failed[(mesh_id, r)] = f
-            hit = [
-                (cid, p)
-                for cid, p in self._pending.items()
-                if p.mesh_id == mesh_id and p.outstanding & failure_by_rank.keys()
-            ]
-        for cid, p in hit:
-            for r in sorted(p.outstanding & failure_by_rank.keys()):
-                self._add(p, cid, r, BROKEN, pickle.dumps(failure_by_rank[r]), [])
-        return len(hit)
-
-    def mark_removed(self, mesh_id: str, ranks: list[int]) -> None:
-        """Ranks removed by a shrink: calls waiting on them fail as closed; their state is forgotten."""
-        gone = set(ranks)
-        with self._lock:
-            for r in ranks:
-                self._failed.pop((mesh_id, r), None)
-            first = min(ranks, default=None)
-            for actor_id, arr in self._seq.items():  # a later grow starts those ranks at 0 again
-                if first is not None and self._actor_mesh.get(actor_id) == mesh_id:
-                    del arr[first:]
-            hit = [p for p in self._pending.values() if p.mesh_id == mesh_id and p.outstanding & gone]
-            lost: dict[int, int] = {}
-            for p in hit:
-                lost[p.call_id] = len(p.outstanding & gone)
-                p.outstanding -= gone
-                if p.stream_q is None or not p.outstanding:
-                    self._pending.pop(p.call_id, None)
-        for p in hit:
-            err = MeshClosedError(f"ranks of '{p.actor}' were removed by a shrink while {p.endpoint} was pending")
-            if p.stream_q is not None:  # one closed future per removed rank; the others still answer
-                for _ in range(lost[p.call_id]):
-                    f: Future[Any] = Future(p.endpoint)
-                    f._set_exception(err)
-                    p.stream_q.put(f)
-            elif p.future is not None:
-                p.future._set_exception(err)
-
-    def mark_stopped(self, mesh_id: str) -> None:
-        with self._lock:
-            self._stopped.add(mesh_id)
-            hit = [(cid, p) for cid, p in self._pending.items() if p.mesh_id == mesh_id]
-            for cid, _ in hit:
-                self._pending.pop(cid, None)
-        for _, p in hit:
-            err = MeshClosedError(f"proc mesh of '{p.actor}' was stopped while {p.endpoint} was pending")
-            if p.stream_q is not None:
-                for _ in range(len(p.outstanding)):
-                    f: Future[Any] = Future(p.endpoint)
-                    f._set_exception(err)
-                    p.stream_q.put(f)
-            elif p.future is not None:
-                p.future._set_exception(err)
-
-    def fail_all(self, exc: BaseException) -> None:
-        """The runtime is going away: nothing pending may hang."""
-        with self._lock:
-            pending, self._pending = list(self._pending.values()), {}
-        for p in pending:
-            if p.stream_q is not None:
-                for _ in range(len(p.outstanding)):
-                    f: Future[Any] = Future(p.endpoint)
-                    f._set_exception(exc)
-                    p.stream_q.put(f)
-            elif p.future is not None:
-                p.future._set_exception(exc)
 
 
 _host_key: str | None = None

@@ -18,7 +18,23 @@ if TYPE_CHECKING:
     from .._mesh import ProcMeshRef
     from .client import Client
 
-__all__ = ["Pending", "Stream", "pack_gathered", "remote_failure"]
+__all__ = [
+    "BROKEN",
+    "DIRECT",
+    "GATHER",
+    "NO_REPLY",
+    "OK",
+    "RAISED",
+    "Pending",
+    "Stream",
+    "pack_gathered",
+    "remote_failure",
+]
+
+# reply modes carried in a call header ("rm")
+NO_REPLY, DIRECT, GATHER = 0, 1, 2
+# per-rank status in replies ("ok")
+RAISED, OK, BROKEN = 0, 1, 2
 
 
 @dataclass

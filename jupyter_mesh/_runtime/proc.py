@@ -26,8 +26,9 @@ from .._serialize import dumps, loads
 from .._shape import Point, Shape, Slice
 from .._transport import Message, Transport
 from ..errors import Failure, SerializationError, SupervisionError
-from .client import BROKEN, DIRECT, NO_REPLY, OK, RAISED, Client, set_current_client
+from .client import Client, set_current_client
 from .hooks import Embedding, embed
+from .pending import BROKEN, DIRECT, NO_REPLY, OK, RAISED
 
 _owner = threading.local()  # the ActorHost running on this thread
 
