@@ -169,11 +169,8 @@ class Client(Supervision):
             p.outstanding.clear()
         if self.activity is not None and ranks:
             self.activity(p.mesh_id, ranks, -1)
-        if p.stream_q is not None:
-            for _ in ranks:
-                f: Future[Any] = Future(p.endpoint)
-                f._set_exception(MeshCancelledError(f"{p.actor}.{p.endpoint} was cancelled"))
-                p.stream_q.put(f)
+        if p.stream_q is not None:  # the future itself was already cancelled by Future.cancel
+            p.fail(MeshCancelledError(f"{p.actor}.{p.endpoint} was cancelled"), len(ranks))
         assert p.ref is not None
         for r in ranks:
             if (p.mesh_id, r) in self._failed:

@@ -56,6 +56,18 @@ class Pending:
     stream_q: queue.SimpleQueue[Future[Any]] | None = None
     call_id: int = 0
 
+    def fail(self, err: BaseException, ranks: int) -> None:
+        """Nothing more will come for ``ranks`` of its ranks: a stream gets that many failed futures
+        (its consumer must not wait for them), any other call fails its future."""
+        if self.stream_q is None:
+            if self.future is not None:
+                self.future._set_exception(err)
+            return
+        for _ in range(ranks):
+            f: Future[Any] = Future(self.endpoint)
+            f._set_exception(err)
+            self.stream_q.put(f)
+
 
 class Stream(Iterator[Future[Any]]):
     """Completed futures in arrival order. Leaving early (``break``, Ctrl-C, an exception, or just

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pickle
 from typing import TYPE_CHECKING, Any
 
-from .._future import Future
 from ..errors import Failure, MeshClosedError
 from .pending import BROKEN
 
@@ -97,14 +96,11 @@ class Supervision:
                 if p.stream_q is None or not p.outstanding:
                     self._pending.pop(p.call_id, None)
         for p in hit:
-            err = MeshClosedError(f"ranks of '{p.actor}' were removed by a shrink while {p.endpoint} was pending")
-            if p.stream_q is not None:  # one closed future per removed rank; the others still answer
-                for _ in range(lost[p.call_id]):
-                    f: Future[Any] = Future(p.endpoint)
-                    f._set_exception(err)
-                    p.stream_q.put(f)
-            elif p.future is not None:
-                p.future._set_exception(err)
+            # a stream gets one closed future per removed rank; its other ranks still answer
+            p.fail(
+                MeshClosedError(f"ranks of '{p.actor}' were removed by a shrink while {p.endpoint} was pending"),
+                lost[p.call_id],
+            )
 
     def mark_stopped(self, mesh_id: str) -> None:
         with self._lock:
@@ -113,24 +109,14 @@ class Supervision:
             for cid, _ in hit:
                 self._pending.pop(cid, None)
         for _, p in hit:
-            err = MeshClosedError(f"proc mesh of '{p.actor}' was stopped while {p.endpoint} was pending")
-            if p.stream_q is not None:
-                for _ in range(len(p.outstanding)):
-                    f: Future[Any] = Future(p.endpoint)
-                    f._set_exception(err)
-                    p.stream_q.put(f)
-            elif p.future is not None:
-                p.future._set_exception(err)
+            p.fail(
+                MeshClosedError(f"proc mesh of '{p.actor}' was stopped while {p.endpoint} was pending"),
+                len(p.outstanding),
+            )
 
     def fail_all(self, exc: BaseException) -> None:
         """The runtime is going away: nothing pending may hang."""
         with self._lock:
             pending, self._pending = list(self._pending.values()), {}
         for p in pending:
-            if p.stream_q is not None:
-                for _ in range(len(p.outstanding)):
-                    f: Future[Any] = Future(p.endpoint)
-                    f._set_exception(exc)
-                    p.stream_q.put(f)
-            elif p.future is not None:
-                p.future._set_exception(exc)
+            p.fail(exc, len(p.outstanding))
