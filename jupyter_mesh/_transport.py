@@ -64,23 +64,42 @@ class Transport:
     def __init__(self, key: bytes, bind: str = "tcp://127.0.0.1"):
         if len(key) < 16:
             raise ValueError("the session key must be at least 16 bytes")
+        if not bind.startswith("tcp://"):
+            raise ValueError(f"bind must be tcp://<interface>, not {bind!r}")
         self._key = key
         self.shm_prefix = _shm.session_prefix(key)  # data plane: same-host segments of this session
         self._ctx = zmq.Context()
-        self._inbox = self._ctx.socket(zmq.PULL)
-        self._inbox.setsockopt(zmq.RCVHWM, 0)
-        self._inbox.setsockopt(zmq.LINGER, 0)
-        self._inbox.setsockopt(zmq.MAXMSGSIZE, -1)
-        if bind.startswith("tcp://"):
-            port = self._inbox.bind_to_random_port(bind)
-            self.address = f"{bind}:{port}"
-        else:
-            self._inbox.bind(bind)
-            self.address = bind
+        self._bind = bind
+        self._inbox, self.address = self.bind_inbox()
         self._outs: dict[str, tuple[zmq.Socket[Any], threading.Lock]] = {}
         self._outs_lock = threading.Lock()
         self.stats = TransportStats()
         self._closed = False
+
+    def bind_inbox(self, inproc: str | None = None) -> tuple[zmq.Socket[Any], str]:
+        """A receiving socket bound like the main inbox, with its address.
+
+        The main inbox is one; an actor's own inbox (direct calls reach the actor's thread with no
+        hand-over) and a caller's reply box are others. ``inproc``: also bind that in-process name,
+        so threads of this process can ring it (see :meth:`doorbell`). The socket belongs to the one
+        thread that reads it; messages on it are decoded with :meth:`decode` like any other.
+        """
+        sock = self._ctx.socket(zmq.PULL)
+        sock.setsockopt(zmq.RCVHWM, 0)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, -1)
+        address = f"{self._bind}:{sock.bind_to_random_port(self._bind)}"
+        if inproc is not None:
+            sock.bind(inproc)
+        return sock, address
+
+    def doorbell(self, inproc: str) -> zmq.Socket[Any]:
+        """A socket that rings an inbox bound with ``inproc``: send ``b""`` (under your own lock)."""
+        s = self._ctx.socket(zmq.PUSH)
+        s.setsockopt(zmq.SNDHWM, 0)
+        s.setsockopt(zmq.LINGER, 0)
+        s.connect(inproc)
+        return s
 
     # -- signing --------------------------------------------------------------------------------------
     def _sign(self, header: bytes, payload: bytes | memoryview) -> bytes:
@@ -199,7 +218,7 @@ class Transport:
         inbox = self._inbox
         while True:
             try:
-                frames = self._recv(inbox)
+                frames = self.recv_frames(inbox)
             except zmq.ZMQError:
                 return
             if len(frames) == 1 and frames[0] == b"stop" and self._closed:
@@ -213,12 +232,12 @@ class Transport:
                 log.exception("error handling %s message", msg.header.get("k"))
 
     @staticmethod
-    def _recv(sock: zmq.Socket[Any]) -> list[Any]:
+    def recv_frames(sock: zmq.Socket[Any], flags: int = 0) -> list[Any]:
         """Small frames (signature, header, payload) as bytes; buffer frames without copying.
 
         Copying a small frame is cheaper than wrapping it in a ``zmq.Frame`` (~30 us a message here).
         """
-        frames: list[Any] = [sock.recv()]
+        frames: list[Any] = [sock.recv(flags)]
         while sock.getsockopt(zmq.RCVMORE):
             frames.append(sock.recv(copy=len(frames) < 3))
         return frames

@@ -77,6 +77,9 @@ class Client(Supervision):
         self._seq: dict[str, list[int]] = {}
         self._actor_mesh: dict[str, str] = {}  # actor id -> proc mesh id
         self._moved: dict[tuple[str, int], str] = {}  # respawned ranks' new addresses
+        # proc address -> actor id -> that actor's own inbox (learnt from spawn replies). Keyed by the
+        # proc's address, so a respawned rank (a new proc, a new address) never gets a stale inbox.
+        self._actor_inbox: dict[str, dict[str, str]] = {}
         self._deferred: list[tuple[Pending, str]] = []  # cancels asked for by finalizers
         self._inflight: dict[tuple[str, int], int] = {}
         self._failed: dict[tuple[str, int], Failure] = {}
@@ -195,6 +198,7 @@ class Client(Supervision):
         p = Pending(
             fut, mesh._ref.mesh_id, "spawn", mesh._name, "__init__", mesh._shape, ranks, set(ranks), ref=mesh._ref
         )
+        p.actor_id = mesh._actor_id
         header = {
             "k": "spawn",
             "pm": mesh._ref.mesh_id,
@@ -213,6 +217,7 @@ class Client(Supervision):
         """Re-create one actor on a freshly respawned proc with its original spawn payload."""
         fut: Future[None] = Future(f"respawn of {mesh._name}")
         p = Pending(fut, mesh._ref.mesh_id, "spawn", mesh._name, "__init__", None, [rank], {rank}, ref=mesh._ref)
+        p.actor_id = mesh._actor_id
         with self._lock:
             call_id = self._register(p)
             header = {
@@ -236,6 +241,18 @@ class Client(Supervision):
 
     def _proc_addr(self, ref: ProcMeshRef, rank: int) -> str:
         return self._moved.get((ref.mesh_id, rank)) or ref.proc_addrs[rank]
+
+    def _actor_addr(self, ref: ProcMeshRef, rank: int, actor_id: str) -> str:
+        """Where a call to one actor goes: its own inbox if known, else its proc's (which hands it on)."""
+        proc = self._proc_addr(ref, rank)
+        inboxes = self._actor_inbox.get(proc)
+        return inboxes.get(actor_id, proc) if inboxes else proc
+
+    def forget_proc(self, address: str) -> None:
+        """A proc is gone: close our sockets to it and to its actors' inboxes."""
+        self.transport.forget(address)
+        for inbox in self._actor_inbox.pop(address, {}).values():
+            self.transport.forget(inbox)
 
     def cast(self, mesh: ActorMesh[Any], endpoint: str, args: Any, kwargs: Any, mode: str) -> Any:
         ranks = mesh._shape.ranks()
@@ -335,7 +352,8 @@ class Client(Supervision):
                 if local:
                     header["l"] = 1  # data plane: the reply may come back through shared memory too
                 try:
-                    self.transport.send(self._proc_addr(ref, rank), Message(header, payload, bufs), local=local)
+                    address = self._actor_addr(ref, rank, mesh._actor_id)
+                    self.transport.send(address, Message(header, payload, bufs), local=local)
                 except BaseException as e:  # never sent (Ctrl-C, full /dev/shm): no gap, nothing pending
                     self._unseq(mesh, [rank])
                     self._pending.pop(call_id, None)
@@ -472,6 +490,9 @@ class Client(Supervision):
                 coords, p.actor, p.endpoint, "SerializationError", f"the result does not unpickle here: {e}", ""
             )
         if ok == OK:
+            if p.mode == "spawn" and isinstance(value, tuple):  # (proc inbox, actor inbox)
+                self._actor_inbox.setdefault(value[0], {})[p.actor_id] = value[1]
+                return None
             return value
         if ok == BROKEN:
             return value  # a Failure built by the agent or proc

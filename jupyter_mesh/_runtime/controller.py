@@ -172,7 +172,7 @@ class Controller(Elastic):
             return
         rec.failures[rank] = failure
         if rank < len(rec.ref.proc_addrs) and rec.ref.proc_addrs[rank]:
-            self.transport.forget(rec.ref.proc_addrs[rank])  # no socket left retrying a dead proc
+            self.client.forget_proc(rec.ref.proc_addrs[rank])  # no socket left retrying a dead proc
         # order matters: whoever wakes up from a failed call, or sees the rank failed, may rely on
         # the fault having been handled and the state updated already
         try:
@@ -376,7 +376,7 @@ class Controller(Elastic):
                 ) from None
         for addr in ref.proc_addrs:
             if addr:
-                self.transport.forget(addr)
+                self.client.forget_proc(addr)
 
     def _record_spawn(self, mesh: ActorMesh[Any], payload: bytes, bufs: list[Any]) -> None:
         rec = self._meshes.get(mesh._ref.mesh_id)

@@ -55,6 +55,7 @@ class Pending:
     ref: ProcMeshRef | None = None
     stream_q: queue.SimpleQueue[Future[Any]] | None = None
     call_id: int = 0
+    actor_id: str = ""  # spawns: whose inbox addresses the replies carry
 
     def fail(self, err: BaseException, ranks: int) -> None:
         """Nothing more will come for ``ranks`` of its ranks: a stream gets that many failed futures

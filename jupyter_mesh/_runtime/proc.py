@@ -1,9 +1,13 @@
 """The proc: one worker process of a proc mesh, hosting one actor of each actor mesh spawned on it.
 
-Threads: the main thread receives (``Transport.serve``), restores per-sender order and hands each
-message to its actor; every actor has its own thread running an asyncio loop, so a sync endpoint that
-blocks (even on ``.get()`` of a call to another actor) blocks only that actor, and ``async def``
-endpoints run on a real loop. Results are sent straight from the actor's thread.
+Threads: every actor has its own thread and its own inbox socket. Calls to one actor (``call_one``,
+``choose``, and the agent's relays of ``call``) are sent to that inbox and wake the actor's thread
+directly: no hand-over between threads on the latency path. The main thread receives everything else
+(``Transport.serve``): spawns, control messages, calls from senders that do not know the actor's inbox
+yet; it hands an actor its mail through a mailbox and rings the inbox's doorbell. The actor's thread
+restores per-sender order across both ways in. A sync endpoint that blocks (even on ``.get()`` of a
+call to another actor) blocks only its actor; ``async def`` endpoints run on the actor's own asyncio
+loop. Results are sent straight from the actor's thread.
 """
 
 from __future__ import annotations
@@ -14,11 +18,14 @@ import importlib
 import inspect
 import os
 import queue
+import secrets
 import sys
 import threading
 import traceback
 from collections.abc import Callable, Coroutine
 from typing import Any
+
+import zmq
 
 from .. import _rdma_owner as _rdma
 from .._actor import EndpointDef, _set_context, endpoints_of
@@ -62,7 +69,7 @@ def _error_info(e: BaseException, endpoint: str, skip_frames: int = 1) -> dict[s
 
 
 class ActorHost:
-    """One actor instance, its thread and its mailbox."""
+    """One actor instance, its thread, its inbox and its mailbox."""
 
     def __init__(self, runtime: ProcRuntime, actor_id: str, name: str):
         self.runtime, self.actor_id, self.name = runtime, actor_id, name
@@ -70,10 +77,17 @@ class ActorHost:
         self.endpoints: dict[str, EndpointDef[Any]] = {}
         self.init_failure: Failure | None = None
         self.loop = asyncio.new_event_loop()
-        # the mailbox is a C-level queue: a sync endpoint runs with no event loop turn at all (measured
-        # ~50 us a call on 2 cores); the loop runs for async endpoints and while their tasks live on
+        # direct calls land in this inbox and wake the actor thread itself (a thread hop costs
+        # 50-90 us on 2 cores); mail from the receive thread goes into a C-level queue, announced by
+        # a doorbell frame on the same inbox, so the thread waits on one socket only. The bell
+        # carries a secret: a one-frame message from the wire is not mistaken for one.
+        inproc = f"inproc://actor-{actor_id}"
+        self._inbox, self.address = runtime.transport.bind_inbox(inproc)
+        self._bell = runtime.transport.doorbell(inproc)
+        self._bell_token = secrets.token_bytes(16)
+        self._bell_lock = threading.Lock()
         self._mailbox: queue.SimpleQueue[Message] = queue.SimpleQueue()
-        self._loop_waiter: asyncio.Future[None] | None = None
+        self._order: dict[str, list[Any]] = {}  # sender -> [next seq, {seq: message}]
         # cancellation: which call runs now, and calls cancelled before they started
         self._lock = threading.Lock()
         self._current: tuple[str, int] | None = None
@@ -97,25 +111,71 @@ class ActorHost:
                 )
 
     def enqueue(self, msg: Message) -> None:
+        """From any other thread: hand the actor a message (in order) and wake it."""
         self._mailbox.put(msg)
-        with self._lock:
-            waiter = self._loop_waiter
-        if waiter is not None:  # the loop is running background tasks: wake it for the mail
-            self.loop.call_soon_threadsafe(_set_done, waiter)
+        with self._bell_lock:
+            self._bell.send(self._bell_token)
 
     def _main(self) -> None:
         asyncio.set_event_loop(self.loop)
         _owner.host = self
         _set_context(self.runtime, self.name)
         set_current_client(self.runtime.client)
+        decode, seq_of = self.runtime.transport.decode, self.runtime.seq_of
         while True:
-            if self._mailbox.empty() and any(not t.done() for t in asyncio.all_tasks(self.loop)):
+            if not self._has_mail() and any(not t.done() for t in asyncio.all_tasks(self.loop)):
                 self.loop.run_until_complete(self._run_tasks_until_mail())
-            msg = self._mailbox.get()
             try:
-                self._handle(msg)
-            except BaseException as e:  # noqa: BLE001 - the actor must outlive any one message
-                self._last_resort(msg.header, e)
+                frames = Transport.recv_frames(self._inbox)
+            except zmq.ZMQError:
+                return  # the proc is going away
+            if len(frames) == 1:
+                if frames[0] != self._bell_token:
+                    self.runtime.transport.stats.dropped_malformed += 1
+                    continue
+                while True:  # one ring may announce several messages (and later rings none)
+                    try:
+                        msg = self._mailbox.get_nowait()
+                    except queue.Empty:
+                        break
+                    self._in_order(msg, msg.header.get("_q"))
+                continue
+            msg = decode(frames)
+            if msg is None:
+                continue
+            h = msg.header
+            if h.get("k") != "c" or h.get("a") != self.actor_id:
+                self.runtime.transport.stats.dropped_malformed += 1
+                continue
+            seq = seq_of(h)
+            if seq is not None:
+                self._in_order(msg, seq)
+
+    def _has_mail(self) -> bool:
+        events: int = self._inbox.getsockopt(zmq.EVENTS)  # type: ignore[assignment]
+        return bool(events & zmq.POLLIN)
+
+    def _in_order(self, msg: Message, seq: int | None) -> None:
+        """Run ``msg`` when it is its sender's next; run the ones it was holding up after it."""
+        if seq is None:  # local mail (supervision events) carries no sequence number
+            self._run(msg)
+            return
+        st = self._order.get(msg.header["s"])
+        if st is None:
+            st = self._order[msg.header["s"]] = [0, {}]
+        if seq != st[0]:
+            st[1][seq] = msg
+            return
+        while msg is not None:
+            st[0] += 1
+            self._run(msg)
+            msg = st[1].pop(st[0], None)
+
+    def _run(self, msg: Message) -> None:
+        try:
+            self._handle(msg)
+        except BaseException as e:  # noqa: BLE001 - the actor must outlive any one message
+            self._last_resort(msg.header, e)
 
     def _handle(self, msg: Message) -> None:
         k = msg.header["k"]
@@ -145,14 +205,18 @@ class ActorHost:
     async def _run_tasks_until_mail(self) -> None:
         """Tasks an async endpoint left running keep running while the actor waits for mail."""
         waiter: asyncio.Future[None] = self.loop.create_future()
-        with self._lock:
-            self._loop_waiter = waiter
+
+        def readable() -> None:  # ZeroMQ's descriptor is edge-triggered: ask the socket itself
+            if not waiter.done() and self._has_mail():
+                waiter.set_result(None)
+
+        fd = int(self._inbox.getsockopt(zmq.FD))  # type: ignore[arg-type]
+        self.loop.add_reader(fd, readable)
         try:
-            if self._mailbox.empty():  # checked after publishing the waiter: no wake-up is lost
-                await waiter
+            readable()  # mail that came before the reader was armed raises no new edge
+            await waiter
         finally:
-            with self._lock:
-                self._loop_waiter = None
+            self.loop.remove_reader(fd)
 
     async def _supervise(self, err: SupervisionError) -> None:
         """A mesh this actor spawned lost ranks: ask ``__supervise__``; unhandled means this proc fails.
@@ -192,7 +256,10 @@ class ActorHost:
             )
             rt.reply(msg.header, BROKEN, dumps(self.init_failure)[0], [])
             return
-        rt.reply(msg.header, OK, dumps(None)[0], [])
+        # callers and the agent send this actor's calls straight to its inbox from now on
+        up = {"k": "actor_up", "a": self.actor_id, "pa": rt.transport.address, "addr": self.address}
+        rt.transport.send(rt.agent_addr, Message(up))
+        rt.reply(msg.header, OK, dumps((rt.transport.address, self.address))[0], [])
 
     def _begin(self, h: dict[str, Any]) -> bool:
         """Before an endpoint runs: False (and the reply sent) if the actor is broken."""
@@ -287,7 +354,6 @@ class ProcRuntime:
         )
         _rdma.set_identity(self.mesh_id, self.mesh_name, self.coords, self.rank)
         self.actors: dict[str, ActorHost] = {}
-        self._order: dict[tuple[str, str], list[Any]] = {}  # (sender, actor) -> [next seq, {seq: msg}]
         self._orphans: dict[str, list[Message]] = {}  # calls that overtook their actor's spawn
 
     def _route_to_controller(self, handler: Callable[[Message, list[Any]], None]) -> None:
@@ -310,7 +376,7 @@ class ProcRuntime:
     def handle(self, msg: Message, frames: list[Any]) -> None:
         k = msg.header["k"]
         if k == "c" or k == "spawn":
-            self._order_and_deliver(msg)
+            self._deliver(msg)
         elif k == "r" or k == "g":
             self.client.on_reply(msg)
         elif k == "notice":
@@ -340,36 +406,23 @@ class ProcRuntime:
         elif self._controller_handler is not None:  # events for meshes spawned by our actors
             self._controller_handler(msg, frames)
 
-    def _order_and_deliver(self, msg: Message) -> None:
-        h = msg.header
+    def seq_of(self, h: dict[str, Any]) -> int | None:
+        """This rank's sequence number in a call or spawn header; None if it is not for this rank."""
         q = h["q"]
         if "rk" in h:
-            if h["rk"] != self.rank:
-                return
-            seq = q
-        else:
-            idx = Slice.from_wire(h["sl"]).index_of(self.rank)
-            if idx is None:
-                return
-            seq = q if isinstance(q, int) else q[idx]
-        key = (h["s"], h["a"])
-        st = self._order.get(key)
-        if st is None:
-            st = self._order[key] = [0, {}]
-        if seq != st[0]:
-            st[1][seq] = msg
-            return
-        self._deliver(msg)
-        st[0] += 1
-        while st[1]:
-            nxt = st[1].pop(st[0], None)
-            if nxt is None:
-                break
-            self._deliver(nxt)
-            st[0] += 1
+            return q if h["rk"] == self.rank else None
+        idx = Slice.from_wire(h["sl"]).index_of(self.rank)
+        if idx is None:
+            return None
+        return q if isinstance(q, int) else q[idx]
 
     def _deliver(self, msg: Message) -> None:
+        """Hand a call or spawn to its actor, whose thread runs it in its sender's order."""
         h = msg.header
+        seq = self.seq_of(h)
+        if seq is None:
+            return
+        h["_q"] = seq
         actor_id = h["a"]
         if h["k"] == "spawn":
             host = self.actors[actor_id] = ActorHost(self, actor_id, h["n"])
@@ -378,7 +431,7 @@ class ProcRuntime:
                 host.enqueue(m)
             return
         target = self.actors.get(actor_id)
-        if target is None:
+        if target is None:  # a call that overtook its actor's spawn (another sender, another way)
             self._orphans.setdefault(actor_id, []).append(msg)
         else:
             target.enqueue(msg)
@@ -408,11 +461,6 @@ def _run_now(coro: Coroutine[Any, Any, None]) -> None:
         return
     coro.close()
     raise RuntimeError("a sync endpoint's call suspended; it must not await")
-
-
-def _set_done(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)
 
 
 def _exit(code: int) -> None:
