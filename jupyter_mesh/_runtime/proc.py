@@ -135,10 +135,10 @@ class ActorHost:
                     continue
                 while True:  # one ring may announce several messages (and later rings none)
                     try:
-                        msg = self._mailbox.get_nowait()
+                        mail = self._mailbox.get_nowait()
                     except queue.Empty:
                         break
-                    self._in_order(msg, msg.header.get("_q"))
+                    self._in_order(mail, mail.header.get("_q"))
                 continue
             msg = decode(frames)
             if msg is None:
