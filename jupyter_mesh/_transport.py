@@ -14,7 +14,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import secrets
 import threading
+import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,7 +73,14 @@ class Transport:
         self.shm_prefix = _shm.session_prefix(key)  # data plane: same-host segments of this session
         self._ctx = zmq.Context()
         self._bind = bind
-        self._inbox, self.address = self.bind_inbox()
+        self._more: weakref.WeakSet[zmq.Socket[Any]] = weakref.WeakSet()  # closed by close(), if still open
+        self._wake_name = f"inproc://jupyter-mesh-wake-{id(self):x}"
+        self._inbox, self.address = self.bind_inbox(self._wake_name)
+        self._wake_token = secrets.token_bytes(16)
+        self._wake_bell: zmq.Socket[Any] | None = None
+        self._wake_lock = threading.Lock()
+        self._watched: dict[zmq.Socket[Any], bytes] = {}  # more sockets serve() reads: socket -> doorbell
+        self._poller: zmq.Poller | None = None
         self._outs: dict[str, tuple[zmq.Socket[Any], threading.Lock]] = {}
         self._outs_lock = threading.Lock()
         self.stats = TransportStats()
@@ -91,6 +101,7 @@ class Transport:
         address = f"{self._bind}:{sock.bind_to_random_port(self._bind)}"
         if inproc is not None:
             sock.bind(inproc)
+        self._more.add(sock)
         return sock, address
 
     def doorbell(self, inproc: str) -> zmq.Socket[Any]:
@@ -99,6 +110,7 @@ class Transport:
         s.setsockopt(zmq.SNDHWM, 0)
         s.setsockopt(zmq.LINGER, 0)
         s.connect(inproc)
+        self._more.add(s)
         return s
 
     # -- signing --------------------------------------------------------------------------------------
@@ -209,12 +221,22 @@ class Transport:
                 entry[0].close(linger=0)
 
     # -- receiving ------------------------------------------------------------------------------------
-    def serve(self, handler: Callable[[Message, list[Any]], None]) -> None:
+    def serve(
+        self, handler: Callable[[Message, list[Any]], None], tick: Callable[[], float | None] | None = None
+    ) -> None:
         """Receive until :meth:`stop`; runs on the calling thread (the process's receive thread).
 
         ``handler`` gets the message and its raw frames (for relaying). Exceptions in the handler are
-        logged, never fatal: one bad message must not take the process down.
+        logged, never fatal: one bad message must not take the process down. ``tick`` (the controller's
+        reply boxes) runs on this thread when :meth:`wake` is called and when the delay it returned
+        has passed; it may :meth:`watch` more sockets, whose messages go to ``handler`` too.
         """
+        if tick is None:
+            self._serve_inbox(handler)
+        else:
+            self._serve_polling(handler, tick)
+
+    def _serve_inbox(self, handler: Callable[[Message, list[Any]], None]) -> None:
         inbox = self._inbox
         while True:
             try:
@@ -223,13 +245,68 @@ class Transport:
                 return
             if len(frames) == 1 and frames[0] == b"stop" and self._closed:
                 return
-            msg = self.decode(frames)
-            if msg is None:
-                continue
+            self._handle(frames, handler)
+
+    def _serve_polling(self, handler: Callable[[Message, list[Any]], None], tick: Callable[[], float | None]) -> None:
+        self._poller = poller = zmq.Poller()
+        poller.register(self._inbox, zmq.POLLIN)
+        delay = tick()
+        due = None if delay is None else time.monotonic() + delay
+        while True:
+            timeout = None if due is None else int(max(0.0, due - time.monotonic()) * 1000) + 1
             try:
-                handler(msg, frames)
-            except Exception:
-                log.exception("error handling %s message", msg.header.get("k"))
+                ready = poller.poll(timeout)
+            except zmq.ZMQError:
+                return
+            run_tick = not ready or (due is not None and time.monotonic() >= due)
+            for sock, _ in ready:
+                try:
+                    frames = self.recv_frames(sock, zmq.NOBLOCK)
+                except zmq.Again:
+                    continue
+                except zmq.ZMQError:
+                    return
+                if len(frames) == 1:
+                    if sock is self._inbox and frames[0] == b"stop" and self._closed:
+                        return
+                    if frames[0] == self._wake_token:
+                        run_tick = True
+                    if frames[0] == self._watched.get(sock, self._wake_token):
+                        continue
+                self._handle(frames, handler)
+            if run_tick:
+                delay = tick()
+                due = None if delay is None else time.monotonic() + delay
+
+    def _handle(self, frames: list[Any], handler: Callable[[Message, list[Any]], None]) -> None:
+        msg = self.decode(frames)
+        if msg is None:
+            return
+        try:
+            handler(msg, frames)
+        except Exception:
+            log.exception("error handling %s message", msg.header.get("k"))
+
+    def wake(self) -> None:
+        """From any thread: make :meth:`serve` run its ``tick`` soon."""
+        with self._wake_lock:
+            if self._closed:
+                return
+            if self._wake_bell is None:
+                self._wake_bell = self.doorbell(self._wake_name)
+            self._wake_bell.send(self._wake_token)
+
+    def watch(self, sock: zmq.Socket[Any], token: bytes) -> None:
+        """From ``tick`` only: read ``sock`` too (one-frame ``token`` messages on it are doorbells)."""
+        assert self._poller is not None
+        self._watched[sock] = token
+        self._poller.register(sock, zmq.POLLIN)
+
+    def unwatch(self, sock: zmq.Socket[Any]) -> None:
+        """From ``tick`` only: stop reading ``sock``."""
+        assert self._poller is not None
+        self._watched.pop(sock, None)
+        self._poller.unregister(sock)
 
     @staticmethod
     def recv_frames(sock: zmq.Socket[Any], flags: int = 0) -> list[Any]:
@@ -261,7 +338,10 @@ class Transport:
         for s, lock in outs:
             with lock:
                 s.close(linger=0)
-        self._inbox.close(linger=0)
+        with self._wake_lock:
+            for sock in list(self._more):  # boxes and bells whose owners did not close them
+                if not sock.closed:
+                    sock.close(linger=0)
         self._ctx.term()
 
 

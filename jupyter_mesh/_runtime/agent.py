@@ -139,7 +139,7 @@ class Agent:
             if not targets:
                 return
             if h["rm"] == GATHER:
-                g = Gather(mesh.mesh_id, h["s"], h["i"], {p.rank for p in targets})
+                g = Gather(mesh.mesh_id, h.get("rt") or h["s"], h["i"], {p.rank for p in targets})
                 self.gathers[(h["s"], h["i"])] = g
         dead = []
         actor_id = h["a"]
@@ -167,12 +167,13 @@ class Agent:
         f = Failure(h["pm"], {}, "stopped", "its proc mesh was stopped (or never ran on this host)")
         payload = dumps(f)[0]
         entries: list[tuple[int, int, bytes | memoryview, list[Any]]] = [(r, BROKEN, payload, []) for r in sl.ranks()]
+        to = h.get("rt") or h["s"]
         if h["rm"] == GATHER:
             table, payload_all, bufs_all = pack_gathered(entries)
-            self.transport.send(h["s"], Message({"k": "g", "i": h["i"], "n": table}, payload_all, bufs_all))
+            self.transport.send(to, Message({"k": "g", "i": h["i"], "n": table}, payload_all, bufs_all))
         else:
             for r, ok, pl, _ in entries:
-                self.transport.send(h["s"], Message({"k": "r", "i": h["i"], "rk": r, "ok": ok}, pl))
+                self.transport.send(to, Message({"k": "r", "i": h["i"], "rk": r, "ok": ok}, pl))
 
     def _failure(
         self, p: ProcEntry, kind: str, detail: str, code: int | None = None, sig: int | None = None
@@ -194,7 +195,8 @@ class Agent:
         if h["rm"] == GATHER:
             self._add_to_gather((h["s"], h["i"]), p.rank, BROKEN, dumps(f)[0], [])
         elif h["rm"] == DIRECT:
-            self.transport.send(h["s"], Message({"k": "r", "i": h["i"], "rk": p.rank, "ok": BROKEN}, dumps(f)[0]))
+            to = h.get("rt") or h["s"]
+            self.transport.send(to, Message({"k": "r", "i": h["i"], "rk": p.rank, "ok": BROKEN}, dumps(f)[0]))
 
     def _gathered(self, h: dict[str, Any], msg: Message) -> None:
         self._add_to_gather((h["to"], h["i"]), h["rk"], h["ok"], msg.payload, msg.buffers)

@@ -60,7 +60,7 @@ class MeshEntry:
 @dataclass
 class Gather:
     mesh_id: str
-    sender: str
+    sender: str  # where the gathered reply goes (the caller's reply box, or its inbox)
     call_id: int
     outstanding: set[int]
     entries: list[tuple[int, int, Any, list[Any]]] = field(default_factory=list)

@@ -34,6 +34,7 @@ from ..errors import (
     SupervisionError,
 )
 from .pending import BROKEN, DIRECT, GATHER, NO_REPLY, OK, Pending, Stream, remote_failure
+from .replies import ReplyBox, ReplyBoxes
 from .supervision import Supervision
 
 if TYPE_CHECKING:
@@ -68,7 +69,7 @@ def set_current_client(client: Client | None) -> None:
 class Client(Supervision):
     """Sends calls, matches replies to pending futures, fails them when ranks break."""
 
-    def __init__(self, transport: Transport):
+    def __init__(self, transport: Transport, reply_boxes: bool = False):
         self.transport = transport
         self.address = transport.address
         self._ids = itertools.count(1)
@@ -90,6 +91,9 @@ class Client(Supervision):
         self.on_spawn: Callable[[ActorMesh[Any], bytes, list[Any]], None] | None = None
         # runs before every call and spawn: the controller raises unhandled failures there (fail fast)
         self.before_call: Callable[[], None] | None = None
+        # a waiting caller reads its own replies (``replies``); the controller's client only: in a
+        # proc, a cancel interrupts an actor's thread anywhere, even in the middle of reading one
+        self.boxes = ReplyBoxes(transport, self.on_reply, self._busy_boxes) if reply_boxes else None
 
     # -- helpers ---------------------------------------------------------------------------------------
     def _encode_args(self, mesh: ActorMesh[Any], endpoint: str, args: Any, kwargs: Any) -> tuple[bytes, list[Any]]:
@@ -279,6 +283,7 @@ class Client(Supervision):
             self._send_cast(mesh, ranks, header, payload, bufs, p)
             return self._iter_stream(p, mesh._actor_id)
         header["rm"] = GATHER
+        self._reply_in_box(header, p)
         self._send_cast(mesh, ranks, header, payload, bufs, p)
         return fut
 
@@ -332,7 +337,7 @@ class Client(Supervision):
         # to the message's way there and back (on 2 cores that is measurable)
         if self.activity is not None:
             self.activity(ref.mesh_id, [rank], 1)
-        fut.add_done_callback(lambda _f: self._done_inflight(key))
+        fut._cf.add_done_callback(lambda _f: self._done_inflight(key))  # not fut's: that would detach it
         with self._lock:
             # checked again under the lock: the rank may have failed while the arguments were pickled
             err = self._blocked(ref, [rank], f"calling {mesh._class_name}.{endpoint}")
@@ -349,6 +354,7 @@ class Client(Supervision):
                     "i": call_id,
                     "q": self._seqs(mesh, [rank]),
                 }
+                self._reply_in_box(header, p)
                 if local:
                     header["l"] = 1  # data plane: the reply may come back through shared memory too
                 try:
@@ -364,6 +370,19 @@ class Client(Supervision):
         if err is not None:
             self._after_unsent(ref, rank, fut, err)
         return fut
+
+    def _reply_in_box(self, header: dict[str, Any], p: Pending) -> None:
+        """Have the reply sent to this thread's box, so a ``get()`` here reads it without a hand-over."""
+        box = self.boxes.for_call() if self.boxes is not None else None
+        if box is not None:
+            header["rt"] = box.address
+            p.box = box
+            assert p.future is not None
+            p.future._driver = box
+
+    def _busy_boxes(self) -> set[ReplyBox]:
+        with self._lock:
+            return {p.box for p in self._pending.values() if p.box is not None}
 
     def _after_unsent(self, ref: ProcMeshRef, rank: int, fut: Future[Any], err: BaseException) -> None:
         if self.activity is not None:
@@ -444,11 +463,20 @@ class Client(Supervision):
             return
         outcome = self._decode_outcome(p, rank, ok, payload, bufs)
         with self._lock:
+            # replies may be dispatched on two threads at once (a caller reading its reply box, the
+            # receive thread reporting a failure): record each outcome before deciding completion
             if rank not in p.outstanding:
                 return
             p.outstanding.discard(rank)
             # a broken rank dooms the whole call: fail it now, naming every broken rank it targets
             doomed = isinstance(outcome, Failure) and outcome.kind in _PROC_DEATH and p.mode != "stream"
+            if p.mode != "stream":
+                if isinstance(outcome, RemoteFailure):
+                    p.raised.append(outcome)
+                elif isinstance(outcome, Failure):
+                    p.broken.append(outcome)
+                else:
+                    p.values[rank] = outcome
             done = not p.outstanding or doomed
             if done:
                 self._pending.pop(call_id, None)
@@ -472,12 +500,6 @@ class Client(Supervision):
                 f._set_result(outcome)
             p.stream_q.put(f)
             return
-        if isinstance(outcome, RemoteFailure):
-            p.raised.append(outcome)
-        elif isinstance(outcome, Failure):
-            p.broken.append(outcome)
-        else:
-            p.values[rank] = outcome
         if done:
             self._complete(p)
 

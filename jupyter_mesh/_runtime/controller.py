@@ -103,7 +103,7 @@ class Controller(Elastic):
         else:
             self.key = secrets.token_bytes(32)
             self.transport = Transport(self.key, bind or os.environ.get("JUPYTER_MESH_BIND", "tcp://127.0.0.1"))
-            self.client = Client(self.transport)
+            self.client = Client(self.transport, reply_boxes=True)
         self.address = self.transport.address
         self.state = StateTracker()
         self.client.activity = self.state.activity
@@ -128,8 +128,12 @@ class Controller(Elastic):
         if embedded is not None:
             embedded.route(self._on_message)
         else:
+            assert self.client.boxes is not None
             self._thread = threading.Thread(
-                target=self.transport.serve, args=(self._on_message,), name="jupyter-mesh-recv", daemon=True
+                target=self.transport.serve,
+                args=(self._on_message, self.client.boxes.tick),
+                name="jupyter-mesh-recv",
+                daemon=True,
             )
             self._thread.start()
         atexit.register(self._at_exit)
@@ -435,6 +439,8 @@ class Controller(Elastic):
         if self._thread is not None:  # an embedded controller leaves the proc's transport alone
             self.transport.stop_serving()
             self._thread.join(2.0)
+            if self.client.boxes is not None:
+                self.client.boxes.close()
             self.transport.close()
             from .. import _shm
 

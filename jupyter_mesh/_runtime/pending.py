@@ -17,6 +17,7 @@ from ..errors import Failure, RemoteFailure
 if TYPE_CHECKING:
     from .._mesh import ProcMeshRef
     from .client import Client
+    from .replies import ReplyBox
 
 __all__ = [
     "BROKEN",
@@ -56,6 +57,7 @@ class Pending:
     stream_q: queue.SimpleQueue[Future[Any]] | None = None
     call_id: int = 0
     actor_id: str = ""  # spawns: whose inbox addresses the replies carry
+    box: ReplyBox | None = None  # where the replies go, if not to the client's inbox
 
     def fail(self, err: BaseException, ranks: int) -> None:
         """Nothing more will come for ``ranks`` of its ranks: a stream gets that many failed futures

@@ -367,8 +367,8 @@ class ProcRuntime:
         if rm == NO_REPLY:
             return
         hdr = {"k": "r", "i": h["i"], "rk": self.rank, "ok": ok}
-        if rm == DIRECT:
-            self.transport.send(h["s"], Message(hdr, payload, bufs), local=bool(h.get("l")))
+        if rm == DIRECT:  # to the caller's reply box if it has one (``replies``), else to its inbox
+            self.transport.send(h.get("rt") or h["s"], Message(hdr, payload, bufs), local=bool(h.get("l")))
         else:
             hdr["to"] = h["s"]
             self.transport.send(self.agent_addr, Message(hdr, payload, bufs))

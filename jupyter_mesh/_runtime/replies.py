@@ -1,0 +1,245 @@
+"""Reply boxes: a caller that waits for its call receives the reply itself.
+
+On 2 cores, handing a reply from the controller's receive thread to the thread waiting in
+``Future.get`` cost ~60 us, and the receive thread waking for every reply slowed the rest of the call
+too (W2 p50 went from ~380 to ~260 us without it; ``benchmarks/NOTES.md``). So each calling thread
+gets a socket of its own, a *reply box*: its ``call_one``/``choose``/``call`` ask for their replies
+there, and ``get()`` on that thread reads the box itself.
+
+Every box that replies may reach must be read by someone, or a future would never finish:
+
+* its owner thread while it waits in ``get()`` on one of the box's futures (it dispatches every reply
+  that arrives, for any of its calls, exactly like the receive thread would);
+* otherwise the receive thread, which *adopts* the box: at once when one of its futures is awaited,
+  given a callback, polled with ``done()`` or waited on by another thread; and by a sweep (every
+  ``SWEEP_S``) when replies have been due for a while and nobody waits. An adopted box stays with the
+  receive thread until its calls are all answered, then goes back to a pool; meanwhile its owner
+  takes another box.
+
+ZeroMQ sockets are used by one thread at a time: who may read a box is decided under the box's lock.
+"""
+
+from __future__ import annotations
+
+import queue
+import secrets
+import signal
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import zmq
+
+from .._transport import Message, Transport
+
+if TYPE_CHECKING:
+    from .._future import Future
+
+__all__ = ["ReplyBox", "ReplyBoxes"]
+
+SWEEP_S = 0.02  # how long replies may wait in a box nobody reads before the receive thread takes it
+MAX_BOXES = 16  # more calling threads than this share the receive thread's inbox
+
+
+class ReplyBox:
+    """One reply socket; owned by one thread at a time (or by the receive thread once adopted)."""
+
+    def __init__(self, boxes: ReplyBoxes, n: int):
+        self._boxes = boxes
+        inproc = f"inproc://jupyter-mesh-reply-{n}-{id(self):x}"
+        self.sock, self.address = boxes.transport.bind_inbox(inproc)
+        self.token = secrets.token_bytes(16)  # the doorbell's frame: wakes a waiting owner
+        self._bell = boxes.transport.doorbell(inproc)
+        self._bell_lock = threading.Lock()
+        self.lock = threading.Lock()
+        self.owner = 0  # thread ident; 0 while in the pool
+        self.owner_thread: weakref.ref[threading.Thread] | None = None
+        self.depth = 0  # the owner is reading the box (nested get() calls count)
+        self.adopted = False  # the receive thread reads it
+        self.adopt_asked = False  # asked while the owner was reading: handed over when it stops
+        self.last_send = 0.0
+
+    # -- Future hooks (see _future.Future) ----------------------------------------------------------
+    def drive(self, fut: Future[Any], timeout: float | None) -> float | None:
+        """Read this box until ``fut`` is done or ``timeout`` passes; returns the time left.
+
+        Only the owner reads; anyone else (or the owner after a hand-over) makes sure the receive
+        thread does, and waits the ordinary way."""
+        ident = threading.get_ident()
+        with self.lock:
+            mine = self.owner == ident and not self.adopted and not self.adopt_asked
+            if mine:
+                self.depth += 1
+        if not mine:
+            self._boxes.adopt(self)
+            return timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while not fut._cf.done():
+                wait_ms = -1
+                if deadline is not None:
+                    wait_ms = int(max(0.0, deadline - time.monotonic()) * 1000)
+                    if wait_ms == 0:
+                        break
+                if self.sock.poll(wait_ms, zmq.POLLIN):  # Ctrl-C here loses nothing: nothing was read
+                    self._read_one()
+        finally:
+            with self.lock:
+                self.depth -= 1
+                hand_over = self.depth == 0 and self.adopt_asked
+                if hand_over:
+                    self.adopt_asked = False
+            if hand_over:
+                self._boxes.adopt(self)
+        return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+    def detach(self) -> None:
+        """The future will be waited for some other way (await, callback, another thread)."""
+        self._boxes.adopt(self)
+
+    def wake(self) -> None:
+        """A future of this box finished without its reply being read here (a failure, a cancel)."""
+        if self.depth and threading.get_ident() != self.owner:
+            with self._bell_lock:
+                self._bell.send(self.token)
+
+    # -- owner side ---------------------------------------------------------------------------------
+    def _read_one(self) -> None:
+        transport = self._boxes.transport
+        with _interrupts_deferred():  # a reply taken off the socket is always dispatched
+            try:
+                frames = Transport.recv_frames(self.sock, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if len(frames) == 1:  # our doorbell
+                return
+            msg = transport.decode(frames)
+            if msg is not None:
+                self._boxes.dispatch(msg)
+
+    def close(self) -> None:
+        with self._bell_lock:
+            self._bell.close(linger=0)
+        self.sock.close(linger=0)
+
+
+class ReplyBoxes:
+    """The boxes of one client: one per calling thread, a pool, and the receive thread's part."""
+
+    def __init__(self, transport: Transport, dispatch: Callable[[Message], None], busy: Callable[[], set[ReplyBox]]):
+        self.transport, self.dispatch, self._busy = transport, dispatch, busy
+        self._lock = threading.Lock()
+        self._all: list[ReplyBox] = []
+        self._free: list[ReplyBox] = []
+        self._mine = threading.local()
+        self._handover: queue.SimpleQueue[ReplyBox] = queue.SimpleQueue()
+        self._watched: set[ReplyBox] = set()
+        self._closed = False
+
+    def for_call(self) -> ReplyBox | None:
+        """The box the calling thread's next call should be answered in (None: use the inbox)."""
+        box: ReplyBox | None = getattr(self._mine, "box", None)
+        ident = threading.get_ident()
+        if box is None or box.owner != ident or box.adopted or box.adopt_asked:
+            box = self._mine.box = self._take(ident)
+        if box is not None:
+            box.last_send = time.monotonic()
+        return box
+
+    def _take(self, ident: int) -> ReplyBox | None:
+        with self._lock:
+            if self._closed:
+                return None
+            if self._free:
+                box = self._free.pop()
+            elif len(self._all) < MAX_BOXES:
+                box = ReplyBox(self, len(self._all))
+                self._all.append(box)
+            else:
+                return None
+            with box.lock:
+                box.owner, box.owner_thread = ident, weakref.ref(threading.current_thread())
+                box.adopted = box.adopt_asked = False
+        return box
+
+    def adopt(self, box: ReplyBox) -> None:
+        """Make the receive thread read ``box`` (now, or when its owner stops reading it)."""
+        with box.lock:
+            if box.adopted or box.owner == 0:
+                return
+            if box.depth:
+                box.adopt_asked = True  # the owner dispatches everything until then
+                return
+            box.adopted = True
+        self._handover.put(box)
+        self.transport.wake()
+
+    # -- receive thread -----------------------------------------------------------------------------
+    def tick(self) -> float | None:
+        """Called by ``Transport.serve`` on the receive thread; returns how soon to call again."""
+        while True:
+            try:
+                box = self._handover.get_nowait()
+            except queue.Empty:
+                break
+            if box not in self._watched and not self._closed:
+                self._watched.add(box)
+                self.transport.watch(box.sock, box.token)
+        now = time.monotonic()
+        busy = self._busy()
+        for box in list(self._all):
+            if box.owner == 0:
+                continue
+            if box.adopted:
+                if box in self._watched and box not in busy:  # all answered: back to the pool
+                    self._watched.discard(box)
+                    self.transport.unwatch(box.sock)
+                    with self._lock, box.lock:
+                        box.owner, box.owner_thread, box.adopted = 0, None, False
+                        self._free.append(box)
+                continue
+            owner = box.owner_thread() if box.owner_thread is not None else None
+            if box.depth or (owner is not None and owner.is_alive() and now - box.last_send < SWEEP_S):
+                continue
+            if box in busy:  # replies due and nobody reading: take it
+                self.adopt(box)
+            elif owner is None or not owner.is_alive():  # its thread ended: back to the pool
+                with self._lock, box.lock:
+                    if box.depth == 0 and not box.adopted:
+                        box.owner, box.owner_thread = 0, None
+                        self._free.append(box)
+        with self._lock:
+            return SWEEP_S if len(self._free) < len(self._all) else None
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            boxes, self._all, self._free = list(self._all), [], []
+        for box in boxes:
+            box.close()
+
+
+@contextmanager
+def _interrupts_deferred() -> Iterator[None]:
+    """On the main thread, hold Ctrl-C (SIGINT) until the block is done, then deliver it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    try:
+        previous = signal.getsignal(signal.SIGINT)
+        if not callable(previous):
+            raise ValueError
+        caught: list[Any] = []
+        signal.signal(signal.SIGINT, lambda signum, frame: caught.append(frame))
+    except ValueError:  # no Python handler to defer (ignored, or not ours to swap)
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught:
+            previous(signal.SIGINT, caught[0])
