@@ -176,14 +176,17 @@ class Transport:
                     self._outs[address] = entry
         return entry
 
-    def send(self, address: str, msg: Message, local: bool = False) -> None:
-        self._send_frames(address, self.encode(msg, local))
+    def send(self, address: str, msg: Message, local: bool = False, wait: bool = True) -> zmq.MessageTracker | None:
+        """Send ``msg``. With buffers, ZeroMQ sends them from the caller's memory: by default this
+        waits until it let go of them (value semantics); ``wait=False`` returns the tracker instead,
+        for the caller to :meth:`wait_sent` once it released its locks."""
+        return self._send_frames(address, self.encode(msg, local), wait)
 
-    def send_raw(self, address: str, frames: Sequence[Any]) -> None:
+    def send_raw(self, address: str, frames: Sequence[Any], wait: bool = True) -> zmq.MessageTracker | None:
         """Forward frames already signed by someone else (agents relay casts without re-signing)."""
-        self._send_frames(address, list(frames))
+        return self._send_frames(address, list(frames), wait)
 
-    def _send_frames(self, address: str, frames: list[Any]) -> None:
+    def _send_frames(self, address: str, frames: list[Any], wait: bool) -> zmq.MessageTracker | None:
         sock, lock = self._out(address)
         tracker = None
         with lock:
@@ -198,13 +201,21 @@ class Transport:
                 self._discard(address, sock)
                 raise
         self.stats.sent += 1
-        if tracker is not None:
-            # value semantics: once send returns, the caller may change its tensors. A peer that
-            # never reads (it died) must not block us forever: its message is lost anyway.
-            try:
-                tracker.wait(BUFFER_SEND_WAIT)
-            except zmq.NotDone:
-                pass
+        if tracker is not None and wait:
+            self.wait_sent(tracker)
+            return None
+        return tracker
+
+    @staticmethod
+    def wait_sent(tracker: zmq.MessageTracker | None) -> None:
+        """Value semantics: once this returns, the sender may change its tensors. A peer that never
+        reads (it died) must not block us forever: its message is lost anyway."""
+        if tracker is None:
+            return
+        try:
+            tracker.wait(BUFFER_SEND_WAIT)
+        except zmq.NotDone:
+            pass
 
     def _discard(self, address: str, sock: zmq.Socket[Any]) -> None:
         with self._outs_lock:

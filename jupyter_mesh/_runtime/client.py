@@ -33,6 +33,7 @@ from ..errors import (
     SerializationError,
     SupervisionError,
 )
+from . import interrupts
 from .pending import BROKEN, DIRECT, GATHER, NO_REPLY, OK, Pending, Stream, remote_failure
 from .replies import ReplyBox, ReplyBoxes
 from .supervision import Supervision
@@ -283,7 +284,9 @@ class Client(Supervision):
             self._send_cast(mesh, ranks, header, payload, bufs, p)
             return self._iter_stream(p, mesh._actor_id)
         header["rm"] = GATHER
-        self._reply_in_box(header, p)
+        box = self.boxes.for_call() if self.boxes is not None else None
+        if box is not None:
+            self._reply_in_box(header, p, box)
         self._send_cast(mesh, ranks, header, payload, bufs, p)
         return fut
 
@@ -298,29 +301,37 @@ class Client(Supervision):
     ) -> None:
         ref = mesh._ref
         hosts = sorted({ref.rank_host[r] for r in ranks})
-        with self._lock:
-            # checked again under the lock: a rank may have failed while the arguments were pickled
-            err = self._blocked(ref, ranks, f"calling {mesh._class_name}.{header.get('m', '__init__')}")
-            if err is not None:
-                if p is None:
-                    raise err
-                assert p.future is not None
-                p.future._set_exception(err)
-                return
-            header["i"] = self._register(p) if p is not None else 0
-            header["q"] = self._seqs(mesh, ranks)
-            sent = 0
-            try:
-                frames = self.transport.encode(Message(header, payload, bufs))
-                for h in hosts:
-                    self.transport.send_raw(ref.agent_addrs[h], frames)
-                    sent += 1
-            except BaseException:
-                if not sent:  # nobody got it: as if it never happened
-                    self._unseq(mesh, ranks)
-                    if p is not None:
-                        self._pending.pop(header["i"], None)
-                raise
+        trackers: list[Any] = []
+        held = interrupts.hold()  # Ctrl-C waits until the call is sent and counted, or known unsent
+        try:
+            with self._lock:
+                # checked again under the lock: a rank may have failed while the arguments were pickled
+                err = self._blocked(ref, ranks, f"calling {mesh._class_name}.{header.get('m', '__init__')}")
+                if err is not None:
+                    if p is None:
+                        raise err
+                    assert p.future is not None
+                    p.future._set_exception(err)
+                    return
+                header["i"] = self._register(p) if p is not None else 0
+                header["q"] = self._seqs(mesh, ranks)
+                sent = 0
+                try:
+                    frames = self.transport.encode(Message(header, payload, bufs))
+                    for h in hosts:
+                        trackers.append(self.transport.send_raw(ref.agent_addrs[h], frames, wait=False))
+                        sent += 1
+                except BaseException:
+                    if not sent:  # nobody got it: as if it never happened
+                        self._unseq(mesh, ranks)
+                        if p is not None:
+                            self._pending.pop(header["i"], None)
+                    raise
+        finally:
+            if held:
+                interrupts.release()
+        for tracker in trackers:
+            self.transport.wait_sent(tracker)
         if p is not None and self.activity is not None:
             self.activity(ref.mesh_id, ranks, 1)
 
@@ -338,47 +349,55 @@ class Client(Supervision):
         if self.activity is not None:
             self.activity(ref.mesh_id, [rank], 1)
         fut._cf.add_done_callback(lambda _f: self._done_inflight(key))  # not fut's: that would detach it
-        with self._lock:
-            # checked again under the lock: the rank may have failed while the arguments were pickled
-            err = self._blocked(ref, [rank], f"calling {mesh._class_name}.{endpoint}")
-            if err is None:
-                call_id = self._register(p)
-                self._inflight[key] = self._inflight.get(key, 0) + 1
-                header = {
-                    "k": "c",
-                    "a": mesh._actor_id,
-                    "m": endpoint,
-                    "rk": rank,
-                    "s": self.address,
-                    "rm": DIRECT,
-                    "i": call_id,
-                    "q": self._seqs(mesh, [rank]),
-                }
-                self._reply_in_box(header, p)
-                if local:
-                    header["l"] = 1  # data plane: the reply may come back through shared memory too
-                try:
-                    address = self._actor_addr(ref, rank, mesh._actor_id)
-                    self.transport.send(address, Message(header, payload, bufs), local=local)
-                except BaseException as e:  # never sent (Ctrl-C, full /dev/shm): no gap, nothing pending
-                    self._unseq(mesh, [rank])
-                    self._pending.pop(call_id, None)
-                    err = MeshCancelledError(f"{mesh._class_name}.{endpoint} was not sent: {e!r}")
-                    if not isinstance(e, Exception):
-                        self._after_unsent(ref, rank, fut, err)
-                        raise
+        box = self.boxes.for_call() if self.boxes is not None else None
+        tracker = None
+        held = interrupts.hold()  # Ctrl-C waits until the call is sent and counted, or known unsent
+        try:
+            with self._lock:
+                # checked again under the lock: the rank may have failed while the arguments were pickled
+                err = self._blocked(ref, [rank], f"calling {mesh._class_name}.{endpoint}")
+                if err is None:
+                    call_id = self._register(p)
+                    self._inflight[key] = self._inflight.get(key, 0) + 1
+                    header = {
+                        "k": "c",
+                        "a": mesh._actor_id,
+                        "m": endpoint,
+                        "rk": rank,
+                        "s": self.address,
+                        "rm": DIRECT,
+                        "i": call_id,
+                        "q": self._seqs(mesh, [rank]),
+                    }
+                    if box is not None:
+                        self._reply_in_box(header, p, box)
+                    if local:
+                        header["l"] = 1  # data plane: the reply may come back through shared memory too
+                    try:
+                        address = self._actor_addr(ref, rank, mesh._actor_id)
+                        tracker = self.transport.send(address, Message(header, payload, bufs), local=local, wait=False)
+                    except BaseException as e:  # never sent (full /dev/shm, closed): no gap, nothing pending
+                        self._unseq(mesh, [rank])
+                        self._pending.pop(call_id, None)
+                        err = MeshCancelledError(f"{mesh._class_name}.{endpoint} was not sent: {e!r}")
+                        if not isinstance(e, Exception):
+                            self._after_unsent(ref, rank, fut, err)
+                            raise
+        finally:
+            if held:
+                interrupts.release()
+        self.transport.wait_sent(tracker)
         if err is not None:
             self._after_unsent(ref, rank, fut, err)
         return fut
 
-    def _reply_in_box(self, header: dict[str, Any], p: Pending) -> None:
+    @staticmethod
+    def _reply_in_box(header: dict[str, Any], p: Pending, box: ReplyBox) -> None:
         """Have the reply sent to this thread's box, so a ``get()`` here reads it without a hand-over."""
-        box = self.boxes.for_call() if self.boxes is not None else None
-        if box is not None:
-            header["rt"] = box.address
-            p.box = box
-            assert p.future is not None
-            p.future._driver = box
+        header["rt"] = box.address
+        p.box = box
+        assert p.future is not None
+        p.future._driver = box
 
     def _busy_boxes(self) -> set[ReplyBox]:
         with self._lock:

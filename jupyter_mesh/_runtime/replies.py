@@ -23,17 +23,16 @@ from __future__ import annotations
 
 import queue
 import secrets
-import signal
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import zmq
 
 from .._transport import Message, Transport
+from . import interrupts
 
 if TYPE_CHECKING:
     from .._future import Future
@@ -109,7 +108,8 @@ class ReplyBox:
     # -- owner side ---------------------------------------------------------------------------------
     def _read_one(self) -> None:
         transport = self._boxes.transport
-        with _interrupts_deferred():  # a reply taken off the socket is always dispatched
+        held = interrupts.hold()  # a reply taken off the socket is always dispatched
+        try:
             try:
                 frames = Transport.recv_frames(self.sock, zmq.NOBLOCK)
             except zmq.Again:
@@ -119,6 +119,9 @@ class ReplyBox:
             msg = transport.decode(frames)
             if msg is not None:
                 self._boxes.dispatch(msg)
+        finally:
+            if held:
+                interrupts.release()
 
     def close(self) -> None:
         with self._bell_lock:
@@ -163,6 +166,7 @@ class ReplyBoxes:
             with box.lock:
                 box.owner, box.owner_thread = ident, weakref.ref(threading.current_thread())
                 box.adopted = box.adopt_asked = False
+        self.transport.wake()  # the receive thread sweeps while boxes are out (rare: a box is kept)
         return box
 
     def adopt(self, box: ReplyBox) -> None:
@@ -220,26 +224,3 @@ class ReplyBoxes:
             boxes, self._all, self._free = list(self._all), [], []
         for box in boxes:
             box.close()
-
-
-@contextmanager
-def _interrupts_deferred() -> Iterator[None]:
-    """On the main thread, hold Ctrl-C (SIGINT) until the block is done, then deliver it."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    try:
-        previous = signal.getsignal(signal.SIGINT)
-        if not callable(previous):
-            raise ValueError
-        caught: list[Any] = []
-        signal.signal(signal.SIGINT, lambda signum, frame: caught.append(frame))
-    except ValueError:  # no Python handler to defer (ignored, or not ours to swap)
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if caught:
-            previous(signal.SIGINT, caught[0])
