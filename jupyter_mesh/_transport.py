@@ -34,6 +34,7 @@ log = logging.getLogger("jupyter_mesh.transport")
 PROTOCOL_VERSION = 1
 BUFFER_SEND_WAIT = 30.0  # seconds a send waits for ZeroMQ to let go of the caller's buffers
 _SIG_LEN = 32
+_SNDMORE = int(zmq.SNDMORE)
 
 
 @dataclass
@@ -137,7 +138,9 @@ class Transport:
             if len(frames) < 3:
                 self.stats.dropped_malformed += 1
                 return None
-            sig, header, payload = (_bytes(f) for f in frames[:3])
+            sig, header, payload = frames[0], frames[1], frames[2]
+            if type(sig) is not bytes or type(header) is not bytes or type(payload) is not bytes:
+                sig, header, payload = _bytes(sig), _bytes(header), _bytes(payload)
             if len(sig) != _SIG_LEN or not hmac.compare_digest(sig, self._sign(header, payload)):
                 self.stats.dropped_bad_signature += 1
                 return None
@@ -193,8 +196,10 @@ class Transport:
             try:
                 if len(frames) > 3:  # buffers go without a copy; we wait below until ZeroMQ is done
                     tracker = sock.send_multipart(frames, copy=False, track=True)
-                else:
-                    sock.send_multipart(frames)
+                else:  # frame by frame with a plain int flag: send_multipart's enum arithmetic costs ~2 us
+                    for f in frames[:-1]:
+                        sock.send(f, _SNDMORE)
+                    sock.send(frames[-1])
             except BaseException:
                 # interrupted half-way (Ctrl-C between frames): the socket would glue the rest of
                 # this message to the next one, so it goes and a fresh one is made on next use

@@ -81,7 +81,7 @@ def test_replies_nobody_waits_for_are_still_taken_in(procs):
     fut = s.slice(gpus=3).nap.call_one(0.2)
     assert procs.state().ranks[3].state.value == "busy"
     assert _until(lambda: procs.state().ranks[3].state.value == "idle", 5.0)
-    assert fut._driver.adopted or fut._cf.done()
+    assert fut._driver.adopted or fut._done()
     assert fut.get(timeout=1) == "finished"
 
 
@@ -168,7 +168,7 @@ while time.monotonic() < end:
         lost += 1
     # one actor answers in order over one connection: in the same box f1's reply came before f2's
     # (a box the receive thread took over in between is read by it, in its own time)
-    if f1._driver is f2._driver and not f1._cf.done():
+    if f1._driver is f2._driver and not f1._done():
         lost += 1
     rounds += 1
 stop.set()

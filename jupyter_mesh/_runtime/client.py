@@ -83,7 +83,6 @@ class Client(Supervision):
         # proc's address, so a respawned rank (a new proc, a new address) never gets a stale inbox.
         self._actor_inbox: dict[str, dict[str, str]] = {}
         self._deferred: list[tuple[Pending, str]] = []  # cancels asked for by finalizers
-        self._inflight: dict[tuple[str, int], int] = {}
         self._failed: dict[tuple[str, int], Failure] = {}
         self._stopped: set[str] = set()
         # (mesh_id, ranks, +1 | -1): calls to ranks started / finished; the controller tracks busy/idle
@@ -336,29 +335,30 @@ class Client(Supervision):
             self.activity(ref.mesh_id, ranks, 1)
 
     def call_rank(self, mesh: ActorMesh[Any], rank: int, endpoint: str, args: Any, kwargs: Any) -> Future[Any]:
+        # the latency path (W2): keep it lean
         ref = mesh._ref
-        self._check_targets(ref, [rank], f"calling {mesh._class_name}.{endpoint}")
+        what = f"{mesh._class_name}.{endpoint}"
+        context = "calling " + what
+        self._check_targets(ref, [rank], context)
         payload, bufs = self._encode_args(mesh, endpoint, args, kwargs)
-        fut: Future[Any] = Future(f"{mesh._class_name}.{endpoint}")
+        fut: Future[Any] = Future(what)
         p = Pending(fut, ref.mesh_id, "one", mesh._name, endpoint, None, [rank], {rank}, ref=ref)
+        p.actor_id = mesh._actor_id
         fut._on_cancel = lambda: self._cancel(p, mesh._actor_id)
-        key = (mesh._actor_id, rank)
         local = _same_host(ref, rank)
         # all bookkeeping before the send: after it this thread should only wait, leaving the CPU
         # to the message's way there and back (on 2 cores that is measurable)
         if self.activity is not None:
             self.activity(ref.mesh_id, [rank], 1)
-        fut._cf.add_done_callback(lambda _f: self._done_inflight(key))  # not fut's: that would detach it
         box = self.boxes.for_call() if self.boxes is not None else None
         tracker = None
         held = interrupts.hold()  # Ctrl-C waits until the call is sent and counted, or known unsent
         try:
             with self._lock:
                 # checked again under the lock: the rank may have failed while the arguments were pickled
-                err = self._blocked(ref, [rank], f"calling {mesh._class_name}.{endpoint}")
+                err = self._blocked(ref, [rank], context)
                 if err is None:
                     call_id = self._register(p)
-                    self._inflight[key] = self._inflight.get(key, 0) + 1
                     header = {
                         "k": "c",
                         "a": mesh._actor_id,
@@ -379,7 +379,7 @@ class Client(Supervision):
                     except BaseException as e:  # never sent (full /dev/shm, closed): no gap, nothing pending
                         self._unseq(mesh, [rank])
                         self._pending.pop(call_id, None)
-                        err = MeshCancelledError(f"{mesh._class_name}.{endpoint} was not sent: {e!r}")
+                        err = MeshCancelledError(f"{what} was not sent: {e!r}")
                         if not isinstance(e, Exception):
                             self._after_unsent(ref, rank, fut, err)
                             raise
@@ -416,14 +416,6 @@ class Client(Supervision):
         if failure is not None:
             raise SupervisionError([failure], context)
 
-    def _done_inflight(self, key: tuple[str, int]) -> None:
-        with self._lock:
-            n = self._inflight.get(key, 1) - 1
-            if n:
-                self._inflight[key] = n
-            else:
-                self._inflight.pop(key, None)
-
     def choose(self, mesh: ActorMesh[Any], endpoint: str, args: Any, kwargs: Any) -> Future[Any]:
         alive = [r for r in mesh._shape.ranks() if (mesh._ref.mesh_id, r) not in self._failed]
         if not alive:
@@ -431,7 +423,12 @@ class Client(Supervision):
         start = next(self._ids)  # rotate ties so equal loads spread out
         n = len(alive)
         order = alive[start % n :] + alive[: start % n]
-        rank = min(order, key=lambda r: self._inflight.get((mesh._actor_id, r), 0))
+        with self._lock:  # calls in flight from here, per rank of this actor mesh (O(pending): choose is rare)
+            load: dict[int, int] = {}
+            for q in self._pending.values():
+                if q.mode == "one" and q.actor_id == mesh._actor_id:
+                    load[q.ranks[0]] = load.get(q.ranks[0], 0) + 1
+        rank = min(order, key=lambda r: load.get(r, 0))
         return self.call_rank(mesh, rank, endpoint, args, kwargs)
 
     def _iter_stream(self, p: Pending, actor_id: str) -> Iterator[Future[Any]]:

@@ -93,6 +93,7 @@ class ActorHost:
         self._current: tuple[str, int] | None = None
         self._task: asyncio.Task[Any] | None = None
         self._cancelled: set[tuple[str, int]] = set()
+        self._interrupted = False  # an async KeyboardInterrupt was aimed at this thread
         self.thread = threading.Thread(target=self._main, name=f"actor-{name}", daemon=True)
         self.thread.start()
 
@@ -106,6 +107,7 @@ class ActorHost:
             if self._task is not None:
                 self.loop.call_soon_threadsafe(self._task.cancel)
             else:  # a sync endpoint: KeyboardInterrupt at its next Python instruction
+                self._interrupted = True
                 ctypes.pythonapi.PyThreadState_SetAsyncExc(
                     ctypes.c_ulong(self.thread.ident or 0), ctypes.py_object(KeyboardInterrupt)
                 )
@@ -280,8 +282,9 @@ class ActorHost:
     def _leave(self) -> None:
         with self._lock:
             self._current, self._task = None, None
-            if self.thread.ident:  # drop a KeyboardInterrupt that arrived too late
-                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.thread.ident), None)
+            if self._interrupted:  # drop a KeyboardInterrupt that arrived too late
+                self._interrupted = False
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.thread.ident or 0), None)
 
     async def _call(self, msg: Message, ep: EndpointDef[Any] | None) -> None:
         """Run one call and reply. For a sync endpoint this coroutine never suspends, so the actor

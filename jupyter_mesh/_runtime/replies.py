@@ -77,7 +77,7 @@ class ReplyBox:
             return timeout
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            while not fut._cf.done():
+            while not fut._done():
                 wait_ms = -1
                 if deadline is not None:
                     wait_ms = int(max(0.0, deadline - time.monotonic()) * 1000)
