@@ -3,8 +3,9 @@
     python benchmarks/bench_core.py [--quick]
 
 W1  spawn 4 procs with torch preloaded until all answer (cold: fresh program; warm: template ready)
-W2  no-op call_one round trip, p50/p99 over 2000 calls
+W2  no-op call_one round trip, p50/p99 over 2000 calls (and its ratio to the floor)
 W3  call on 4 actors + gather, p50/p99 over 500 rounds
+    W2, W3 and the floor are measured in interleaved blocks, so drift in the VM's speed hits all alike
 W4  64 MiB float32 tensor as argument, echoed back: GB/s = 2 x 64 MiB / round trip
 floor  bare pyzmq DEALER/ROUTER round trip between two processes (msgpack header + pickled args)
 Not a test: nothing here asserts a timing.
@@ -19,6 +20,7 @@ import statistics
 import subprocess
 import sys
 import time
+from typing import Any
 
 import msgpack
 import zmq
@@ -92,32 +94,54 @@ while True:
 """
 
 
-def floor(n: int) -> dict[str, float]:
-    srv = subprocess.Popen([sys.executable, "-c", _FLOOR_SERVER], stdout=subprocess.PIPE, text=True)
-    port = int(srv.stdout.readline())  # type: ignore[union-attr]
-    ctx = zmq.Context()
-    s = ctx.socket(zmq.DEALER)
-    s.connect(f"tcp://127.0.0.1:{port}")
-    lat = []
-    for i in range(n + 200):
-        t0 = time.perf_counter()
-        s.send_multipart([msgpack.packb({"k": "c", "i": i, "m": "noop"}), pickle.dumps(((), {}))])
-        h, p = s.recv_multipart()
-        msgpack.unpackb(h)
-        pickle.loads(p)
-        if i >= 200:
+class Floor:
+    """The bare pyzmq round trip, kept running so its blocks interleave with W2's: the VM's speed
+    drifts during a run, so a ratio is only fair between samples taken side by side."""
+
+    def __init__(self) -> None:
+        self.srv = subprocess.Popen([sys.executable, "-c", _FLOOR_SERVER], stdout=subprocess.PIPE, text=True)
+        port = int(self.srv.stdout.readline())  # type: ignore[union-attr]
+        self.ctx = zmq.Context()
+        self.s = self.ctx.socket(zmq.DEALER)
+        self.s.connect(f"tcp://127.0.0.1:{port}")
+        self.i = 0
+        self.block(200)  # warm-up
+
+    def block(self, n: int) -> list[float]:
+        lat = []
+        for _ in range(n):
+            self.i += 1
+            t0 = time.perf_counter()
+            self.s.send_multipart([msgpack.packb({"k": "c", "i": self.i, "m": "noop"}), pickle.dumps(((), {}))])
+            h, p = self.s.recv_multipart()
+            msgpack.unpackb(h)
+            pickle.loads(p)
             lat.append(time.perf_counter() - t0)
-    s.send_multipart([msgpack.packb({"stop": 1}), pickle.dumps(None)])
-    srv.wait(10)
-    s.close(0)
-    ctx.term()
-    return {"p50_us": us(pct(lat, 0.5)), "p99_us": us(pct(lat, 0.99)), "n": n}
+        return lat
+
+    def stop(self) -> None:
+        self.s.send_multipart([msgpack.packb({"stop": 1}), pickle.dumps(None)])
+        self.srv.wait(10)
+        self.s.close(0)
+        self.ctx.term()
+
+
+def timed(fn: Any, n: int) -> list[float]:
+    lat = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        lat.append(time.perf_counter() - t0)
+    return lat
+
+
+def stats(lat: list[float]) -> dict[str, float]:
+    return {"p50_us": us(pct(lat, 0.5)), "p99_us": us(pct(lat, 0.99)), "n": len(lat)}
 
 
 def main() -> None:
     quick = "--quick" in sys.argv
     results: dict[str, object] = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]}}
-    results["floor_pyzmq_roundtrip"] = floor(2000)
     results["W1_spawn_4_procs_with_torch"] = w1(1 if quick else 3)
 
     host = this_host()
@@ -125,24 +149,27 @@ def main() -> None:
     b = procs.spawn("bench", Bench)
     b.initialized.get(timeout=30)
     one = b.slice(gpus=0)
+    floor = Floor()
 
-    for _ in range(300):
+    def w2() -> None:
         one.noop.call_one().get()
-    lat = []
-    for _ in range(2000):
-        t0 = time.perf_counter()
-        one.noop.call_one().get()
-        lat.append(time.perf_counter() - t0)
-    results["W2_call_one_noop"] = {"p50_us": us(pct(lat, 0.5)), "p99_us": us(pct(lat, 0.99)), "n": 2000}
 
-    for _ in range(100):
+    def w3() -> None:
         b.noop.call().get()
-    lat = []
-    for _ in range(500):
-        t0 = time.perf_counter()
-        b.noop.call().get()
-        lat.append(time.perf_counter() - t0)
-    results["W3_call_4_actors_gather"] = {"p50_us": us(pct(lat, 0.5)), "p99_us": us(pct(lat, 0.99)), "n": 500}
+
+    timed(w2, 300)
+    timed(w3, 100)
+    floor_lat: list[float] = []
+    w2_lat: list[float] = []
+    w3_lat: list[float] = []
+    for _ in range(5):  # interleaved blocks: floor, W2, W3
+        floor_lat += floor.block(400)
+        w2_lat += timed(w2, 400)
+        w3_lat += timed(w3, 100)
+    floor.stop()
+    results["floor_pyzmq_roundtrip"] = stats(floor_lat)
+    results["W2_call_one_noop"] = {**stats(w2_lat), "x_floor_p50": round(pct(w2_lat, 0.5) / pct(floor_lat, 0.5), 2)}
+    results["W3_call_4_actors_gather"] = stats(w3_lat)
 
     import torch
 

@@ -31,10 +31,16 @@ A = TypeVar("A", bound=Actor)
 _names = itertools.count()
 
 
-def _client() -> Client:
-    from ._runtime.client import current_client
+_current_client: Callable[[], Client] | None = None
 
-    return current_client()
+
+def _client() -> Client:
+    global _current_client
+    if _current_client is None:  # imported on first use: the core imports no runtime at import time
+        from ._runtime.client import current_client
+
+        _current_client = current_client
+    return _current_client()
 
 
 def _new_id(prefix: str) -> str:

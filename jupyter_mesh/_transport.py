@@ -35,6 +35,7 @@ PROTOCOL_VERSION = 1
 BUFFER_SEND_WAIT = 30.0  # seconds a send waits for ZeroMQ to let go of the caller's buffers
 _SIG_LEN = 32
 _SNDMORE = int(zmq.SNDMORE)
+_per_thread = threading.local()
 
 
 @dataclass
@@ -71,6 +72,7 @@ class Transport:
         if not bind.startswith("tcp://"):
             raise ValueError(f"bind must be tcp://<interface>, not {bind!r}")
         self._key = key
+        self._keyed: Any = _hmac_state(key)
         self.shm_prefix = _shm.session_prefix(key)  # data plane: same-host segments of this session
         self._ctx = zmq.Context()
         self._bind = bind
@@ -116,9 +118,10 @@ class Transport:
 
     # -- signing --------------------------------------------------------------------------------------
     def _sign(self, header: bytes, payload: bytes | memoryview) -> bytes:
-        h = hmac.new(self._key, header, hashlib.sha256)
+        h = self._keyed.copy()  # the key's HMAC state, set up once (~1 us less per message)
+        h.update(header)
         h.update(payload)
-        return h.digest()
+        return h.digest()  # type: ignore[no-any-return]
 
     def encode(self, msg: Message, local: bool = False) -> list[Any]:
         """Sign and frame. ``local``: the peer is on this host, so large buffers go through shared
@@ -128,8 +131,13 @@ class Transport:
             if entries:
                 msg.header["sh"] = entries
         msg.header["v"] = PROTOCOL_VERSION
-        msg.header["nb"] = [memoryview(b).nbytes for b in msg.buffers]
-        header = msgpack.packb(msg.header, use_bin_type=True)
+        msg.header["nb"] = [memoryview(b).nbytes for b in msg.buffers] if msg.buffers else []
+        packer = getattr(_per_thread, "packer", None)
+        if packer is None:  # a Packer per thread: msgpack.packb builds one per call
+            packer = _per_thread.packer = msgpack.Packer(use_bin_type=True)
+        header = packer.pack(msg.header)
+        if not msg.buffers:
+            return [self._sign(header, msg.payload), header, msg.payload]
         return [self._sign(header, msg.payload), header, msg.payload, *msg.buffers]
 
     def decode(self, frames: Sequence[Any]) -> Message | None:
@@ -359,6 +367,16 @@ class Transport:
                 if not sock.closed:
                     sock.close(linger=0)
         self._ctx.term()
+
+
+def _hmac_state(key: bytes) -> Any:
+    """HMAC-SHA256 keyed with ``key`` and nothing hashed yet; ``copy()`` it per message."""
+    try:
+        import _hashlib  # OpenSSL's HMAC object: its copy() is the cheapest way to a keyed state
+
+        return _hashlib.hmac_new(key, b"", "sha256")
+    except (ImportError, AttributeError, ValueError):
+        return hmac.new(key, digestmod=hashlib.sha256)
 
 
 def _bytes(f: Any) -> bytes:

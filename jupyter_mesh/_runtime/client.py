@@ -116,6 +116,12 @@ class Client(Supervision):
 
     def _blocked(self, ref: ProcMeshRef, ranks: list[int], context: str) -> MeshError | None:
         """Why a call to ``ranks`` cannot run now (stopped, shrunk away, failed), or None."""
+        if (
+            not self._failed
+            and ref.mesh_id not in self._stopped
+            and (ranks[0] if len(ranks) == 1 else max(ranks, default=0)) < len(ref.proc_addrs)
+        ):
+            return None  # the common case, cheaply
         if ref.mesh_id in self._stopped:
             return MeshClosedError(f"proc mesh '{ref.name}' was stopped; {context} cannot run. Spawn a new proc mesh.")
         gone = [r for r in ranks if r >= len(ref.proc_addrs)]
@@ -150,6 +156,10 @@ class Client(Supervision):
 
     def _seqs(self, mesh: ActorMesh[Any], ranks: list[int]) -> int | list[int]:
         arr = self._seq.get(mesh._actor_id)
+        if arr is not None and len(ranks) == 1 and ranks[0] < len(arr):  # call_one, choose
+            seq = arr[ranks[0]]
+            arr[ranks[0]] = seq + 1
+            return seq
         if arr is None:
             arr = self._seq[mesh._actor_id] = [0] * len(mesh._ref.proc_addrs)
             self._actor_mesh[mesh._actor_id] = mesh._ref.mesh_id
