@@ -8,6 +8,7 @@ coordinates to those global ranks. Views never copy; they only compute ranks. Pu
 from __future__ import annotations
 
 import builtins
+import functools
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -49,7 +50,11 @@ class Slice:
         return tuple(reversed(out))
 
     def ranks(self) -> list[int]:
-        return [self.rank_of(self.coords_of(i)) for i in range(len(self))]
+        return list(self._ranks)
+
+    @functools.cached_property
+    def _ranks(self) -> tuple[int, ...]:  # a view's ranks never change: computed once per call site's view
+        return tuple(self.rank_of(self.coords_of(i)) for i in range(len(self)))
 
     def index_of(self, rank: int) -> int | None:
         """Position of global ``rank`` in this slice's row-major order, or None if it is not in it."""

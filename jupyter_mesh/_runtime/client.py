@@ -467,11 +467,19 @@ class Client(Supervision):
             return
         pos, bpos = 0, 0
         payload = memoryview(msg.payload)
+        parts = []
         for rank, ok, plen, nbuf in h["n"]:
-            part = payload[pos : pos + plen]
-            self._add(p, h["i"], rank, ok, part, msg.buffers[bpos : bpos + nbuf])
+            parts.append((rank, ok, payload[pos : pos + plen], msg.buffers[bpos : bpos + nbuf]))
             pos += plen
             bpos += nbuf
+        if p.mode == "request" or p.stream_q is not None:
+            for rank, ok, part, bufs in parts:
+                self._add(p, h["i"], rank, ok, part, bufs)
+            return
+        # a host's replies at once: one pass under the lock, one activity update, one completion
+        self._record(
+            p, h["i"], [(rank, self._decode_outcome(p, rank, ok, part, bufs)) for rank, ok, part, bufs in parts]
+        )
 
     def _add(self, p: Pending, call_id: int, rank: int, ok: int, payload: Any, bufs: list[Any]) -> None:
         if p.mode == "request":
@@ -488,44 +496,62 @@ class Client(Supervision):
                 p.future._set_exception(value if isinstance(value, BaseException) else MeshError(str(value)))
             return
         outcome = self._decode_outcome(p, rank, ok, payload, bufs)
+        if p.mode != "stream":
+            self._record(p, call_id, [(rank, outcome)])
+            return
         with self._lock:
-            # replies may be dispatched on two threads at once (a caller reading its reply box, the
-            # receive thread reporting a failure): record each outcome before deciding completion
             if rank not in p.outstanding:
                 return
             p.outstanding.discard(rank)
-            # a broken rank dooms the whole call: fail it now, naming every broken rank it targets
-            doomed = isinstance(outcome, Failure) and outcome.kind in _PROC_DEATH and p.mode != "stream"
-            if p.mode != "stream":
+            if not p.outstanding:
+                self._pending.pop(call_id, None)
+        if self.activity is not None:
+            self.activity(p.mesh_id, [rank], -1)
+        assert p.stream_q is not None
+        f: Future[Any] = Future(p.endpoint)
+        if isinstance(outcome, RemoteFailure):
+            f._set_exception(ActorError([outcome], total=len(p.ranks)))
+        elif isinstance(outcome, Failure):
+            f._set_exception(SupervisionError([outcome], f"during {p.actor}.{p.endpoint}"))
+        else:
+            f._set_result(outcome)
+        p.stream_q.put(f)
+
+    def _record(self, p: Pending, call_id: int, outcomes: list[tuple[int, Any]]) -> None:
+        """Record ranks' outcomes of a call (not a stream); complete it when nothing is left, or at
+        once when a rank's proc died (the whole call is doomed: it names every broken rank).
+
+        Replies may be dispatched on two threads at once (a caller reading its reply box, the
+        receive thread reporting a failure): outcomes are recorded before completion is decided."""
+        with self._lock:
+            finished = []
+            deaths: dict[int, Failure] = {}
+            for rank, outcome in outcomes:
+                if rank not in p.outstanding:
+                    continue
+                p.outstanding.discard(rank)
+                finished.append(rank)
                 if isinstance(outcome, RemoteFailure):
                     p.raised.append(outcome)
                 elif isinstance(outcome, Failure):
                     p.broken.append(outcome)
+                    if outcome.kind in _PROC_DEATH:
+                        deaths[rank] = outcome
                 else:
                     p.values[rank] = outcome
-            done = not p.outstanding or doomed
+            if not finished:
+                return
+            done = not p.outstanding or bool(deaths)
             if done:
                 self._pending.pop(call_id, None)
-            finished = [rank]
-            if doomed:
+            if deaths:
                 known = {r: self._failed[(p.mesh_id, r)] for r in p.ranks if (p.mesh_id, r) in self._failed}
-                known[rank] = outcome
+                known.update(deaths)
                 p.broken = [known[r] for r in sorted(known)]
                 finished += sorted(p.outstanding)
                 p.outstanding.clear()
         if self.activity is not None:
             self.activity(p.mesh_id, finished, -1)
-        if p.mode == "stream":
-            assert p.stream_q is not None
-            f: Future[Any] = Future(p.endpoint)
-            if isinstance(outcome, RemoteFailure):
-                f._set_exception(ActorError([outcome], total=len(p.ranks)))
-            elif isinstance(outcome, Failure):
-                f._set_exception(SupervisionError([outcome], f"during {p.actor}.{p.endpoint}"))
-            else:
-                f._set_result(outcome)
-            p.stream_q.put(f)
-            return
         if done:
             self._complete(p)
 
