@@ -8,6 +8,7 @@ W3  call on 4 actors + gather, p50/p99 over 500 rounds
     W2, W3 and the floor are measured in interleaved blocks, so drift in the VM's speed hits all alike
 W4  64 MiB float32 tensor as argument, echoed back: GB/s = 2 x 64 MiB / round trip
 floor  bare pyzmq DEALER/ROUTER round trip between two processes (msgpack header + pickled args)
+fan-out floor  W3's topology in bare pyzmq: caller -> relay process -> 4 worker processes -> relay gathers
 Not a test: nothing here asserts a timing.
 """
 
@@ -126,6 +127,80 @@ class Floor:
         self.ctx.term()
 
 
+_FANOUT_WORKER = r"""
+import sys, zmq, msgpack, pickle
+ctx = zmq.Context(); inbox = ctx.socket(zmq.PULL); port = inbox.bind_to_random_port("tcp://127.0.0.1")
+print(port, flush=True)
+out = ctx.socket(zmq.PUSH); out.connect(sys.argv[1])
+while True:
+    h, p = inbox.recv_multipart(); h = msgpack.unpackb(h); pickle.loads(p)
+    if h.get("stop"): break
+    out.send_multipart([msgpack.packb({"k": "r", "i": h["i"], "rk": int(sys.argv[2])}), pickle.dumps(None)])
+"""
+
+_FANOUT_RELAY = r"""
+import sys, zmq, msgpack, pickle, subprocess
+ctx = zmq.Context(); inbox = ctx.socket(zmq.PULL); port = inbox.bind_to_random_port("tcp://127.0.0.1")
+me = f"tcp://127.0.0.1:{port}"
+workers = [subprocess.Popen([sys.executable, "-c", sys.argv[1], me, str(r)], stdout=subprocess.PIPE, text=True)
+           for r in range(4)]
+outs = []
+for w in workers:
+    s = ctx.socket(zmq.PUSH); s.connect(f"tcp://127.0.0.1:{int(w.stdout.readline())}"); outs.append(s)
+print(port, flush=True)
+back = None; got = []
+while True:
+    h, p = inbox.recv_multipart(); hd = msgpack.unpackb(h)
+    if hd["k"] == "c":
+        if back is None:
+            back = ctx.socket(zmq.PUSH); back.connect(hd["s"])
+        for s in outs: s.send_multipart([h, p])
+        if hd.get("stop"): break
+    else:
+        got.append(p)
+        if len(got) == 4:
+            back.send_multipart([msgpack.packb({"k": "g", "i": hd["i"]}), b"".join(got)]); got = []
+for w in workers: w.wait()
+"""
+
+
+class FanoutFloor:
+    """W3's topology in bare pyzmq: the caller sends to a relay process, which sends to 4 worker
+    processes and gathers their replies into one (what a host agent does). No signing, no actors:
+    the cost of the processes, sockets and thread wake-ups alone on this machine."""
+
+    def __init__(self) -> None:
+        self.relay = subprocess.Popen(
+            [sys.executable, "-c", _FANOUT_RELAY, _FANOUT_WORKER], stdout=subprocess.PIPE, text=True
+        )
+        port = int(self.relay.stdout.readline())  # type: ignore[union-attr]
+        self.ctx = zmq.Context()
+        self.inbox = self.ctx.socket(zmq.PULL)
+        self.me = f"tcp://127.0.0.1:{self.inbox.bind_to_random_port('tcp://127.0.0.1')}"
+        self.out = self.ctx.socket(zmq.PUSH)
+        self.out.connect(f"tcp://127.0.0.1:{port}")
+        self.i = 0
+        self.block(100)
+
+    def block(self, n: int) -> list[float]:
+        lat = []
+        for _ in range(n):
+            self.i += 1
+            t0 = time.perf_counter()
+            self.out.send_multipart([msgpack.packb({"k": "c", "i": self.i, "s": self.me}), pickle.dumps(((), {}))])
+            h, _ = self.inbox.recv_multipart()
+            msgpack.unpackb(h)
+            lat.append(time.perf_counter() - t0)
+        return lat
+
+    def stop(self) -> None:
+        self.out.send_multipart([msgpack.packb({"k": "c", "i": -1, "s": self.me, "stop": 1}), pickle.dumps(None)])
+        self.relay.wait(10)
+        self.inbox.close(0)
+        self.out.close(0)
+        self.ctx.term()
+
+
 def timed(fn: Any, n: int) -> list[float]:
     lat = []
     for _ in range(n):
@@ -150,6 +225,7 @@ def main() -> None:
     b.initialized.get(timeout=30)
     one = b.slice(gpus=0)
     floor = Floor()
+    fanout = FanoutFloor()
 
     def w2() -> None:
         one.noop.call_one().get()
@@ -160,16 +236,23 @@ def main() -> None:
     timed(w2, 300)
     timed(w3, 100)
     floor_lat: list[float] = []
+    fanout_lat: list[float] = []
     w2_lat: list[float] = []
     w3_lat: list[float] = []
-    for _ in range(5):  # interleaved blocks: floor, W2, W3
+    for _ in range(5):  # interleaved blocks: floor, W2, fan-out floor, W3
         floor_lat += floor.block(400)
         w2_lat += timed(w2, 400)
+        fanout_lat += fanout.block(100)
         w3_lat += timed(w3, 100)
     floor.stop()
+    fanout.stop()
     results["floor_pyzmq_roundtrip"] = stats(floor_lat)
     results["W2_call_one_noop"] = {**stats(w2_lat), "x_floor_p50": round(pct(w2_lat, 0.5) / pct(floor_lat, 0.5), 2)}
-    results["W3_call_4_actors_gather"] = stats(w3_lat)
+    results["floor_pyzmq_fanout_4_gather"] = stats(fanout_lat)
+    results["W3_call_4_actors_gather"] = {
+        **stats(w3_lat),
+        "x_fanout_floor_p50": round(pct(w3_lat, 0.5) / pct(fanout_lat, 0.5), 2),
+    }
 
     import torch
 
