@@ -194,3 +194,14 @@ def test_ctrl_c_while_reading_replies_loses_none(host):
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert r["interrupts"] > 50 and r["rounds"] > 50, r
     assert r["lost"] == 0 and r["ok"] == 0, r
+
+
+def test_the_receive_thread_sleeps_when_nothing_is_in_flight(procs):
+    """Sweeping is for replies in flight: with none, the receive thread gets no periodic wake-ups."""
+    c = procs.spawn("c", Counter, 0)
+    for _ in range(20):
+        c.slice(gpus=0).value.call_one().get(timeout=5)
+    c.value.call().get(timeout=5)
+    boxes = current_client().boxes
+    assert boxes is not None
+    assert _until(lambda: not boxes._sweeping, 2.0)

@@ -297,6 +297,8 @@ class Client(Supervision):
         if box is not None:
             self._reply_in_box(header, p, box)
         self._send_cast(mesh, ranks, header, payload, bufs, p)
+        if self.boxes is not None and box is not None:
+            self.boxes.sent()
         return fut
 
     def _send_cast(
@@ -396,6 +398,8 @@ class Client(Supervision):
         finally:
             if held:
                 interrupts.release()
+        if box is not None and self.boxes is not None and err is None:
+            self.boxes.sent()
         self.transport.wait_sent(tracker)
         if err is not None:
             self._after_unsent(ref, rank, fut, err)

@@ -14,7 +14,8 @@ Every box that replies may reach must be read by someone, or a future would neve
   given a callback, polled with ``done()`` or waited on by another thread; and by a sweep (every
   ``SWEEP_S``) when replies have been due for a while and nobody waits. An adopted box stays with the
   receive thread until its calls are all answered, then goes back to a pool; meanwhile its owner
-  takes another box.
+  takes another box. The receive thread sweeps only while some box has calls in flight; a call sent
+  while it sleeps wakes it (once: the sweeps go on until all is answered).
 
 ZeroMQ sockets are used by one thread at a time: who may read a box is decided under the box's lock.
 """
@@ -50,12 +51,14 @@ class ReplyBox:
         self._boxes = boxes
         inproc = f"inproc://jupyter-mesh-reply-{n}-{id(self):x}"
         self.sock, self.address = boxes.transport.bind_inbox(inproc)
+        self._poll_list = [(self.sock, zmq.POLLIN)]
         self.token = secrets.token_bytes(16)  # the doorbell's frame: wakes a waiting owner
         self._bell = boxes.transport.doorbell(inproc)
         self._bell_lock = threading.Lock()
         self.lock = threading.Lock()
         self.owner = 0  # thread ident; 0 while in the pool
         self.owner_thread: weakref.ref[threading.Thread] | None = None
+        self.holder: weakref.ref[_Held] | None = None  # dead once the owner thread let go of it
         self.depth = 0  # the owner is reading the box (nested get() calls count)
         self.adopted = False  # the receive thread reads it
         self.adopt_asked = False  # asked while the owner was reading: handed over when it stops
@@ -83,7 +86,8 @@ class ReplyBox:
                     wait_ms = int(max(0.0, deadline - time.monotonic()) * 1000)
                     if wait_ms == 0:
                         break
-                if self.sock.poll(wait_ms, zmq.POLLIN):  # Ctrl-C here loses nothing: nothing was read
+                # Ctrl-C here loses nothing: nothing was read (zmq_poll: Socket.poll builds a Poller)
+                if zmq.zmq_poll(self._poll_list, wait_ms):
                     self._read_one()
         finally:
             with self.lock:
@@ -129,6 +133,16 @@ class ReplyBox:
         self.sock.close(linger=0)
 
 
+class _Held:
+    """A thread's hold on its box, kept in the thread's locals: when the thread ends, this goes, and
+    a weakref callback wakes the receive thread to put the box back in the pool (or adopt it)."""
+
+    __slots__ = ("__weakref__", "box")
+
+    def __init__(self) -> None:
+        self.box: ReplyBox | None = None
+
+
 class ReplyBoxes:
     """The boxes of one client: one per calling thread, a pool, and the receive thread's part."""
 
@@ -141,18 +155,34 @@ class ReplyBoxes:
         self._handover: queue.SimpleQueue[ReplyBox] = queue.SimpleQueue()
         self._watched: set[ReplyBox] = set()
         self._closed = False
+        self._sweeping = False  # the receive thread will tick within SWEEP_S
 
     def for_call(self) -> ReplyBox | None:
         """The box the calling thread's next call should be answered in (None: use the inbox)."""
-        box: ReplyBox | None = getattr(self._mine, "box", None)
+        held: _Held | None = getattr(self._mine, "held", None)
+        box = held.box if held is not None else None
         ident = threading.get_ident()
         if box is None or box.owner != ident or box.adopted or box.adopt_asked:
-            box = self._mine.box = self._take(ident)
+            held = _Held()
+            box = self._take(ident, held)
+            self._mine.held = held if box is not None else None
         if box is not None:
             box.last_send = time.monotonic()
         return box
 
-    def _take(self, ident: int) -> ReplyBox | None:
+    def _let_go(self, _ref: Any) -> None:
+        try:
+            self.transport.wake()
+        except Exception:  # noqa: BLE001 - at interpreter exit there may be nothing left to wake
+            pass
+
+    def sent(self) -> None:
+        """After a call answered in a box was registered: make sure the receive thread sweeps."""
+        if not self._sweeping:
+            self._sweeping = True
+            self.transport.wake()
+
+    def _take(self, ident: int, held: _Held) -> ReplyBox | None:
         with self._lock:
             if self._closed:
                 return None
@@ -165,8 +195,9 @@ class ReplyBoxes:
                 return None
             with box.lock:
                 box.owner, box.owner_thread = ident, weakref.ref(threading.current_thread())
+                box.holder = weakref.ref(held, self._let_go)
                 box.adopted = box.adopt_asked = False
-        self.transport.wake()  # the receive thread sweeps while boxes are out (rare: a box is kept)
+            held.box = box
         return box
 
     def adopt(self, box: ReplyBox) -> None:
@@ -184,6 +215,7 @@ class ReplyBoxes:
     # -- receive thread -----------------------------------------------------------------------------
     def tick(self) -> float | None:
         """Called by ``Transport.serve`` on the receive thread; returns how soon to call again."""
+        self._sweeping = False  # before looking at the calls in flight: see sent()
         while True:
             try:
                 box = self._handover.get_nowait()
@@ -202,21 +234,24 @@ class ReplyBoxes:
                     self._watched.discard(box)
                     self.transport.unwatch(box.sock)
                     with self._lock, box.lock:
-                        box.owner, box.owner_thread, box.adopted = 0, None, False
+                        box.owner, box.owner_thread, box.adopted, box.holder = 0, None, False, None
                         self._free.append(box)
                 continue
             owner = box.owner_thread() if box.owner_thread is not None else None
-            if box.depth or (owner is not None and owner.is_alive() and now - box.last_send < SWEEP_S):
+            gone = owner is None or not owner.is_alive() or box.holder is None or box.holder() is None
+            if box.depth or (not gone and now - box.last_send < SWEEP_S):
                 continue
             if box in busy:  # replies due and nobody reading: take it
                 self.adopt(box)
-            elif owner is None or not owner.is_alive():  # its thread ended: back to the pool
+            elif gone:  # its thread ended (or took another box): back to the pool
                 with self._lock, box.lock:
                     if box.depth == 0 and not box.adopted:
-                        box.owner, box.owner_thread = 0, None
+                        box.owner, box.owner_thread, box.holder = 0, None, None
                         self._free.append(box)
-        with self._lock:
-            return SWEEP_S if len(self._free) < len(self._all) else None
+        if busy or self._watched or any(b.depth for b in self._all):
+            self._sweeping = True
+            return SWEEP_S
+        return None  # nothing in flight: sleep until a call is sent
 
     def close(self) -> None:
         with self._lock:
