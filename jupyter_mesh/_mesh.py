@@ -265,7 +265,8 @@ class ProcMesh(_MeshTrait):
     def subscribe(self, listener: Callable[[MeshEvent], None]) -> Callable[[], None]:
         """Call ``listener(event)`` on every change of this mesh; returns a function that unsubscribes.
 
-        Listeners run on the runtime's receive thread: keep them quick and non-blocking.
+        Listeners run on the runtime's threads (its receive thread, or a caller's thread while it reads
+        its own replies in ``get()``): keep them quick, non-blocking and thread-safe.
         """
         return self._controller.state.subscribe(listener, self._ref.mesh_id)
 

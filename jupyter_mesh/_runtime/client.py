@@ -5,7 +5,9 @@ It turns endpoint calls into signed messages and replies into futures:
 * ``call`` / ``stream`` / ``broadcast`` on a mesh of N procs over H hosts cost one send per host: the
   host's agent relays the (already signed) message to its procs and, for ``call``, gathers their
   replies into one message back.
-* ``call_one`` / ``choose`` go straight to the proc, which is what decides latency.
+* ``call_one`` / ``choose`` go straight to the actor's own inbox on its proc, which is what decides
+  latency; replies come back to the calling thread's reply box (``replies``), read by that thread
+  itself while it waits in ``get()``.
 * Every message from this process to an actor carries a per-rank sequence number, so a proc can
   restore send order across the two paths: messages from one sender to one actor run FIFO.
 """
@@ -460,7 +462,8 @@ class Client(Supervision):
 
     # -- replies ---------------------------------------------------------------------------------------
     def on_reply(self, msg: Message) -> None:
-        """Called on the receive thread for ``r`` (one rank) and ``g`` (gathered per host) messages."""
+        """For ``r`` (one rank) and ``g`` (gathered per host) replies: on the receive thread, or on a
+        caller's thread reading its reply box."""
         h = msg.header
         with self._lock:
             p = self._pending.get(h["i"])

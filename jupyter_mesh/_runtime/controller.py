@@ -1,8 +1,10 @@
 """The controller: the one process that owns the session, its agents and its meshes.
 
 It lives inside the user's program (a script or a Jupyter kernel). A daemon receive thread turns
-replies into future results and agent events (proc exits, worker output) into supervision and
-printed output; everything else runs on the caller's thread. One per process: ``Controller.get()``.
+agent events (proc exits, worker output) into supervision and printed output, and replies into
+future results unless the caller reads them itself (``replies``: a thread waiting in ``get()``
+reads its own reply box); everything else runs on the caller's thread. One per process:
+``Controller.get()``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The one place where the views of this process hear about mesh changes.
 
-The runtime calls listeners on its receive thread, once per change: a 256-proc spawn is 256 events
+The runtime calls listeners on its threads (the receive thread, or a caller reading its replies in
+``get()``), once per change: a 256-proc spawn is 256 events
 in a few milliseconds. The hub takes them there (cheap bookkeeping only), wakes one daemon thread,
 and that thread hands every view the snapshots of the meshes that changed, at most once per
 ``interval`` (0.1 s: ten frames a second). When nothing changes the thread sleeps on an event with
@@ -117,7 +118,7 @@ class Hub:
         states = self.source.states(include_stopped or mesh_id is not None)
         return [self._wire(s) for s in states if mesh_id is None or s.mesh_id == mesh_id]
 
-    # -- from the runtime (its receive thread: bookkeeping only) ----------------------------------
+    # -- from the runtime (its threads: bookkeeping only) ------------------------------------------
     def _on_event(self, ev: MeshEvent) -> None:
         with self._lock:
             if ev.kind == "failed" and ev.failure is not None:
