@@ -144,9 +144,7 @@ class Future(Generic[T]):
 
     def cancel(self) -> bool:
         """Stop waiting and ask the remote side to stop; False if the result was already there."""
-        if self._remote_cancelled or self._state == _VALUE:
-            return False
-        if self._state == _ERROR and not isinstance(self._value, MeshCancelledError):
+        if self._remote_cancelled or self._state != _PENDING:
             return False
         self._remote_cancelled = True
         self._set_exception(MeshCancelledError(f"{self._what} was cancelled"))
