@@ -299,7 +299,11 @@ class Transport:
                         continue
                 self._handle(frames, handler)
             if run_tick:
-                delay = tick()
+                try:
+                    delay = tick()
+                except Exception:  # the receive thread must survive a bug in its housekeeping
+                    log.exception("error in the receive thread's tick")
+                    delay = 0.05
                 due = None if delay is None else time.monotonic() + delay
 
     def _handle(self, frames: list[Any], handler: Callable[[Message, list[Any]], None]) -> None:

@@ -78,9 +78,11 @@ def test_await_callbacks_polling_and_other_threads_all_get_their_value(procs):
 def test_replies_nobody_waits_for_are_still_taken_in(procs):
     """A call fired and left alone: its reply is read anyway, so the rank shows idle again."""
     s = procs.spawn("s", Sleeper)
+    s.initialized.get(timeout=10)
+    assert _until(lambda: procs.state().ranks[3].state.value == "idle", 5.0), procs.state()
     fut = s.slice(gpus=3).nap.call_one(0.2)
-    assert procs.state().ranks[3].state.value == "busy"
-    assert _until(lambda: procs.state().ranks[3].state.value == "idle", 5.0)
+    assert procs.state().ranks[3].state.value == "busy", procs.state()
+    assert _until(lambda: procs.state().ranks[3].state.value == "idle", 5.0), (procs.state(), fut._driver.__dict__)
     assert fut._driver.adopted or fut._done()
     assert fut.get(timeout=1) == "finished"
 

@@ -22,7 +22,7 @@ import secrets
 import sys
 import threading
 import traceback
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -124,42 +124,49 @@ class ActorHost:
         _owner.host = self
         _set_context(self.runtime, self.name)
         set_current_client(self.runtime.client)
-        decode, seq_of = self.runtime.transport.decode, self.runtime.seq_of
         while True:
-            # tasks can be alive only if the loop ever ran, or a task was just created (it is then
-            # ready to run); checking that first spares asyncio.all_tasks (~2 us) on every message
-            if (
-                (self._used_loop or self.loop._ready)  # type: ignore[attr-defined]
-                and not self._has_mail()
-                and any(not t.done() for t in asyncio.all_tasks(self.loop))
-            ):
-                self._used_loop = True
-                self.loop.run_until_complete(self._run_tasks_until_mail())
             try:
-                frames = Transport.recv_frames(self._inbox)
-            except zmq.ZMQError:
-                return  # the proc is going away
-            if len(frames) == 1:
-                if frames[0] != self._bell_token:
-                    self.runtime.transport.stats.dropped_malformed += 1
-                    continue
-                while True:  # one ring may announce several messages (and later rings none)
-                    try:
-                        mail = self._mailbox.get_nowait()
-                    except queue.Empty:
-                        break
-                    self._in_order(mail, mail.header.get("_q"))
-                continue
-            msg = decode(frames)
-            if msg is None:
-                continue
-            h = msg.header
-            if h.get("k") != "c" or h.get("a") != self.actor_id:
+                if not self._serve_one():
+                    return  # the proc is going away
+            except BaseException:  # noqa: BLE001 - a bug here must not silently stop the actor
+                print(f"[{self.name}] internal error while receiving:\n{traceback.format_exc()}", file=sys.stderr)
+
+    def _serve_one(self) -> bool:
+        """Wait for the next message (running leftover tasks meanwhile) and handle it."""
+        # tasks can be alive only if the loop ever ran, or a task was just created (it is then
+        # ready to run); checking that first spares asyncio.all_tasks (~2 us) on every message
+        if (
+            (self._used_loop or self.loop._ready)  # type: ignore[attr-defined]
+            and not self._has_mail()
+            and any(not t.done() for t in asyncio.all_tasks(self.loop))
+        ):
+            self._used_loop = True
+            self.loop.run_until_complete(self._run_tasks_until_mail())
+        try:
+            frames = Transport.recv_frames(self._inbox)
+        except zmq.ZMQError:
+            return False
+        if len(frames) == 1:
+            if frames[0] != self._bell_token:
                 self.runtime.transport.stats.dropped_malformed += 1
-                continue
-            seq = seq_of(h)
-            if seq is not None:
-                self._in_order(msg, seq)
+                return True
+            while True:  # one ring may announce several messages (and later rings none)
+                try:
+                    mail = self._mailbox.get_nowait()
+                except queue.Empty:
+                    return True
+                self._in_order(mail, mail.header.get("_q"))
+        msg = self.runtime.transport.decode(frames)
+        if msg is None:
+            return True
+        h = msg.header
+        if h.get("k") != "c" or h.get("a") != self.actor_id:
+            self.runtime.transport.stats.dropped_malformed += 1
+            return True
+        seq = self.runtime.seq_of(h)
+        if seq is not None:
+            self._in_order(msg, seq)
+        return True
 
     def _has_mail(self) -> bool:
         events: int = self._inbox.getsockopt(zmq.EVENTS)  # type: ignore[assignment]
@@ -198,9 +205,9 @@ class ActorHost:
             ep = self.endpoints.get(msg.header["m"])
             if ep is not None and ep.is_async:
                 self._used_loop = True
-                self.loop.run_until_complete(self._call(msg, ep))
+                self.loop.run_until_complete(self._call_async(msg, ep))
             else:
-                _run_now(self._call(msg, ep))
+                self._call_sync(msg, ep)
 
     def _last_resort(self, h: dict[str, Any], e: BaseException) -> None:
         """Replying itself failed (a broken exception, a full /dev/shm...): release the caller with a
@@ -296,9 +303,8 @@ class ActorHost:
                 self._interrupted = False
                 ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.thread.ident or 0), None)
 
-    async def _call(self, msg: Message, ep: EndpointDef[Any] | None) -> None:
-        """Run one call and reply. For a sync endpoint this coroutine never suspends, so the actor
-        thread drives it by hand (``_run_now``) without an event-loop turn."""
+    def _call_sync(self, msg: Message, ep: EndpointDef[Any] | None) -> None:
+        """Run a sync endpoint (or report a missing one) and reply, on this thread, no event loop."""
         h = msg.header
         if not self._begin(h):
             return
@@ -308,11 +314,25 @@ class ActorHost:
                 args, kwargs = loads(msg.payload, msg.buffers)
                 if ep is None:
                     raise AttributeError(f"{type(self.instance).__qualname__} has no endpoint '{h['m']}'")
-                if ep.is_async:
-                    self._task = self.loop.create_task(ep.fn(self.instance, *args, **kwargs))
-                    result = await self._task
-                else:
-                    result = ep.fn(self.instance, *args, **kwargs)
+                result = ep.fn(self.instance, *args, **kwargs)
+            finally:
+                self._leave()
+        except BaseException as e:  # noqa: BLE001 - a raising endpoint must not kill the actor
+            self._respond_error(h, e)
+            return
+        self._respond(h, result)
+
+    async def _call_async(self, msg: Message, ep: EndpointDef[Any]) -> None:
+        """Run an ``async def`` endpoint as a task of this actor's loop (so a cancel reaches it)."""
+        h = msg.header
+        if not self._begin(h):
+            return
+        try:
+            self._enter(h)
+            try:
+                args, kwargs = loads(msg.payload, msg.buffers)
+                self._task = self.loop.create_task(ep.fn(self.instance, *args, **kwargs))
+                result = await self._task
             finally:
                 self._leave()
         except BaseException as e:  # noqa: BLE001 - a raising endpoint must not kill the actor
@@ -464,16 +484,6 @@ def _safe_str(e: BaseException) -> str:
         return str(e)
     except BaseException:  # noqa: BLE001 - an exception whose __str__ raises
         return f"<{type(e).__qualname__}: str() failed>"
-
-
-def _run_now(coro: Coroutine[Any, Any, None]) -> None:
-    """Run a coroutine that never suspends to its end, on this thread, without an event loop."""
-    try:
-        coro.send(None)
-    except StopIteration:
-        return
-    coro.close()
-    raise RuntimeError("a sync endpoint's call suspended; it must not await")
 
 
 def _exit(code: int) -> None:
