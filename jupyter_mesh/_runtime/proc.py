@@ -22,7 +22,7 @@ import secrets
 import sys
 import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import zmq
@@ -205,9 +205,9 @@ class ActorHost:
             ep = self.endpoints.get(msg.header["m"])
             if ep is not None and ep.is_async:
                 self._used_loop = True
-                self.loop.run_until_complete(self._call_async(msg, ep))
+                self.loop.run_until_complete(self._call(msg, ep))
             else:
-                self._call_sync(msg, ep)
+                _run_now(self._call(msg, ep))
 
     def _last_resort(self, h: dict[str, Any], e: BaseException) -> None:
         """Replying itself failed (a broken exception, a full /dev/shm...): release the caller with a
@@ -303,8 +303,9 @@ class ActorHost:
                 self._interrupted = False
                 ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.thread.ident or 0), None)
 
-    def _call_sync(self, msg: Message, ep: EndpointDef[Any] | None) -> None:
-        """Run a sync endpoint (or report a missing one) and reply, on this thread, no event loop."""
+    async def _call(self, msg: Message, ep: EndpointDef[Any] | None) -> None:
+        """Run one call and reply. For a sync endpoint this coroutine never suspends, so the actor
+        thread drives it by hand (``_run_now``) without an event-loop turn."""
         h = msg.header
         if not self._begin(h):
             return
@@ -314,25 +315,11 @@ class ActorHost:
                 args, kwargs = loads(msg.payload, msg.buffers)
                 if ep is None:
                     raise AttributeError(f"{type(self.instance).__qualname__} has no endpoint '{h['m']}'")
-                result = ep.fn(self.instance, *args, **kwargs)
-            finally:
-                self._leave()
-        except BaseException as e:  # noqa: BLE001 - a raising endpoint must not kill the actor
-            self._respond_error(h, e)
-            return
-        self._respond(h, result)
-
-    async def _call_async(self, msg: Message, ep: EndpointDef[Any]) -> None:
-        """Run an ``async def`` endpoint as a task of this actor's loop (so a cancel reaches it)."""
-        h = msg.header
-        if not self._begin(h):
-            return
-        try:
-            self._enter(h)
-            try:
-                args, kwargs = loads(msg.payload, msg.buffers)
-                self._task = self.loop.create_task(ep.fn(self.instance, *args, **kwargs))
-                result = await self._task
+                if ep.is_async:
+                    self._task = self.loop.create_task(ep.fn(self.instance, *args, **kwargs))
+                    result = await self._task
+                else:
+                    result = ep.fn(self.instance, *args, **kwargs)
             finally:
                 self._leave()
         except BaseException as e:  # noqa: BLE001 - a raising endpoint must not kill the actor
@@ -484,6 +471,16 @@ def _safe_str(e: BaseException) -> str:
         return str(e)
     except BaseException:  # noqa: BLE001 - an exception whose __str__ raises
         return f"<{type(e).__qualname__}: str() failed>"
+
+
+def _run_now(coro: Coroutine[Any, Any, None]) -> None:
+    """Run a coroutine that never suspends to its end, on this thread, without an event loop."""
+    try:
+        coro.send(None)
+    except StopIteration:
+        return
+    coro.close()
+    raise RuntimeError("a sync endpoint's call suspended; it must not await")
 
 
 def _exit(code: int) -> None:
