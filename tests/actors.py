@@ -248,3 +248,17 @@ class Tricky(Actor):
             return "answered"
         except Exception as e:  # noqa: BLE001
             return type(e).__name__
+
+
+class Introspect(Actor):
+    """Reads its own host's bookkeeping (tests of the runtime's internals)."""
+
+    @endpoint
+    def cancelled_entries(self) -> int:
+        from jupyter_mesh._runtime.proc import _owner
+
+        return len(_owner.host._cancelled)
+
+    @endpoint
+    def ok(self) -> str:
+        return "ok"

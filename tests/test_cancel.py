@@ -91,3 +91,26 @@ def test_leaving_a_stream_early_cancels_the_rest(procs):
     it.close()  # what a `break` out of the loop (or Ctrl-C in it) does to the generator
     counts = s.counts.call().get(timeout=5)
     assert [c for _, c in counts.values()] == [1, 1, 1, 1]
+
+
+def test_late_cancels_leave_nothing_behind(procs):
+    """A cancel that arrives after its call finished must not be remembered forever."""
+    from actors import Introspect
+
+    from jupyter_mesh._runtime.client import current_client
+    from jupyter_mesh._transport import Message
+
+    a = procs.spawn("i", Introspect).slice(gpus=0)
+    assert a.ok.call_one().get(timeout=5) == "ok"
+    client = current_client()
+    last = next(client._ids)  # every call id below this one has run already
+    for call_id in range(max(1, last - 50), last):  # as if each cancel had lost the race with its reply
+        client.transport.send(
+            procs._ref.proc_addrs[0], Message({"k": "cancel", "a": a._actor_id, "ci": call_id, "s": client.address})
+        )
+    # the cancels reach the proc's receive thread, the calls below the actor's own inbox: look a while
+    seen = []
+    for _ in range(8):
+        seen.append(a.cancelled_entries.call_one().get(timeout=5))
+        time.sleep(0.05)
+    assert max(seen) == 0, seen

@@ -93,6 +93,7 @@ class ActorHost:
         self._current: tuple[str, int] | None = None
         self._task: asyncio.Task[Any] | None = None
         self._cancelled: set[tuple[str, int]] = set()
+        self._started: dict[str, int] = {}  # sender -> id of its last call that started here
         self._interrupted = False  # an async KeyboardInterrupt was aimed at this thread
         self._used_loop = False  # only then can tasks be left running between messages
         self.thread = threading.Thread(target=self._main, name=f"actor-{name}", daemon=True)
@@ -103,7 +104,10 @@ class ActorHost:
         key = (sender, call_id)
         with self._lock:
             if self._current != key:
-                self._cancelled.add(key)
+                # a sender's call ids grow in the order its calls run here: at or below the last one
+                # started, this call already ran (its cancel came late), so there is nothing to skip
+                if call_id > self._started.get(sender, 0):
+                    self._cancelled.add(key)
                 return
             if self._task is not None:
                 self.loop.call_soon_threadsafe(self._task.cancel)
@@ -291,7 +295,9 @@ class ActorHost:
         """Mark the call as running (so a cancel can reach it), unless it was cancelled while queued."""
         key = (h["s"], h["i"])
         with self._lock:
-            if key in self._cancelled:
+            if h["i"]:
+                self._started[h["s"]] = h["i"]
+            if self._cancelled and key in self._cancelled:
                 self._cancelled.discard(key)
                 raise asyncio.CancelledError(f"{h['m']} was cancelled before it started")
             self._current = key if h["i"] else None
