@@ -27,6 +27,7 @@ import ctypes
 import os
 import pickle
 import secrets
+import threading
 from typing import Any
 
 from . import _rdma_owner, _shm, _ucx, _watch
@@ -34,6 +35,8 @@ from ._future import Future
 from ._memory import BYTES, Region, buffer_address, copy_bytes, region_of
 from ._rdma_owner import OwnerInfo, ShmDesc, handle_message, pidns, set_identity, state
 from .errors import Failure, MeshClosedError, MeshError, MeshValueError, SupervisionError
+
+_DEATH_GRACE_S = 0.3  # how long a failed UCX transfer waits to tell a dead owner from an unreachable one
 
 __all__ = ["ENV_BACKEND", "RDMABuffer", "get_rdma_backend", "handle_message", "set_identity"]
 
@@ -287,6 +290,16 @@ class RDMABuffer:
         def done(err: BaseException | None, _keep: Any = (region, word)) -> None:
             # _keep: UCX may write into local memory until an operation completes, even after a
             # timeout (the owner may resume), so it stays alive until this runs
+            o = self._owner
+            local_owner = self._pid_key() is not None
+            if err is not None and local_owner and not w.finished and _watch.owner_alive(o.pid, o.start):
+                # a dying process closes its sockets before its exit shows in /proc: look again a
+                # moment later, so an owner killed mid-transfer is named as such (not "unreachable")
+                threading.Timer(_DEATH_GRACE_S, report, args=(err,)).start()
+                return
+            report(err)
+
+        def report(err: BaseException | None) -> None:
             if not w.claim():
                 return
             if err is not None:

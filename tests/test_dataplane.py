@@ -277,7 +277,10 @@ def test_owner_killed(pair, backend, how):
     if backend == "shm":
         pytest.skip("an shm copy is one synchronous memcpy: there is no 'in flight' to interrupt")
     # the owner freezes with a request in flight (a proc reader, which hears of deaths only through the
-    # owner's pidfd), then dies: the reader's transfer must fail at once, not at its 30 s timeout
+    # owner's pidfd), then dies: the reader's transfer must fail at once, not at its 30 s timeout.
+    # One read first, so the reader is connected: a connection attempt to a frozen owner can give up on
+    # its own (an "Endpoint timeout" while the owner still lives), which is not what this test is about
+    puller.pull.call_one(buf, N).get(timeout=30)
     os.kill(pid, signal.SIGSTOP)
     try:
         fut = puller.pull_expecting_failure.call_one(buf, N, 30.0)

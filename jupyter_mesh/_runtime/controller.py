@@ -176,7 +176,10 @@ class Controller(Elastic):
         rec = self._meshes.get(mesh_id)
         if rec is None or rec.stopped:
             return
-        rec.failures[rank] = failure
+        with self._lock:  # the receive and heartbeat threads may both report it: handle it once
+            if rank in rec.failures:
+                return
+            rec.failures[rank] = failure
         if rank < len(rec.ref.proc_addrs) and rec.ref.proc_addrs[rank]:
             self.client.forget_proc(rec.ref.proc_addrs[rank])  # no socket left retrying a dead proc
         # order matters: whoever wakes up from a failed call, or sees the rank failed, may rely on
