@@ -21,22 +21,20 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from .._future import Future
-from .._serialize import describe_unpicklable, dumps, loads
+from .._serialize import describe_unpicklable, dumps
 from .._transport import Message, Transport
-from .._value_mesh import ValueMesh
 from ..errors import (
-    ActorError,
     Failure,
     MeshCancelledError,
     MeshClosedError,
     MeshError,
     MeshValueError,
-    RemoteFailure,
     SerializationError,
     SupervisionError,
 )
 from . import interrupts
-from .pending import BROKEN, DIRECT, GATHER, NO_REPLY, OK, Pending, Stream, remote_failure
+from .outcomes import Outcomes
+from .pending import DIRECT, GATHER, NO_REPLY, Pending, Stream
 from .replies import ReplyBox, ReplyBoxes
 from .supervision import Supervision
 
@@ -44,9 +42,6 @@ if TYPE_CHECKING:
     from .._mesh import ActorMesh, ProcMeshRef
 
 __all__ = ["Client", "current_client", "set_current_client"]
-
-
-_PROC_DEATH = frozenset({"exit", "signal", "heartbeat"})
 
 _current: Client | None = None
 _current_lock = threading.Lock()
@@ -69,7 +64,7 @@ def set_current_client(client: Client | None) -> None:
     _current = client
 
 
-class Client(Supervision):
+class Client(Outcomes, Supervision):
     """Sends calls, matches replies to pending futures, fails them when ranks break."""
 
     def __init__(self, transport: Transport, reply_boxes: bool = False):
@@ -459,146 +454,6 @@ class Client(Supervision):
             header["s"] = self.address
             self.transport.send(address, Message(header, payload, bufs))
         return fut
-
-    # -- replies ---------------------------------------------------------------------------------------
-    def on_reply(self, msg: Message) -> None:
-        """For ``r`` (one rank) and ``g`` (gathered per host) replies: on the receive thread, or on a
-        caller's thread reading its reply box."""
-        h = msg.header
-        with self._lock:
-            p = self._pending.get(h["i"])
-        if p is None:
-            return  # cancelled, timed out or already failed
-        if h["k"] == "r":
-            self._add(p, h["i"], h.get("rk", 0), h["ok"], msg.payload, msg.buffers)
-            return
-        pos, bpos = 0, 0
-        payload = memoryview(msg.payload)
-        parts = []
-        for rank, ok, plen, nbuf in h["n"]:
-            parts.append((rank, ok, payload[pos : pos + plen], msg.buffers[bpos : bpos + nbuf]))
-            pos += plen
-            bpos += nbuf
-        if p.mode == "request" or p.stream_q is not None:
-            for rank, ok, part, bufs in parts:
-                self._add(p, h["i"], rank, ok, part, bufs)
-            return
-        # a host's replies at once: one pass under the lock, one activity update, one completion
-        self._record(
-            p, h["i"], [(rank, self._decode_outcome(p, rank, ok, part, bufs)) for rank, ok, part, bufs in parts]
-        )
-
-    def _add(self, p: Pending, call_id: int, rank: int, ok: int, payload: Any, bufs: list[Any]) -> None:
-        if p.mode == "request":
-            self._finish(call_id)
-            assert p.future is not None
-            try:
-                value = loads(payload, bufs)
-            except Exception as e:  # noqa: BLE001
-                p.future._set_exception(SerializationError(f"cannot unpickle the reply: {e}"))
-                return
-            if ok == OK:
-                p.future._set_result(value)
-            else:
-                p.future._set_exception(value if isinstance(value, BaseException) else MeshError(str(value)))
-            return
-        outcome = self._decode_outcome(p, rank, ok, payload, bufs)
-        if p.mode != "stream":
-            self._record(p, call_id, [(rank, outcome)])
-            return
-        with self._lock:
-            if rank not in p.outstanding:
-                return
-            p.outstanding.discard(rank)
-            if not p.outstanding:
-                self._pending.pop(call_id, None)
-        if self.activity is not None:
-            self.activity(p.mesh_id, [rank], -1)
-        assert p.stream_q is not None
-        f: Future[Any] = Future(p.endpoint)
-        if isinstance(outcome, RemoteFailure):
-            f._set_exception(ActorError([outcome], total=len(p.ranks)))
-        elif isinstance(outcome, Failure):
-            f._set_exception(SupervisionError([outcome], f"during {p.actor}.{p.endpoint}"))
-        else:
-            f._set_result(outcome)
-        p.stream_q.put(f)
-
-    def _record(self, p: Pending, call_id: int, outcomes: list[tuple[int, Any]]) -> None:
-        """Record ranks' outcomes of a call (not a stream); complete it when nothing is left, or at
-        once when a rank's proc died (the whole call is doomed: it names every broken rank).
-
-        Replies may be dispatched on two threads at once (a caller reading its reply box, the
-        receive thread reporting a failure): outcomes are recorded before completion is decided."""
-        with self._lock:
-            finished = []
-            deaths: dict[int, Failure] = {}
-            for rank, outcome in outcomes:
-                if rank not in p.outstanding:
-                    continue
-                p.outstanding.discard(rank)
-                finished.append(rank)
-                if isinstance(outcome, RemoteFailure):
-                    p.raised.append(outcome)
-                elif isinstance(outcome, Failure):
-                    p.broken.append(outcome)
-                    if outcome.kind in _PROC_DEATH:
-                        deaths[rank] = outcome
-                else:
-                    p.values[rank] = outcome
-            if not finished:
-                return
-            done = not p.outstanding or bool(deaths)
-            if done:
-                self._pending.pop(call_id, None)
-            if deaths:
-                known = {r: self._failed[(p.mesh_id, r)] for r in p.ranks if (p.mesh_id, r) in self._failed}
-                known.update(deaths)
-                p.broken = [known[r] for r in sorted(known)]
-                finished += sorted(p.outstanding)
-                p.outstanding.clear()
-        if self.activity is not None:
-            self.activity(p.mesh_id, finished, -1)
-        if done:
-            self._complete(p)
-
-    def _decode_outcome(self, p: Pending, rank: int, ok: int, payload: Any, bufs: list[Any]) -> Any:
-        try:
-            value = loads(payload, bufs)
-        except Exception as e:  # noqa: BLE001 - a result we cannot unpickle is that rank's error
-            coords = p.ref.coords(rank) if p.ref else {}
-            return RemoteFailure(
-                coords, p.actor, p.endpoint, "SerializationError", f"the result does not unpickle here: {e}", ""
-            )
-        if ok == OK:
-            if p.mode == "spawn" and isinstance(value, tuple):  # (proc inbox, actor inbox)
-                self._actor_inbox.setdefault(value[0], {})[p.actor_id] = value[1]
-                return None
-            return value
-        if ok == BROKEN:
-            return value  # a Failure built by the agent or proc
-        return remote_failure(value, p, rank)
-
-    def _complete(self, p: Pending) -> None:
-        assert p.future is not None
-        if p.mode == "stream":
-            return
-        if p.broken:
-            p.future._set_exception(SupervisionError(p.broken, f"during {p.actor}.{p.endpoint}"))
-        elif p.raised:
-            p.raised.sort(key=lambda f: tuple(f.coords.values()))
-            p.future._set_exception(ActorError(p.raised, total=len(p.ranks)))
-        elif p.mode == "one":
-            p.future._set_result(p.values[p.ranks[0]])
-        elif p.mode == "spawn":
-            p.future._set_result(None)
-        else:
-            assert p.shape is not None
-            p.future._set_result(ValueMesh(p.shape, [p.values[r] for r in p.ranks]))
-
-    def _finish(self, call_id: int) -> None:
-        with self._lock:
-            self._pending.pop(call_id, None)
 
     # -- supervision -----------------------------------------------------------------------------------
 

@@ -1,0 +1,175 @@
+"""How replies become values or errors: the client's reply half, mixed into ``client.Client``.
+
+A reply (``r``: one rank) or a host's gathered replies (``g``) is matched to its pending call; each
+rank's outcome (value, remote exception, broken rank) is recorded; the call's future completes when
+no rank is left, or at once when a rank's proc died. This runs on the receive thread, or on a
+caller's thread that reads its own reply box (``replies``): both at once for the same call, so every
+outcome is recorded under the client's lock before completion is decided.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .._future import Future
+from .._serialize import loads
+from .._transport import Message
+from .._value_mesh import ValueMesh
+from ..errors import ActorError, Failure, MeshError, RemoteFailure, SerializationError, SupervisionError
+from .pending import BROKEN, OK, Pending, remote_failure
+
+if TYPE_CHECKING:
+    import threading
+    from collections.abc import Callable
+
+__all__ = ["Outcomes"]
+
+_PROC_DEATH = frozenset({"exit", "signal", "heartbeat"})
+
+
+class Outcomes:
+    if TYPE_CHECKING:  # the client's own state
+        _lock: threading.Lock
+        _pending: dict[int, Pending]
+        _failed: dict[tuple[str, int], Failure]
+        _actor_inbox: dict[str, dict[str, str]]
+        activity: Callable[[str, list[int], int], None] | None
+
+    def on_reply(self, msg: Message) -> None:
+        """For ``r`` (one rank) and ``g`` (gathered per host) replies: on the receive thread, or on a
+        caller's thread reading its reply box."""
+        h = msg.header
+        with self._lock:
+            p = self._pending.get(h["i"])
+        if p is None:
+            return  # cancelled, timed out or already failed
+        if h["k"] == "r":
+            self._add(p, h["i"], h.get("rk", 0), h["ok"], msg.payload, msg.buffers)
+            return
+        pos, bpos = 0, 0
+        payload = memoryview(msg.payload)
+        parts = []
+        for rank, ok, plen, nbuf in h["n"]:
+            parts.append((rank, ok, payload[pos : pos + plen], msg.buffers[bpos : bpos + nbuf]))
+            pos += plen
+            bpos += nbuf
+        if p.mode == "request" or p.stream_q is not None:
+            for rank, ok, part, bufs in parts:
+                self._add(p, h["i"], rank, ok, part, bufs)
+            return
+        # a host's replies at once: one pass under the lock, one activity update, one completion
+        self._record(
+            p, h["i"], [(rank, self._decode_outcome(p, rank, ok, part, bufs)) for rank, ok, part, bufs in parts]
+        )
+
+    def _add(self, p: Pending, call_id: int, rank: int, ok: int, payload: Any, bufs: list[Any]) -> None:
+        if p.mode == "request":
+            self._finish(call_id)
+            assert p.future is not None
+            try:
+                value = loads(payload, bufs)
+            except Exception as e:  # noqa: BLE001
+                p.future._set_exception(SerializationError(f"cannot unpickle the reply: {e}"))
+                return
+            if ok == OK:
+                p.future._set_result(value)
+            else:
+                p.future._set_exception(value if isinstance(value, BaseException) else MeshError(str(value)))
+            return
+        outcome = self._decode_outcome(p, rank, ok, payload, bufs)
+        if p.mode != "stream":
+            self._record(p, call_id, [(rank, outcome)])
+            return
+        with self._lock:
+            if rank not in p.outstanding:
+                return
+            p.outstanding.discard(rank)
+            if not p.outstanding:
+                self._pending.pop(call_id, None)
+        if self.activity is not None:
+            self.activity(p.mesh_id, [rank], -1)
+        assert p.stream_q is not None
+        f: Future[Any] = Future(p.endpoint)
+        if isinstance(outcome, RemoteFailure):
+            f._set_exception(ActorError([outcome], total=len(p.ranks)))
+        elif isinstance(outcome, Failure):
+            f._set_exception(SupervisionError([outcome], f"during {p.actor}.{p.endpoint}"))
+        else:
+            f._set_result(outcome)
+        p.stream_q.put(f)
+
+    def _record(self, p: Pending, call_id: int, outcomes: list[tuple[int, Any]]) -> None:
+        """Record ranks' outcomes of a call (not a stream); complete it when nothing is left, or at
+        once when a rank's proc died (the whole call is doomed: it names every broken rank).
+
+        Replies may be dispatched on two threads at once (a caller reading its reply box, the
+        receive thread reporting a failure): outcomes are recorded before completion is decided."""
+        with self._lock:
+            finished = []
+            deaths: dict[int, Failure] = {}
+            for rank, outcome in outcomes:
+                if rank not in p.outstanding:
+                    continue
+                p.outstanding.discard(rank)
+                finished.append(rank)
+                if isinstance(outcome, RemoteFailure):
+                    p.raised.append(outcome)
+                elif isinstance(outcome, Failure):
+                    p.broken.append(outcome)
+                    if outcome.kind in _PROC_DEATH:
+                        deaths[rank] = outcome
+                else:
+                    p.values[rank] = outcome
+            if not finished:
+                return
+            done = not p.outstanding or bool(deaths)
+            if done:
+                self._pending.pop(call_id, None)
+            if deaths:
+                known = {r: self._failed[(p.mesh_id, r)] for r in p.ranks if (p.mesh_id, r) in self._failed}
+                known.update(deaths)
+                p.broken = [known[r] for r in sorted(known)]
+                finished += sorted(p.outstanding)
+                p.outstanding.clear()
+        if self.activity is not None:
+            self.activity(p.mesh_id, finished, -1)
+        if done:
+            self._complete(p)
+
+    def _decode_outcome(self, p: Pending, rank: int, ok: int, payload: Any, bufs: list[Any]) -> Any:
+        try:
+            value = loads(payload, bufs)
+        except Exception as e:  # noqa: BLE001 - a result we cannot unpickle is that rank's error
+            coords = p.ref.coords(rank) if p.ref else {}
+            return RemoteFailure(
+                coords, p.actor, p.endpoint, "SerializationError", f"the result does not unpickle here: {e}", ""
+            )
+        if ok == OK:
+            if p.mode == "spawn" and isinstance(value, tuple):  # (proc inbox, actor inbox)
+                self._actor_inbox.setdefault(value[0], {})[p.actor_id] = value[1]
+                return None
+            return value
+        if ok == BROKEN:
+            return value  # a Failure built by the agent or proc
+        return remote_failure(value, p, rank)
+
+    def _complete(self, p: Pending) -> None:
+        assert p.future is not None
+        if p.mode == "stream":
+            return
+        if p.broken:
+            p.future._set_exception(SupervisionError(p.broken, f"during {p.actor}.{p.endpoint}"))
+        elif p.raised:
+            p.raised.sort(key=lambda f: tuple(f.coords.values()))
+            p.future._set_exception(ActorError(p.raised, total=len(p.ranks)))
+        elif p.mode == "one":
+            p.future._set_result(p.values[p.ranks[0]])
+        elif p.mode == "spawn":
+            p.future._set_result(None)
+        else:
+            assert p.shape is not None
+            p.future._set_result(ValueMesh(p.shape, [p.values[r] for r in p.ranks]))
+
+    def _finish(self, call_id: int) -> None:
+        with self._lock:
+            self._pending.pop(call_id, None)
