@@ -94,6 +94,22 @@ def test_cell_runs_on_every_proc_keeps_namespaces_and_returns_a_value_mesh(kerne
     assert "{hosts: 1, gpus: 2}" in part.result and "gpus=0: 10" in part.result and "gpus=1: 20" in part.result
 
 
+def test_top_level_await_and_get_mix_in_cells(kernel):
+    """Cells await futures (the receive thread delivers) and .get() them (the cell's thread reads its
+    own replies), in any mix, many times over."""
+    code = (
+        "one = w.slice(gpus=2)\n"
+        "pids = [await one.ping.call_one() for _ in range(30)]\n"
+        "pids += [one.ping.call_one().get(10) for _ in range(30)]\n"
+        "f = one.ping.call_one()\n"
+        "g = await w.ping.call()\n"
+        "pids.append(f.get(10))\n"
+        "len(set(pids)), len(pids), len(list(g.values()))"
+    )
+    for _ in range(3):
+        assert kernel.ok(code).result == "(1, 61, 4)"
+
+
 def test_identical_lines_fold_and_rank_lines_stay_apart(kernel):
     out = kernel.ok("%%mesh\nprint('epoch 1 loss 0.42')\nprint('rank', current_rank()['gpus'])").stream("stdout")
     assert "[gpus 0-3] epoch 1 loss 0.42\n" in out
