@@ -207,3 +207,17 @@ def test_the_receive_thread_sleeps_when_nothing_is_in_flight(procs):
     boxes = current_client().boxes
     assert boxes is not None
     assert _until(lambda: not boxes._sweeping, 2.0)
+
+
+def test_get_with_no_time_left_still_finds_a_reply_that_arrived(procs, monkeypatch):
+    from jupyter_mesh._runtime import replies
+
+    monkeypatch.setattr(replies, "SWEEP_S", 60.0)  # nobody else reads the box meanwhile
+    c = procs.spawn("c", Counter, 5)
+    c.initialized.get(timeout=10)
+    one = c.slice(gpus=1)
+    one.value.call_one().get(timeout=5)
+    fut = one.value.call_one()
+    time.sleep(0.3)  # the reply is in the box, unread
+    assert not fut._done() and not fut._driver.adopted
+    assert fut.get(timeout=0) == 5

@@ -22,6 +22,7 @@ ZeroMQ sockets are used by one thread at a time: who may read a box is decided u
 
 from __future__ import annotations
 
+import logging
 import queue
 import secrets
 import threading
@@ -39,6 +40,8 @@ if TYPE_CHECKING:
     from .._future import Future
 
 __all__ = ["ReplyBox", "ReplyBoxes"]
+
+log = logging.getLogger("jupyter_mesh.replies")
 
 SWEEP_S = 0.02  # how long replies may wait in a box nobody reads before the receive thread takes it
 MAX_BOXES = 16  # more calling threads than this share the receive thread's inbox
@@ -81,14 +84,13 @@ class ReplyBox:
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             while not fut._done():
-                wait_ms = -1
-                if deadline is not None:
-                    wait_ms = int(max(0.0, deadline - time.monotonic()) * 1000)
-                    if wait_ms == 0:
-                        break
-                # Ctrl-C here loses nothing: nothing was read (zmq_poll: Socket.poll builds a Poller)
+                wait_ms = -1 if deadline is None else int(max(0.0, deadline - time.monotonic()) * 1000)
+                # Ctrl-C here loses nothing: nothing was read (zmq_poll: Socket.poll builds a Poller).
+                # With no time left it still looks once: get(timeout=0) finds a reply already here
                 if zmq.zmq_poll(self._poll_list, wait_ms):
                     self._read_one()
+                elif deadline is not None and time.monotonic() >= deadline:
+                    break
         finally:
             with self.lock:
                 self.depth -= 1
@@ -122,7 +124,10 @@ class ReplyBox:
                 return
             msg = transport.decode(frames)
             if msg is not None:
-                self._boxes.dispatch(msg)
+                try:
+                    self._boxes.dispatch(msg)
+                except Exception:  # as on the receive thread: a bad reply must not break the caller
+                    log.exception("error dispatching a %s reply", msg.header.get("k"))
         finally:
             if held:
                 interrupts.release()
