@@ -16,7 +16,7 @@ import _signal
 import threading
 from typing import Any
 
-__all__ = ["hold", "release"]
+__all__ = ["held", "hold", "release"]
 
 _MAIN = threading.main_thread().ident
 _SIGINT = 2
@@ -27,6 +27,11 @@ _caught = False
 def _record(signum: int, frame: Any) -> None:
     global _caught
     _caught = True
+
+
+def held() -> bool:
+    """Is SIGINT held now, on this thread (the main one)?"""
+    return threading.get_ident() == _MAIN and _signal.getsignal(_SIGINT) is _record
 
 
 def hold() -> bool:
@@ -43,7 +48,8 @@ def hold() -> bool:
 
 
 def release() -> None:
-    """Stop holding; deliver a SIGINT that came meanwhile (the old handler usually raises)."""
+    """Stop holding; deliver a SIGINT that came meanwhile (the old handler usually raises).
+    Idempotent: a second call only puts the same handler back."""
     global _caught
     previous = _previous
     _signal.signal(_SIGINT, previous)

@@ -43,6 +43,7 @@ __all__ = ["ReplyBox", "ReplyBoxes"]
 
 log = logging.getLogger("jupyter_mesh.replies")
 
+_RECEIVE_THREAD = -1  # the owner of a box taken out of the pool by the receive thread
 SWEEP_S = 0.02  # how long replies may wait in a box nobody reads before the receive thread takes it
 MAX_BOXES = 16  # more calling threads than this share the receive thread's inbox
 
@@ -62,7 +63,7 @@ class ReplyBox:
         self.owner = 0  # thread ident; 0 while in the pool
         self.owner_thread: weakref.ref[threading.Thread] | None = None
         self.holder: weakref.ref[_Held] | None = None  # dead once the owner thread let go of it
-        self.depth = 0  # the owner is reading the box (nested get() calls count)
+        self.readers: set[object] = set()  # reads running on the owner's thread (nested ones too)
         self.adopted = False  # the receive thread reads it
         self.adopt_asked = False  # asked while the owner was reading: handed over when it stops
         self.last_send = 0.0
@@ -74,32 +75,59 @@ class ReplyBox:
         Only the owner reads; anyone else (or the owner after a hand-over) makes sure the receive
         thread does, and waits the ordinary way."""
         ident = threading.get_ident()
-        with self.lock:
-            mine = self.owner == ident and not self.adopted and not self.adopt_asked
-            if mine:
-                self.depth += 1
-        if not mine:
-            self._boxes.adopt(self)
-            return timeout
+        me = object()  # this read's entry in ``readers``: discarding it is idempotent, unlike a count
         deadline = None if timeout is None else time.monotonic() + timeout
-        try:
+        try:  # entered before the entry exists: a Ctrl-C anywhere from here on is cleaned up below
+            with self.lock:
+                # a nested read (a callback of a reply this thread dispatches, waiting on another
+                # future) goes ahead even if a hand-over was asked: it happens when the outer one ends
+                mine = self.owner == ident and not self.adopted and (bool(self.readers) or not self.adopt_asked)
+                if mine:
+                    self.readers.add(me)
+            if not mine:
+                self._boxes.adopt(self)
+                return timeout
+            nested = interrupts.held()  # inside a dispatch on this thread: stay interruptible while waiting
             while not fut._done():
                 wait_ms = -1 if deadline is None else int(max(0.0, deadline - time.monotonic()) * 1000)
                 # Ctrl-C here loses nothing: nothing was read (zmq_poll: Socket.poll builds a Poller).
                 # With no time left it still looks once: get(timeout=0) finds a reply already here
-                if zmq.zmq_poll(self._poll_list, wait_ms):
+                if nested:
+                    interrupts.release()
+                try:
+                    ready = zmq.zmq_poll(self._poll_list, wait_ms)
+                finally:
+                    if nested:
+                        interrupts.hold()
+                if ready:
                     self._read_one()
                 elif deadline is not None and time.monotonic() >= deadline:
                     break
         finally:
-            with self.lock:
-                self.depth -= 1
-                hand_over = self.depth == 0 and self.adopt_asked
-                if hand_over:
-                    self.adopt_asked = False
-            if hand_over:
-                self._boxes.adopt(self)
+            # End this read, even if a Ctrl-C lands in here: a reader left behind would keep the
+            # receive thread away from this box for good. Inline, not a call: a signal is handled
+            # on entry to a function, before any try in it could catch the interrupt.
+            interrupted = False
+            while True:
+                try:
+                    with self.lock:
+                        self.readers.discard(me)  # idempotent, so retrying is safe
+                        hand_over = not self.readers and self.adopt_asked
+                        if hand_over:
+                            self.adopt_asked = False
+                    if hand_over:  # (lost to a Ctrl-C just before it, the sweep still adopts the box)
+                        self._boxes.adopt(self)
+                    break
+                except KeyboardInterrupt:
+                    interrupted = True
+            if interrupted:
+                raise KeyboardInterrupt
         return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+    @property
+    def depth(self) -> int:
+        """How many reads of this box are running on its owner's thread (nested ones count)."""
+        return len(self.readers)
 
     def detach(self) -> None:
         """The future will be waited for some other way (await, callback, another thread)."""
@@ -107,7 +135,7 @@ class ReplyBox:
 
     def wake(self) -> None:
         """A future of this box finished without its reply being read here (a failure, a cancel)."""
-        if self.depth and threading.get_ident() != self.owner:
+        if self.readers and threading.get_ident() != self.owner:
             with self._bell_lock:
                 self._bell.send(self.token)
 
@@ -233,6 +261,13 @@ class ReplyBoxes:
         busy = self._busy()
         for box in list(self._all):
             if box.owner == 0:
+                if box in busy:  # a call was routed to it just as it went back to the pool: read it
+                    with self._lock, box.lock:
+                        if box.owner == 0 and box in self._free:
+                            self._free.remove(box)
+                            box.owner, box.adopted = _RECEIVE_THREAD, True
+                            self._watched.add(box)
+                            self.transport.watch(box.sock, box.token)
                 continue
             if box.adopted:
                 if box in self._watched and box not in busy:  # all answered: back to the pool
