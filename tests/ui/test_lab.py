@@ -146,13 +146,15 @@ def test_widget_in_notebook_7(page, lab):
     )
     page.goto(f"{lab.url}/notebooks/nb7.ipynb?token={lab.token}")
     page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=60_000)
-    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle'], #jp-top-bar", timeout=60_000)
+    # the kernel must be connected first (keys pressed while it connects may go nowhere)
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
     deadline = time.monotonic() + 60
     widget = page.locator(".jp-OutputArea .jm-widget .jm-mesh[data-mesh='nb7']")
-    page.locator(".jp-Notebook .jp-Cell").first.click()
-    for _ in range(2):
-        page.keyboard.press("Shift+Enter")
-        time.sleep(0.5)
+    # Run > Run All Cells (keys pressed into a cell whose editor is not focused yet can run the wrong cell)
+    page.locator(".lm-MenuBar-item", has_text="Run").first.click()
+    page.locator(".lm-Menu-item", has_text="Run All Cells").first.click()
     while time.monotonic() < deadline and widget.locator(".jm-cell[data-state='idle']").count() < 2:
         time.sleep(0.2)
-    assert widget.locator(".jm-cell[data-state='idle']").count() == 2
+    outputs = page.locator(".jp-Notebook .jp-OutputArea").all_inner_texts()
+    prompts = page.locator(".jp-Notebook .jp-InputPrompt").all_inner_texts()
+    assert widget.locator(".jm-cell[data-state='idle']").count() == 2, (prompts, outputs)
