@@ -183,19 +183,17 @@ class UcxNode:
                     self._evict_locked(desc.worker, destroy=False)
             done(MeshError(f"UCX {op} failed: {self.lib.status_text(status)}; {_FAILURE_HINT}"))
 
+        remote = desc.address + offset
         if op == "get":
-            self.lib.post_get(ep.handle, local, nbytes, desc.address + offset, rkey, finish, mt)
+            self.lib.post_rma("get", ep.handle, local, nbytes, remote, rkey, finish, mt)
         else:
             failed: list[int] = []
-            self.lib.post_put(
-                ep.handle,
-                local,
-                nbytes,
-                desc.address + offset,
-                rkey,
-                lambda s: failed.append(s) if s != _ucx_ffi.UCS_OK else None,
-                mt,
-            )
+
+            def put_done(status: int) -> None:  # the flush below reports; remember a failed put for it
+                if status != _ucx_ffi.UCS_OK:
+                    failed.append(status)
+
+            self.lib.post_rma("put", ep.handle, local, nbytes, remote, rkey, put_done, mt)
             self.lib.post_flush(ep.handle, lambda s: finish(failed[0] if failed else s))
         self.lib.worker_signal(self.worker.handle)
 

@@ -185,8 +185,9 @@ class UcpLib:
 
                 traceback.print_exc()
 
-    def post_get(
+    def post_rma(
         self,
+        op: str,
         ep: int,
         local: int,
         n: int,
@@ -195,21 +196,10 @@ class UcpLib:
         done: Callable[[int], None],
         memory_type: int | None = None,
     ) -> None:
+        """One-sided ``get`` (remote -> local) or ``put`` (local -> remote) of ``n`` bytes."""
+        name = {"get": "ucp_get_nbx", "put": "ucp_put_nbx"}[op]
         p, op_id = self._param(done, memory_type)
-        self._started("ucp_get_nbx", self._ucp.ucp_get_nbx(ep, local, n, remote, rkey, ctypes.byref(p)), op_id)
-
-    def post_put(
-        self,
-        ep: int,
-        local: int,
-        n: int,
-        remote: int,
-        rkey: int,
-        done: Callable[[int], None],
-        memory_type: int | None = None,
-    ) -> None:
-        p, op_id = self._param(done, memory_type)
-        self._started("ucp_put_nbx", self._ucp.ucp_put_nbx(ep, local, n, remote, rkey, ctypes.byref(p)), op_id)
+        self._started(name, getattr(self._ucp, name)(ep, local, n, remote, rkey, ctypes.byref(p)), op_id)
 
     def post_flush(self, ep: int, done: Callable[[int], None]) -> None:
         """Remote completion of every put posted on ``ep`` so far."""
