@@ -112,8 +112,7 @@ def test_more_threads_than_boxes_all_get_their_answers(procs):
     assert len(boxes._all) <= MAX_BOXES
 
     def owner_alive(b: ReplyBox) -> bool:
-        t = b.owner_thread() if b.owner_thread is not None else None
-        return t is not None and t.is_alive()
+        return b.owner in {t.ident for t in threading.enumerate()}
 
     # the threads are gone: their boxes go back to the pool
     assert _until(lambda: all(b.owner == 0 or owner_alive(b) for b in boxes._all), 5.0)

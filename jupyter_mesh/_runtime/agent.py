@@ -28,6 +28,7 @@ from .._shape import Point, Shape, Slice
 from .._transport import Message, Transport
 from ..errors import Failure, MeshValueError, SupervisionError
 from .agent_state import Gather, MeshEntry, ProcEntry, alive, describe_exit, host_key, kill, read_lines
+from .inboxes import ActorInboxes
 from .pending import BROKEN, DIRECT, GATHER, NO_REPLY, OK, RAISED, pack_gathered
 
 __all__ = ["Agent", "host_key", "main"]
@@ -50,9 +51,7 @@ class Agent:
         self.by_pid: dict[int, ProcEntry] = {}
         self.meshes: dict[str, MeshEntry] = {}
         self.gathers: dict[tuple[str, int], Gather] = {}
-        # proc address -> actor id -> the actor's own inbox: relays go there and wake the actor's
-        # thread directly (a respawned proc has a new address, so nothing here goes stale)
-        self.actor_inbox: dict[str, dict[str, str]] = {}
+        self.inboxes = ActorInboxes(self.transport)  # relays of calls go straight to actors' inboxes
         self.fork_tokens: dict[int, ProcEntry] = {}
         self._tokens = iter(range(1, 1 << 62))
         self.shutting_down = False
@@ -112,7 +111,7 @@ class Agent:
         elif k == "c" or k == "spawn":
             self._relay(h, frames)
         elif k == "actor_up":
-            self.actor_inbox.setdefault(h["pa"], {})[h["a"]] = h["addr"]
+            self.inboxes.learn(h["pa"], h["a"], h["addr"])
         elif k == "proc_up":
             self._proc_up(h)
         elif k == "spawn_procs":
@@ -142,23 +141,17 @@ class Agent:
                 g = Gather(mesh.mesh_id, h.get("rt") or h["s"], h["i"], {p.rank for p in targets})
                 self.gathers[(h["s"], h["i"])] = g
         dead = []
-        actor_id = h["a"]
+        actor_id = h["a"] if h["k"] == "c" else ""  # a spawn goes to the proc: its actor has no inbox yet
         for p in targets:
             if not (p.alive and p.up):  # dead, or not up yet (a respawn or grow under way)
                 dead.append(p)
                 continue
-            inboxes = self.actor_inbox.get(p.addr) if h["k"] == "c" else None
             try:
-                self.transport.send_raw(inboxes.get(actor_id, p.addr) if inboxes else p.addr, frames)
+                self.transport.send_raw(self.inboxes.address(p.addr, actor_id), frames)
             except Exception:  # noqa: BLE001 - one bad peer must not starve the others
                 dead.append(p)
         for p in dead:
             self._broken(h, p)
-
-    def _forget_proc(self, address: str) -> None:
-        self.transport.forget(address)
-        for inbox in self.actor_inbox.pop(address, {}).values():
-            self.transport.forget(inbox)
 
     def _gone(self, h: dict[str, Any], sl: Slice) -> None:
         """A call for a proc mesh this agent does not have: every targeted rank answers "stopped"."""
@@ -453,7 +446,7 @@ class Agent:
             self._event({"k": "proc_exit", "m": p.mesh_id, "rk": p.rank}, f)
             self._maybe_stopped(mesh)
         if p.addr:
-            self._forget_proc(p.addr)
+            self.inboxes.forget_proc(p.addr)
 
     def _template_event(self) -> None:
         try:
@@ -505,7 +498,7 @@ class Agent:
                 self._event({"k": "proc_exit", "m": p.mesh_id, "rk": p.rank}, f)
             self._maybe_stopped(mesh)
         if p.addr:  # its socket would retry and queue for nobody (and count against ZeroMQ's limit)
-            self._forget_proc(p.addr)
+            self.inboxes.forget_proc(p.addr)
 
     def _drain(self, p: ProcEntry) -> None:
         """Read what a dead proc left in its pipes, so its last words (a traceback) are reported."""

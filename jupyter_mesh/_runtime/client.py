@@ -33,6 +33,7 @@ from ..errors import (
     SupervisionError,
 )
 from . import interrupts
+from .inboxes import ActorInboxes
 from .outcomes import Outcomes
 from .pending import DIRECT, GATHER, NO_REPLY, Pending, Stream
 from .replies import ReplyBox, ReplyBoxes
@@ -76,9 +77,7 @@ class Client(Outcomes, Supervision):
         self._seq: dict[str, list[int]] = {}
         self._actor_mesh: dict[str, str] = {}  # actor id -> proc mesh id
         self._moved: dict[tuple[str, int], str] = {}  # respawned ranks' new addresses
-        # proc address -> actor id -> that actor's own inbox (learnt from spawn replies). Keyed by the
-        # proc's address, so a respawned rank (a new proc, a new address) never gets a stale inbox.
-        self._actor_inbox: dict[str, dict[str, str]] = {}
+        self.inboxes = ActorInboxes(transport)  # actors' own inboxes, learnt from spawn replies
         self._deferred: list[tuple[Pending, str]] = []  # cancels asked for by finalizers
         self._failed: dict[tuple[str, int], Failure] = {}
         self._stopped: set[str] = set()
@@ -254,16 +253,11 @@ class Client(Outcomes, Supervision):
         return self._moved.get((ref.mesh_id, rank)) or ref.proc_addrs[rank]
 
     def _actor_addr(self, ref: ProcMeshRef, rank: int, actor_id: str) -> str:
-        """Where a call to one actor goes: its own inbox if known, else its proc's (which hands it on)."""
-        proc = self._proc_addr(ref, rank)
-        inboxes = self._actor_inbox.get(proc)
-        return inboxes.get(actor_id, proc) if inboxes else proc
+        return self.inboxes.address(self._proc_addr(ref, rank), actor_id)
 
     def forget_proc(self, address: str) -> None:
         """A proc is gone: close our sockets to it and to its actors' inboxes."""
-        self.transport.forget(address)
-        for inbox in self._actor_inbox.pop(address, {}).values():
-            self.transport.forget(inbox)
+        self.inboxes.forget_proc(address)
 
     def cast(self, mesh: ActorMesh[Any], endpoint: str, args: Any, kwargs: Any, mode: str) -> Any:
         ranks = mesh._shape.ranks()

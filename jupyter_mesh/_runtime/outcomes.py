@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     import threading
     from collections.abc import Callable
 
+    from .inboxes import ActorInboxes
+
 __all__ = ["Outcomes"]
 
 _PROC_DEATH = frozenset({"exit", "signal", "heartbeat"})
@@ -32,7 +34,7 @@ class Outcomes:
         _lock: threading.Lock
         _pending: dict[int, Pending]
         _failed: dict[tuple[str, int], Failure]
-        _actor_inbox: dict[str, dict[str, str]]
+        inboxes: ActorInboxes
         activity: Callable[[str, list[int], int], None] | None
 
     def on_reply(self, msg: Message) -> None:
@@ -146,7 +148,7 @@ class Outcomes:
             )
         if ok == OK:
             if p.mode == "spawn" and isinstance(value, tuple):  # (proc inbox, actor inbox)
-                self._actor_inbox.setdefault(value[0], {})[p.actor_id] = value[1]
+                self.inboxes.learn(value[0], p.actor_id, value[1])
                 return None
             return value
         if ok == BROKEN:

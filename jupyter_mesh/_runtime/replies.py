@@ -61,8 +61,7 @@ class ReplyBox:
         self._bell_lock = threading.Lock()
         self.lock = threading.Lock()
         self.owner = 0  # thread ident; 0 while in the pool
-        self.owner_thread: weakref.ref[threading.Thread] | None = None
-        self.holder: weakref.ref[_Held] | None = None  # dead once the owner thread let go of it
+        self.holder: weakref.ref[_Held] | None = None  # dead once the owner thread let go (or ended)
         self.readers: set[object] = set()  # reads running on the owner's thread (nested ones too)
         self.adopted = False  # the receive thread reads it
         self.adopt_asked = False  # asked while the owner was reading: handed over when it stops
@@ -227,8 +226,7 @@ class ReplyBoxes:
             else:
                 return None
             with box.lock:
-                box.owner, box.owner_thread = ident, weakref.ref(threading.current_thread())
-                box.holder = weakref.ref(held, self._let_go)
+                box.owner, box.holder = ident, weakref.ref(held, self._let_go)
                 box.adopted = box.adopt_asked = False
             held.box = box
         return box
@@ -274,11 +272,10 @@ class ReplyBoxes:
                     self._watched.discard(box)
                     self.transport.unwatch(box.sock)
                     with self._lock, box.lock:
-                        box.owner, box.owner_thread, box.adopted, box.holder = 0, None, False, None
+                        box.owner, box.adopted, box.holder = 0, False, None
                         self._free.append(box)
                 continue
-            owner = box.owner_thread() if box.owner_thread is not None else None
-            gone = owner is None or not owner.is_alive() or box.holder is None or box.holder() is None
+            gone = box.holder is None or box.holder() is None  # its thread ended, or took another box
             if box.depth or (not gone and now - box.last_send < SWEEP_S):
                 continue
             if box in busy:  # replies due and nobody reading: take it
@@ -286,7 +283,7 @@ class ReplyBoxes:
             elif gone:  # its thread ended (or took another box): back to the pool
                 with self._lock, box.lock:
                     if box.depth == 0 and not box.adopted:
-                        box.owner, box.owner_thread, box.holder = 0, None, None
+                        box.owner, box.holder = 0, None
                         self._free.append(box)
         if busy or self._watched or any(b.depth for b in self._all):
             self._sweeping = True
