@@ -17,6 +17,7 @@ from ._state import MeshEvent, MeshState, ProcState, RankState
 from ._value_mesh import ValueMesh
 from .errors import (
     ActorError,
+    DeliveryError,
     Failure,
     MeshCancelledError,
     MeshClosedError,
@@ -48,6 +49,7 @@ __all__ = [
     "Actor",
     "ActorError",
     "ActorMesh",
+    "DeliveryError",
     "Extent",
     "Failure",
     "Future",

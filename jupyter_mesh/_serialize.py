@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import socket
 import sys
 import types
 import warnings
@@ -56,13 +57,41 @@ def _reduce_tensor(torch: Any, t: Any) -> Any:
     )
 
 
+def _rebuild_memoryview(buf: Any, fmt: str, shape: tuple[int, ...]) -> memoryview:
+    m = memoryview(buf)
+    return m if fmt == "B" and len(shape) == 1 else m.cast("B").cast(fmt, shape)
+
+
+def _reduce_memoryview(m: memoryview) -> Any:
+    """A memoryview arrives as a memoryview (over the received frame: no copy) with its format and shape;
+    plain pickle refuses them. Non-contiguous views are copied first."""
+    if not m.c_contiguous:
+        m = memoryview(m.tobytes()).cast(m.format, m.shape) if m.ndim else memoryview(m.tobytes())
+    shape = tuple(m.shape or ())
+    return _rebuild_memoryview, (pickle.PickleBuffer(m.cast("B") if m.ndim else m), m.format, shape)
+
+
+# Things that only make sense in this process: cloudpickle would send an open file's *content* and a
+# socket cannot travel at all. Refused with a clear error instead (the standard streams excepted:
+# cloudpickle sends them by name, so a function that prints still travels).
+_LOCAL_ONLY = (io.IOBase, socket.socket)
+
+
 class _Pickler(cloudpickle.Pickler):
     def reducer_override(self, obj: Any) -> Any:
         torch = sys.modules.get("torch")
         if torch is not None and type(obj) in (torch.Tensor, torch.nn.Parameter):
             return _reduce_tensor(torch, obj)
-        if type(obj) is types.CodeType:
+        t = type(obj)
+        if t is types.CodeType:
             return _reduce_code_keep_filename(obj)
+        if t is memoryview:
+            return _reduce_memoryview(obj)
+        if isinstance(obj, _LOCAL_ONLY) and obj not in (sys.stdout, sys.stderr, sys.stdin):
+            raise pickle.PicklingError(
+                f"{t.__name__} objects (open files, sockets) belong to this process and cannot travel; "
+                "send the data (or a path) instead"
+            )
         return super().reducer_override(obj)
 
 

@@ -202,8 +202,11 @@ class Transport:
         tracker = None
         with lock:
             try:
-                if len(frames) > 3:  # buffers go without a copy; we wait below until ZeroMQ is done
-                    tracker = sock.send_multipart(frames, copy=False, track=True)
+                if len(frames) > 3:  # buffers go without a copy
+                    if _all_received(frames):  # a relay: ZeroMQ already owns these (refcounted, shareable)
+                        sock.send_multipart(frames, copy=False)
+                    else:  # the caller's memory: we wait below until ZeroMQ let go of it
+                        tracker = sock.send_multipart(_unwrapped(frames), copy=False, track=True)
                 else:  # frame by frame with a plain int flag: send_multipart's enum arithmetic costs ~2 us
                     for f in frames[:-1]:
                         sock.send(f, _SNDMORE)
@@ -381,6 +384,18 @@ def _hmac_state(key: bytes) -> Any:
         return _hashlib.hmac_new(key, b"", "sha256")
     except (ImportError, AttributeError, ValueError):
         return hmac.new(key, digestmod=hashlib.sha256)
+
+
+def _all_received(frames: Sequence[Any]) -> bool:
+    """Are all buffer frames ``zmq.Frame``s received off a socket? Those can be re-sent as they are, to
+    any number of peers, with no copy and nothing to wait for: ZeroMQ counts their references."""
+    return all(isinstance(f, zmq.Frame) for f in frames[3:])
+
+
+def _unwrapped(frames: Sequence[Any]) -> list[Any]:
+    """For a tracked send: pyzmq refuses to track a received ``zmq.Frame`` ("Not a tracked message"),
+    so such frames go as views of their memory (still no copy) when mixed with the caller's buffers."""
+    return [f.buffer if isinstance(f, zmq.Frame) else f for f in frames]
 
 
 def _bytes(f: Any) -> bytes:

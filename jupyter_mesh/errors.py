@@ -5,6 +5,7 @@
     MeshError                       base of everything below
     ├── ActorError                  an endpoint (or an actor's __init__) raised on a remote rank
     ├── SupervisionError            a proc or host died or stopped answering (a peer *broke* it)
+    ├── DeliveryError               a message could not be handed to a rank that is still alive
     ├── MeshClosedError             you stopped the mesh (or it was never started): it is *closed*
     ├── MeshTimeoutError            a wait ran out; ``phase`` says which (spawn, call, stop, transfer)
     │                               (also a builtin ``TimeoutError``)
@@ -27,6 +28,7 @@ from typing import Any
 
 __all__ = [
     "ActorError",
+    "DeliveryError",
     "Failure",
     "MeshCancelledError",
     "MeshClosedError",
@@ -102,7 +104,8 @@ class ActorError(MeshError):
 
 @dataclass(frozen=True)
 class Failure:
-    """Why a rank stopped working: ``kind`` is one of exit, signal, heartbeat, init, start, stopped."""
+    """Why a rank stopped working: ``kind`` is one of exit, signal, heartbeat, init, start, stopped
+    (or ``delivery``: the rank works, one message did not reach it; see :class:`DeliveryError`)."""
 
     mesh: str
     coords: Mapping[str, int]
@@ -153,6 +156,30 @@ class SupervisionError(MeshError):
             lines.append(f"{label}:\n" + with_tb.traceback.rstrip())
         lines.append("What to do: " + _KIND_HINTS.get(first.kind, "inspect the failure, then respawn"))
         return "\n".join(lines)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.failures, self.context))
+
+
+class DeliveryError(MeshError):
+    """A call (or spawn) could not be handed to some ranks, which are still alive and usable: the
+    sender or the relaying agent failed to send it. ``failures`` (kind ``delivery``) say why, per rank.
+    Nothing ran there, and no later call waits behind it: the call can simply be made again."""
+
+    def __init__(self, failures: Sequence[Failure], context: str = ""):
+        self.failures = list(failures)
+        self.context = context
+        first = self.failures[0]
+        lines = [
+            f"{len(self.failures)} rank(s) of mesh '{first.mesh}' did not get the message"
+            + (f" {self.context}" if self.context else "")
+            + " (their procs are alive):"
+        ]
+        lines += [f"  {f.describe()}" for f in self.failures[:16]]
+        if len(self.failures) > 16:
+            lines.append(f"  ... and {len(self.failures) - 16} more")
+        lines.append("What to do: nothing ran on those ranks; retry the call. If it keeps failing, report it.")
+        super().__init__("\n".join(lines))
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.failures, self.context))

@@ -141,6 +141,7 @@ class Agent:
                 g = Gather(mesh.mesh_id, h.get("rt") or h["s"], h["i"], {p.rank for p in targets})
                 self.gathers[(h["s"], h["i"])] = g
         dead = []
+        undelivered: list[tuple[ProcEntry, BaseException]] = []
         actor_id = h["a"] if h["k"] == "c" else ""  # a spawn goes to the proc: its actor has no inbox yet
         for p in targets:
             if not (p.alive and p.up):  # dead, or not up yet (a respawn or grow under way)
@@ -148,10 +149,26 @@ class Agent:
                 continue
             try:
                 self.transport.send_raw(self.inboxes.address(p.addr, actor_id), frames)
-            except Exception:  # noqa: BLE001 - one bad peer must not starve the others
-                dead.append(p)
+            except Exception as e:  # noqa: BLE001 - one bad peer must not starve the others
+                undelivered.append((p, e))
         for p in dead:
             self._broken(h, p)
+        for p, exc in undelivered:
+            self._undelivered(h, p, exc)
+
+    def _undelivered(self, h: dict[str, Any], p: ProcEntry, err: BaseException) -> None:
+        """A relay to a live proc failed: release its sequence number there (or the actor would wait
+        for it forever) and tell the caller what happened, as what it is, not as a death."""
+        seq = h["q"] if "rk" in h or isinstance(h["q"], int) else h["q"][Slice.from_wire(h["sl"]).index_of(p.rank)]
+        skip = {"k": "skip", "a": h["a"], "n": h.get("n", ""), "s": h["s"], "q": seq, "rk": p.rank, "ck": h["k"]}
+        try:
+            self.transport.send(p.addr, Message(skip))
+        except Exception as e2:  # noqa: BLE001 - not even a header gets through: the proc is unusable
+            print(f"jupyter-mesh agent: cannot reach proc {p.pid} ({e2!r}); killing it", file=sys.stderr)
+            kill(p.pid, signal.SIGKILL)  # its exit is reported as a failure, with this line as cause
+        what = "spawn" if h["k"] == "spawn" else f"call of {h.get('m', '?')}"
+        f = self._failure(p, "delivery", f"the host agent could not relay the {what} to proc {p.pid}: {err!r}")
+        self._reply_failure(h, p, f)
 
     def _gone(self, h: dict[str, Any], sl: Slice) -> None:
         """A call for a proc mesh this agent does not have: every targeted rank answers "stopped"."""
@@ -184,7 +201,11 @@ class Agent:
         )
 
     def _broken(self, h: dict[str, Any], p: ProcEntry) -> None:
-        f = self._failure(p, "exit", f"proc {p.pid} is not running")
+        why = "is not running" if not p.alive else "is still starting (a respawn or grow is under way)"
+        self._reply_failure(h, p, self._failure(p, "exit" if not p.alive else "start", f"proc {p.pid} {why}"))
+
+    def _reply_failure(self, h: dict[str, Any], p: ProcEntry, f: Failure) -> None:
+        """Answer for rank ``p`` of a relayed call with ``f`` (in its gather, or straight to the caller)."""
         if h["rm"] == GATHER:
             self._add_to_gather((h["s"], h["i"]), p.rank, BROKEN, dumps(f)[0], [])
         elif h["rm"] == DIRECT:

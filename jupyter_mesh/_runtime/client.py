@@ -15,6 +15,7 @@ It turns endpoint calls into signed messages and replies into futures:
 from __future__ import annotations
 
 import itertools
+import pickle
 import queue
 import threading
 from collections.abc import Callable, Iterator
@@ -24,6 +25,7 @@ from .._future import Future
 from .._serialize import describe_unpicklable, dumps
 from .._transport import Message, Transport
 from ..errors import (
+    DeliveryError,
     Failure,
     MeshCancelledError,
     MeshClosedError,
@@ -35,7 +37,7 @@ from ..errors import (
 from . import interrupts
 from .inboxes import ActorInboxes
 from .outcomes import Outcomes
-from .pending import DIRECT, GATHER, NO_REPLY, Pending, Stream
+from .pending import BROKEN, DIRECT, GATHER, NO_REPLY, Pending, Stream
 from .replies import ReplyBox, ReplyBoxes
 from .supervision import Supervision
 
@@ -304,6 +306,7 @@ class Client(Outcomes, Supervision):
         ref = mesh._ref
         hosts = sorted({ref.rank_host[r] for r in ranks})
         trackers: list[Any] = []
+        undelivered: list[tuple[int, Failure]] = []
         held = interrupts.hold()  # Ctrl-C waits until the call is sent and counted, or known unsent
         try:
             with self._lock:
@@ -323,12 +326,25 @@ class Client(Outcomes, Supervision):
                     for h in hosts:
                         trackers.append(self.transport.send_raw(ref.agent_addrs[h], frames, wait=False))
                         sent += 1
-                except BaseException:
+                except BaseException as e:
                     if not sent:  # nobody got it: as if it never happened
                         self._unseq(mesh, ranks)
                         if p is not None:
                             self._pending.pop(header["i"], None)
-                    raise
+                        if isinstance(e, Exception):
+                            raise DeliveryError(
+                                [Failure(ref.name, {}, "delivery", f"not sent to any host: {e!r}")],
+                                f"calling {mesh._class_name}.{header.get('m', '__init__')}",
+                            ) from e
+                        raise
+                    # some hosts have it: the others' ranks get their numbers back and fail as undelivered
+                    unsent_hosts = set(hosts[sent:])
+                    unsent = [r for r in ranks if ref.rank_host[r] in unsent_hosts]
+                    self._unseq(mesh, unsent)
+                    undelivered = [
+                        (r, Failure(ref.name, ref.coords(r), "delivery", f"not sent to its host agent: {e!r}"))
+                        for r in unsent
+                    ]
         finally:
             if held:
                 interrupts.release()
@@ -336,6 +352,9 @@ class Client(Outcomes, Supervision):
             self.transport.wait_sent(tracker)
         if p is not None and self.activity is not None:
             self.activity(ref.mesh_id, ranks, 1)
+        if undelivered and p is not None:
+            for r, f in undelivered:
+                self._add(p, p.call_id, r, BROKEN, pickle.dumps(f), [])
 
     def call_rank(self, mesh: ActorMesh[Any], rank: int, endpoint: str, args: Any, kwargs: Any) -> Future[Any]:
         # the latency path (W2): keep it lean
@@ -382,7 +401,9 @@ class Client(Outcomes, Supervision):
                     except BaseException as e:  # never sent (full /dev/shm, closed): no gap, nothing pending
                         self._unseq(mesh, [rank])
                         self._pending.pop(call_id, None)
-                        err = MeshCancelledError(f"{what} was not sent: {e!r}")
+                        err = DeliveryError(
+                            [Failure(ref.name, ref.coords(rank), "delivery", f"not sent: {e!r}")], context
+                        )
                         if not isinstance(e, Exception):
                             self._after_unsent(ref, rank, fut, err)
                             raise

@@ -15,7 +15,15 @@ from .._future import Future
 from .._serialize import loads
 from .._transport import Message
 from .._value_mesh import ValueMesh
-from ..errors import ActorError, Failure, MeshError, RemoteFailure, SerializationError, SupervisionError
+from ..errors import (
+    ActorError,
+    DeliveryError,
+    Failure,
+    MeshError,
+    RemoteFailure,
+    SerializationError,
+    SupervisionError,
+)
 from .pending import BROKEN, OK, Pending, remote_failure
 
 if TYPE_CHECKING:
@@ -95,7 +103,7 @@ class Outcomes:
         if isinstance(outcome, RemoteFailure):
             f._set_exception(ActorError([outcome], total=len(p.ranks)))
         elif isinstance(outcome, Failure):
-            f._set_exception(SupervisionError([outcome], f"during {p.actor}.{p.endpoint}"))
+            f._set_exception(_broken_error([outcome], f"during {p.actor}.{p.endpoint}"))
         else:
             f._set_result(outcome)
         p.stream_q.put(f)
@@ -160,7 +168,7 @@ class Outcomes:
         if p.mode == "stream":
             return
         if p.broken:
-            p.future._set_exception(SupervisionError(p.broken, f"during {p.actor}.{p.endpoint}"))
+            p.future._set_exception(_broken_error(p.broken, f"during {p.actor}.{p.endpoint}"))
         elif p.raised:
             p.raised.sort(key=lambda f: tuple(f.coords.values()))
             p.future._set_exception(ActorError(p.raised, total=len(p.ranks)))
@@ -175,3 +183,11 @@ class Outcomes:
     def _finish(self, call_id: int) -> None:
         with self._lock:
             self._pending.pop(call_id, None)
+
+
+def _broken_error(broken: list[Failure], context: str) -> MeshError:
+    """Dead or failed ranks make a :class:`SupervisionError`; if every rank that did not answer is
+    alive and only missed the message, it is a :class:`DeliveryError` (a retry will do)."""
+    if all(f.kind == "delivery" for f in broken):
+        return DeliveryError(broken, context)
+    return SupervisionError(sorted(broken, key=lambda f: f.kind == "delivery"), context)  # deaths first

@@ -202,6 +202,15 @@ class ActorHost:
         k = msg.header["k"]
         if k == "spawn":
             self._spawn(msg)
+        elif k == "skip":  # a message the agent could not relay: its number is released, nothing runs
+            if msg.header.get("ck") == "spawn":  # and this actor never came to be: say so to its callers
+                self.init_failure = Failure(
+                    self.name,
+                    self.runtime.coords,
+                    "init",
+                    f"{self.name} was never created on this proc (its spawn could not be relayed); "
+                    "spawn the actor mesh again",
+                )
         elif k == "supervise":
             self._used_loop = True
             self.loop.run_until_complete(self._supervise(msg.payload))  # type: ignore[arg-type]
@@ -401,7 +410,7 @@ class ProcRuntime:
 
     def handle(self, msg: Message, frames: list[Any]) -> None:
         k = msg.header["k"]
-        if k == "c" or k == "spawn":
+        if k == "c" or k == "spawn" or k == "skip":
             self._deliver(msg)
         elif k == "r" or k == "g":
             self.client.on_reply(msg)
@@ -450,8 +459,8 @@ class ProcRuntime:
             return
         h["_q"] = seq
         actor_id = h["a"]
-        if h["k"] == "spawn":
-            host = self.actors[actor_id] = ActorHost(self, actor_id, h["n"])
+        if h["k"] == "spawn" or (h["k"] == "skip" and h.get("ck") == "spawn" and actor_id not in self.actors):
+            host = self.actors[actor_id] = ActorHost(self, actor_id, h.get("n", actor_id))
             host.enqueue(msg)
             for m in self._orphans.pop(actor_id, []):
                 host.enqueue(m)
