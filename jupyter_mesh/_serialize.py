@@ -58,11 +58,11 @@ def _reduce_tensor(torch: Any, t: Any) -> Any:
 
 
 def _rebuild_memoryview(buf: Any, fmt: str, shape: tuple[int, ...]) -> memoryview:
-    m = memoryview(buf)
+    m: Any = memoryview(buf)  # typeshed types cast() by literal formats only
     return m if fmt == "B" and len(shape) == 1 else m.cast("B").cast(fmt, shape)
 
 
-def _reduce_memoryview(m: memoryview) -> Any:
+def _reduce_memoryview(m: Any) -> Any:
     """A memoryview arrives as a memoryview (over the received frame: no copy) with its format and shape;
     plain pickle refuses them. Non-contiguous views are copied first."""
     if not m.c_contiguous:

@@ -104,7 +104,7 @@ class ActorError(MeshError):
 
 @dataclass(frozen=True)
 class Failure:
-    """Why a rank stopped working: ``kind`` is one of exit, signal, heartbeat, init, start, stopped
+    """Why a rank stopped working: ``kind`` is one of exit, signal, heartbeat, agent, init, start, stopped
     (or ``delivery``: the rank works, one message did not reach it; see :class:`DeliveryError`)."""
 
     mesh: str
@@ -116,6 +116,8 @@ class Failure:
     signal: int | None = None
 
     def describe(self) -> str:
+        if not self.mesh:  # a host's agent, not a rank
+            return self.detail
         return f"[{format_coords(self.coords)}] {self.detail}"
 
 
@@ -123,6 +125,8 @@ _KIND_HINTS = {
     "exit": "the proc exited; look at its output above, then respawn the rank or re-create the mesh",
     "signal": "the proc was killed by a signal (OOM killer? kill -9?); respawn the rank or re-create the mesh",
     "heartbeat": "the proc or its host stopped answering; check the host, then respawn",
+    "agent": "the host's agent is gone (with every proc of that host); spawn a new proc mesh: "
+    "this_host() and LocalJob start a fresh agent for it",
     "init": "the actor's __init__ raised; fix the constructor and spawn the actor mesh again",
     "start": "the proc failed to start; check the preload modules and the environment",
     "stopped": "its proc mesh was stopped; spawn a new one",
@@ -142,11 +146,8 @@ class SupervisionError(MeshError):
 
     def _message(self) -> str:
         first = self.failures[0]
-        lines = [
-            f"{len(self.failures)} rank(s) of mesh '{first.mesh}' failed"
-            + (f" {self.context}" if self.context else "")
-            + ":"
-        ]
+        what = f"{len(self.failures)} rank(s) of mesh '{first.mesh}'" if first.mesh else "a host agent"
+        lines = [f"{what} failed" + (f" {self.context}" if self.context else "") + ":"]
         lines += [f"  {f.describe()}" for f in self.failures[:16]]
         if len(self.failures) > 16:
             lines.append(f"  ... and {len(self.failures) - 16} more")
@@ -178,7 +179,10 @@ class DeliveryError(MeshError):
         lines += [f"  {f.describe()}" for f in self.failures[:16]]
         if len(self.failures) > 16:
             lines.append(f"  ... and {len(self.failures) - 16} more")
-        lines.append("What to do: nothing ran on those ranks; retry the call. If it keeps failing, report it.")
+        lines.append(
+            "What to do: nothing ran on those ranks; make the call again (a spawn: spawn the actor mesh "
+            "again). If it keeps failing, report it."
+        )
         super().__init__("\n".join(lines))
 
     def __reduce__(self) -> tuple[Any, ...]:

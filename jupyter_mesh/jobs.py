@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import IO, Any, Protocol
@@ -56,13 +58,14 @@ class LocalJob:
         self._procs: list[subprocess.Popen[bytes]] = []
         self._waiters: list[Future[dict[str, Any]]] = []
         self._agents: list[AgentHandle] | None = None
+        self._lost: set[int] = set()  # host indices whose agent is gone: replaced on next use
         self._stopped = False
         for i in range(hosts):  # start now: the templates warm up while the user writes code
             self._start_agent(i)
 
     def _start_agent(self, index: int) -> None:
         nonce = secrets.token_hex(8)
-        self._waiters.append(self._controller.expect_agent(nonce))
+        waiter = self._controller.expect_agent(nonce)
         cfg = {
             "key": self._controller.key.hex(),
             "controller": self._controller.address,
@@ -80,11 +83,45 @@ class LocalJob:
         stdin: IO[bytes] = p.stdin  # type: ignore[assignment]
         stdin.write(json.dumps(cfg).encode() + b"\n")  # the key travels over this private pipe only
         stdin.flush()  # stdin stays open: its EOF is the agent's signal that we are gone
-        self._procs.append(p)
+        if index < len(self._procs):  # a replacement for a lost agent
+            self._procs[index], self._waiters[index] = p, waiter
+        else:
+            self._procs.append(p)
+            self._waiters.append(waiter)
+        threading.Thread(target=self._watch, args=(index, p, waiter), name=f"agent-{index}-exit", daemon=True).start()
+
+    def _watch(self, index: int, p: subprocess.Popen[bytes], up: Future[dict[str, Any]]) -> None:
+        """An agent that exits while its job runs is lost at once (ms), not after a heartbeat timeout."""
+        code = p.wait()
+        if self._stopped or self._controller.is_closed:
+            return
+        if up.done() and up.exception() is None:
+            how = f"killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
+            self._controller.agent_lost(up.result()["addr"], f"its process (pid {p.pid}) {how}")
+
+    def agent_lost(self, addr: str) -> None:
+        """From the controller: the agent at ``addr`` is gone for good. Make sure its process is (a stalled
+        one must not wake up), and start a fresh agent for that host when the job is next used."""
+        for a in self._agents or []:
+            if a.addr == addr:
+                self._lost.add(a.index)
+                try:
+                    self._procs[a.index].kill()
+                except OSError:
+                    pass
 
     def agents(self, timeout: float = 60.0) -> list[AgentHandle]:
         if self._stopped:
             raise MeshClosedError("this job was stopped; create a new one")
+        for i in sorted(self._lost):  # a lost host gets a fresh agent: new meshes work, old ones stay failed
+            self._lost.discard(i)
+            print(f"jupyter_mesh: the agent of host {i} was lost; starting a new one", file=sys.stderr)
+            old = self._procs[i]
+            old.wait()
+            if old.stdin is not None:
+                old.stdin.close()
+            self._start_agent(i)
+            self._agents = None
         if self._agents is None:
             out = []
             for i, (w, p) in enumerate(zip(self._waiters, self._procs)):
@@ -144,6 +181,13 @@ class LocalJob:
 
     def __repr__(self) -> str:
         return f"<LocalJob hosts={self._n}>"
+
+
+def _signal_name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
 
 
 _this_host: HostMesh | None = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -59,9 +60,10 @@ def test_silent_host_agent_fails_its_ranks():
         with pytest.raises(SupervisionError, match="stopped answering heartbeats") as ei:
             fut.get(timeout=10)
         assert time.monotonic() - t0 < 5.0
-        assert {x.kind for x in ei.value.failures} == {"heartbeat"}
+        assert {x.kind for x in ei.value.failures} == {"agent"}
         assert wait_for(lambda: all(r.state == ProcState.FAILED for r in pm.state().ranks), 2)
     finally:
-        os.kill(agent, signal.SIGCONT)
+        with contextlib.suppress(ProcessLookupError):  # a lost agent is killed: it may be gone
+            os.kill(agent, signal.SIGCONT)
         job.stop()
     assert not wait_dead([agent], 5)

@@ -12,6 +12,7 @@ template's socket (fork results, child exits) and every proc's stdout/stderr pip
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import selectors
@@ -52,6 +53,12 @@ class Agent:
         self.meshes: dict[str, MeshEntry] = {}
         self.gathers: dict[tuple[str, int], Gather] = {}
         self.inboxes = ActorInboxes(self.transport)  # relays of calls go straight to actors' inboxes
+        # fault injection, for tests of the undelivered path: "c:2,spawn:1" fails the next two relays of
+        # calls and the next one of a spawn, as a send error would
+        self._failing_relays = {
+            kind: int(n)
+            for kind, _, n in (x.partition(":") for x in os.environ.get("JUPYTER_MESH_FAIL_RELAYS", "").split(",") if x)
+        }
         self.fork_tokens: dict[int, ProcEntry] = {}
         self._tokens = iter(range(1, 1 << 62))
         self.shutting_down = False
@@ -60,6 +67,13 @@ class Agent:
         # pipes, the template and its lifeline
         self.sel = selectors.DefaultSelector()
         self.lifeline_r, self.lifeline_w = os.pipe()
+        self.preload: list[str] = list(cfg.get("preload") or [])  # what every template of ours imports
+        self._start_template()
+        self.wake_r, self.wake_w = os.pipe()
+        self.sel.register(self.wake_r, selectors.EVENT_READ, ("wake", None))
+
+    def _start_template(self) -> None:
+        """(Re)start the fork server; a new one imports every module meshes of this host asked for."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.tsock = ours
         self.template = subprocess.Popen(
@@ -68,12 +82,38 @@ class Agent:
             stdin=subprocess.DEVNULL,
         )
         theirs.close()
-        self._tsend({"op": "key", "key": cfg["key"]})
-        if cfg.get("preload"):
-            self._tsend({"op": "preload", "modules": cfg["preload"], "token": 0})
+        self._tsend({"op": "key", "key": self.key.hex()})
+        if self.preload:
+            self._tsend({"op": "preload", "modules": self.preload, "token": 0})
         self.sel.register(self.tsock, selectors.EVENT_READ, ("template", None))
-        self.wake_r, self.wake_w = os.pipe()
-        self.sel.register(self.wake_r, selectors.EVENT_READ, ("wake", None))
+
+    def _template_died(self) -> None:
+        """The fork server died (its procs die with it, by PR_SET_PDEATHSIG): report each of them with
+        that cause, fail starts still waiting for a fork, and start a new fork server so the host
+        stays usable (respawn, new meshes)."""
+        try:
+            code = self.template.wait(2.0)
+        except subprocess.TimeoutExpired:
+            self.template.kill()
+            code = self.template.wait(2.0)
+        how = describe_exit(ProcEntry("", 0, ""), code if code >= 0 else None, -code if code < 0 else None)
+        cause = f"its host's fork server (template, pid {self.template.pid}) {how}, taking its procs with it"
+        self.sel.unregister(self.tsock)
+        self.tsock.close()
+        with self.lock:
+            forked = [p for p in self.procs.values() if p.alive and p.pid]
+            unborn = list(self.fork_tokens.values())
+            self.fork_tokens.clear()
+        for p in forked:
+            kill(p.pid, signal.SIGKILL)
+            self._proc_exited(p.pid, None, signal.SIGKILL, cause)
+        for p in unborn:  # asked for, never forked: those starts fail with the cause
+            p.alive, p.tail = False, collections.deque([cause + "\n"], maxlen=30)
+        with self.lock:
+            for mesh in {self.meshes[p.mesh_id] for p in unborn if p.mesh_id in self.meshes}:
+                self._check_waiters(mesh)
+        print(f"jupyter-mesh agent: {cause}; starting a new one", file=sys.stderr)
+        self._start_template()
 
     # -- plumbing ---------------------------------------------------------------------------------
     def _tsend(self, obj: dict[str, Any], fds: list[int] = ()) -> None:  # type: ignore[assignment]
@@ -148,6 +188,9 @@ class Agent:
                 dead.append(p)
                 continue
             try:
+                if self._failing_relays.get(h["k"], 0) > 0:
+                    self._failing_relays[h["k"]] -= 1
+                    raise OSError("injected relay failure (JUPYTER_MESH_FAIL_RELAYS)")
                 self.transport.send_raw(self.inboxes.address(p.addr, actor_id), frames)
             except Exception as e:  # noqa: BLE001 - one bad peer must not starve the others
                 undelivered.append((p, e))
@@ -235,6 +278,7 @@ class Agent:
             self.meshes[mesh.mesh_id] = mesh
             if h.get("preload"):
                 self._tsend({"op": "preload", "modules": h["preload"], "token": 0})
+                self.preload += [m for m in h["preload"] if m not in self.preload]
             self._start(mesh, mesh.ranks, (h["s"], h["i"]))
 
     def _start_procs(self, h: dict[str, Any]) -> None:
@@ -475,10 +519,8 @@ class Agent:
         except OSError:
             data = b""
         if not data:
-            if self.shutting_down:
-                return
-            print("jupyter-mesh agent: the template process died; shutting down", file=sys.stderr)
-            self.shutdown()
+            if not self.shutting_down:
+                self._template_died()
             return
         msg = json.loads(data)
         op = msg["op"]
@@ -495,7 +537,7 @@ class Agent:
         elif op == "preloaded" and msg["errors"]:
             print("jupyter-mesh agent: preload failed: " + "; ".join(msg["errors"]), file=sys.stderr)
 
-    def _proc_exited(self, pid: int, code: int | None, sig: int | None) -> None:
+    def _proc_exited(self, pid: int, code: int | None, sig: int | None, cause: str = "") -> None:
         with self.lock:
             p = self.by_pid.get(pid)
             if p is None or not p.alive:
@@ -509,7 +551,7 @@ class Agent:
         how = describe_exit(p, code, sig)
         kind = "signal" if sig else "exit"
         by = " (killed on request)" if p.killed_by_user else ""
-        f = self._failure(p, kind, f"proc {pid} {how}{by}", code, sig)
+        f = self._failure(p, kind, f"proc {pid} {how}{by}" + (f": {cause}" if cause else ""), code, sig)
         for key in pending:
             self._add_to_gather(key, p.rank, BROKEN, dumps(f)[0], [])
         if mesh is not None:

@@ -82,6 +82,7 @@ class Client(Outcomes, Supervision):
         self.inboxes = ActorInboxes(transport)  # actors' own inboxes, learnt from spawn replies
         self._deferred: list[tuple[Pending, str]] = []  # cancels asked for by finalizers
         self._failed: dict[tuple[str, int], Failure] = {}
+        self._lost_peers: dict[str, str] = {}  # agents gone for good -> why
         self._stopped: set[str] = set()
         # (mesh_id, ranks, +1 | -1): calls to ranks started / finished; the controller tracks busy/idle
         self.activity: Callable[[str, list[int], int], None] | None = None
@@ -463,9 +464,13 @@ class Client(Outcomes, Supervision):
     def request(self, address: str, header: dict[str, Any], obj: Any = None, what: str = "request") -> Future[Any]:
         """A control request (to an agent): the reply's payload is the future's value."""
         fut: Future[Any] = Future(what)
+        lost = self._lost_peers.get(address)
+        if lost is not None:  # known dead: fail now, naming it, rather than wait out a timeout
+            fut._set_exception(SupervisionError([Failure("", {}, "agent", lost)], f"during {what}"))
+            return fut
         payload, bufs = dumps(obj)
         with self._lock:
-            header["i"] = self._register(Pending(fut, "", "request"))
+            header["i"] = self._register(Pending(fut, "", "request", peer=address))
             header["s"] = self.address
             self.transport.send(address, Message(header, payload, bufs))
         return fut

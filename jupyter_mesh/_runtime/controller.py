@@ -14,6 +14,7 @@ import collections
 import heapq
 import os
 import secrets
+import signal
 import sys
 import threading
 import time
@@ -122,7 +123,7 @@ class Controller(Elastic):
         # liveness of agents: O(hosts) pings per interval, never O(procs)
         self.hb_timeout = float(os.environ.get("JUPYTER_MESH_HEARTBEAT_TIMEOUT", "3.0"))
         self._agent_seen: dict[str, float] = {}
-        self._agents_lost: set[str] = set()
+        self._agents_lost: dict[str, str] = {}  # agent address -> why it is gone for good
         self._hb_stop = threading.Event()
         self._hb_thread = threading.Thread(target=self._heartbeats, name="jupyter-mesh-heartbeat", daemon=True)
         self._hb_thread.start()
@@ -243,29 +244,49 @@ class Controller(Elastic):
                 if addr in self._agents_lost:
                     continue
                 if now - seen > self.hb_timeout:
-                    self._agents_lost.add(addr)
-                    self._host_lost(addr, now - seen)
+                    self.agent_lost(addr, f"it stopped answering heartbeats for {now - seen:.1f} s")
                     continue
                 try:
                     self.transport.send(addr, Message({"k": "hb"}))
                 except Exception:  # noqa: BLE001 - closing down
                     return
 
-    def _host_lost(self, addr: str, silent: float) -> None:
-        """An agent went silent: every rank on its host is failed (procs there may be unreachable)."""
+    def agent_lost(self, addr: str, why: str) -> None:
+        """An agent is gone for good: its process exited, or it went silent past the heartbeat timeout.
+
+        Every rank on its host fails with that cause, requests waiting on it fail now, and later ones
+        fail at once (``client.peer_lost``). A silent agent is told to shut down, and its job kills
+        it, so one that was only stalled (SIGSTOP, swapping) cannot wake up and act on stale state:
+        we never re-admit it; a ``LocalJob`` starts a fresh agent for that host on next use."""
+        with self._lock:
+            if addr in self._agents_lost or self._closed:
+                return
+            self._agents_lost[addr] = why
+        detail = f"the host agent at {addr} is lost: {why}"
+        try:
+            self.transport.send(addr, Message({"k": "shutdown"}))
+        except Exception:  # noqa: BLE001 - it may be gone already
+            pass
+        self.client.peer_lost(addr, detail)
+        for job in list(self._jobs):
+            forget = getattr(job, "agent_lost", None)
+            if forget is not None:
+                forget(addr)
+        self._host_lost(addr, detail)
+
+    def agent_loss(self, addr: str) -> str | None:
+        """Why the agent at ``addr`` is gone, or None while it is alive."""
+        return self._agents_lost.get(addr)
+
+    def _host_lost(self, addr: str, detail: str) -> None:
+        """Every rank on a lost agent's host is failed (its procs die with it, or are unreachable)."""
         for mesh_id, rec in list(self._meshes.items()):
             if rec.stopped or addr not in rec.ref.agent_addrs:
                 continue
             host = rec.ref.agent_addrs.index(addr)
             ranks = [r for r, h in enumerate(rec.ref.rank_host) if h == host and r not in rec.failures]
             for r in ranks:
-                f = Failure(
-                    rec.ref.name,
-                    rec.ref.coords(r),
-                    "heartbeat",
-                    f"the host agent at {addr} stopped answering heartbeats for {silent:.1f} s",
-                )
-                self._proc_exit(mesh_id, r, f)
+                self._proc_exit(mesh_id, r, Failure(rec.ref.name, rec.ref.coords(r), "agent", detail))
 
     def expect_agent(self, nonce: str) -> Future[dict[str, Any]]:
         fut: Future[dict[str, Any]] = Future("agent start")
@@ -275,6 +296,10 @@ class Controller(Elastic):
     def register_job(self, job: Job) -> None:
         self._check_open()
         self._jobs.append(job)
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed
 
     def _check_open(self) -> None:
         if self._closed:
@@ -330,7 +355,10 @@ class Controller(Elastic):
             except MeshError as e:
                 errors.append(e)
         if errors:
-            self.stop_procs(ref, 2.0)
+            try:  # undo; whatever happens here, the user sees the error that made us undo
+                self.stop_procs(ref, 2.0)
+            except Exception as e:  # noqa: BLE001
+                print(f"jupyter_mesh: while undoing the spawn of '{name}': {e}", file=sys.stderr)
             fails = [f for e in errors if isinstance(e, SupervisionError) for f in e.failures]
             if fails:
                 raise SupervisionError(fails, "while starting its procs")
@@ -376,16 +404,41 @@ class Controller(Elastic):
             )
             for a in ref.agent_addrs
         ]
-        for f in futs:
+        # bounded whatever state the mesh is in: an agent that is lost has taken its procs with it;
+        # one that does not confirm in time is lost too, and its procs are killed from here
+        deadline = time.monotonic() + timeout + 5.0
+        for h, f in enumerate(futs):
             try:
-                f.get(timeout + 5.0)
+                f.get(max(0.0, deadline - time.monotonic()))
+            except SupervisionError:
+                pass  # its agent is gone, and its procs with it
             except MeshTimeoutError:
-                raise MeshTimeoutError(
-                    "stop", timeout + 5.0, f"agents did not confirm that '{ref.name}' stopped"
-                ) from None
+                self._force_stop(rec, h, f"it did not confirm the stop of '{ref.name}' within {timeout + 5.0:g} s")
         for addr in ref.proc_addrs:
             if addr:
                 self.client.forget_proc(addr)
+
+    def _force_stop(self, rec: _ProcMeshRecord, host: int, why: str) -> None:
+        """An agent did not answer a stop: kill its procs of this mesh ourselves where we can (same
+        machine), give up on the agent, and say what was forced."""
+        ref = rec.ref
+        ranks = [r for r, h in enumerate(ref.rank_host) if h == host]
+        killed = []
+        if ref.host_keys and ref.host_keys[host] == _local_host_key():
+            for r in ranks:
+                pid = rec.pids.get(r)
+                if pid:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                        killed.append(pid)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+        self.agent_lost(ref.agent_addrs[host], why)
+        print(
+            f"jupyter_mesh: stopping '{ref.name}': the agent at {ref.agent_addrs[host]} {why.removeprefix('it ')}; "
+            f"forced: killed procs {killed or 'none (not on this machine)'}, agent given up",
+            file=sys.stderr,
+        )
 
     def _record_spawn(self, mesh: ActorMesh[Any], payload: bytes, bufs: list[Any]) -> None:
         rec = self._meshes.get(mesh._ref.mesh_id)

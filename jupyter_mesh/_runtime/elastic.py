@@ -3,6 +3,7 @@ proc mesh. Actor meshes spawned from here are re-created on new procs from their
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any
 
 from .._future import Future
@@ -149,7 +150,10 @@ class Elastic:
                     ref.proc_addrs[rank] = addr
                     rec.pids[rank] = pid
         except BaseException:
-            self._shrink(rec, old_shape, 5.0)  # undo: no half-grown mesh
+            try:  # undo: no half-grown mesh; whatever happens here, the user sees the original error
+                self._shrink(rec, old_shape, 5.0)
+            except Exception as e:  # noqa: BLE001
+                print(f"jupyter_mesh: while undoing the grow of '{ref.name}': {e}", file=sys.stderr)
             raise
         ref.shape = new_shape
         spawns = [

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Outcomes"]
 
-_PROC_DEATH = frozenset({"exit", "signal", "heartbeat"})
+_PROC_DEATH = frozenset({"exit", "signal", "heartbeat", "agent"})
 
 
 class Outcomes:

@@ -58,6 +58,7 @@ class Pending:
     call_id: int = 0
     actor_id: str = ""  # spawns: whose inbox addresses the replies carry
     box: ReplyBox | None = None  # where the replies go, if not to the client's inbox
+    peer: str = ""  # control requests: the agent that must answer (its loss fails the request)
 
     def fail(self, err: BaseException, ranks: int) -> None:
         """Nothing more will come for ``ranks`` of its ranks: a stream gets that many failed futures

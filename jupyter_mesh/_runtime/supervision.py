@@ -26,6 +26,7 @@ class Supervision:
         _seq: dict[str, list[int]]
         _actor_mesh: dict[str, str]
         _moved: dict[tuple[str, int], str]
+        _lost_peers: dict[str, str]
 
         def _add(self, p: Pending, call_id: int, rank: int, ok: int, payload: Any, bufs: list[Any]) -> None: ...
 
@@ -113,6 +114,19 @@ class Supervision:
                 MeshClosedError(f"proc mesh of '{p.actor}' was stopped while {p.endpoint} was pending"),
                 len(p.outstanding),
             )
+
+    def peer_lost(self, address: str, why: str) -> None:
+        """An agent is gone for good: requests waiting on it fail now, later ones at once."""
+        from ..errors import SupervisionError
+
+        with self._lock:
+            self._lost_peers[address] = why
+            hit = [p for p in self._pending.values() if p.peer == address]
+            for p in hit:
+                self._pending.pop(p.call_id, None)
+        for p in hit:
+            assert p.future is not None
+            p.future._set_exception(SupervisionError([Failure("", {}, "agent", why)], f"during {p.future._what}"))
 
     def fail_all(self, exc: BaseException) -> None:
         """The runtime is going away: nothing pending may hang."""

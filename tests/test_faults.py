@@ -1,0 +1,149 @@
+"""Faults of each process kind give a clear error within their timeout, and the mesh or job recovers.
+
+Relays that fail (injected in the agent with ``JUPYTER_MESH_FAIL_RELAYS``: the real undelivered path,
+nothing mocked), a stalled agent, a killed agent, a killed fork server (template), and stops of meshes
+in those states.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+
+import pytest
+from _procs import descendants, wait_dead, wait_for
+from actors import Counter, Faulty
+
+from jupyter_mesh import DeliveryError, LocalJob, ProcState, SupervisionError
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def failing_relays():
+    """A one-host job whose agent fails its next relay of a spawn and its next two relays of calls."""
+    os.environ["JUPYTER_MESH_FAIL_RELAYS"] = "spawn:1,c:2"
+    try:
+        job = LocalJob(hosts=1)
+        job.agents(30)
+    finally:
+        del os.environ["JUPYTER_MESH_FAIL_RELAYS"]
+    yield job
+    job.stop()
+    assert not wait_dead(job.pids(), 5)
+
+
+def test_failed_relay_is_a_delivery_error_and_leaves_no_gap(failing_relays):
+    pm = failing_relays.host_mesh().spawn_procs(per_host={"gpus": 2})
+    pids = set(pm.pids().values())
+    c = pm.spawn("c", Counter, 0)  # the relay to rank 0 fails: its actor never comes to be
+    with pytest.raises(DeliveryError, match=r"gpus=0\] the host agent could not relay the spawn") as ei:
+        c.initialized.get(10)
+    assert [f.kind for f in ei.value.failures] == ["delivery"] and "spawn the actor mesh again" in str(ei.value)
+    one = c.slice(gpus=1)
+    for _ in range(2):  # the next two relays of a call fail
+        with pytest.raises(DeliveryError, match=r"could not relay the call of incr.*injected") as ei2:
+            one.incr.call().get(10)
+        assert "procs are alive" in str(ei2.value)
+    # nothing ran, nothing is waited for: the next calls run at once, in order, on a live rank
+    assert list(one.incr.call().get(10).values()) == [1]
+    assert one.incr.call_one().get(10) == 2
+    assert all(r.state != ProcState.FAILED for r in pm.state().ranks)
+    # the actor whose spawn was lost says so to every later caller, on its rank only
+    with pytest.raises(SupervisionError, match="never created on this proc"):
+        c.slice(gpus=0).incr.call_one().get(10)
+    t0 = time.monotonic()
+    pm.stop(timeout=5)
+    assert time.monotonic() - t0 < 5
+    assert not wait_dead(pids, 5)
+
+
+def test_stalled_agent_is_given_up_and_replaced():
+    job = LocalJob(hosts=1)
+    try:
+        pm = job.host_mesh().spawn_procs(per_host={"gpus": 2})
+        pids = set(pm.pids().values())
+        f = pm.spawn("f", Faulty)
+        f.initialized.get(10)
+        agent = job.pids()[0]
+        os.kill(agent, signal.SIGSTOP)
+        with pytest.raises(SupervisionError, match="is lost: it stopped answering heartbeats"):
+            f.sleep.call(30).get(10)
+        with contextlib.suppress(ProcessLookupError):  # it is killed when given up: SIGCONT may find nobody
+            os.kill(agent, signal.SIGCONT)
+        # given up for good: the stalled agent and its procs are gone, nothing is re-admitted silently
+        assert not wait_dead(pids | {agent}, 5)
+        assert wait_for(lambda: all(r.state == ProcState.FAILED for r in pm.state().ranks), 2)
+        t0 = time.monotonic()
+        with pytest.raises(SupervisionError, match=r"(?s)host agent failed during respawn.*is lost"):
+            pm.respawn()
+        assert time.monotonic() - t0 < 1.0
+        with pytest.raises(SupervisionError, match="is lost"):
+            f.ok.call().get(5)
+        # the job starts a fresh agent for that host: a new mesh works
+        pm2 = job.host_mesh().spawn_procs(per_host={"gpus": 2})
+        assert list(pm2.spawn("c", Counter, 0).incr.call().get(20).values()) == [1, 1]
+        t0 = time.monotonic()
+        pm.stop(timeout=2)  # a mesh of a lost agent stops at once
+        assert time.monotonic() - t0 < 2.0
+        pm2.stop(timeout=5)
+    finally:
+        job.stop()
+    assert not wait_dead(job.pids(), 5)
+
+
+def test_killed_agent_fails_fast_and_is_replaced():
+    job = LocalJob(hosts=1)
+    try:
+        pm = job.host_mesh().spawn_procs(per_host={"gpus": 2})
+        f = pm.spawn("f", Faulty)
+        f.initialized.get(10)
+        fut = f.sleep.call(30)
+        agent = job.pids()[0]
+        t0 = time.monotonic()
+        os.kill(agent, signal.SIGKILL)
+        with pytest.raises(SupervisionError, match=rf"pid {agent}\) killed by SIGKILL"):
+            fut.get(10)
+        assert time.monotonic() - t0 < 2.0  # its exit is seen, no heartbeat timeout needed
+        t0 = time.monotonic()
+        with pytest.raises(SupervisionError, match=r"(?s)host agent failed during respawn.*killed by SIGKILL"):
+            pm.respawn()
+        assert time.monotonic() - t0 < 1.0
+        pm2 = job.host_mesh().spawn_procs(per_host={"gpus": 1})
+        assert pm2.spawn("c", Counter, 0).incr.call_one().get(20) == 1
+        pm.stop(timeout=2)
+        pm2.stop(timeout=5)
+    finally:
+        job.stop()
+    assert not wait_dead(job.pids(), 5)
+
+
+def test_killed_template_is_restarted_and_its_procs_reported():
+    job = LocalJob(hosts=1)
+    try:
+        pm = job.host_mesh().spawn_procs(per_host={"gpus": 2})
+        f = pm.spawn("f", Faulty)
+        f.initialized.get(10)
+        pids = set(pm.pids().values())
+        agent = job.pids()[0]
+        template = next(p for p in descendants(agent) if p not in pids and p not in descendants(next(iter(pids))))
+        fut = f.sleep.call(30)
+        t0 = time.monotonic()
+        os.kill(template, signal.SIGKILL)
+        with pytest.raises(SupervisionError, match=r"fork server .* killed by SIGKILL"):
+            fut.get(10)
+        assert time.monotonic() - t0 < 2.0
+        assert not wait_dead(pids, 3)
+        # the host is still usable: respawn in place, and new meshes
+        t0 = time.monotonic()
+        assert pm.respawn(timeout=20) == [0, 1]
+        assert list(f.ok.call().get(10).values()) == ["fine", "fine"]
+        pm2 = job.host_mesh().spawn_procs(per_host={"gpus": 1})
+        assert pm2.spawn("c", Counter, 0).incr.call_one().get(20) == 1
+        pm.stop(timeout=5)
+        pm2.stop(timeout=5)
+    finally:
+        job.stop()
+    assert not wait_dead(job.pids(), 5)
