@@ -19,6 +19,7 @@ import inspect
 import os
 import queue
 import secrets
+import signal
 import sys
 import threading
 import traceback
@@ -96,8 +97,14 @@ class ActorHost:
         self._started: dict[str, int] = {}  # sender -> id of its last call that started here
         self._interrupted = False  # an async KeyboardInterrupt was aimed at this thread
         self._used_loop = False  # only then can tasks be left running between messages
-        self.thread = threading.Thread(target=self._main, name=f"actor-{name}", daemon=True)
-        self.thread.start()
+        # the proc's first actor runs on its main thread, where signals are handled: a cancel then
+        # interrupts even a blocking call (sleep, select, socket, lock waits) — see ``cancel``
+        self.on_main = runtime.claim_main_thread(self)
+        if self.on_main:
+            self.thread = threading.main_thread()
+        else:
+            self.thread = threading.Thread(target=self._main, name=f"actor-{name}", daemon=True)
+            self.thread.start()
 
     def cancel(self, sender: str, call_id: int) -> None:
         """From the receive thread: stop call ``(sender, call_id)`` if it runs, skip it if queued."""
@@ -111,7 +118,10 @@ class ActorHost:
                 return
             if self._task is not None:
                 self.loop.call_soon_threadsafe(self._task.cancel)
-            else:  # a sync endpoint: KeyboardInterrupt at its next Python instruction
+            elif self.on_main:  # a sync endpoint on the main thread: a signal ends even a blocking call
+                self._interrupted = True
+                signal.pthread_kill(self.thread.ident or 0, _CANCEL_SIGNAL)
+            else:  # a sync endpoint on its own thread: KeyboardInterrupt at its next Python instruction
                 self._interrupted = True
                 ctypes.pythonapi.PyThreadState_SetAsyncExc(
                     ctypes.c_ulong(self.thread.ident or 0), ctypes.py_object(KeyboardInterrupt)
@@ -315,8 +325,9 @@ class ActorHost:
         with self._lock:
             self._current, self._task = None, None
             if self._interrupted:  # drop a KeyboardInterrupt that arrived too late
-                self._interrupted = False
-                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.thread.ident or 0), None)
+                self._interrupted = False  # (a late cancel signal finds this False and does nothing)
+                if not self.on_main:
+                    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.thread.ident or 0), None)
 
     async def _call(self, msg: Message, ep: EndpointDef[Any] | None) -> None:
         """Run one call and reply. For a sync endpoint this coroutine never suspends, so the actor
@@ -390,6 +401,18 @@ class ProcRuntime:
         _rdma.set_identity(self.mesh_id, self.mesh_name, self.coords, self.rank)
         self.actors: dict[str, ActorHost] = {}
         self._orphans: dict[str, list[Message]] = {}  # calls that overtook their actor's spawn
+        self._main_host: queue.SimpleQueue[ActorHost] = queue.SimpleQueue()
+        self._main_claimed = False
+
+    def claim_main_thread(self, host: ActorHost) -> bool:
+        """The first actor gets the main thread (``serve`` hands it over); later ones get threads."""
+        if self._main_claimed:
+            return False
+        self._main_claimed = True
+        global _main_actor
+        _main_actor = host
+        self._main_host.put(host)
+        return True
 
     def _route_to_controller(self, handler: Callable[[Message, list[Any]], None]) -> None:
         self._controller_handler = handler
@@ -472,13 +495,33 @@ class ProcRuntime:
             target.enqueue(msg)
 
     def serve(self) -> None:
+        """Receive on a thread of its own; the main thread runs the proc's first actor, once spawned."""
         self.transport.send(
             self.agent_addr,
             Message(
                 {"k": "proc_up", "m": self.mesh_id, "rk": self.rank, "addr": self.transport.address, "pid": os.getpid()}
             ),
         )
+        threading.Thread(target=self._receive, name="recv", daemon=True).start()
+        self._main_host.get()._main()
+
+    def _receive(self) -> None:
         self.transport.serve(self.handle)
+        _exit(0)
+
+
+# Cancelling a sync endpoint of the main thread's actor: this signal, aimed at the main thread, makes a
+# blocking call there return EINTR and run the handler, which raises KeyboardInterrupt if that call
+# is still the one cancelled (the flag is cleared when a call ends, so a late signal does nothing).
+_CANCEL_SIGNAL = signal.SIGUSR2
+_main_actor: ActorHost | None = None
+
+
+def _on_cancel_signal(signum: int, frame: Any) -> None:
+    host = _main_actor
+    if host is not None and host._interrupted:
+        host._interrupted = False
+        raise KeyboardInterrupt
 
 
 def _safe_str(e: BaseException) -> str:
@@ -555,6 +598,7 @@ def main(cfg: dict[str, Any], key: bytes, lifeline_fd: int) -> None:
         if entry not in sys.path:
             sys.path.append(entry)
     _set_rank_env(cfg)
+    signal.signal(_CANCEL_SIGNAL, _on_cancel_signal)
     try:
         for mod in cfg.get("preload") or ():
             importlib.import_module(mod)
