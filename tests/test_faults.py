@@ -136,8 +136,8 @@ def test_killed_template_is_restarted_and_its_procs_reported():
             fut.get(10)
         assert time.monotonic() - t0 < 2.0
         assert not wait_dead(pids, 3)
+        assert wait_for(lambda: all(r.state == ProcState.FAILED for r in pm.state().ranks), 2)
         # the host is still usable: respawn in place, and new meshes
-        t0 = time.monotonic()
         assert pm.respawn(timeout=20) == [0, 1]
         assert list(f.ok.call().get(10).values()) == ["fine", "fine"]
         pm2 = job.host_mesh().spawn_procs(per_host={"gpus": 1})
