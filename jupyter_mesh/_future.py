@@ -43,6 +43,7 @@ class Future(Generic[T]):
         "_driver",
         "_lock",
         "_on_cancel",
+        "_on_interrupt",
         "_remote_cancelled",
         "_state",
         "_value",
@@ -58,6 +59,8 @@ class Future(Generic[T]):
         self._callbacks: list[Callable[[Future[T]], Any]] | None = None
         self._what = what
         self._on_cancel = on_cancel
+        # Ctrl-C in get(): the runtime cancels and reports where the call stopped (MeshInterrupted)
+        self._on_interrupt: Callable[[], BaseException] | None = None
         self._remote_cancelled = False
         self._driver: Driver | None = None
 
@@ -136,8 +139,10 @@ class Future(Generic[T]):
                 if not self._wait(wait):
                     raise MeshTimeoutError("call", timeout, self._what)
             except KeyboardInterrupt:
-                self.cancel()
-                raise
+                if self._on_interrupt is None or self._state != _PENDING:
+                    self.cancel()
+                    raise
+                raise self._on_interrupt() from None
         if self._state == _ERROR:
             raise self._value
         return self._value  # type: ignore[no-any-return]

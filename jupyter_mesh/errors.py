@@ -15,6 +15,9 @@
     │   └── SerializationError      (TypeError) an argument or result cannot be pickled
     └── ProtocolError               a peer spoke a protocol we do not understand
 
+    MeshInterrupted (KeyboardInterrupt)  Ctrl-C / notebook ■ while waiting: the calls were cancelled;
+                                    it says on which ranks they stopped and which still run
+
 The trio vocabulary: *closed* means you closed it, *broken* means a peer failed. Each message says what
 happened, where (mesh, rank coordinates, actor, endpoint) and what to do next; the data lives in
 attributes so programs need not parse messages.
@@ -33,6 +36,7 @@ __all__ = [
     "MeshCancelledError",
     "MeshClosedError",
     "MeshError",
+    "MeshInterrupted",
     "MeshTimeoutError",
     "MeshValueError",
     "ProtocolError",
@@ -220,3 +224,18 @@ class SerializationError(MeshError, TypeError):
 
 class ProtocolError(MeshError):
     """A peer sent something this version does not understand."""
+
+
+class MeshInterrupted(KeyboardInterrupt):
+    """Ctrl-C (or the notebook's ■) while waiting on a call: the call was cancelled on its ranks.
+
+    Still a ``KeyboardInterrupt``, so a script stops as usual; the message says what was cancelled,
+    where it stopped and how fast, and which ranks still run (native code that ignores signals), with
+    what to do. ``still_running`` holds their coordinates. In IPython it shows as that message alone."""
+
+    def __init__(self, message: str, still_running: Sequence[Mapping[str, int]] = ()):
+        super().__init__(message)
+        self.still_running = [dict(c) for c in still_running]
+
+    def _render_traceback_(self) -> list[str]:
+        return [str(self)]

@@ -9,11 +9,15 @@ lands at the next Python instruction only (documented in the README).
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
 import time
 
 import pytest
+from _procs import wait_dead
 
-from jupyter_mesh import Actor, MeshCancelledError, endpoint
+from jupyter_mesh import Actor, MeshCancelledError, MeshInterrupted, endpoint
 
 pytestmark = pytest.mark.integration
 
@@ -88,3 +92,41 @@ def test_cancel_of_a_whole_mesh_call_in_sleep(procs):
     fut.cancel()
     assert list(b.seen.call().get(5).values()) == [["sleep"]] * 4
     assert time.monotonic() - t0 < 2.0
+
+
+def _interrupt_after(*delays: float) -> list[threading.Timer]:
+    timers = [threading.Timer(d, os.kill, args=(os.getpid(), signal.SIGINT)) for d in delays]
+    for t in timers:
+        t.start()
+    return timers
+
+
+def test_interrupt_says_where_the_call_stopped(procs):
+    b = procs.spawn("b", Blocker)
+    b.initialized.get(10)
+    fut = b.block.call("sleep", 60)
+    _interrupt_after(0.5)
+    with pytest.raises(MeshInterrupted, match=r"cancelled b.block on 4 ranks .*all stopped in") as ei:
+        fut.get(30)
+    assert isinstance(ei.value, KeyboardInterrupt) and ei.value.still_running == []
+    assert ei.value._render_traceback_() == [str(ei.value)]  # IPython shows this line, no traceback
+
+
+def test_interrupt_names_ranks_still_running_and_a_second_one_kills_them(procs):
+    first = procs.spawn("first", Blocker)  # takes the procs' main threads
+    second = procs.spawn("second", Blocker)  # runs on threads of its own: sleep ignores the cancel
+    second.initialized.get(10)
+    one = second.slice(gpus=2)
+    fut = one.block.call_one("sleep", 60)
+    _interrupt_after(0.5)
+    with pytest.raises(MeshInterrupted, match=r"(?s)still run after .*procs.kill") as ei:
+        fut.get(30)
+    assert ei.value.still_running == [{"hosts": 0, "gpus": 2}]
+    # pressed twice: the second interrupt, while it waits for the ranks, kills what still runs
+    fut2 = second.slice(gpus=3).block.call_one("sleep", 60)
+    pid = procs.pids()[3]
+    _interrupt_after(0.5, 1.2)
+    with pytest.raises(MeshInterrupted, match=r"interrupted again, so the procs of 1 rank .*gpus=3.* were killed"):
+        fut2.get(30)
+    assert not wait_dead([pid], 5)
+    assert first.slice(gpus=0).seen.call_one().get(5) == []  # the others are untouched

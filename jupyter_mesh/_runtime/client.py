@@ -34,7 +34,7 @@ from ..errors import (
     SerializationError,
     SupervisionError,
 )
-from . import interrupts
+from . import cancels, interrupts
 from .inboxes import ActorInboxes
 from .outcomes import Outcomes
 from .pending import BROKEN, DIRECT, GATHER, NO_REPLY, Pending, Stream
@@ -83,6 +83,9 @@ class Client(Outcomes, Supervision):
         self._deferred: list[tuple[Pending, str]] = []  # cancels asked for by finalizers
         self._failed: dict[tuple[str, int], Failure] = {}
         self._lost_peers: dict[str, str] = {}  # agents gone for good -> why
+        self.cancel_acks = cancels.CancelAcks()  # interrupted calls' ranks that have not stopped yet
+        # a second interrupt kills the procs still running a cancelled call: set by the controller
+        self.kill_ranks: Callable[[ProcMeshRef, list[int]], list[int]] | None = None
         self._stopped: set[str] = set()
         # (mesh_id, ranks, +1 | -1): calls to ranks started / finished; the controller tracks busy/idle
         self.activity: Callable[[str, list[int], int], None] | None = None
@@ -199,6 +202,18 @@ class Client(Outcomes, Supervision):
             except Exception:  # noqa: BLE001 - the proc may be gone; nothing left to cancel there
                 pass
 
+    def _interrupt(self, p: Pending) -> BaseException:
+        """Ctrl-C in ``get()``: cancel, wait a moment for the ranks to stop, say how it went."""
+        assert p.future is not None
+        fut, ref, kill = p.future, p.ref, self.kill_ranks
+        return cancels.report(
+            p,
+            fut.cancel,
+            self.cancel_acks,
+            lambda r: (p.mesh_id, r) in self._failed,
+            (lambda ranks: kill(ref, ranks)) if kill is not None and ref is not None else None,
+        )
+
     # -- calls -----------------------------------------------------------------------------------------
     def spawn_actors(self, mesh: ActorMesh[Any], cls: type, args: Any, kwargs: Any) -> Future[None]:
         ranks = mesh._shape.ranks()
@@ -281,6 +296,7 @@ class Client(Outcomes, Supervision):
         fut: Future[Any] = Future(f"{mesh._class_name}.{endpoint}")
         p = Pending(fut, mesh._ref.mesh_id, mode, mesh._name, endpoint, mesh._shape, ranks, set(ranks), ref=mesh._ref)
         fut._on_cancel = lambda: self._cancel(p, mesh._actor_id)
+        fut._on_interrupt = lambda: self._interrupt(p)
         if mode == "stream":
             p.stream_q = queue.SimpleQueue()
             header["rm"] = DIRECT
@@ -368,6 +384,7 @@ class Client(Outcomes, Supervision):
         p = Pending(fut, ref.mesh_id, "one", mesh._name, endpoint, None, [rank], {rank}, ref=ref)
         p.actor_id = mesh._actor_id
         fut._on_cancel = lambda: self._cancel(p, mesh._actor_id)
+        fut._on_interrupt = lambda: self._interrupt(p)
         local = _same_host(ref, rank)
         # all bookkeeping before the send: after it this thread should only wait, leaving the CPU
         # to the message's way there and back (on 2 cores that is measurable)

@@ -120,6 +120,7 @@ class Controller(Elastic):
         self.pending_fault: SupervisionError | None = None
         self._killed_on_request: set[tuple[str, int]] = set()
         self.client.before_call = self.raise_pending_fault
+        self.client.kill_ranks = self._kill_now
         # liveness of agents: O(hosts) pings per interval, never O(procs)
         self.hb_timeout = float(os.environ.get("JUPYTER_MESH_HEARTBEAT_TIMEOUT", "3.0"))
         self._agent_seen: dict[str, float] = {}
@@ -156,6 +157,8 @@ class Controller(Elastic):
                     q = rec.logs[h["rk"]] = collections.deque(maxlen=LOG_LINES_PER_RANK)
                 q.extend((now, h["rk"], h["fd"], line) for line in h["lines"])
             self.output(rec.ref.name if rec else h["m"], h["rk"], h["label"], h["fd"], h["lines"])
+        elif k == "cancelled":  # a rank stopped working on a cancelled call
+            self.client.cancel_acks.acked(h["i"], h["rk"])
         elif k == "proc_ready":
             self.state.ready(h["m"], h["rk"], h["pid"])
         elif k == "rdma":
@@ -219,6 +222,17 @@ class Controller(Elastic):
                 import traceback
 
                 traceback.print_exc()
+
+    def _kill_now(self, ref: ProcMeshRef, ranks: list[int]) -> list[int]:
+        """SIGKILL the procs of ``ranks`` (a second interrupt): the ranks they killed."""
+        killed = []
+        for r in ranks:
+            try:
+                self.kill(ref, r, signal.SIGKILL, timeout=2.0)
+                killed.append(r)
+            except MeshError as e:
+                print(f"jupyter_mesh: could not kill rank {r} of '{ref.name}': {e}", file=sys.stderr)
+        return killed
 
     # -- fail fast (the default fault hook in scripts) ---------------------------------------------
     def _hold_fault(self, err: SupervisionError) -> None:

@@ -92,6 +92,7 @@ class ActorHost:
         # cancellation: which call runs now, and calls cancelled before they started
         self._lock = threading.Lock()
         self._current: tuple[str, int] | None = None
+        self._stopping: tuple[str, int] | None = None  # the running call a cancel was aimed at
         self._task: asyncio.Task[Any] | None = None
         self._cancelled: set[tuple[str, int]] = set()
         self._started: dict[str, int] = {}  # sender -> id of its last call that started here
@@ -114,18 +115,24 @@ class ActorHost:
                 # a sender's call ids grow in the order its calls run here: at or below the last one
                 # started, this call already ran (its cancel came late), so there is nothing to skip
                 if call_id > self._started.get(sender, 0):
-                    self._cancelled.add(key)
-                return
-            if self._task is not None:
-                self.loop.call_soon_threadsafe(self._task.cancel)
-            elif self.on_main:  # a sync endpoint on the main thread: a signal ends even a blocking call
-                self._interrupted = True
-                signal.pthread_kill(self.thread.ident or 0, _CANCEL_SIGNAL)
-            else:  # a sync endpoint on its own thread: KeyboardInterrupt at its next Python instruction
-                self._interrupted = True
-                ctypes.pythonapi.PyThreadState_SetAsyncExc(
-                    ctypes.c_ulong(self.thread.ident or 0), ctypes.py_object(KeyboardInterrupt)
-                )
+                    self._cancelled.add(key)  # acknowledged when it comes up and is skipped
+                    return
+                done = True
+            else:
+                done = False
+                self._stopping = key  # acknowledged when it ends (``_leave``)
+                if self._task is not None:
+                    self.loop.call_soon_threadsafe(self._task.cancel)
+                elif self.on_main:  # a sync endpoint on the main thread: a signal ends even a blocking call
+                    self._interrupted = True
+                    signal.pthread_kill(self.thread.ident or 0, _CANCEL_SIGNAL)
+                else:  # a sync endpoint on its own thread: KeyboardInterrupt at its next Python instruction
+                    self._interrupted = True
+                    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                        ctypes.c_ulong(self.thread.ident or 0), ctypes.py_object(KeyboardInterrupt)
+                    )
+        if done:
+            self._ack_cancel(key)
 
     def enqueue(self, msg: Message) -> None:
         """From any other thread: hand the actor a message (in order) and wake it."""
@@ -318,16 +325,27 @@ class ActorHost:
                 self._started[h["s"]] = h["i"]
             if self._cancelled and key in self._cancelled:
                 self._cancelled.discard(key)
+                self._ack_cancel(key)
                 raise asyncio.CancelledError(f"{h['m']} was cancelled before it started")
             self._current = key if h["i"] else None
 
+    def _ack_cancel(self, key: tuple[str, int]) -> None:
+        """Tell the canceller that this rank no longer works on its call (it waits to report that)."""
+        try:
+            self.runtime.transport.send(key[0], Message({"k": "cancelled", "i": key[1], "rk": self.runtime.rank}))
+        except Exception:  # noqa: BLE001 - the canceller is gone: nobody to tell
+            pass
+
     def _leave(self) -> None:
         with self._lock:
-            self._current, self._task = None, None
+            stopped = self._stopping if self._stopping == self._current else None
+            self._current, self._task, self._stopping = None, None, None
             if self._interrupted:  # drop a KeyboardInterrupt that arrived too late
                 self._interrupted = False  # (a late cancel signal finds this False and does nothing)
                 if not self.on_main:
                     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.thread.ident or 0), None)
+        if stopped is not None:
+            self._ack_cancel(stopped)
 
     async def _call(self, msg: Message, ep: EndpointDef[Any] | None) -> None:
         """Run one call and reply. For a sync endpoint this coroutine never suspends, so the actor
@@ -456,6 +474,8 @@ class ProcRuntime:
                 host.cancel(msg.header["s"], msg.header["ci"])
         elif k == "rdma":
             _rdma.handle_message(self.transport, msg)
+        elif k == "cancelled":  # an actor here cancelled a call of another actor: that rank stopped
+            self.client.cancel_acks.acked(msg.header["i"], msg.header["rk"])
         elif k == "stats":
             payload = dumps(vars(self.transport.stats))[0]
             self.transport.send(msg.header["s"], Message({"k": "r", "i": msg.header["i"], "ok": OK}, payload))

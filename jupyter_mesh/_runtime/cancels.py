@@ -1,0 +1,101 @@
+"""What an interrupt reports: a cancelled call's ranks acknowledge when they stopped (``cancelled``
+messages from the procs), the interrupted caller waits a moment for them, then says where the call
+stopped, how fast, and which ranks still run (native code that ignores signals) — and a second
+interrupt while it waits kills those procs, so ■■ always stops the work."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ..errors import MeshInterrupted, format_coords
+
+if TYPE_CHECKING:
+    from .pending import Pending
+
+__all__ = ["ACK_WAIT", "CancelAcks", "report"]
+
+ACK_WAIT = 2.0  # seconds an interrupted caller waits for its ranks to say they stopped
+
+
+class CancelAcks:
+    """Ranks of interrupted calls that have not said they stopped yet (only calls someone waits on)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._left: dict[int, tuple[set[int], threading.Event]] = {}
+
+    def expect(self, call_id: int, ranks: list[int]) -> None:
+        with self._lock:
+            self._left[call_id] = (set(ranks), threading.Event())
+
+    def acked(self, call_id: int, rank: int) -> None:
+        """From the receive thread: ``rank`` stopped working on ``call_id`` (or had not started it)."""
+        with self._lock:
+            entry = self._left.get(call_id)
+            if entry is None:
+                return
+            entry[0].discard(rank)
+            if not entry[0]:
+                entry[1].set()
+
+    def wait(self, call_id: int, timeout: float) -> set[int]:
+        """Wait up to ``timeout`` (Ctrl-C interrupts it); the ranks still running, then forget the call."""
+        with self._lock:
+            entry = self._left.get(call_id)
+        try:
+            if entry is not None and entry[0]:
+                entry[1].wait(timeout)
+        finally:
+            with self._lock:
+                entry = self._left.pop(call_id, None)
+        return set(entry[0]) if entry else set()
+
+
+def report(
+    p: Pending,
+    cancel: Callable[[], object],
+    acks: CancelAcks,
+    dead: Callable[[int], bool],
+    kill: Callable[[list[int]], list[int]] | None,
+) -> MeshInterrupted:
+    """Cancel ``p``, wait for its ranks to stop, and describe the outcome as the error to raise."""
+    ranks = sorted(p.outstanding)
+    what = f"{p.actor}.{p.endpoint}"
+    coords = {r: (p.ref.coords(r) if p.ref else {}) for r in ranks}
+    t0 = time.monotonic()
+    acks.expect(p.call_id, ranks)
+    cancel()
+    killed: list[int] = []
+    try:
+        left = acks.wait(p.call_id, ACK_WAIT)
+    except KeyboardInterrupt:  # interrupted again while waiting: stop them the hard way
+        left = set(ranks)
+        if kill is not None:
+            killed = kill([r for r in ranks if not dead(r)])
+    left = {r for r in left if not dead(r) and r not in killed}
+    took = time.monotonic() - t0
+    where = _ranks(coords, ranks)
+    if killed:
+        return MeshInterrupted(
+            f"Interrupted: cancelled {what} on {where}; interrupted again, so the procs of "
+            f"{_ranks(coords, killed)} were killed. Respawn them with procs.respawn() or %mesh respawn."
+        )
+    if not left:
+        return MeshInterrupted(f"Interrupted: cancelled {what} on {where}; all stopped in {took:.2f} s")
+    return MeshInterrupted(
+        f"Interrupted: cancelled {what} on {where}; {len(ranks) - len(left)} stopped, but "
+        f"{_ranks(coords, sorted(left))} still run after {took:.1f} s (native code that ignores signals, "
+        "or an actor with its own thread): their next calls wait behind it. To stop them, kill those procs "
+        "(procs.kill(rank) / %mesh kill RANK) and respawn them; next time, a second interrupt within "
+        f"{ACK_WAIT:g} s of the first does that.",
+        [coords[r] for r in sorted(left)],
+    )
+
+
+def _ranks(coords: dict[int, dict[str, int]], ranks: list[int]) -> str:
+    shown = ", ".join(f"[{format_coords(coords.get(r, {}))}]" for r in ranks[:8])
+    more = f" and {len(ranks) - 8} more" if len(ranks) > 8 else ""
+    return f"{len(ranks)} rank{'s' if len(ranks) != 1 else ''} ({shown}{more})"
