@@ -12,7 +12,7 @@ from .pending import BROKEN
 if TYPE_CHECKING:
     import threading
 
-    from .pending import Pending
+    from .pending import Pending, PendingTable
 
 __all__ = ["Supervision"]
 
@@ -20,7 +20,7 @@ __all__ = ["Supervision"]
 class Supervision:
     if TYPE_CHECKING:  # the client's own state
         _lock: threading.Lock
-        _pending: dict[int, Pending]
+        _pending: PendingTable
         _failed: dict[tuple[str, int], Failure]
         _stopped: set[str]
         _seq: dict[str, list[int]]
@@ -117,6 +117,7 @@ class Supervision:
     def fail_all(self, exc: BaseException) -> None:
         """The runtime is going away: nothing pending may hang."""
         with self._lock:
-            pending, self._pending = list(self._pending.values()), {}
+            pending = list(self._pending.values())
+            self._pending.clear()
         for p in pending:
             p.fail(exc, len(p.outstanding))
