@@ -87,6 +87,8 @@ class Client(Outcomes, Supervision):
         self.activity: Callable[[str, list[int], int], None] | None = None
         # (actor mesh, spawn payload, buffers): the controller keeps them to re-create actors on respawn
         self.on_spawn: Callable[[ActorMesh[Any], bytes, list[Any]], None] | None = None
+        # (mesh_id): a proc mesh was stopped; the controller trims the output it keeps of it
+        self.on_stopped: Callable[[str], None] | None = None
         # runs before every call and spawn: the controller raises unhandled failures there (fail fast)
         self.before_call: Callable[[], None] | None = None
         # a waiting caller reads its own replies (``replies``); the controller's client only: in a

@@ -11,6 +11,7 @@ from .pending import BROKEN
 
 if TYPE_CHECKING:
     import threading
+    from collections.abc import Callable
 
     from .pending import Pending, PendingTable
 
@@ -26,6 +27,7 @@ class Supervision:
         _seq: dict[str, list[int]]
         _actor_mesh: dict[str, str]
         _moved: dict[tuple[str, int], str]
+        on_stopped: Callable[[str], None] | None
 
         def _add(self, p: Pending, call_id: int, rank: int, ok: int, payload: Any, bufs: list[Any]) -> None: ...
 
@@ -113,6 +115,8 @@ class Supervision:
                 MeshClosedError(f"proc mesh of '{p.actor}' was stopped while {p.endpoint} was pending"),
                 len(p.outstanding),
             )
+        if self.on_stopped is not None:
+            self.on_stopped(mesh_id)
 
     def fail_all(self, exc: BaseException) -> None:
         """The runtime is going away: nothing pending may hang."""
