@@ -62,6 +62,8 @@ class Agent:
         self.fork_tokens: dict[int, ProcEntry] = {}
         self._tokens = iter(range(1, 1 << 62))
         self.shutting_down = False
+        self._exiting = False  # set once, by the thread that runs shutdown()
+        self._exit_lock = threading.Lock()
         self.orphaned = True
         self.nested = bool(cfg.get("nested"))  # started by an actor: the session's controller sweeps
         # pipes, the template and its lifeline
@@ -588,37 +590,56 @@ class Agent:
     def shutdown(self, orphaned: bool = True) -> None:
         """Kill every proc, the template, and exit. Runs on controller request or its death.
 
+        Never returns: the first caller cleans up and ends the process with ``os._exit``; any other
+        thread that gets here waits for it. Were one to return (the main thread, say), the
+        interpreter would finalize under the cleanup and cut it off, before the sweep of
+        ``/dev/shm``, or with a thread inside a read of stdin (a fatal error at shutdown).
+
         Only an orphaned agent (its controller gone) sweeps the session's shared-memory segments: a
         controller that asked us to stop still has other meshes whose messages may be in flight."""
-        if self.shutting_down:
-            return
-        self.orphaned = orphaned
-        self.shutting_down = True
-        with self.lock:
-            procs = [p for p in self.procs.values() if p.alive]
-        for p in procs:
-            kill(p.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 1.0
-        while time.monotonic() < deadline and any(alive(p.pid) for p in procs):
-            time.sleep(0.02)
-        for p in procs:
-            kill(p.pid, signal.SIGKILL)
-        os.close(self.lifeline_w)
-        self.template.kill()
-        self.template.wait(5)
-        from .. import _shm
+        with self._exit_lock:
+            first = not self._exiting
+            self._exiting = self.shutting_down = True
+        if not first:
+            time.sleep(60.0)  # the first caller ends the process; this is only a backstop
+            os._exit(1)
+        try:
+            self.orphaned = orphaned
+            with self.lock:
+                procs = [p for p in self.procs.values() if p.alive]
+            for p in procs:
+                kill(p.pid, signal.SIGTERM)
+            deadline = time.monotonic() + 1.0
+            while time.monotonic() < deadline and any(alive(p.pid) for p in procs):
+                time.sleep(0.02)
+            for p in procs:
+                kill(p.pid, signal.SIGKILL)
+            os.close(self.lifeline_w)
+            self.template.kill()
+            self.template.wait(5)
+            from .. import _shm
 
-        if (
-            self.orphaned and not self.nested
-        ):  # segments sent to procs that died before mapping them, nobody left to claim
-            _shm.sweep(self.transport.shm_prefix)
-        os._exit(0)
+            if self.orphaned and not self.nested:  # segments sent to procs that died before mapping them
+                _shm.sweep(self.transport.shm_prefix)
+        except BaseException:  # noqa: BLE001 - report, and still exit
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            try:
+                sys.stderr.flush()
+            finally:
+                os._exit(0)
 
 
 def _watch_stdin(agent: Agent) -> None:
-    """EOF on stdin: the controller is gone (or closed us). Clean up and exit."""
+    """EOF on stdin: the controller is gone (or closed us). Clean up and exit.
+
+    Reads the raw descriptor: a thread blocked in ``sys.stdin``'s buffered reader holds its lock,
+    and an interpreter that finalizes meanwhile aborts ("could not acquire lock ... at interpreter
+    shutdown")."""
     try:
-        while sys.stdin.buffer.read(1 << 12):
+        while os.read(0, 1 << 12):
             pass
     except OSError:
         pass

@@ -37,7 +37,7 @@ from ..errors import (
 from . import cancels, interrupts
 from .inboxes import ActorInboxes
 from .outcomes import Outcomes
-from .pending import BROKEN, DIRECT, GATHER, NO_REPLY, Pending, Stream
+from .pending import BROKEN, DIRECT, GATHER, NO_REPLY, Pending, PendingTable, Stream
 from .replies import ReplyBox, ReplyBoxes
 from .supervision import Supervision
 
@@ -74,7 +74,7 @@ class Client(Outcomes, Supervision):
         self.transport = transport
         self.address = transport.address
         self._ids = itertools.count(1)
-        self._pending: dict[int, Pending] = {}
+        self._pending = PendingTable()
         self._lock = threading.Lock()  # pending table, seq counters, send order
         self._seq: dict[str, list[int]] = {}
         self._actor_mesh: dict[str, str] = {}  # actor id -> proc mesh id
@@ -91,6 +91,8 @@ class Client(Outcomes, Supervision):
         self.activity: Callable[[str, list[int], int], None] | None = None
         # (actor mesh, spawn payload, buffers): the controller keeps them to re-create actors on respawn
         self.on_spawn: Callable[[ActorMesh[Any], bytes, list[Any]], None] | None = None
+        # (mesh_id): a proc mesh was stopped; the controller trims the output it keeps of it
+        self.on_stopped: Callable[[str], None] | None = None
         # runs before every call and spawn: the controller raises unhandled failures there (fail fast)
         self.before_call: Callable[[], None] | None = None
         # a waiting caller reads its own replies (``replies``); the controller's client only: in a
@@ -467,12 +469,9 @@ class Client(Outcomes, Supervision):
         start = next(self._ids)  # rotate ties so equal loads spread out
         n = len(alive)
         order = alive[start % n :] + alive[: start % n]
-        with self._lock:  # calls in flight from here, per rank of this actor mesh (O(pending): choose is rare)
-            load: dict[int, int] = {}
-            for q in self._pending.values():
-                if q.mode == "one" and q.actor_id == mesh._actor_id:
-                    load[q.ranks[0]] = load.get(q.ranks[0], 0) + 1
-        rank = min(order, key=lambda r: load.get(r, 0))
+        actor_id, load = mesh._actor_id, self._pending.load  # call_one/choose calls in flight, per rank
+        with self._lock:
+            rank = min(order, key=lambda r: load.get((actor_id, r), 0))
         return self.call_rank(mesh, rank, endpoint, args, kwargs)
 
     def _iter_stream(self, p: Pending, actor_id: str) -> Iterator[Future[Any]]:

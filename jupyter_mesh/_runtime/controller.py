@@ -10,8 +10,6 @@ reads its own reply box); everything else runs on the caller's thread. One per p
 from __future__ import annotations
 
 import atexit
-import collections
-import heapq
 import os
 import secrets
 import signal
@@ -38,6 +36,7 @@ from . import hooks
 from .client import Client
 from .elastic import Elastic
 from .hooks import Embedding
+from .logs import WorkerLogs, cut_line
 
 if TYPE_CHECKING:
     from .._mesh import ActorMesh, ProcMeshRef
@@ -52,15 +51,12 @@ def _local_host_key() -> str:
     return host_key()
 
 
-# output lines kept per rank for ProcMesh.logs() / %mesh logs (a flood of 10^5 lines fits)
-LOG_LINES_PER_RANK = int(os.environ.get("JUPYTER_MESH_LOG_LINES", "200000"))
-
 OutputSink = Callable[[str, int, str, int, list[str]], None]
 """(mesh name, rank, coords label, fd 1/2, lines) -> None: where worker output goes."""
 
 
 def print_output(mesh: str, rank: int, label: str, fd: int, lines: list[str]) -> None:
-    stream = sys.stdout if fd == 1 else sys.stderr
+    stream = sys.stdout if fd == 1 else sys.stderr  # lines arrive cut to logs.LINE_MAX
     prefix = f"[{mesh} {label}] "
     stream.write("".join(prefix + line + "\n" for line in lines))
     stream.flush()
@@ -78,7 +74,6 @@ class _ProcMeshRecord:
     job: Any = None
     env: dict[str, str] = field(default_factory=dict)
     preload: list[str] = field(default_factory=list)
-    logs: dict[int, collections.deque[tuple[float, int, int, str]]] = field(default_factory=dict)
 
 
 class Controller(Elastic):
@@ -114,6 +109,8 @@ class Controller(Elastic):
         self.output: OutputSink = print_output
         self._agent_waiters: dict[str, Future[dict[str, Any]]] = {}
         self._meshes: dict[str, _ProcMeshRecord] = {}
+        self.worker_logs = WorkerLogs()  # for ProcMesh.logs(): bounded in bytes, trimmed when a mesh stops
+        self.client.on_stopped = self.worker_logs.stopped
         self._jobs: list[Job] = []
         self._lock = threading.Lock()
         self._closed = False
@@ -150,13 +147,10 @@ class Controller(Elastic):
             self.client.on_reply(msg)
         elif k == "out":
             rec = self._meshes.get(h["m"])
+            lines = [cut_line(line) for line in h["lines"]]  # one huge line must not flood the cell or memory
             if rec is not None:
-                now = time.time()
-                q = rec.logs.get(h["rk"])
-                if q is None:
-                    q = rec.logs[h["rk"]] = collections.deque(maxlen=LOG_LINES_PER_RANK)
-                q.extend((now, h["rk"], h["fd"], line) for line in h["lines"])
-            self.output(rec.ref.name if rec else h["m"], h["rk"], h["label"], h["fd"], h["lines"])
+                self.worker_logs.add(h["m"], h["rk"], h["fd"], lines, time.time())
+            self.output(rec.ref.name if rec else h["m"], h["rk"], h["label"], h["fd"], lines)
         elif k == "cancelled":  # a rank stopped working on a cancelled call
             self.client.cancel_acks.acked(h["i"], h["rk"])
         elif k == "proc_ready":
@@ -466,13 +460,7 @@ class Controller(Elastic):
         return rec
 
     def logs(self, ref: ProcMeshRef, rank: int | None, tail: int | None) -> list[tuple[float, int, int, str]]:
-        rec = self._meshes.get(ref.mesh_id)
-        if rec is None:
-            return []
-        if rank is not None:
-            lines = list(rec.logs.get(rank, ()))
-        else:  # every rank, in arrival order
-            lines = list(heapq.merge(*(list(q) for q in rec.logs.values()), key=lambda x: x[0]))
+        lines = self.worker_logs.lines(ref.mesh_id, rank)
         return lines[-tail:] if tail else lines
 
     def is_stopped(self, mesh_id: str) -> bool:
@@ -501,6 +489,7 @@ class Controller(Elastic):
         for mesh_id, rec in self._meshes.items():
             rec.stopped = True
             self.state.stopped(mesh_id)
+            self.worker_logs.stopped(mesh_id)
         self._hb_stop.set()
         self.client.fail_all(MeshClosedError("the jupyter_mesh controller shut down while this call was pending"))
         for job in self._jobs:

@@ -24,7 +24,7 @@ from ..errors import (
     SerializationError,
     SupervisionError,
 )
-from .pending import BROKEN, OK, Pending, remote_failure
+from .pending import BROKEN, OK, Pending, PendingTable, remote_failure
 
 if TYPE_CHECKING:
     import threading
@@ -40,7 +40,7 @@ _PROC_DEATH = frozenset({"exit", "signal", "heartbeat", "agent"})
 class Outcomes:
     if TYPE_CHECKING:  # the client's own state
         _lock: threading.Lock
-        _pending: dict[int, Pending]
+        _pending: PendingTable
         _failed: dict[tuple[str, int], Failure]
         inboxes: ActorInboxes
         activity: Callable[[str, list[int], int], None] | None

@@ -27,6 +27,7 @@ __all__ = [
     "OK",
     "RAISED",
     "Pending",
+    "PendingTable",
     "Stream",
     "pack_gathered",
     "remote_failure",
@@ -71,6 +72,49 @@ class Pending:
             f: Future[Any] = Future(self.endpoint)
             f._set_exception(err)
             self.stream_q.put(f)
+
+
+class PendingTable(dict[int, Pending]):
+    """The client's calls in flight by call id, counting its ``call_one``/``choose`` calls per
+    (actor, rank) as they come and go, so ``choose`` finds the least loaded rank in O(ranks), not
+    O(calls in flight). Every way a call leaves the table goes through ``pop``/``del``/``clear``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.load: dict[tuple[str, int], int] = {}
+
+    def __setitem__(self, call_id: int, p: Pending) -> None:
+        old = self.get(call_id)
+        if old is not None:
+            self._left(old)
+        super().__setitem__(call_id, p)
+        if p.mode == "one":
+            key = (p.actor_id, p.ranks[0])
+            self.load[key] = self.load.get(key, 0) + 1
+
+    def _left(self, p: Pending) -> None:
+        if p.mode == "one":
+            key = (p.actor_id, p.ranks[0])
+            n = self.load.get(key, 0) - 1
+            if n > 0:
+                self.load[key] = n
+            else:
+                self.load.pop(key, None)
+
+    def pop(self, call_id: int, default: Any = None) -> Any:  # type: ignore[override]
+        p = super().pop(call_id, None)
+        if p is None:
+            return default
+        self._left(p)
+        return p
+
+    def __delitem__(self, call_id: int) -> None:
+        self._left(self[call_id])
+        super().__delitem__(call_id)
+
+    def clear(self) -> None:
+        super().clear()
+        self.load.clear()
 
 
 class Stream(Iterator[Future[Any]]):

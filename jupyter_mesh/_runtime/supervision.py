@@ -11,8 +11,9 @@ from .pending import BROKEN
 
 if TYPE_CHECKING:
     import threading
+    from collections.abc import Callable
 
-    from .pending import Pending
+    from .pending import Pending, PendingTable
 
 __all__ = ["Supervision"]
 
@@ -20,13 +21,14 @@ __all__ = ["Supervision"]
 class Supervision:
     if TYPE_CHECKING:  # the client's own state
         _lock: threading.Lock
-        _pending: dict[int, Pending]
+        _pending: PendingTable
         _failed: dict[tuple[str, int], Failure]
         _stopped: set[str]
         _seq: dict[str, list[int]]
         _actor_mesh: dict[str, str]
         _moved: dict[tuple[str, int], str]
         _lost_peers: dict[str, str]
+        on_stopped: Callable[[str], None] | None
 
         def _add(self, p: Pending, call_id: int, rank: int, ok: int, payload: Any, bufs: list[Any]) -> None: ...
 
@@ -114,6 +116,8 @@ class Supervision:
                 MeshClosedError(f"proc mesh of '{p.actor}' was stopped while {p.endpoint} was pending"),
                 len(p.outstanding),
             )
+        if self.on_stopped is not None:
+            self.on_stopped(mesh_id)
 
     def peer_lost(self, address: str, why: str) -> None:
         """An agent is gone for good: requests waiting on it fail now, later ones at once."""
@@ -131,6 +135,7 @@ class Supervision:
     def fail_all(self, exc: BaseException) -> None:
         """The runtime is going away: nothing pending may hang."""
         with self._lock:
-            pending, self._pending = list(self._pending.values()), {}
+            pending = list(self._pending.values())
+            self._pending.clear()
         for p in pending:
             p.fail(exc, len(p.outstanding))
