@@ -121,3 +121,22 @@ def test_actor_to_actor(topo, name, how):
     else:
         assert seen == [digest(x)] * len(other) and back == [digest(x)] * len(other)
     _check_alive(sink)
+
+
+@pytest.mark.parametrize("kind", ["file", "socket"])
+def test_open_files_and_sockets_are_refused_with_a_clear_error(topo, tmp_path, kind):
+    """cloudpickle would send an open file's content (and fail on a socket deep inside): refused, named."""
+    import socket
+
+    from jupyter_mesh import SerializationError
+
+    _, sink, _ = topo
+    obj = open(tmp_path / "f.txt", "w") if kind == "file" else socket.socket()
+    try:
+        with pytest.raises(SerializationError, match=r"(?s)positional argument 0.*belong to this process"):
+            sink.digest.call({"handle": obj}).get(10)
+        with pytest.raises(SerializationError, match="belong to this process"):
+            sink.slice(**{d: 0 for d in sink.sizes}).digest.call_one(obj).get(10)
+    finally:
+        obj.close()
+    _check_alive(sink)

@@ -1,7 +1,8 @@
 """What an interrupt reports: a cancelled call's ranks acknowledge when they stopped (``cancelled``
 messages from the procs), the interrupted caller waits a moment for them, then says where the call
 stopped, how fast, and which ranks still run (native code that ignores signals) — and a second
-interrupt while it waits kills those procs, so ■■ always stops the work."""
+interrupt while it waits (not a bounce: ``DEBOUNCE`` after the first) kills those procs, so ■ ■
+always stops the work."""
 
 from __future__ import annotations
 
@@ -11,13 +12,15 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..errors import MeshInterrupted, format_coords
+from . import interrupts
 
 if TYPE_CHECKING:
     from .pending import Pending
 
-__all__ = ["ACK_WAIT", "CancelAcks", "report"]
+__all__ = ["ACK_WAIT", "DEBOUNCE", "CancelAcks", "report"]
 
 ACK_WAIT = 2.0  # seconds an interrupted caller waits for its ranks to say they stopped
+DEBOUNCE = 0.3  # a second Ctrl-C sooner than this after the first is a bounce (or a storm), not a request
 
 
 class CancelAcks:
@@ -41,17 +44,26 @@ class CancelAcks:
             if not entry[0]:
                 entry[1].set()
 
-    def wait(self, call_id: int, timeout: float) -> set[int]:
-        """Wait up to ``timeout`` (Ctrl-C interrupts it); the ranks still running, then forget the call."""
+    def wait(self, call_id: int, timeout: float, interrupted: Callable[[], bool]) -> tuple[set[int], bool]:
+        """Wait up to ``timeout`` for the ranks to stop, then forget the call: (ranks still running,
+        whether the caller interrupted again meanwhile — a bounce within ``DEBOUNCE`` does not count)."""
         with self._lock:
             entry = self._left.get(call_id)
+        start = time.monotonic()
+        again = False
         try:
-            if entry is not None and entry[0]:
-                entry[1].wait(timeout)
+            while entry is not None and entry[0]:
+                now = time.monotonic()
+                if now - start >= timeout:
+                    break
+                entry[1].wait(min(0.05, timeout - (now - start)))  # slices: a second Ctrl-C is only recorded
+                if interrupted() and time.monotonic() - start >= DEBOUNCE and entry[0]:
+                    again = True
+                    break
         finally:
             with self._lock:
                 entry = self._left.pop(call_id, None)
-        return set(entry[0]) if entry else set()
+        return (set(entry[0]) if entry else set()), again
 
 
 def report(
@@ -66,15 +78,20 @@ def report(
     what = f"{p.actor}.{p.endpoint}"
     coords = {r: (p.ref.coords(r) if p.ref else {}) for r in ranks}
     t0 = time.monotonic()
-    acks.expect(p.call_id, ranks)
-    cancel()
+    # Ctrl-C is held while we report (a storm of them must not break the cancel half-way); a second
+    # one while we wait for the ranks is read from the hold, and kills what still runs
+    held = interrupts.hold()
     killed: list[int] = []
     try:
-        left = acks.wait(p.call_id, ACK_WAIT)
-    except KeyboardInterrupt:  # interrupted again while waiting: stop them the hard way
-        left = set(ranks)
-        if kill is not None:
-            killed = kill([r for r in ranks if not dead(r)])
+        acks.expect(p.call_id, ranks)
+        cancel()
+        left, again = acks.wait(p.call_id, ACK_WAIT, interrupts.take if held else lambda: False)
+        if again and kill is not None:
+            killed = kill([r for r in sorted(left) if not dead(r)])
+    finally:
+        if held:
+            interrupts.take()  # consumed here: the MeshInterrupted we return is the interrupt
+            interrupts.release()
     left = {r for r in left if not dead(r) and r not in killed}
     took = time.monotonic() - t0
     where = _ranks(coords, ranks)
@@ -89,8 +106,8 @@ def report(
         f"Interrupted: cancelled {what} on {where}; {len(ranks) - len(left)} stopped, but "
         f"{_ranks(coords, sorted(left))} still run after {took:.1f} s (native code that ignores signals, "
         "or an actor with its own thread): their next calls wait behind it. To stop them, kill those procs "
-        "(procs.kill(rank) / %mesh kill RANK) and respawn them; next time, a second interrupt within "
-        f"{ACK_WAIT:g} s of the first does that.",
+        "(procs.kill(rank) / %mesh kill RANK) and respawn them; next time, a second interrupt "
+        f"{DEBOUNCE:g}-{ACK_WAIT:g} s after the first does that.",
         [coords[r] for r in sorted(left)],
     )
 

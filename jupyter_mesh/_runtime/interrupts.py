@@ -16,7 +16,7 @@ import _signal
 import threading
 from typing import Any
 
-__all__ = ["held", "hold", "release"]
+__all__ = ["held", "hold", "release", "take"]
 
 _MAIN = threading.main_thread().ident
 _SIGINT = 2
@@ -56,3 +56,11 @@ def release() -> None:
     if _caught:
         _caught = False
         previous(_SIGINT, None)
+
+
+def take() -> bool:
+    """While held: did a SIGINT come since the last look? The answer consumes it (``release`` will
+    not deliver it): for code that handles a second Ctrl-C itself."""
+    global _caught
+    caught, _caught = _caught, False
+    return caught
