@@ -157,6 +157,8 @@ class Controller(Elastic):
             self.output(rec.ref.name if rec else h["m"], h["rk"], h["label"], h["fd"], h["lines"])
         elif k == "proc_ready":
             self.state.ready(h["m"], h["rk"], h["pid"])
+        elif k == "proc_note":  # a proc that does not answer is busy (or answers again)
+            self.state.note(h["m"], h["rk"], h["note"])
         elif k == "rdma":
             from .. import _rdma_owner as _rdma
 
