@@ -92,7 +92,7 @@ class _MeshEntry:
         self.pids: list[int | None] = [None] * n
         self.failures: list[Failure | None] = [None] * n
         self.notes = [""] * n  # from the agent: why the proc does not answer (busy)
-        self.inits: list[dict[str, float]] = [{} for _ in range(n)]  # actor name -> since (monotonic)
+        self.inits: list[dict[str, tuple[str, float]]] = [{} for _ in range(n)]  # actor id -> (name, since)
         self.stopped = False
 
     def forget_notes(self, rank: int) -> None:
@@ -100,7 +100,7 @@ class _MeshEntry:
         self.inits[rank] = {}
 
     def note(self, rank: int, now: float) -> str:
-        parts = [f"initializing '{name}' ({now - since:.0f} s)" for name, since in self.inits[rank].items()]
+        parts = [f"initializing '{name}' ({now - since:.0f} s)" for name, since in self.inits[rank].values()]
         if self.notes[rank]:
             parts.append(self.notes[rank])
         return "; ".join(parts)
@@ -175,19 +175,19 @@ class StateTracker:
         e.notes[rank] = text
         self._emit(MeshEvent("note", e.mesh_id, e.name, rank, e.coords[rank], e.state[rank], note=text))
 
-    def initializing(self, mesh_id: str, ranks: list[int], actor: str, done: bool = False) -> None:
-        """Actor ``actor`` is being constructed on ``ranks`` (until called again with ``done``)."""
+    def initializing(self, mesh_id: str, ranks: list[int], actor_id: str, name: str = "", done: bool = False) -> None:
+        """Actor ``actor_id`` (``name``) is being constructed on ``ranks`` (until called again with ``done``)."""
         e = self._meshes.get(mesh_id)
         if e is None or e.stopped:
             return
         now = time.monotonic()
         for r in ranks:
-            if r >= len(e.inits) or (done and actor not in e.inits[r]):
+            if r >= len(e.inits) or (done and actor_id not in e.inits[r]):
                 continue
             if done:
-                del e.inits[r][actor]
+                del e.inits[r][actor_id]
             else:
-                e.inits[r][actor] = now
+                e.inits[r][actor_id] = (name, now)
             self._emit(MeshEvent("note", e.mesh_id, e.name, r, e.coords[r], e.state[r], note=e.note(r, now)))
 
     def activity(self, mesh_id: str, ranks: list[int], delta: int) -> None:

@@ -123,7 +123,8 @@ _KIND_HINTS = {
     "exit": "the proc exited; look at its output above, then respawn the rank or re-create the mesh",
     "signal": "the proc was killed by a signal (OOM killer? kill -9?); respawn the rank or re-create the mesh",
     "heartbeat": "the proc or its host stopped answering; check the host, then respawn",
-    "init": "the actor's __init__ raised; fix the constructor and spawn the actor mesh again",
+    "init": "the actor's __init__ raised or overran its init_timeout; fix the constructor and spawn the actor mesh "
+    "again (or respawn the ranks whose proc was killed)",
     "start": "the proc failed to start; check the preload modules and the environment",
     "stopped": "its proc mesh was stopped; spawn a new one",
 }

@@ -37,6 +37,7 @@ from . import hooks
 from .client import Client
 from .elastic import Elastic
 from .hooks import Embedding
+from .inits import Inits
 
 if TYPE_CHECKING:
     from .._mesh import ActorMesh, ProcMeshRef
@@ -80,7 +81,7 @@ class _ProcMeshRecord:
     logs: dict[int, collections.deque[tuple[float, int, int, str]]] = field(default_factory=dict)
 
 
-class Controller(Elastic):
+class Controller(Elastic, Inits):
     """Session key, control-plane endpoint, agents and proc meshes of this program."""
 
     _instance: Controller | None = None
@@ -110,6 +111,7 @@ class Controller(Elastic):
         self.state = StateTracker()
         self.client.activity = self.state.activity
         self.client.on_spawn = self._record_spawn
+        self.client.constructed = self._constructed
         self.output: OutputSink = print_output
         self._agent_waiters: dict[str, Future[dict[str, Any]]] = {}
         self._meshes: dict[str, _ProcMeshRecord] = {}
