@@ -190,6 +190,16 @@ class StateTracker:
                 e.inits[r][actor_id] = (name, now)
             self._emit(MeshEvent("note", e.mesh_id, e.name, r, e.coords[r], e.state[r], note=e.note(r, now)))
 
+    def refresh_inits(self) -> bool:
+        """Re-announce the notes of ranks still initializing (their "(N s)" grew); False if none is."""
+        now, any_left = time.monotonic(), False
+        for e in list(self._meshes.values()):
+            for r, inits in enumerate(list(e.inits)):
+                if inits and not e.stopped:
+                    any_left = True
+                    self._emit(MeshEvent("note", e.mesh_id, e.name, r, e.coords[r], e.state[r], note=e.note(r, now)))
+        return any_left
+
     def activity(self, mesh_id: str, ranks: list[int], delta: int) -> None:
         """Calls from this controller to ``ranks`` started (+1) or finished (-1)."""
         e = self._meshes.get(mesh_id)

@@ -145,9 +145,12 @@ def test_init_that_does_not_return_is_shown_then_times_out(host, tmp_path):
 
 def test_init_timeout_from_the_environment_and_unbounded_by_default(host, monkeypatch):
     pm = host.spawn_procs(per_host={"gpus": 1})
+    notes = []
+    unsubscribe = pm.subscribe(lambda ev: notes.append(ev.note) if ev.kind == "note" else None)
     try:
         s = pm.spawn("free", SlowInit, [0])  # no limit: it keeps initializing, shown as such
-        time.sleep(4.5)
+        # live views are told how long, every few seconds
+        assert wait_for(lambda: any(n.startswith("initializing 'free' (") and n != notes[0] for n in notes), 12), notes
         assert "initializing 'free' (" in pm.state().ranks[0].note
         assert not s.initialized.done()
         monkeypatch.setenv("JUPYTER_MESH_INIT_TIMEOUT", "2")
@@ -158,6 +161,7 @@ def test_init_timeout_from_the_environment_and_unbounded_by_default(host, monkey
         with pytest.raises(SupervisionError, match="did not return within 2 s"):
             s.initialized.get(timeout=10)  # same proc, killed: the first spawn fails as well
     finally:
+        unsubscribe()
         pm.stop(timeout=2)
 
 

@@ -16,6 +16,7 @@ import math
 import os
 import signal
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 from ..errors import Failure, MeshValueError
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
 __all__ = ["ENV", "Inits", "init_timeout"]
 
 ENV = "JUPYTER_MESH_INIT_TIMEOUT"
+REFRESH = 5.0  # seconds between two refreshes of the "initializing (N s)" notes in live views
+_ticker_lock = threading.Lock()
 
 
 def init_timeout(given: float | None) -> float | None:
@@ -48,10 +51,12 @@ def init_timeout(given: float | None) -> float | None:
 
 
 class Inits:
+    _init_ticker: threading.Thread | None = None  # refreshes the notes while a constructor runs
     if TYPE_CHECKING:  # the controller's own state
         state: StateTracker
         client: Client
         _meshes: dict[str, _ProcMeshRecord]
+        _closed: bool
 
         def _proc_exit(self, mesh_id: str, rank: int, failure: Failure) -> None: ...
 
@@ -60,6 +65,10 @@ class Inits:
         ranks still constructing after ``timeout`` seconds."""
         mesh_id, ranks, name, key = mesh._ref.mesh_id, mesh._shape.ranks(), mesh.name, mesh._actor_id
         self.state.initializing(mesh_id, ranks, key, name)
+        with _ticker_lock:
+            if self._init_ticker is None:
+                self._init_ticker = threading.Thread(target=self._tick_inits, name="jupyter-mesh-inits", daemon=True)
+                self._init_ticker.start()
         fut.add_done_callback(lambda _f: self.state.initializing(mesh_id, ranks, key, done=True))
         if timeout is None:
             return
@@ -68,6 +77,15 @@ class Inits:
         timer.name = f"jupyter-mesh-init-timeout-{name}"
         timer.start()
         fut.add_done_callback(lambda _f: timer.cancel())
+
+    def _tick_inits(self) -> None:
+        """Widgets redraw on events only: while constructors run, say every few seconds how long."""
+        while not self._closed:
+            time.sleep(REFRESH)
+            with _ticker_lock:
+                if not self.state.refresh_inits():
+                    self._init_ticker = None
+                    return
 
     def _constructed(self, mesh_id: str, ranks: list[int], actor_id: str) -> None:
         """From the client, as each rank's constructor answers (its spawn may still wait for others)."""

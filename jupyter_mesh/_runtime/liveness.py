@@ -5,8 +5,10 @@ holds the GIL (a numerical kernel, pickling a huge object, ``ctypes.PyDLL``) sil
 without it being stuck, and killing it would lose real work. So silence alone does not condemn a
 proc: the agent asks the kernel (``/proc/<pid>/stat`` and its threads') whether it makes progress.
 
-* **busy**: it uses CPU (at least ``MIN_CPU`` of a core), or one of its threads is running (R) or in
-  uninterruptible I/O (D). It is left alone; the controller is told, a few times a minute.
+* **busy**: it uses CPU (at least ``MIN_CPU`` of a core over ``WINDOW``), or one of its threads is in
+  uninterruptible I/O (D), or running (R) on two samples in a row (once proves nothing: a thread
+  waiting for the GIL wakes every 5 ms, and on a loaded machine waits in R for a core). It is left
+  alone; the controller is told, a few times a minute.
 * **hung**: stopped (T, t: SIGSTOP, a debugger), a zombie, gone, or silent with no such sign of life
   for the whole heartbeat timeout (a native deadlock, or a C call that sleeps holding the GIL: from
   outside the two look the same). It is killed, as before.
@@ -18,9 +20,10 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["MIN_CPU", "NOTE_EVERY", "Liveness", "read_stat"]
+__all__ = ["MIN_CPU", "NOTE_EVERY", "WINDOW", "Liveness", "read_stat"]
 
-MIN_CPU = 0.02  # CPU (fraction of a core) that counts as progress: more than a few socket wake-ups
+MIN_CPU = 0.05  # CPU (fraction of a core) that counts as progress: far more than GIL and socket wake-ups
+WINDOW = 1.0  # seconds over which CPU use is measured (the kernel counts it in 10 ms ticks)
 NOTE_EVERY = 5.0  # seconds between two "busy" notes to the controller for one proc
 
 _TICK = float(os.sysconf("SC_CLK_TCK")) if hasattr(os, "sysconf") else 100.0
@@ -51,11 +54,12 @@ def read_stat(pid: int) -> tuple[str, float, str] | None:
 class Liveness:
     """One proc's signs of life between pongs, sampled by the agent's heartbeat tick."""
 
-    __slots__ = ("cpu", "noted", "progress", "rate", "sampled", "state", "threads")
+    __slots__ = ("cpu", "noted", "progress", "rate", "running", "sampled", "state", "threads")
 
     def __init__(self) -> None:
-        self.cpu: float | None = None  # CPU seconds at the last sample
-        self.sampled = 0.0  # when
+        self.cpu: float | None = None  # CPU seconds at the start of the current window
+        self.sampled = 0.0  # when the window started
+        self.running = False  # a thread was running (R) at the last sample
         self.progress = 0.0  # last time it showed life: a pong, CPU used, a thread running or in I/O
         self.rate = 0.0  # CPU used between the last two samples, in cores
         self.state = "?"  # main thread's state at the last sample ("gone" once it disappeared)
@@ -63,7 +67,8 @@ class Liveness:
         self.noted = 0.0  # when the controller was last told that it is busy (0: not told)
 
     def answered(self, when: float) -> None:
-        self.progress = max(self.progress, when)
+        if when > self.progress:  # a new pong: the next silence measures from scratch
+            self.progress, self.cpu, self.running = when, None, False
 
     def sample(self, pid: int, now: float) -> None:
         st = read_stat(pid)
@@ -71,13 +76,17 @@ class Liveness:
             self.state, self.threads, self.rate = "gone", "", 0.0
             return
         state, cpu, threads = st
-        if self.cpu is not None and now > self.sampled:
+        if self.cpu is None:
+            self.cpu, self.sampled = cpu, now
+        elif now - self.sampled >= WINDOW:
             self.rate = max(0.0, cpu - self.cpu) / (now - self.sampled)
+            self.cpu, self.sampled = cpu, now
             if self.rate >= MIN_CPU:
                 self.progress = now
-        if state not in "TtZX" and ("R" in threads or "D" in threads):
+        running = "R" in threads
+        if state not in "TtZX" and ("D" in threads or (running and self.running)):
             self.progress = now
-        self.cpu, self.sampled, self.state, self.threads = cpu, now, state, threads
+        self.running, self.state, self.threads = running, state, threads
 
     def hung(self, now: float, timeout: float) -> bool:
         return self.state in ("T", "t", "Z", "X", "gone") or now - self.progress > timeout
