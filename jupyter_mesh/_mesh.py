@@ -231,13 +231,28 @@ class ProcMesh(_MeshTrait):
                 f"proc mesh '{self._ref.name}' was stopped; spawn a new one with HostMesh.spawn_procs()"
             )
 
-    def spawn(self, name: str, cls: type[A], *args: Any, **kwargs: Any) -> ActorMesh[A]:
+    def spawn(
+        self, name: str, cls: type[A], *args: Any, init_timeout: float | None = None, **kwargs: Any
+    ) -> ActorMesh[A]:
         """Create one ``cls(*args, **kwargs)`` on every proc of this mesh.
 
-        Returns at once; calls queue behind the constructors. ``mesh.initialized.get()`` waits for
-        every constructor and raises if one failed.
+        Returns at once; calls queue behind the constructors (``state()`` notes "initializing" meanwhile).
+        ``mesh.initialized.get()`` waits for every constructor and raises if one failed.
+
+        ``init_timeout`` (seconds; default ``$JUPYTER_MESH_INIT_TIMEOUT``, else no limit) is ours, not
+        ``cls``'s: ranks whose ``__init__`` has not returned by then fail with ``SupervisionError``
+        (kind ``init``) and their procs are killed, so they can be respawned. Monarch has no such
+        argument; an actor whose ``__init__`` takes one named ``init_timeout`` must get it positionally.
         """
         self._check_open()
+        if init_timeout is not None and _takes_init_timeout(cls):
+            raise MeshValueError(
+                f"spawn() keeps the keyword init_timeout for itself (a time limit for the constructors), but "
+                f"{cls.__qualname__}.__init__ takes one too; pass {cls.__qualname__}'s positionally"
+            )
+        from ._runtime.inits import init_timeout as _limit
+
+        limit = _limit(init_timeout)
         if not (isinstance(cls, type) and issubclass(cls, Actor)):
             raise TypeError(f"spawn() needs a subclass of jupyter_mesh.Actor, got {cls!r}")
         if not isinstance(name, str) or not name:
@@ -246,6 +261,7 @@ class ProcMesh(_MeshTrait):
             self._ref, _new_id(name), name, cls.__qualname__, frozenset(endpoints_of(cls)), self._view
         )
         mesh.initialized = _client().spawn_actors(mesh, cls, args, kwargs)
+        self._controller.watch_init(mesh, mesh.initialized, limit)
         return mesh
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -340,6 +356,15 @@ class ProcMesh(_MeshTrait):
         from .ui.widget import mimebundle
 
         return mimebundle(self)
+
+
+def _takes_init_timeout(cls: type) -> bool:
+    import inspect
+
+    try:
+        return "init_timeout" in inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 class HostMesh(_MeshTrait):

@@ -3,6 +3,8 @@
 
 A rank is *starting* until its proc reports in, then *idle* or *busy* (calls from this controller in
 flight), *paused* in a debugger, *failed* (with a :class:`~jupyter_mesh.errors.Failure`), or *stopped*.
+A rank's ``note`` says what a state alone cannot: an actor still in its ``__init__`` ("initializing
+'trainer' (42 s)"), or a proc that does not answer because it is busy in native code.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class RankState:
     inflight: int = 0
     pid: int | None = None
     failure: Failure | None = None
+    note: str = ""  # e.g. "initializing 'trainer' (42 s)", "no answer for 12 s, busy in native code ..."
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,7 @@ class MeshState:
 
 @dataclass(frozen=True)
 class MeshEvent:
-    """One change. ``kind``: created, state, failed, stopped, respawned, resized."""
+    """One change. ``kind``: created, state, failed, stopped, respawned, resized, note."""
 
     kind: str
     mesh_id: str
@@ -73,6 +76,7 @@ class MeshEvent:
     state: ProcState | None = None
     previous: ProcState | None = None
     failure: Failure | None = None
+    note: str = ""
     time: float = field(default_factory=time.time)
 
 
@@ -87,7 +91,19 @@ class _MeshEntry:
         self.inflight = [0] * n
         self.pids: list[int | None] = [None] * n
         self.failures: list[Failure | None] = [None] * n
+        self.notes = [""] * n  # from the agent: why the proc does not answer (busy)
+        self.inits: list[dict[str, tuple[str, float]]] = [{} for _ in range(n)]  # actor id -> (name, since)
         self.stopped = False
+
+    def forget_notes(self, rank: int) -> None:
+        self.notes[rank] = ""
+        self.inits[rank] = {}
+
+    def note(self, rank: int, now: float) -> str:
+        parts = [f"initializing '{name}' ({now - since:.0f} s)" for name, since in self.inits[rank].values()]
+        if self.notes[rank]:
+            parts.append(self.notes[rank])
+        return "; ".join(parts)
 
 
 class StateTracker:
@@ -151,6 +167,39 @@ class StateTracker:
         if e.state[rank] == ProcState.STARTING:
             self._set(e, rank, ProcState.BUSY if e.inflight[rank] else ProcState.IDLE)
 
+    def note(self, mesh_id: str, rank: int, text: str) -> None:
+        """The agent says why a proc does not answer (busy in native code), or "" once it does again."""
+        e = self._meshes.get(mesh_id)
+        if e is None or e.stopped or rank >= len(e.notes) or e.notes[rank] == text:
+            return
+        e.notes[rank] = text
+        self._emit(MeshEvent("note", e.mesh_id, e.name, rank, e.coords[rank], e.state[rank], note=text))
+
+    def initializing(self, mesh_id: str, ranks: list[int], actor_id: str, name: str = "", done: bool = False) -> None:
+        """Actor ``actor_id`` (``name``) is being constructed on ``ranks`` (until called again with ``done``)."""
+        e = self._meshes.get(mesh_id)
+        if e is None or e.stopped:
+            return
+        now = time.monotonic()
+        for r in ranks:
+            if r >= len(e.inits) or (done and actor_id not in e.inits[r]):
+                continue
+            if done:
+                del e.inits[r][actor_id]
+            else:
+                e.inits[r][actor_id] = (name, now)
+            self._emit(MeshEvent("note", e.mesh_id, e.name, r, e.coords[r], e.state[r], note=e.note(r, now)))
+
+    def refresh_inits(self) -> bool:
+        """Re-announce the notes of ranks still initializing (their "(N s)" grew); False if none is."""
+        now, any_left = time.monotonic(), False
+        for e in list(self._meshes.values()):
+            for r, inits in enumerate(list(e.inits)):
+                if inits and not e.stopped:
+                    any_left = True
+                    self._emit(MeshEvent("note", e.mesh_id, e.name, r, e.coords[r], e.state[r], note=e.note(r, now)))
+        return any_left
+
     def activity(self, mesh_id: str, ranks: list[int], delta: int) -> None:
         """Calls from this controller to ``ranks`` started (+1) or finished (-1)."""
         e = self._meshes.get(mesh_id)
@@ -167,6 +216,7 @@ class StateTracker:
             return
         e.failures[rank] = failure
         e.inflight[rank] = 0
+        e.forget_notes(rank)
         self._set(e, rank, ProcState.FAILED, "failed", failure)
 
     def respawned(self, mesh_id: str, rank: int, pid: int) -> None:
@@ -174,6 +224,7 @@ class StateTracker:
         if e is None:
             return
         e.failures[rank], e.pids[rank], e.inflight[rank] = None, pid, 0
+        e.forget_notes(rank)
         self._set(e, rank, ProcState.IDLE, "respawned")
 
     def resized(self, mesh_id: str, sizes: dict[str, int], coords: list[dict[str, int]]) -> None:
@@ -187,8 +238,11 @@ class StateTracker:
             e.inflight += [0] * (n_new - n_old)
             e.pids += [None] * (n_new - n_old)
             e.failures += [None] * (n_new - n_old)
+            e.notes += [""] * (n_new - n_old)
+            e.inits += [{} for _ in range(n_new - n_old)]
         else:
             del e.state[n_new:], e.inflight[n_new:], e.pids[n_new:], e.failures[n_new:]
+            del e.notes[n_new:], e.inits[n_new:]
         self._emit(MeshEvent("resized", e.mesh_id, e.name))
 
     def stopped(self, mesh_id: str) -> None:
@@ -199,13 +253,16 @@ class StateTracker:
         for r in range(len(e.state)):
             e.state[r] = ProcState.STOPPED
             e.inflight[r] = 0
+            e.forget_notes(r)
         self._emit(MeshEvent("stopped", e.mesh_id, e.name, state=ProcState.STOPPED))
 
     # -- reading ----------------------------------------------------------------------------------
     def snapshot(self, mesh_id: str) -> MeshState:
         e = self._meshes[mesh_id]
+        now = time.monotonic()
         ranks = tuple(
-            RankState(r, e.coords[r], e.state[r], e.inflight[r], e.pids[r], e.failures[r]) for r in range(len(e.state))
+            RankState(r, e.coords[r], e.state[r], e.inflight[r], e.pids[r], e.failures[r], e.note(r, now))
+            for r in range(len(e.state))
         )
         return MeshState(e.mesh_id, e.name, dict(e.sizes), ranks, e.stopped)
 

@@ -131,7 +131,8 @@ _KIND_HINTS = {
     "heartbeat": "the proc or its host stopped answering; check the host, then respawn",
     "agent": "the host's agent is gone (with every proc of that host); spawn a new proc mesh: "
     "this_host() and LocalJob start a fresh agent for it",
-    "init": "the actor's __init__ raised; fix the constructor and spawn the actor mesh again",
+    "init": "the actor's __init__ raised or overran its init_timeout; fix the constructor and spawn the actor mesh "
+    "again (or respawn the ranks whose proc was killed)",
     "start": "the proc failed to start; check the preload modules and the environment",
     "stopped": "its proc mesh was stopped; spawn a new one",
 }

@@ -30,6 +30,7 @@ from .._transport import Message, Transport
 from ..errors import Failure, MeshValueError, SupervisionError
 from .agent_state import Gather, MeshEntry, ProcEntry, alive, describe_exit, host_key, kill, read_lines
 from .inboxes import ActorInboxes
+from .liveness import NOTE_EVERY, Liveness
 from .pending import BROKEN, DIRECT, GATHER, NO_REPLY, OK, RAISED, pack_gathered
 
 __all__ = ["Agent", "host_key", "main"]
@@ -472,7 +473,8 @@ class Agent:
                     traceback.print_exc()
 
     def _heartbeat_tick(self, now: float) -> None:
-        """Ping every running proc; declare dead those silent for hb_timeout (hung, SIGSTOPped)."""
+        """Ping every running proc; one that stops answering is watched (``liveness``): busy ones are
+        reported to the controller, hung ones (stopped, deadlocked) are declared dead after hb_timeout."""
         if now - self.last_controller > self.controller_silence:
             print(
                 f"jupyter-mesh agent: no heartbeat from the controller for {self.controller_silence:g} s; exiting",
@@ -482,19 +484,35 @@ class Agent:
         with self.lock:
             running = [p for p in self.procs.values() if p.alive and p.up and not p.stopping]
         for p in running:
-            if p.last_seen and now - p.last_seen > self.hb_timeout:
-                self._declare_dead(
-                    p,
-                    f"proc {p.pid} stopped answering heartbeats for {now - p.last_seen:.1f} s "
-                    f"(hung, or stopped with SIGSTOP?); it was killed",
-                )
-            else:
-                if not p.last_seen:
-                    p.last_seen = now
-                try:
-                    self.transport.send(p.addr, Message({"k": "ping"}))
-                except Exception:  # noqa: BLE001 - its exit will be reported by the template
-                    pass
+            if not p.last_seen:
+                p.last_seen = now
+            silent = now - p.last_seen
+            w = p.liveness
+            w.answered(p.last_seen)
+            if silent > 1.5 * self.hb_interval:  # a pong is late: watch what the proc does meanwhile
+                w.sample(p.pid, now)
+            if silent > self.hb_timeout:
+                if w.hung(now, self.hb_timeout):
+                    self._declare_dead(
+                        p,
+                        f"proc {p.pid} stopped answering heartbeats for {silent:.1f} s and {w.why_hung(now)}; "
+                        "it was killed",
+                    )
+                elif now - w.noted >= NOTE_EVERY:  # busy: say so now and then, ping as seldom
+                    w.noted = now
+                    self._event({"k": "proc_note", "m": p.mesh_id, "rk": p.rank, "note": _busy_note(silent, w)})
+                    self._ping(p)
+                continue  # the pings it has not read yet will be answered when it lets go of the GIL
+            if w.noted:
+                w.noted = 0.0
+                self._event({"k": "proc_note", "m": p.mesh_id, "rk": p.rank, "note": ""})
+            self._ping(p)
+
+    def _ping(self, p: ProcEntry) -> None:
+        try:
+            self.transport.send(p.addr, Message({"k": "ping"}))
+        except Exception:  # noqa: BLE001 - its exit will be reported by the template
+            pass
 
     def _declare_dead(self, p: ProcEntry, detail: str) -> None:
         with self.lock:
@@ -630,6 +648,11 @@ class Agent:
                 sys.stderr.flush()
             finally:
                 os._exit(0)
+
+
+def _busy_note(silent: float, w: Liveness) -> str:
+    """What the controller shows for a busy proc, e.g. "no answer for 12 s, busy in native code ..."."""
+    return f"no answer for {silent:.0f} s, {w.why_busy()}"
 
 
 def _watch_stdin(agent: Agent) -> None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._shape import Shape
+from .liveness import Liveness
 
 __all__ = ["Gather", "MeshEntry", "ProcEntry", "alive", "describe_exit", "host_key", "kill", "read_lines"]
 
@@ -40,6 +41,7 @@ class ProcEntry:
     stopping: bool = False
     killed_by_user: bool = False
     last_seen: float = 0.0
+    liveness: Liveness = field(default_factory=Liveness)  # busy or hung, once it stops answering
     fds: list[int] = field(default_factory=list)
     exit_code: int | None = None
     exit_signal: int | None = None

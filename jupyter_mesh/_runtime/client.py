@@ -95,6 +95,8 @@ class Client(Outcomes, Supervision):
         self.on_stopped: Callable[[str], None] | None = None
         # runs before every call and spawn: the controller raises unhandled failures there (fail fast)
         self.before_call: Callable[[], None] | None = None
+        # (mesh_id, ranks, actor id): those ranks' constructors of that actor returned (or failed)
+        self.constructed: Callable[[str, list[int], str], None] | None = None
         # a waiting caller reads its own replies (``replies``); the controller's client only: in a
         # proc, a cancel interrupts an actor's thread anywhere, even in the middle of reading one
         self.boxes = ReplyBoxes(transport, self.on_reply, self._busy_boxes) if reply_boxes else None
@@ -236,7 +238,7 @@ class Client(Outcomes, Supervision):
             "n": mesh._name,
             "sl": mesh._shape.slice.to_wire(),
             "s": self.address,
-            "rm": GATHER,
+            "rm": DIRECT,  # one reply per rank, not per host: each constructor is known done when it is
         }
         self._send_cast(mesh, ranks, header, payload, bufs, p)
         if self.on_spawn is not None:

@@ -36,6 +36,7 @@ from . import hooks
 from .client import Client
 from .elastic import Elastic
 from .hooks import Embedding
+from .inits import Inits
 from .logs import WorkerLogs, cut_line
 
 if TYPE_CHECKING:
@@ -76,7 +77,7 @@ class _ProcMeshRecord:
     preload: list[str] = field(default_factory=list)
 
 
-class Controller(Elastic):
+class Controller(Elastic, Inits):
     """Session key, control-plane endpoint, agents and proc meshes of this program."""
 
     _instance: Controller | None = None
@@ -106,6 +107,7 @@ class Controller(Elastic):
         self.state = StateTracker()
         self.client.activity = self.state.activity
         self.client.on_spawn = self._record_spawn
+        self.client.constructed = self._constructed
         self.output: OutputSink = print_output
         self._agent_waiters: dict[str, Future[dict[str, Any]]] = {}
         self._meshes: dict[str, _ProcMeshRecord] = {}
@@ -155,6 +157,8 @@ class Controller(Elastic):
             self.client.cancel_acks.acked(h["i"], h["rk"])
         elif k == "proc_ready":
             self.state.ready(h["m"], h["rk"], h["pid"])
+        elif k == "proc_note":  # a proc that does not answer is busy (or answers again)
+            self.state.note(h["m"], h["rk"], h["note"])
         elif k == "rdma":
             from .. import _rdma_owner as _rdma
 

@@ -44,6 +44,7 @@ class Outcomes:
         _failed: dict[tuple[str, int], Failure]
         inboxes: ActorInboxes
         activity: Callable[[str, list[int], int], None] | None
+        constructed: Callable[[str, list[int], str], None] | None
 
     def on_reply(self, msg: Message) -> None:
         """For ``r`` (one rank) and ``g`` (gathered per host) replies: on the receive thread, or on a
@@ -143,6 +144,8 @@ class Outcomes:
                 p.outstanding.clear()
         if self.activity is not None:
             self.activity(p.mesh_id, finished, -1)
+        if p.mode == "spawn" and self.constructed is not None:
+            self.constructed(p.mesh_id, finished, p.actor_id)
         if done:
             self._complete(p)
 

@@ -64,6 +64,14 @@ class Supervision:
                 p.mesh_id == mesh_id and rank in p.outstanding and p.mode != "spawn" for p in self._pending.values()
             )
 
+    def constructing(self, spawn: Any) -> list[int]:
+        """Ranks whose actor ``__init__`` has not answered yet, for the spawn whose future is ``spawn``."""
+        with self._lock:
+            for p in self._pending.values():
+                if p.future is spawn and p.mode == "spawn":
+                    return sorted(p.outstanding)
+        return []
+
     def mark_failed(self, failure_by_rank: dict[int, Failure], mesh_id: str) -> int:
         """Ranks of ``mesh_id`` broke: fail what waits on them now, and later calls at the call site.
 

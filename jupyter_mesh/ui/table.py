@@ -78,7 +78,18 @@ def html_table(meshes: list[MeshWire]) -> str:
             parts.append("</table>")
         for f in m["failures"]:
             parts.append(f"<div style='color:{COLOURS['failed']}'>[{esc(f['label'])}] {esc(f['detail'])}</div>")
+        for label, note in _notes(m):
+            parts.append(f"<div style='font-size:90%'>[{esc(label)}] {esc(note)}</div>")
     return "\n".join(parts)
+
+
+def _notes(mesh: MeshWire) -> list[tuple[str, str]]:
+    """(coords label, note) of the ranks with a note (initializing, busy), a few only."""
+    noted = [r for r in mesh["ranks"] if r.get("note")]
+    out = [(",".join(f"{d}={c}" for d, c in zip(mesh["dims"], r["coords"], strict=True)), r["note"]) for r in noted[:8]]
+    if len(noted) > 8:
+        out.append(("...", f"and {len(noted) - 8} more ranks with a note"))
+    return out
 
 
 def _rank_title(mesh: MeshWire, r: RankWire) -> str:
@@ -88,6 +99,8 @@ def _rank_title(mesh: MeshWire, r: RankWire) -> str:
         out += f", {r['inflight']} call(s)"
     if r["failure"]:
         out += f": {r['failure']['detail']}"
+    if r.get("note"):
+        out += f" ({r['note']})"
     return out
 
 
@@ -108,4 +121,5 @@ def text_table(meshes: list[MeshWire]) -> str:
                 out.append(f"  {label}")
             out.extend("  " + " ".join(letter[r["state"]] for r in row) for row in rows)
         out.extend(f"  failed [{f['label']}] {f['detail']}" for f in m["failures"])
+        out.extend(f"  [{label}] {note}" for label, note in _notes(m))
     return "\n".join(out)

@@ -48,6 +48,7 @@ class RankWire(TypedDict):
     inflight: int
     pid: int | None
     failure: FailureWire | None
+    note: str  # why it is slow to answer: "initializing 'trainer' (42 s)", "busy in native code"; or ""
 
 
 class RecentFailure(TypedDict):
@@ -96,6 +97,7 @@ def mesh_wire(
             inflight=r.inflight,
             pid=r.pid,
             failure=failure_wire(r.failure),
+            note=r.note,
         )
         for r in state.ranks
     ]

@@ -150,7 +150,10 @@ export class MeshSidebar extends Widget {
       for (const r of chunk) {
         const cell = el('div', {
           class: `jm-cell jm-${r.state}` + (this._selected.get(mesh.mesh_id) === r.rank ? ' jm-selected' : ''),
-          title: `rank ${r.rank} [${coordLabel(mesh, r.coords)}] ${r.state}` + (r.failure ? `: ${r.failure.detail}` : ''),
+          title:
+            `rank ${r.rank} [${coordLabel(mesh, r.coords)}] ${r.state}` +
+            (r.failure ? `: ${r.failure.detail}` : '') +
+            (r.note ? ` (${r.note})` : ''),
           'data-rank': String(r.rank),
           'data-state': r.state
         }, String(r.rank));
@@ -170,6 +173,9 @@ export class MeshSidebar extends Widget {
     const box = el('div', { class: 'jm-detail', 'data-rank': String(r.rank) },
       el('div', {}, el('b', {}, `rank ${r.rank} [${coordLabel(mesh, r.coords)}]`),
         ` ${r.state}` + (r.pid ? ` · pid ${r.pid}` : '') + (r.inflight ? ` · ${r.inflight} call(s)` : '')));
+    if (r.note) {
+      box.append(el('div', { class: 'jm-note' }, r.note));
+    }
     if (r.failure) {
       box.append(el('div', { class: 'jm-cause' }, `${r.failure.kind}: ${r.failure.detail}`));
       if (r.failure.traceback) {

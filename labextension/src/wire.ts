@@ -20,6 +20,7 @@ export interface IRank {
   inflight: number;
   pid: number | null;
   failure: IFailure | null;
+  note: string; // why it is slow to answer: "initializing 'trainer' (42 s)", "busy in native code"; or ""
 }
 
 export interface IRecentFailure {

@@ -44,6 +44,7 @@ function detail(mesh, r) {
   const box = h("div", { class: "jm-detail", "data-testid": "jm-detail" },
     h("div", {}, h("b", {}, where), ` ${r.state}`, r.pid ? ` · pid ${r.pid}` : "",
       r.inflight ? ` · ${r.inflight} call(s) in flight` : ""));
+  if (r.note) box.append(h("div", { class: "jm-note" }, r.note));
   if (r.failure) {
     box.append(h("div", {}, `${r.failure.kind}: ${r.failure.detail}`));
     if (r.failure.traceback) box.append(h("pre", {}, r.failure.traceback));
@@ -68,7 +69,7 @@ function renderMesh(mesh, selected, select) {
     const grid = h("div", { class: "jm-grid", style: `grid-template-columns: repeat(${sl.cols}, auto)` });
     for (const r of sl.ranks) {
       const title = `rank ${r.rank} [${coordLabel(mesh, r.coords)}] ${r.state}` +
-        (r.failure ? `: ${r.failure.detail}` : "");
+        (r.failure ? `: ${r.failure.detail}` : "") + (r.note ? ` (${r.note})` : "");
       const cell = h("div", {
         class: `jm-cell jm-${r.state}` + (selected === r.rank ? " jm-selected" : ""),
         title, "data-rank": r.rank, "data-state": r.state,

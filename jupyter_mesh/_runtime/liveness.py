@@ -1,0 +1,107 @@
+"""Busy or hung: what the agent makes of a proc that stopped answering its pings.
+
+A proc's pong is sent by its main thread, which needs the GIL. An endpoint in a long C call that
+holds the GIL (a numerical kernel, pickling a huge object, ``ctypes.PyDLL``) silences the proc
+without it being stuck, and killing it would lose real work. So silence alone does not condemn a
+proc: the agent asks the kernel (``/proc/<pid>/stat`` and its threads') whether it makes progress.
+
+* **busy**: it uses CPU (at least ``MIN_CPU`` of a core over ``WINDOW``), or one of its threads is in
+  uninterruptible I/O (D), or running (R) on two samples in a row (once proves nothing: a thread
+  waiting for the GIL wakes every 5 ms, and on a loaded machine waits in R for a core). It is left
+  alone; the controller is told, a few times a minute.
+* **hung**: stopped (T, t: SIGSTOP, a debugger), a zombie, gone, or silent with no such sign of life
+  for the whole heartbeat timeout (a native deadlock, or a C call that sleeps holding the GIL: from
+  outside the two look the same). It is killed, as before.
+
+Plain data and functions, no messages: ``agent.py`` decides what to send.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["MIN_CPU", "NOTE_EVERY", "WINDOW", "Liveness", "read_stat"]
+
+MIN_CPU = 0.05  # CPU (fraction of a core) that counts as progress: far more than GIL and socket wake-ups
+WINDOW = 1.0  # seconds over which CPU use is measured (the kernel counts it in 10 ms ticks)
+NOTE_EVERY = 5.0  # seconds between two "busy" notes to the controller for one proc
+
+_TICK = float(os.sysconf("SC_CLK_TCK")) if hasattr(os, "sysconf") else 100.0
+
+
+def read_stat(pid: int) -> tuple[str, float, str] | None:
+    """(state of the main thread, CPU seconds of all threads, states of every thread), or None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    # after "pid (comm)": state is field 3, utime and stime fields 14 and 15 (man 5 proc)
+    state, cpu = fields[0], (int(fields[11]) + int(fields[12])) / _TICK
+    threads = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    threads.append(f.read().rsplit(")", 1)[1].split()[0])
+            except (OSError, IndexError):
+                continue  # a thread that just ended
+    except OSError:
+        pass
+    return state, cpu, "".join(threads) or state
+
+
+class Liveness:
+    """One proc's signs of life between pongs, sampled by the agent's heartbeat tick."""
+
+    __slots__ = ("cpu", "noted", "progress", "rate", "running", "sampled", "state", "threads")
+
+    def __init__(self) -> None:
+        self.cpu: float | None = None  # CPU seconds at the start of the current window
+        self.sampled = 0.0  # when the window started
+        self.running = False  # a thread was running (R) at the last sample
+        self.progress = 0.0  # last time it showed life: a pong, CPU used, a thread running or in I/O
+        self.rate = 0.0  # CPU used between the last two samples, in cores
+        self.state = "?"  # main thread's state at the last sample ("gone" once it disappeared)
+        self.threads = ""  # every thread's state at the last sample
+        self.noted = 0.0  # when the controller was last told that it is busy (0: not told)
+
+    def answered(self, when: float) -> None:
+        if when > self.progress:  # a new pong: the next silence measures from scratch
+            self.progress, self.cpu, self.running = when, None, False
+
+    def sample(self, pid: int, now: float) -> None:
+        st = read_stat(pid)
+        if st is None:
+            self.state, self.threads, self.rate = "gone", "", 0.0
+            return
+        state, cpu, threads = st
+        if self.cpu is None:
+            self.cpu, self.sampled = cpu, now
+        elif now - self.sampled >= WINDOW:
+            self.rate = max(0.0, cpu - self.cpu) / (now - self.sampled)
+            self.cpu, self.sampled = cpu, now
+            if self.rate >= MIN_CPU:
+                self.progress = now
+        running = "R" in threads
+        if state not in "TtZX" and ("D" in threads or (running and self.running)):
+            self.progress = now
+        self.running, self.state, self.threads = running, state, threads
+
+    def hung(self, now: float, timeout: float) -> bool:
+        return self.state in ("T", "t", "Z", "X", "gone") or now - self.progress > timeout
+
+    def why_hung(self, now: float) -> str:
+        if self.state in ("T", "t"):
+            return "it is stopped (SIGSTOP or a debugger: state T)"
+        if self.state in ("Z", "X", "gone"):
+            return "it is exiting"
+        return (
+            f"it made no progress for {now - self.progress:.1f} s (no thread running, no CPU used: a deadlock, "
+            "or a C call sleeping while it holds the GIL)"
+        )
+
+    def why_busy(self) -> str:
+        if "D" in self.threads and self.rate < MIN_CPU:
+            return "waiting for I/O (state D)"
+        return f"busy in native code holding the GIL (CPU {100 * self.rate:.0f} %)"

@@ -1,0 +1,59 @@
+"""Actors for tests/test_busy_and_init.py (importable by procs: they get our sys.path)."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+
+from jupyter_mesh import Actor, current_rank, endpoint
+
+
+def _hold_gil_busy(seconds: float) -> int:
+    """Burn CPU for about ``seconds`` inside one C call that never lets go of the GIL (``sum`` over a
+    ``range`` runs in C: no bytecode, so no GIL hand-over), like a long native kernel would."""
+    n = 1_000_000
+    per = 1.0
+    for _ in range(5):  # the fastest try: a busy machine only makes the real run longer, never shorter
+        t0 = time.perf_counter()
+        sum(range(n))
+        per = min(per, max(time.perf_counter() - t0, 1e-6) / n)
+    return sum(range(int(seconds / per)))
+
+
+class Native(Actor):
+    @endpoint
+    def spin(self, seconds: float) -> str:
+        _hold_gil_busy(seconds)
+        return "done"
+
+    @endpoint
+    def native_sleep(self, seconds: int) -> None:
+        ctypes.PyDLL(None).sleep(seconds)  # PyDLL: the GIL stays held
+
+    @endpoint
+    def ping(self) -> str:
+        return "pong"
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class SlowInit(Actor):
+    """``__init__`` does not return on ``ranks`` (for 300 s) unless ``marker`` exists; it creates
+    the marker first, so a respawned proc's second try returns at once."""
+
+    def __init__(self, ranks: list[int], marker: str = ""):
+        if current_rank().rank in ranks and not (marker and os.path.exists(marker + str(current_rank().rank))):
+            if marker:
+                open(marker + str(current_rank().rank), "w").close()
+            time.sleep(300)
+
+    @endpoint
+    def ping(self) -> str:
+        return "pong"
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
