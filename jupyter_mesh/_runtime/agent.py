@@ -61,6 +61,9 @@ class Agent:
             for kind, _, n in (x.partition(":") for x in os.environ.get("JUPYTER_MESH_FAIL_RELAYS", "").split(",") if x)
         }
         self.fork_tokens: dict[int, ProcEntry] = {}
+        self.fork_asked: dict[int, float] = {}  # token -> when the fork was asked for (a stalled template)
+        self._template_cause = ""  # why we killed the template ourselves, if we did
+        self._template_watch: Liveness | None = None  # its signs of life while forks are overdue
         self._tokens = iter(range(1, 1 << 62))
         self.shutting_down = False
         self._exiting = False  # set once, by the thread that runs shutdown()
@@ -99,7 +102,10 @@ class Agent:
         except subprocess.TimeoutExpired:
             self.template.kill()
             code = self.template.wait(2.0)
-        how = describe_exit(ProcEntry("", 0, ""), code if code >= 0 else None, -code if code < 0 else None)
+        how = self._template_cause or describe_exit(
+            ProcEntry("", 0, ""), code if code >= 0 else None, -code if code < 0 else None
+        )
+        self._template_cause = ""
         cause = f"its host's fork server (template, pid {self.template.pid}) {how}, taking its procs with it"
         self.sel.unregister(self.tsock)
         self.tsock.close()
@@ -107,13 +113,14 @@ class Agent:
             forked = [p for p in self.procs.values() if p.alive and p.pid]
             unborn = list(self.fork_tokens.values())
             self.fork_tokens.clear()
+            self.fork_asked.clear()
         for p in forked:
             kill(p.pid, signal.SIGKILL)
             self._proc_exited(p.pid, None, signal.SIGKILL, cause)
         for p in unborn:  # asked for, never forked: those starts fail with the cause
             p.alive, p.tail = False, collections.deque([cause + "\n"], maxlen=30)
         with self.lock:
-            for mesh in {self.meshes[p.mesh_id] for p in unborn if p.mesh_id in self.meshes}:
+            for mesh in {p.mesh_id: self.meshes[p.mesh_id] for p in unborn if p.mesh_id in self.meshes}.values():
                 self._check_waiters(mesh)
         print(f"jupyter-mesh agent: {cause}; starting a new one", file=sys.stderr)
         self._start_template()
@@ -150,7 +157,10 @@ class Agent:
                 self.transport.send_raw(addr, frames)
         elif k == "hb":
             self.last_controller = time.monotonic()
-            self.transport.send(self.controller, Message({"k": "hb_ack", "addr": self.transport.address}))
+            # to the controller's heartbeat socket: its liveness must not queue behind replies
+            self.transport.send(
+                h.get("hr") or self.controller, Message({"k": "hb_ack", "addr": self.transport.address})
+            )
         elif k == "c" or k == "spawn":
             self._relay(h, frames)
         elif k == "actor_up":
@@ -332,6 +342,7 @@ class Agent:
             }
             token = next(self._tokens)
             self.fork_tokens[token] = p
+            self.fork_asked[token] = time.monotonic()
             self._tsend({"op": "fork", "token": token, "cfg": cfg}, [out_w, err_w])
             os.close(out_w)
             os.close(err_w)
@@ -382,7 +393,13 @@ class Agent:
                 keep.append((to, ranks))  # report once every proc is up or dead: all failures at once
             elif failed:
                 fails = [
-                    self._failure(p, "start", f"proc failed to start ({describe_exit(p, p.exit_code, p.exit_signal)})")
+                    self._failure(
+                        p,
+                        "start",
+                        f"proc failed to start ({describe_exit(p, p.exit_code, p.exit_signal)})"
+                        if p.pid
+                        else "proc was never forked: " + "".join(p.tail).strip(),
+                    )
                     for p in failed
                 ]
                 self._reply(to, RAISED, SupervisionError(fails, "while starting its procs"))
@@ -407,6 +424,8 @@ class Agent:
             procs = [self.procs[(mesh.mesh_id, r)] for r in ranks]
             for p in procs:
                 p.stopping = True
+                if p.alive and not p.pid:  # not forked yet (a slow or stalled template): it never
+                    p.alive = False  # runs (killed as soon as its fork is reported), so it is stopped
             running = [p for p in procs if p.alive]
         for p in running:
             if p.up:
@@ -451,7 +470,12 @@ class Agent:
         while not self.shutting_down:
             now = time.monotonic()
             if now >= next_tick:
-                self._heartbeat_tick(now)
+                try:
+                    self._heartbeat_tick(now)
+                except Exception:  # noqa: BLE001 - liveness must outlive a bug in one tick, and say so
+                    import traceback
+
+                    traceback.print_exc()
                 next_tick = now + self.hb_interval
             for key, _ in self.sel.select(max(0.0, next_tick - now)):
                 if self.sel.get_map().get(key.fd) is not key:
@@ -481,6 +505,7 @@ class Agent:
                 file=sys.stderr,
             )
             self.shutdown()
+        self._watch_template(now)
         with self.lock:
             running = [p for p in self.procs.values() if p.alive and p.up and not p.stopping]
         for p in running:
@@ -507,6 +532,43 @@ class Agent:
                 w.noted = 0.0
                 self._event({"k": "proc_note", "m": p.mesh_id, "rk": p.rank, "note": ""})
             self._ping(p)
+
+    def _watch_template(self, now: float) -> None:
+        """Forks pending past the heartbeat timeout while the template is stopped (SIGSTOP), a zombie,
+        or makes no progress at all: it is killed, which restarts it and fails those starts with the
+        cause (``_template_died``), instead of a spawn that waits out its whole timeout."""
+        with self.lock:
+            oldest = min(self.fork_asked.values(), default=now)
+        if now - oldest <= self.hb_timeout or self._template_cause:
+            self._template_watch = None
+            return
+        w = self._template_watch
+        if w is None:  # silence counts from the oldest fork asked for
+            w = self._template_watch = Liveness()
+            w.answered(oldest)
+        w.sample(self.template.pid, now)
+        if w.state in ("T", "t"):  # stopped on purpose (SIGSTOP, a debugger): its procs live on, the
+            # starts waiting for it fail now, with the cause; it forks again once resumed
+            self._fail_forks(
+                f"its host's fork server (template, pid {self.template.pid}) is stopped (SIGSTOP or a debugger: "
+                f"state {w.state}) and did not fork for {now - oldest:.1f} s; resume it (SIGCONT) and spawn again"
+            )
+        elif w.hung(now, 3 * self.hb_timeout):  # deadlocked: a new one is of more use
+            self._template_cause = (
+                f"did not fork for {now - oldest:.1f} s and {w.why_hung(now)}; it was killed and restarted"
+            )
+            kill(self.template.pid, signal.SIGKILL)
+
+    def _fail_forks(self, cause: str) -> None:
+        """Fail the starts still waiting for a fork; should the fork come later, it is killed at once."""
+        with self.lock:
+            unborn = [p for p in self.fork_tokens.values() if p.alive]
+            self.fork_asked.clear()
+            for p in unborn:
+                p.alive, p.stopping = False, True
+                p.tail = collections.deque([cause + "\n"], maxlen=30)
+            for mesh in {p.mesh_id: self.meshes[p.mesh_id] for p in unborn if p.mesh_id in self.meshes}.values():
+                self._check_waiters(mesh)
 
     def _ping(self, p: ProcEntry) -> None:
         try:
@@ -547,6 +609,7 @@ class Agent:
         if op == "forked":
             with self.lock:
                 p = self.fork_tokens.pop(msg["token"], None)
+                self.fork_asked.pop(msg["token"], None)
                 if p is not None and not p.pid:
                     p.pid = msg["pid"]
                     self.by_pid[p.pid] = p

@@ -300,7 +300,8 @@ class Client(Outcomes, Supervision):
         fut: Future[Any] = Future(f"{mesh._class_name}.{endpoint}")
         p = Pending(fut, mesh._ref.mesh_id, mode, mesh._name, endpoint, mesh._shape, ranks, set(ranks), ref=mesh._ref)
         fut._on_cancel = lambda: self._cancel(p, mesh._actor_id)
-        fut._on_interrupt = lambda: self._interrupt(p)
+        if self.boxes is not None:  # the controller: Ctrl-C reports where the call stopped (not in procs)
+            fut._on_interrupt = lambda: self._interrupt(p)
         if mode == "stream":
             p.stream_q = queue.SimpleQueue()
             header["rm"] = DIRECT
@@ -388,7 +389,8 @@ class Client(Outcomes, Supervision):
         p = Pending(fut, ref.mesh_id, "one", mesh._name, endpoint, None, [rank], {rank}, ref=ref)
         p.actor_id = mesh._actor_id
         fut._on_cancel = lambda: self._cancel(p, mesh._actor_id)
-        fut._on_interrupt = lambda: self._interrupt(p)
+        if self.boxes is not None:
+            fut._on_interrupt = lambda: self._interrupt(p)
         local = _same_host(ref, rank)
         # all bookkeeping before the send: after it this thread should only wait, leaving the CPU
         # to the message's way there and back (on 2 cores that is measurable)

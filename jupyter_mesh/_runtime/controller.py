@@ -20,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import zmq
+
 from .._future import Future
 from .._serialize import dumps, loads
 from .._shape import Shape
@@ -249,19 +251,53 @@ class Controller(Elastic, Inits):
 
     # -- agents -----------------------------------------------------------------------------------
     def _heartbeats(self) -> None:
+        """Ping every agent each quarter of the timeout; they answer to a socket of this thread's
+        own, so liveness never waits behind the receive thread (which may be busy unpickling a big
+        reply for seconds: that must not make a healthy host look lost)."""
         interval = self.hb_timeout / 4
-        while not self._hb_stop.wait(interval):
-            now = time.monotonic()
-            for addr, seen in list(self._agent_seen.items()):
-                if addr in self._agents_lost:
-                    continue
-                if now - seen > self.hb_timeout:
-                    self.agent_lost(addr, f"it stopped answering heartbeats for {now - seen:.1f} s")
-                    continue
-                try:
-                    self.transport.send(addr, Message({"k": "hb"}))
-                except Exception:  # noqa: BLE001 - closing down
-                    return
+        try:
+            sock, address = self.transport.bind_inbox()
+        except zmq.ZMQError:  # closing down
+            return
+        try:
+            due = time.monotonic()
+            while not self._hb_stop.is_set():
+                now = time.monotonic()
+                if now >= due:
+                    due = now + interval
+                    if not self._ping_agents(now, address):
+                        return
+                # in slices: shutdown (``_hb_stop``) is seen within 0.1 s
+                if sock.poll(max(1, min(100, int((due - now) * 1000)))):
+                    self._read_acks(sock)
+        except zmq.ZMQError:  # the transport closed under us: shutting down
+            return
+        finally:
+            if not sock.closed:
+                sock.close(linger=0)
+
+    def _ping_agents(self, now: float, reply_to: str) -> bool:
+        for addr, seen in list(self._agent_seen.items()):
+            if addr in self._agents_lost:
+                continue
+            if now - seen > self.hb_timeout:
+                self.agent_lost(addr, f"it stopped answering heartbeats for {now - seen:.1f} s")
+                continue
+            try:
+                self.transport.send(addr, Message({"k": "hb", "hr": reply_to}))
+            except Exception:  # noqa: BLE001 - closing down
+                return False
+        return True
+
+    def _read_acks(self, sock: zmq.Socket[Any]) -> None:
+        while True:
+            try:
+                frames = Transport.recv_frames(sock, zmq.NOBLOCK)
+            except zmq.ZMQError:
+                return
+            msg = self.transport.decode(frames)
+            if msg is not None and msg.header.get("k") == "hb_ack" and msg.header.get("addr") in self._agent_seen:
+                self._agent_seen[msg.header["addr"]] = time.monotonic()
 
     def agent_lost(self, addr: str, why: str) -> None:
         """An agent is gone for good: its process exited, or it went silent past the heartbeat timeout.
@@ -432,7 +468,7 @@ class Controller(Elastic, Inits):
 
     def _force_stop(self, rec: _ProcMeshRecord, host: int, why: str) -> None:
         """An agent did not answer a stop: kill its procs of this mesh ourselves where we can (same
-        machine), give up on the agent, and say what was forced."""
+        machine), and say what was forced."""
         ref = rec.ref
         ranks = [r for r, h in enumerate(ref.rank_host) if h == host]
         killed = []
@@ -445,10 +481,10 @@ class Controller(Elastic, Inits):
                         killed.append(pid)
                     except (ProcessLookupError, PermissionError):
                         pass
-        self.agent_lost(ref.agent_addrs[host], why)
+        # the agent itself is judged by its heartbeats, not by this: its other meshes stay
         print(
             f"jupyter_mesh: stopping '{ref.name}': the agent at {ref.agent_addrs[host]} {why.removeprefix('it ')}; "
-            f"forced: killed procs {killed or 'none (not on this machine)'}, agent given up",
+            f"forced: killed procs {killed or 'none (not on this machine)'}",
             file=sys.stderr,
         )
 

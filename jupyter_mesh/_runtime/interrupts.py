@@ -16,7 +16,7 @@ import _signal
 import threading
 from typing import Any
 
-__all__ = ["held", "hold", "release", "take"]
+__all__ = ["held", "held_by", "hold", "release", "take"]
 
 _MAIN = threading.main_thread().ident
 _SIGINT = 2
@@ -34,11 +34,23 @@ def held() -> bool:
     return threading.get_ident() == _MAIN and _signal.getsignal(_SIGINT) is _record
 
 
+_off_main: dict[int, int] = {}  # other threads in a critical stretch (depth): an async cancel waits
+
+
+def held_by(ident: int) -> bool:
+    """Is thread ``ident`` (not the main one) in a critical stretch? Asked before aiming an
+    asynchronous exception at it (a proc's actor threads are cancelled that way)."""
+    return _off_main.get(ident, 0) > 0
+
+
 def hold() -> bool:
-    """Start holding SIGINT if this is the main thread (and not held already); True if it did."""
+    """Start holding SIGINT if this is the main thread (and not held already); True if it did.
+    Off the main thread it marks the stretch for ``held_by`` (and is True as well)."""
     global _previous
-    if threading.get_ident() != _MAIN:
-        return False
+    me = threading.get_ident()
+    if me != _MAIN:
+        _off_main[me] = _off_main.get(me, 0) + 1
+        return True
     previous = _signal.getsignal(_SIGINT)
     if previous is _record or not callable(previous):
         return False  # nested, or SIGINT ignored / not handled by Python: nothing to hold
@@ -51,6 +63,14 @@ def release() -> None:
     """Stop holding; deliver a SIGINT that came meanwhile (the old handler usually raises).
     Idempotent: a second call only puts the same handler back."""
     global _caught
+    me = threading.get_ident()
+    if me != _MAIN:
+        depth = _off_main.get(me, 0) - 1
+        if depth > 0:
+            _off_main[me] = depth
+        else:
+            _off_main.pop(me, None)
+        return
     previous = _previous
     _signal.signal(_SIGINT, previous)
     if _caught:

@@ -34,6 +34,7 @@ from .._serialize import dumps, loads
 from .._shape import Point, Shape, Slice
 from .._transport import Message, Transport
 from ..errors import Failure, SerializationError, SupervisionError
+from . import interrupts
 from .client import Client, set_current_client
 from .hooks import Embedding, embed
 from .pending import BROKEN, DIRECT, NO_REPLY, OK, RAISED
@@ -115,8 +116,7 @@ class ActorHost:
                 # a sender's call ids grow in the order its calls run here: at or below the last one
                 # started, this call already ran (its cancel came late), so there is nothing to skip
                 if call_id > self._started.get(sender, 0):
-                    self._cancelled.add(key)  # acknowledged when it comes up and is skipped
-                    return
+                    self._cancelled.add(key)  # skipped when it comes up: nothing of it will run
                 done = True
             else:
                 done = False
@@ -128,11 +128,26 @@ class ActorHost:
                     signal.pthread_kill(self.thread.ident or 0, _CANCEL_SIGNAL)
                 else:  # a sync endpoint on its own thread: KeyboardInterrupt at its next Python instruction
                     self._interrupted = True
-                    ctypes.pythonapi.PyThreadState_SetAsyncExc(
-                        ctypes.c_ulong(self.thread.ident or 0), ctypes.py_object(KeyboardInterrupt)
-                    )
+                    self._raise_in_thread()
         if done:
             self._ack_cancel(key)
+
+    def _raise_in_thread(self) -> None:
+        """KeyboardInterrupt in this actor's own thread, unless it is in a critical stretch of the
+        runtime or inside an import right now: then a moment later (caller holds ``_lock``)."""
+        ident = self.thread.ident or 0
+        if not self._interrupted:
+            return
+        if interrupts.held_by(ident) or _importing(sys._current_frames().get(ident)):
+            t = threading.Timer(0.02, self._retry_raise)
+            t.daemon = True
+            t.start()
+            return
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(KeyboardInterrupt))
+
+    def _retry_raise(self) -> None:
+        with self._lock:
+            self._raise_in_thread()
 
     def enqueue(self, msg: Message) -> None:
         """From any other thread: hand the actor a message (in order) and wake it."""
@@ -325,7 +340,6 @@ class ActorHost:
                 self._started[h["s"]] = h["i"]
             if self._cancelled and key in self._cancelled:
                 self._cancelled.discard(key)
-                self._ack_cancel(key)
                 raise asyncio.CancelledError(f"{h['m']} was cancelled before it started")
             self._current = key if h["i"] else None
 
@@ -354,9 +368,10 @@ class ActorHost:
         if not self._begin(h):
             return
         try:
+            # arguments first: unpickling may import modules (torch), which a cancel must not cut
+            args, kwargs = loads(msg.payload, msg.buffers)
             self._enter(h)
             try:
-                args, kwargs = loads(msg.payload, msg.buffers)
                 if ep is None:
                     raise AttributeError(f"{type(self.instance).__qualname__} has no endpoint '{h['m']}'")
                 if ep.is_async:
@@ -539,9 +554,33 @@ _main_actor: ActorHost | None = None
 
 def _on_cancel_signal(signum: int, frame: Any) -> None:
     host = _main_actor
-    if host is not None and host._interrupted:
-        host._interrupted = False
-        raise KeyboardInterrupt
+    if host is None or not host._interrupted:
+        return
+    if interrupts.held() or _importing(frame):
+        # never inside the runtime's critical stretches (a sequence number would be lost) nor inside
+        # an import (the module would stay half-initialized: a half-imported torch breaks the proc):
+        # try again a moment later
+        t = threading.Timer(0.02, _resignal, (host,))
+        t.daemon = True
+        t.start()
+        return
+    host._interrupted = False
+    raise KeyboardInterrupt
+
+
+def _resignal(host: ActorHost) -> None:
+    if host._interrupted:
+        signal.pthread_kill(host.thread.ident or 0, _CANCEL_SIGNAL)
+
+
+def _importing(frame: Any) -> bool:
+    """Is ``frame`` (or a caller of it) inside the import machinery?"""
+    depth = 0
+    while frame is not None and depth < 400:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame, depth = frame.f_back, depth + 1
+    return False
 
 
 def _safe_str(e: BaseException) -> str:
