@@ -17,21 +17,21 @@ import json
 import os
 import selectors
 import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
 from typing import Any
 
 from .._serialize import dumps
-from .._shape import Point, Shape, Slice
+from .._shape import Point, Shape
 from .._transport import Message, Transport
 from ..errors import Failure, MeshValueError, SupervisionError
-from .agent_state import Gather, MeshEntry, ProcEntry, alive, describe_exit, host_key, kill, read_lines
+from .agent_state import MeshEntry, ProcEntry, alive, describe_exit, host_key, kill, read_lines
+from .forkserver import ForkServer
 from .inboxes import ActorInboxes
-from .liveness import NOTE_EVERY, Liveness
-from .pending import BROKEN, DIRECT, GATHER, NO_REPLY, OK, RAISED, pack_gathered
+from .liveness import NOTE_EVERY
+from .pending import BROKEN, OK, RAISED
+from .relay import Relay
 
 __all__ = ["Agent", "host_key", "main"]
 
@@ -52,19 +52,8 @@ class Agent:
         self.procs: dict[tuple[str, int], ProcEntry] = {}
         self.by_pid: dict[int, ProcEntry] = {}
         self.meshes: dict[str, MeshEntry] = {}
-        self.gathers: dict[tuple[str, int], Gather] = {}
         self.inboxes = ActorInboxes(self.transport)  # relays of calls go straight to actors' inboxes
-        # fault injection, for tests of the undelivered path: "c:2,spawn:1" fails the next two relays of
-        # calls and the next one of a spawn, as a send error would
-        self._failing_relays = {
-            kind: int(n)
-            for kind, _, n in (x.partition(":") for x in os.environ.get("JUPYTER_MESH_FAIL_RELAYS", "").split(",") if x)
-        }
-        self.fork_tokens: dict[int, ProcEntry] = {}
-        self.fork_asked: dict[int, float] = {}  # token -> when the fork was asked for (a stalled template)
-        self._template_cause = ""  # why we killed the template ourselves, if we did
-        self._template_watch: Liveness | None = None  # its signs of life while forks are overdue
-        self._tokens = iter(range(1, 1 << 62))
+        self.relay = Relay(self)  # casts to this host's procs, and their gathered replies
         self.shutting_down = False
         self._exiting = False  # set once, by the thread that runs shutdown()
         self._exit_lock = threading.Lock()
@@ -73,47 +62,21 @@ class Agent:
         # pipes, the template and its lifeline
         self.sel = selectors.DefaultSelector()
         self.lifeline_r, self.lifeline_w = os.pipe()
-        self.preload: list[str] = list(cfg.get("preload") or [])  # what every template of ours imports
-        self._start_template()
+        self.forkserver = ForkServer(cfg["key"], self.lifeline_r, list(cfg.get("preload") or []))
+        self.sel.register(self.forkserver.sock, selectors.EVENT_READ, ("template", None))
         self.wake_r, self.wake_w = os.pipe()
         self.sel.register(self.wake_r, selectors.EVENT_READ, ("wake", None))
-
-    def _start_template(self) -> None:
-        """(Re)start the fork server; a new one imports every module meshes of this host asked for."""
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.tsock = ours
-        self.template = subprocess.Popen(
-            [sys.executable, "-m", "jupyter_mesh._runtime.template", str(theirs.fileno()), str(self.lifeline_r)],
-            pass_fds=(theirs.fileno(), self.lifeline_r),
-            stdin=subprocess.DEVNULL,
-        )
-        theirs.close()
-        self._tsend({"op": "key", "key": self.key.hex()})
-        if self.preload:
-            self._tsend({"op": "preload", "modules": self.preload, "token": 0})
-        self.sel.register(self.tsock, selectors.EVENT_READ, ("template", None))
 
     def _template_died(self) -> None:
         """The fork server died (its procs die with it, by PR_SET_PDEATHSIG): report each of them with
         that cause, fail starts still waiting for a fork, and start a new fork server so the host
         stays usable (respawn, new meshes)."""
-        try:
-            code = self.template.wait(2.0)
-        except subprocess.TimeoutExpired:
-            self.template.kill()
-            code = self.template.wait(2.0)
-        how = self._template_cause or describe_exit(
-            ProcEntry("", 0, ""), code if code >= 0 else None, -code if code < 0 else None
-        )
-        self._template_cause = ""
-        cause = f"its host's fork server (template, pid {self.template.pid}) {how}, taking its procs with it"
-        self.sel.unregister(self.tsock)
-        self.tsock.close()
+        fs = self.forkserver
+        self.sel.unregister(fs.sock)
         with self.lock:
             forked = [p for p in self.procs.values() if p.alive and p.pid]
-            unborn = list(self.fork_tokens.values())
-            self.fork_tokens.clear()
-            self.fork_asked.clear()
+            unborn = list(fs.pending.values())
+            cause = fs.reap()
         for p in forked:
             kill(p.pid, signal.SIGKILL)
             self._proc_exited(p.pid, None, signal.SIGKILL, cause)
@@ -123,12 +86,10 @@ class Agent:
             for mesh in {p.mesh_id: self.meshes[p.mesh_id] for p in unborn if p.mesh_id in self.meshes}.values():
                 self._check_waiters(mesh)
         print(f"jupyter-mesh agent: {cause}; starting a new one", file=sys.stderr)
-        self._start_template()
+        fs.start()
+        self.sel.register(fs.sock, selectors.EVENT_READ, ("template", None))
 
     # -- plumbing ---------------------------------------------------------------------------------
-    def _tsend(self, obj: dict[str, Any], fds: list[int] = ()) -> None:  # type: ignore[assignment]
-        socket.send_fds(self.tsock, [json.dumps(obj).encode()], list(fds))
-
     def _event(self, header: dict[str, Any], obj: Any = None) -> None:
         payload, bufs = dumps(obj) if obj is not None else (b"", [])
         try:
@@ -145,7 +106,7 @@ class Agent:
         h = msg.header
         k = h["k"]
         if k == "r" and "to" in h:
-            self._gathered(h, msg)
+            self.relay.gathered(h, msg)
         elif k == "pong":
             p = self.procs.get((h["m"], h["rk"]))
             if p is not None:
@@ -162,7 +123,7 @@ class Agent:
                 h.get("hr") or self.controller, Message({"k": "hb_ack", "addr": self.transport.address})
             )
         elif k == "c" or k == "spawn":
-            self._relay(h, frames)
+            self.relay.relay(h, frames)
         elif k == "actor_up":
             self.inboxes.learn(h["pa"], h["a"], h["addr"])
         elif k == "proc_up":
@@ -180,70 +141,7 @@ class Agent:
         elif k == "shutdown":  # the controller stops this job; it lives on
             self.shutdown(orphaned=False)
 
-    def _relay(self, h: dict[str, Any], frames: list[Any]) -> None:
-        sl = Slice.from_wire(h["sl"])
-        with self.lock:
-            mesh = self.meshes.get(h["pm"])
-            if mesh is None:  # stopped (or never here): say so rather than leave the caller waiting
-                self._gone(h, sl)
-                return
-            targets = [self.procs[(mesh.mesh_id, r)] for r in mesh.ranks if sl.index_of(r) is not None]
-            if not targets:
-                return
-            if h["rm"] == GATHER:
-                g = Gather(mesh.mesh_id, h.get("rt") or h["s"], h["i"], {p.rank for p in targets})
-                self.gathers[(h["s"], h["i"])] = g
-        dead = []
-        undelivered: list[tuple[ProcEntry, BaseException]] = []
-        actor_id = h["a"] if h["k"] == "c" else ""  # a spawn goes to the proc: its actor has no inbox yet
-        for p in targets:
-            if not (p.alive and p.up):  # dead, or not up yet (a respawn or grow under way)
-                dead.append(p)
-                continue
-            try:
-                if self._failing_relays.get(h["k"], 0) > 0:
-                    self._failing_relays[h["k"]] -= 1
-                    raise OSError("injected relay failure (JUPYTER_MESH_FAIL_RELAYS)")
-                self.transport.send_raw(self.inboxes.address(p.addr, actor_id), frames)
-            except Exception as e:  # noqa: BLE001 - one bad peer must not starve the others
-                undelivered.append((p, e))
-        for p in dead:
-            self._broken(h, p)
-        for p, exc in undelivered:
-            self._undelivered(h, p, exc)
-
-    def _undelivered(self, h: dict[str, Any], p: ProcEntry, err: BaseException) -> None:
-        """A relay to a live proc failed: release its sequence number there (or the actor would wait
-        for it forever) and tell the caller what happened, as what it is, not as a death."""
-        seq = h["q"] if "rk" in h or isinstance(h["q"], int) else h["q"][Slice.from_wire(h["sl"]).index_of(p.rank)]
-        skip = {"k": "skip", "a": h["a"], "n": h.get("n", ""), "s": h["s"], "q": seq, "rk": p.rank, "ck": h["k"]}
-        try:
-            self.transport.send(p.addr, Message(skip))
-        except Exception as e2:  # noqa: BLE001 - not even a header gets through: the proc is unusable
-            print(f"jupyter-mesh agent: cannot reach proc {p.pid} ({e2!r}); killing it", file=sys.stderr)
-            kill(p.pid, signal.SIGKILL)  # its exit is reported as a failure, with this line as cause
-        what = "spawn" if h["k"] == "spawn" else f"call of {h.get('m', '?')}"
-        f = self._failure(p, "delivery", f"the host agent could not relay the {what} to proc {p.pid}: {err!r}")
-        self._reply_failure(h, p, f)
-
-    def _gone(self, h: dict[str, Any], sl: Slice) -> None:
-        """A call for a proc mesh this agent does not have: every targeted rank answers "stopped"."""
-        if h["rm"] == NO_REPLY or not h.get("i"):
-            return
-        f = Failure(h["pm"], {}, "stopped", "its proc mesh was stopped (or never ran on this host)")
-        payload = dumps(f)[0]
-        entries: list[tuple[int, int, bytes | memoryview, list[Any]]] = [(r, BROKEN, payload, []) for r in sl.ranks()]
-        to = h.get("rt") or h["s"]
-        if h["rm"] == GATHER:
-            table, payload_all, bufs_all = pack_gathered(entries)
-            self.transport.send(to, Message({"k": "g", "i": h["i"], "n": table}, payload_all, bufs_all))
-        else:
-            for r, ok, pl, _ in entries:
-                self.transport.send(to, Message({"k": "r", "i": h["i"], "rk": r, "ok": ok}, pl))
-
-    def _failure(
-        self, p: ProcEntry, kind: str, detail: str, code: int | None = None, sig: int | None = None
-    ) -> Failure:
+    def failure(self, p: ProcEntry, kind: str, detail: str, code: int | None = None, sig: int | None = None) -> Failure:
         mesh = self.meshes.get(p.mesh_id)
         tail = "".join(p.tail)
         return Failure(
@@ -256,42 +154,13 @@ class Agent:
             sig,
         )
 
-    def _broken(self, h: dict[str, Any], p: ProcEntry) -> None:
-        why = "is not running" if not p.alive else "is still starting (a respawn or grow is under way)"
-        self._reply_failure(h, p, self._failure(p, "exit" if not p.alive else "start", f"proc {p.pid} {why}"))
-
-    def _reply_failure(self, h: dict[str, Any], p: ProcEntry, f: Failure) -> None:
-        """Answer for rank ``p`` of a relayed call with ``f`` (in its gather, or straight to the caller)."""
-        if h["rm"] == GATHER:
-            self._add_to_gather((h["s"], h["i"]), p.rank, BROKEN, dumps(f)[0], [])
-        elif h["rm"] == DIRECT:
-            to = h.get("rt") or h["s"]
-            self.transport.send(to, Message({"k": "r", "i": h["i"], "rk": p.rank, "ok": BROKEN}, dumps(f)[0]))
-
-    def _gathered(self, h: dict[str, Any], msg: Message) -> None:
-        self._add_to_gather((h["to"], h["i"]), h["rk"], h["ok"], msg.payload, msg.buffers)
-
-    def _add_to_gather(self, key: tuple[str, int], rank: int, ok: int, payload: Any, bufs: list[Any]) -> None:
-        with self.lock:
-            g = self.gathers.get(key)
-            if g is None or rank not in g.outstanding:
-                return
-            g.outstanding.discard(rank)
-            g.entries.append((rank, ok, payload, bufs))
-            if g.outstanding:
-                return
-            del self.gathers[key]
-        table, payload_all, bufs_all = pack_gathered(g.entries)
-        self.transport.send(g.sender, Message({"k": "g", "i": g.call_id, "n": table}, payload_all, bufs_all))
-
     def _spawn_procs(self, h: dict[str, Any]) -> None:
         shape = Shape.from_wire(h["shape"])
         mesh = MeshEntry(h["mesh_id"], h["name"], shape, list(h["ranks"]), spawn_cfg=h)
         with self.lock:
             self.meshes[mesh.mesh_id] = mesh
             if h.get("preload"):
-                self._tsend({"op": "preload", "modules": h["preload"], "token": 0})
-                self.preload += [m for m in h["preload"] if m not in self.preload]
+                self.forkserver.load(h["preload"])
             self._start(mesh, mesh.ranks, (h["s"], h["i"]))
 
     def _start_procs(self, h: dict[str, Any]) -> None:
@@ -340,10 +209,7 @@ class Agent:
                 "cwd": cfg0.get("cwd"),
                 "path": cfg0.get("path"),
             }
-            token = next(self._tokens)
-            self.fork_tokens[token] = p
-            self.fork_asked[token] = time.monotonic()
-            self._tsend({"op": "fork", "token": token, "cfg": cfg}, [out_w, err_w])
+            self.forkserver.fork(p, cfg, [out_w, err_w])
             os.close(out_w)
             os.close(err_w)
             p.fds = [out_r, err_r]
@@ -393,7 +259,7 @@ class Agent:
                 keep.append((to, ranks))  # report once every proc is up or dead: all failures at once
             elif failed:
                 fails = [
-                    self._failure(
+                    self.failure(
                         p,
                         "start",
                         f"proc failed to start ({describe_exit(p, p.exit_code, p.exit_signal)})"
@@ -525,7 +391,7 @@ class Agent:
                     )
                 elif now - w.noted >= NOTE_EVERY:  # busy: say so now and then, ping as seldom
                     w.noted = now
-                    self._event({"k": "proc_note", "m": p.mesh_id, "rk": p.rank, "note": _busy_note(silent, w)})
+                    self._event({"k": "proc_note", "m": p.mesh_id, "rk": p.rank, "note": w.busy_note(silent)})
                     self._ping(p)
                 continue  # the pings it has not read yet will be answered when it lets go of the GIL
             if w.noted:
@@ -534,39 +400,22 @@ class Agent:
             self._ping(p)
 
     def _watch_template(self, now: float) -> None:
-        """Forks pending past the heartbeat timeout while the template is stopped (SIGSTOP), a zombie,
-        or makes no progress at all: it is killed, which restarts it and fails those starts with the
-        cause (``_template_died``), instead of a spawn that waits out its whole timeout."""
+        """Forks unanswered past the heartbeat timeout: a stopped template fails those starts with the
+        cause (its procs live on; it forks again once resumed); a deadlocked one is killed, which
+        restarts it (``_template_died``) — rather than a spawn that waits out its whole timeout."""
         with self.lock:
-            oldest = min(self.fork_asked.values(), default=now)
-        if now - oldest <= self.hb_timeout or self._template_cause:
-            self._template_watch = None
+            verdict = self.forkserver.overdue(now, self.hb_timeout)
+        if verdict is None:
             return
-        w = self._template_watch
-        if w is None:  # silence counts from the oldest fork asked for
-            w = self._template_watch = Liveness()
-            w.answered(oldest)
-        w.sample(self.template.pid, now)
-        if w.state in ("T", "t"):  # stopped on purpose (SIGSTOP, a debugger): its procs live on, the
-            # starts waiting for it fail now, with the cause; it forks again once resumed
-            self._fail_forks(
-                f"its host's fork server (template, pid {self.template.pid}) is stopped (SIGSTOP or a debugger: "
-                f"state {w.state}) and did not fork for {now - oldest:.1f} s; resume it (SIGCONT) and spawn again"
-            )
-        elif w.hung(now, 3 * self.hb_timeout):  # deadlocked: a new one is of more use
-            self._template_cause = (
-                f"did not fork for {now - oldest:.1f} s and {w.why_hung(now)}; it was killed and restarted"
-            )
-            kill(self.template.pid, signal.SIGKILL)
-
-    def _fail_forks(self, cause: str) -> None:
-        """Fail the starts still waiting for a fork; should the fork come later, it is killed at once."""
+        what, why = verdict
+        if what == "hung":
+            self.forkserver.kill_because(why)
+            return
         with self.lock:
-            unborn = [p for p in self.fork_tokens.values() if p.alive]
-            self.fork_asked.clear()
+            unborn = self.forkserver.give_up_waiting()
             for p in unborn:
                 p.alive, p.stopping = False, True
-                p.tail = collections.deque([cause + "\n"], maxlen=30)
+                p.tail = collections.deque([why + "\n"], maxlen=30)
             for mesh in {p.mesh_id: self.meshes[p.mesh_id] for p in unborn if p.mesh_id in self.meshes}.values():
                 self._check_waiters(mesh)
 
@@ -582,11 +431,11 @@ class Agent:
                 return
             p.alive = False
             mesh = self.meshes.get(p.mesh_id)
-            pending = [k for k, g in self.gathers.items() if g.mesh_id == p.mesh_id and p.rank in g.outstanding]
-        f = self._failure(p, "heartbeat", detail)
+            pending = self.relay.waiting_on(p)
+        f = self.failure(p, "heartbeat", detail)
         kill(p.pid, signal.SIGKILL)  # a hung proc is of no use; killing it lets the rank be respawned
         for key in pending:
-            self._add_to_gather(key, p.rank, BROKEN, dumps(f)[0], [])
+            self.relay.add_to_gather(key, p.rank, BROKEN, dumps(f)[0], [])
         if mesh is not None:
             with self.lock:
                 self._check_waiters(mesh)
@@ -596,20 +445,15 @@ class Agent:
             self.inboxes.forget_proc(p.addr)
 
     def _template_event(self) -> None:
-        try:
-            data = self.tsock.recv(1 << 16)
-        except OSError:
-            data = b""
-        if not data:
+        msg = self.forkserver.recv()
+        if msg is None:
             if not self.shutting_down:
                 self._template_died()
             return
-        msg = json.loads(data)
         op = msg["op"]
         if op == "forked":
             with self.lock:
-                p = self.fork_tokens.pop(msg["token"], None)
-                self.fork_asked.pop(msg["token"], None)
+                p = self.forkserver.forked(msg["token"])
                 if p is not None and not p.pid:
                     p.pid = msg["pid"]
                     self.by_pid[p.pid] = p
@@ -630,13 +474,13 @@ class Agent:
             p.alive = False
             p.exit_code, p.exit_signal = code, sig
             mesh = self.meshes.get(p.mesh_id)
-            pending = [k for k, g in self.gathers.items() if g.mesh_id == p.mesh_id and p.rank in g.outstanding]
+            pending = self.relay.waiting_on(p)
         how = describe_exit(p, code, sig)
         kind = "signal" if sig else "exit"
         by = " (killed on request)" if p.killed_by_user else ""
-        f = self._failure(p, kind, f"proc {pid} {how}{by}" + (f": {cause}" if cause else ""), code, sig)
+        f = self.failure(p, kind, f"proc {pid} {how}{by}" + (f": {cause}" if cause else ""), code, sig)
         for key in pending:
-            self._add_to_gather(key, p.rank, BROKEN, dumps(f)[0], [])
+            self.relay.add_to_gather(key, p.rank, BROKEN, dumps(f)[0], [])
         if mesh is not None:
             with self.lock:
                 self._check_waiters(mesh)
@@ -696,8 +540,7 @@ class Agent:
             for p in procs:
                 kill(p.pid, signal.SIGKILL)
             os.close(self.lifeline_w)
-            self.template.kill()
-            self.template.wait(5)
+            self.forkserver.stop()
             from .. import _shm
 
             if self.orphaned and not self.nested:  # segments sent to procs that died before mapping them
@@ -711,11 +554,6 @@ class Agent:
                 sys.stderr.flush()
             finally:
                 os._exit(0)
-
-
-def _busy_note(silent: float, w: Liveness) -> str:
-    """What the controller shows for a busy proc, e.g. "no answer for 12 s, busy in native code ..."."""
-    return f"no answer for {silent:.0f} s, {w.why_busy()}"
 
 
 def _watch_stdin(agent: Agent) -> None:

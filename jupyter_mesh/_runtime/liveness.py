@@ -101,6 +101,10 @@ class Liveness:
             "or a C call sleeping while it holds the GIL)"
         )
 
+    def busy_note(self, silent: float) -> str:
+        """What the controller shows for a busy proc, e.g. "no answer for 12 s, busy in native code ..."."""
+        return f"no answer for {silent:.0f} s, {self.why_busy()}"
+
     def why_busy(self) -> str:
         if "D" in self.threads and self.rate < MIN_CPU:
             return "waiting for I/O (state D)"

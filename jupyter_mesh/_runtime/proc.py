@@ -34,40 +34,16 @@ from .._serialize import dumps, loads
 from .._shape import Point, Shape, Slice
 from .._transport import Message, Transport
 from ..errors import Failure, SerializationError, SupervisionError
-from . import interrupts
+from . import cancel_signal, interrupts
 from .client import Client, set_current_client
 from .hooks import Embedding, embed
 from .pending import BROKEN, DIRECT, NO_REPLY, OK, RAISED
+from .rank_env import set_rank_env
+from .remote_errors import error_info, safe_str
 
 _owner = threading.local()  # the ActorHost running on this thread
 
 __all__ = ["ProcRuntime", "main"]
-
-
-def _error_info(e: BaseException, endpoint: str, skip_frames: int = 1) -> dict[str, Any]:
-    tb = e.__traceback__
-    for _ in range(skip_frames):  # start the traceback at the user's code, not our dispatcher
-        if tb is not None and tb.tb_next is not None:
-            tb = tb.tb_next
-    try:
-        text = "".join(traceback.format_exception(type(e), e, tb))
-        tail = "".join(traceback.format_exception_only(type(e), e))
-    except BaseException:  # noqa: BLE001 - an exception that cannot even be formatted
-        text = tail = f"{type(e).__qualname__}: {_safe_str(e)}\n"
-    frames = [(f.filename, f.lineno, f.name, f.line or "") for f in traceback.extract_tb(tb)]
-    try:
-        exc_bytes: bytes | None = dumps(e)[0]
-    except Exception:  # noqa: BLE001 - unpicklable exceptions travel as text only
-        exc_bytes = None
-    return {
-        "type": type(e).__qualname__,
-        "msg": _safe_str(e),
-        "tb": text,
-        "exc": exc_bytes,
-        "endpoint": endpoint,
-        "frames": frames,
-        "tail": tail,
-    }
 
 
 class ActorHost:
@@ -125,7 +101,7 @@ class ActorHost:
                     self.loop.call_soon_threadsafe(self._task.cancel)
                 elif self.on_main:  # a sync endpoint on the main thread: a signal ends even a blocking call
                     self._interrupted = True
-                    signal.pthread_kill(self.thread.ident or 0, _CANCEL_SIGNAL)
+                    signal.pthread_kill(self.thread.ident or 0, cancel_signal.CANCEL_SIGNAL)
                 else:  # a sync endpoint on its own thread: KeyboardInterrupt at its next Python instruction
                     self._interrupted = True
                     self._raise_in_thread()
@@ -138,10 +114,8 @@ class ActorHost:
         ident = self.thread.ident or 0
         if not self._interrupted:
             return
-        if interrupts.held_by(ident) or _importing(sys._current_frames().get(ident)):
-            t = threading.Timer(0.02, self._retry_raise)
-            t.daemon = True
-            t.start()
+        if interrupts.held_by(ident) or cancel_signal.importing(sys._current_frames().get(ident)):
+            cancel_signal.retry_later(self._retry_raise)
             return
         ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(KeyboardInterrupt))
 
@@ -257,10 +231,10 @@ class ActorHost:
     def _last_resort(self, h: dict[str, Any], e: BaseException) -> None:
         """Replying itself failed (a broken exception, a full /dev/shm...): release the caller with a
         plain-text error so nothing waits forever, and keep the actor serving."""
-        print(f"[{self.name}] could not reply to {h.get('m', h.get('k'))}: {_safe_str(e)}", file=sys.stderr)
+        print(f"[{self.name}] could not reply to {h.get('m', h.get('k'))}: {safe_str(e)}", file=sys.stderr)
         if h.get("k") not in ("c", "spawn") or not h.get("i"):
             return
-        info = {"type": type(e).__qualname__, "msg": _safe_str(e), "tb": "", "exc": None, "endpoint": h.get("m", "")}
+        info = {"type": type(e).__qualname__, "msg": safe_str(e), "tb": "", "exc": None, "endpoint": h.get("m", "")}
         try:
             self.runtime.reply(h, RAISED, dumps(info)[0], [])
         except BaseException:  # noqa: BLE001 - nothing more can be done from here
@@ -299,7 +273,7 @@ class ActorHost:
                         handled = await handled
                 except BaseException as e:  # noqa: BLE001 - a raising supervisor did not handle it
                     print(
-                        f"[{self.name}] __supervise__ raised:\n" + _error_info(e, "__supervise__")["tb"],
+                        f"[{self.name}] __supervise__ raised:\n" + error_info(e, "__supervise__")["tb"],
                         file=sys.stderr,
                     )
                     handled = False
@@ -314,7 +288,7 @@ class ActorHost:
             self.endpoints = endpoints_of(cls)
             self.instance = cls(*args, **kwargs)
         except BaseException as e:  # noqa: BLE001 - reported to the caller, the proc lives on
-            info = _error_info(e, "__init__", skip_frames=1)
+            info = error_info(e, "__init__", skip_frames=1)
             self.init_failure = Failure(
                 self.name, rt.coords, "init", f"{self.name}: __init__ raised {info['type']}: {info['msg']}", info["tb"]
             )
@@ -389,9 +363,9 @@ class ActorHost:
     def _respond_error(self, h: dict[str, Any], e: BaseException) -> None:
         method = h["m"]
         if h["rm"] == NO_REPLY:
-            print(f"[{self.name}.{method}] broadcast raised:\n" + _error_info(e, method)["tb"], file=sys.stderr)
+            print(f"[{self.name}.{method}] broadcast raised:\n" + error_info(e, method)["tb"], file=sys.stderr)
             return
-        self.runtime.reply(h, RAISED, dumps(_error_info(e, method))[0], [])
+        self.runtime.reply(h, RAISED, dumps(error_info(e, method))[0], [])
 
     def _respond(self, h: dict[str, Any], result: Any) -> None:
         if h["rm"] == NO_REPLY:
@@ -400,7 +374,7 @@ class ActorHost:
             payload, bufs = dumps(result)
         except SerializationError as e:
             err = SerializationError(f"the return value of {h['m']} does not pickle: {e}")
-            self.runtime.reply(h, RAISED, dumps(_error_info(err, h["m"], 0))[0], [])
+            self.runtime.reply(h, RAISED, dumps(error_info(err, h["m"], 0))[0], [])
             return
         self.runtime.reply(h, OK, payload, bufs)
 
@@ -442,8 +416,7 @@ class ProcRuntime:
         if self._main_claimed:
             return False
         self._main_claimed = True
-        global _main_actor
-        _main_actor = host
+        cancel_signal.set_main_actor(host)
         self._main_host.put(host)
         return True
 
@@ -545,51 +518,6 @@ class ProcRuntime:
         _exit(0)
 
 
-# Cancelling a sync endpoint of the main thread's actor: this signal, aimed at the main thread, makes a
-# blocking call there return EINTR and run the handler, which raises KeyboardInterrupt if that call
-# is still the one cancelled (the flag is cleared when a call ends, so a late signal does nothing).
-_CANCEL_SIGNAL = signal.SIGUSR2
-_main_actor: ActorHost | None = None
-
-
-def _on_cancel_signal(signum: int, frame: Any) -> None:
-    host = _main_actor
-    if host is None or not host._interrupted:
-        return
-    if interrupts.held() or _importing(frame):
-        # never inside the runtime's critical stretches (a sequence number would be lost) nor inside
-        # an import (the module would stay half-initialized: a half-imported torch breaks the proc):
-        # try again a moment later
-        t = threading.Timer(0.02, _resignal, (host,))
-        t.daemon = True
-        t.start()
-        return
-    host._interrupted = False
-    raise KeyboardInterrupt
-
-
-def _resignal(host: ActorHost) -> None:
-    if host._interrupted:
-        signal.pthread_kill(host.thread.ident or 0, _CANCEL_SIGNAL)
-
-
-def _importing(frame: Any) -> bool:
-    """Is ``frame`` (or a caller of it) inside the import machinery?"""
-    depth = 0
-    while frame is not None and depth < 400:
-        if frame.f_code.co_filename.startswith("<frozen importlib"):
-            return True
-        frame, depth = frame.f_back, depth + 1
-    return False
-
-
-def _safe_str(e: BaseException) -> str:
-    try:
-        return str(e)
-    except BaseException:  # noqa: BLE001 - an exception whose __str__ raises
-        return f"<{type(e).__qualname__}: str() failed>"
-
-
 def _run_now(coro: Coroutine[Any, Any, None]) -> None:
     """Run a coroutine that never suspends to its end, on this thread, without an event loop."""
     try:
@@ -618,32 +546,6 @@ def _watch_lifeline(fd: int) -> None:
     os._exit(70)
 
 
-def _set_rank_env(cfg: dict[str, Any]) -> None:
-    """torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE), so SPMD code ports as is,
-    and one GPU per proc along a ``gpus`` dim (unless the spawn's env chose CUDA_VISIBLE_DEVICES)."""
-    shape = Shape.from_wire(cfg["shape"])
-    rank = cfg["rank"]
-    point = Point(rank, shape.extent)
-    host_dims = cfg.get("host_dims", 1)
-    local = (
-        Shape.from_sizes(dict(zip(shape.labels[host_dims:], shape.slice.sizes[host_dims:])))
-        if len(shape.labels) > host_dims
-        else Shape.from_sizes({})
-    )
-    local_size = len(local)
-    os.environ.update(
-        JUPYTER_MESH_RANK=str(rank),
-        RANK=str(rank),
-        WORLD_SIZE=str(len(shape)),
-        LOCAL_RANK=str(rank % local_size if local_size else 0),
-        LOCAL_WORLD_SIZE=str(local_size or 1),
-    )
-    if "gpus" in shape.labels and "CUDA_VISIBLE_DEVICES" not in (cfg.get("env") or {}):
-        gpu = point["gpus"]
-        inherited = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
-        os.environ["CUDA_VISIBLE_DEVICES"] = inherited[gpu] if gpu < len(inherited) else str(gpu)
-
-
 def main(cfg: dict[str, Any], key: bytes, lifeline_fd: int) -> None:
     """Entry point in a freshly forked child of the template. Never returns."""
     threading.Thread(target=_watch_lifeline, args=(lifeline_fd,), name="lifeline", daemon=True).start()
@@ -656,8 +558,8 @@ def main(cfg: dict[str, Any], key: bytes, lifeline_fd: int) -> None:
     for entry in cfg.get("path") or ():
         if entry not in sys.path:
             sys.path.append(entry)
-    _set_rank_env(cfg)
-    signal.signal(_CANCEL_SIGNAL, _on_cancel_signal)
+    set_rank_env(cfg)
+    cancel_signal.install()
     try:
         for mod in cfg.get("preload") or ():
             importlib.import_module(mod)

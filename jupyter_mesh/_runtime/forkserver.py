@@ -1,0 +1,129 @@
+"""The agent's handle on its host's fork server (the template process, ``template.py``).
+
+It starts the template (and a new one when it dies), asks it for forks over their private socket,
+remembers the forks not answered yet, and tells from outside whether a template that is slow to
+answer is stopped (SIGSTOP, a debugger), deadlocked, or just busy (importing torch for minutes is
+busy). What to do about each — fail the waiting starts, restart it — is the agent's call.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from typing import Any
+
+from .agent_state import ProcEntry, describe_exit, kill
+from .liveness import Liveness
+
+__all__ = ["ForkServer"]
+
+
+class ForkServer:
+    def __init__(self, key_hex: str, lifeline_r: int, preload: list[str]):
+        self._key_hex, self._lifeline_r = key_hex, lifeline_r
+        self.preload = list(preload)  # what every template of this host imports (meshes add to it)
+        self.pending: dict[int, ProcEntry] = {}  # fork token -> the proc it is for, until "forked"
+        self._asked: dict[int, float] = {}  # token -> when that fork was asked for
+        self._tokens = iter(range(1, 1 << 62))
+        self.killed_because = ""  # why the agent killed it, if it did (said when its procs are reported)
+        self._watch: Liveness | None = None  # its signs of life while forks are overdue
+        self.start()
+
+    def start(self) -> None:
+        """(Re)start the template; the caller registers ``sock`` with its selector."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.sock = ours
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "jupyter_mesh._runtime.template", str(theirs.fileno()), str(self._lifeline_r)],
+            pass_fds=(theirs.fileno(), self._lifeline_r),
+            stdin=subprocess.DEVNULL,
+        )
+        theirs.close()
+        self.send({"op": "key", "key": self._key_hex})
+        if self.preload:
+            self.send({"op": "preload", "modules": self.preload, "token": 0})
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def send(self, obj: dict[str, Any], fds: list[int] = ()) -> None:  # type: ignore[assignment]
+        socket.send_fds(self.sock, [json.dumps(obj).encode()], list(fds))
+
+    def load(self, modules: list[str]) -> None:
+        """Import ``modules`` now, and in every later template."""
+        self.send({"op": "preload", "modules": modules, "token": 0})
+        self.preload += [m for m in modules if m not in self.preload]
+
+    def fork(self, p: ProcEntry, cfg: dict[str, Any], fds: list[int]) -> None:
+        token = next(self._tokens)
+        self.pending[token] = p
+        self._asked[token] = time.monotonic()
+        self.send({"op": "fork", "token": token, "cfg": cfg}, fds)
+
+    def forked(self, token: int) -> ProcEntry | None:
+        """The template answered fork ``token``: the proc it was for (None if forgotten)."""
+        self._asked.pop(token, None)
+        return self.pending.pop(token, None)
+
+    def recv(self) -> dict[str, Any] | None:
+        """One message from the template; None when it is gone."""
+        try:
+            data = self.sock.recv(1 << 16)
+        except OSError:
+            return None
+        return json.loads(data) if data else None
+
+    def overdue(self, now: float, timeout: float) -> tuple[str, str] | None:
+        """With forks unanswered for more than ``timeout``: ("stopped", why) if it is stopped,
+        ("hung", why) if it made no progress for 3 x ``timeout``, else None (none overdue, or busy)."""
+        oldest = min(self._asked.values(), default=now)
+        if now - oldest <= timeout or self.killed_because:
+            self._watch = None
+            return None
+        w = self._watch
+        if w is None:  # silence counts from the oldest fork asked for
+            w = self._watch = Liveness()
+            w.answered(oldest)
+        w.sample(self.pid, now)
+        if w.state in ("T", "t"):
+            return "stopped", (
+                f"its host's fork server (template, pid {self.pid}) is stopped (SIGSTOP or a debugger: "
+                f"state {w.state}) and did not fork for {now - oldest:.1f} s; resume it (SIGCONT) and spawn again"
+            )
+        if w.hung(now, 3 * timeout):
+            return "hung", f"did not fork for {now - oldest:.1f} s and {w.why_hung(now)}; it was killed and restarted"
+        return None
+
+    def give_up_waiting(self) -> list[ProcEntry]:
+        """The procs whose forks are still unanswered (their starts are failed by the caller); a fork
+        that comes later anyway is killed at once, as its proc is marked stopping by then."""
+        self._asked.clear()
+        return [p for p in self.pending.values() if p.alive]
+
+    def kill_because(self, why: str) -> None:
+        self.killed_because = why
+        kill(self.pid, 9)
+
+    def reap(self) -> str:
+        """After its socket closed: wait for it, forget its forks, and say how it ended."""
+        try:
+            code = self.proc.wait(2.0)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            code = self.proc.wait(2.0)
+        how = self.killed_because or describe_exit(
+            ProcEntry("", 0, ""), code if code >= 0 else None, -code if code < 0 else None
+        )
+        self.killed_because = ""
+        self.sock.close()
+        self.pending.clear()
+        self._asked.clear()
+        return f"its host's fork server (template, pid {self.pid}) {how}, taking its procs with it"
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait(5)

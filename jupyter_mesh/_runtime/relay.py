@@ -1,0 +1,128 @@
+"""The agent's half of a cast: relay a signed call (or spawn) to the targeted procs of its host, and
+gather their replies into one message back to the caller (``call``: O(hosts) messages for the
+controller, not O(procs)). A relay that fails is reported as undelivered, never as a death, and the
+rank's sequence number is released there so no later call waits for it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from typing import TYPE_CHECKING, Any
+
+from .._serialize import dumps
+from .._shape import Slice
+from .._transport import Message
+from ..errors import Failure
+from .agent_state import Gather, ProcEntry, kill
+from .pending import BROKEN, DIRECT, GATHER, NO_REPLY, pack_gathered
+
+if TYPE_CHECKING:
+    from .agent import Agent
+
+__all__ = ["Relay"]
+
+
+class Relay:
+    def __init__(self, agent: Agent):
+        self.agent = agent
+        self.gathers: dict[tuple[str, int], Gather] = {}  # (caller, call id) -> replies so far
+        # fault injection, for tests of the undelivered path: "c:2,spawn:1" fails the next two relays of
+        # calls and the next one of a spawn, as a send error would
+        self._failing = {
+            kind: int(n)
+            for kind, _, n in (x.partition(":") for x in os.environ.get("JUPYTER_MESH_FAIL_RELAYS", "").split(",") if x)
+        }
+
+    def waiting_on(self, p: ProcEntry) -> list[tuple[str, int]]:
+        """The gathers still waiting for ``p``'s reply (caller holds the agent's lock)."""
+        return [k for k, g in self.gathers.items() if g.mesh_id == p.mesh_id and p.rank in g.outstanding]
+
+    def relay(self, h: dict[str, Any], frames: list[Any]) -> None:
+        sl = Slice.from_wire(h["sl"])
+        with self.agent.lock:
+            mesh = self.agent.meshes.get(h["pm"])
+            if mesh is None:  # stopped (or never here): say so rather than leave the caller waiting
+                self._gone(h, sl)
+                return
+            targets = [self.agent.procs[(mesh.mesh_id, r)] for r in mesh.ranks if sl.index_of(r) is not None]
+            if not targets:
+                return
+            if h["rm"] == GATHER:
+                g = Gather(mesh.mesh_id, h.get("rt") or h["s"], h["i"], {p.rank for p in targets})
+                self.gathers[(h["s"], h["i"])] = g
+        dead = []
+        undelivered: list[tuple[ProcEntry, BaseException]] = []
+        actor_id = h["a"] if h["k"] == "c" else ""  # a spawn goes to the proc: its actor has no inbox yet
+        for p in targets:
+            if not (p.alive and p.up):  # dead, or not up yet (a respawn or grow under way)
+                dead.append(p)
+                continue
+            try:
+                if self._failing.get(h["k"], 0) > 0:
+                    self._failing[h["k"]] -= 1
+                    raise OSError("injected relay failure (JUPYTER_MESH_FAIL_RELAYS)")
+                self.agent.transport.send_raw(self.agent.inboxes.address(p.addr, actor_id), frames)
+            except Exception as e:  # noqa: BLE001 - one bad peer must not starve the others
+                undelivered.append((p, e))
+        for p in dead:
+            self._broken(h, p)
+        for p, exc in undelivered:
+            self._undelivered(h, p, exc)
+
+    def _undelivered(self, h: dict[str, Any], p: ProcEntry, err: BaseException) -> None:
+        """A relay to a live proc failed: release its sequence number there (or the actor would wait
+        for it forever) and tell the caller what happened, as what it is, not as a death."""
+        seq = h["q"] if "rk" in h or isinstance(h["q"], int) else h["q"][Slice.from_wire(h["sl"]).index_of(p.rank)]
+        skip = {"k": "skip", "a": h["a"], "n": h.get("n", ""), "s": h["s"], "q": seq, "rk": p.rank, "ck": h["k"]}
+        try:
+            self.agent.transport.send(p.addr, Message(skip))
+        except Exception as e2:  # noqa: BLE001 - not even a header gets through: the proc is unusable
+            print(f"jupyter-mesh agent: cannot reach proc {p.pid} ({e2!r}); killing it", file=sys.stderr)
+            kill(p.pid, signal.SIGKILL)  # its exit is reported as a failure, with this line as cause
+        what = "spawn" if h["k"] == "spawn" else f"call of {h.get('m', '?')}"
+        f = self.agent.failure(p, "delivery", f"the host agent could not relay the {what} to proc {p.pid}: {err!r}")
+        self._reply_failure(h, p, f)
+
+    def _gone(self, h: dict[str, Any], sl: Slice) -> None:
+        """A call for a proc mesh this agent does not have: every targeted rank answers "stopped"."""
+        if h["rm"] == NO_REPLY or not h.get("i"):
+            return
+        f = Failure(h["pm"], {}, "stopped", "its proc mesh was stopped (or never ran on this host)")
+        payload = dumps(f)[0]
+        entries: list[tuple[int, int, bytes | memoryview, list[Any]]] = [(r, BROKEN, payload, []) for r in sl.ranks()]
+        to = h.get("rt") or h["s"]
+        if h["rm"] == GATHER:
+            table, payload_all, bufs_all = pack_gathered(entries)
+            self.agent.transport.send(to, Message({"k": "g", "i": h["i"], "n": table}, payload_all, bufs_all))
+        else:
+            for r, ok, pl, _ in entries:
+                self.agent.transport.send(to, Message({"k": "r", "i": h["i"], "rk": r, "ok": ok}, pl))
+
+    def _broken(self, h: dict[str, Any], p: ProcEntry) -> None:
+        why = "is not running" if not p.alive else "is still starting (a respawn or grow is under way)"
+        self._reply_failure(h, p, self.agent.failure(p, "exit" if not p.alive else "start", f"proc {p.pid} {why}"))
+
+    def _reply_failure(self, h: dict[str, Any], p: ProcEntry, f: Failure) -> None:
+        """Answer for rank ``p`` of a relayed call with ``f`` (in its gather, or straight to the caller)."""
+        if h["rm"] == GATHER:
+            self.add_to_gather((h["s"], h["i"]), p.rank, BROKEN, dumps(f)[0], [])
+        elif h["rm"] == DIRECT:
+            to = h.get("rt") or h["s"]
+            self.agent.transport.send(to, Message({"k": "r", "i": h["i"], "rk": p.rank, "ok": BROKEN}, dumps(f)[0]))
+
+    def gathered(self, h: dict[str, Any], msg: Message) -> None:
+        self.add_to_gather((h["to"], h["i"]), h["rk"], h["ok"], msg.payload, msg.buffers)
+
+    def add_to_gather(self, key: tuple[str, int], rank: int, ok: int, payload: Any, bufs: list[Any]) -> None:
+        with self.agent.lock:
+            g = self.gathers.get(key)
+            if g is None or rank not in g.outstanding:
+                return
+            g.outstanding.discard(rank)
+            g.entries.append((rank, ok, payload, bufs))
+            if g.outstanding:
+                return
+            del self.gathers[key]
+        table, payload_all, bufs_all = pack_gathered(g.entries)
+        self.agent.transport.send(g.sender, Message({"k": "g", "i": g.call_id, "n": table}, payload_all, bufs_all))
