@@ -32,6 +32,14 @@ class Native(Actor):
         ctypes.PyDLL(None).sleep(seconds)  # PyDLL: the GIL stays held
 
     @endpoint
+    def native_deadlock(self) -> None:
+        """Lock a plain pthread mutex twice from C while holding the GIL: stuck for good on a futex."""
+        libc = ctypes.PyDLL(None)
+        mutex = ctypes.create_string_buffer(64)  # zeroed: PTHREAD_MUTEX_INITIALIZER (a normal mutex)
+        libc.pthread_mutex_lock(mutex)
+        libc.pthread_mutex_lock(mutex)
+
+    @endpoint
     def ping(self) -> str:
         return "pong"
 

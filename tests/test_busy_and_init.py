@@ -61,19 +61,35 @@ def test_busy_proc_that_is_then_stopped_is_hung(host):
 
 
 def test_silent_proc_with_no_progress_is_still_hung(host):
-    """A C call that sleeps holding the GIL (no CPU, no thread running) looks like a native deadlock:
-    killed after the heartbeat timeout, with that cause."""
+    """A native deadlock holding the GIL (stuck on a futex: no CPU, no thread running or asleep on a
+    timer) is hung: killed after the heartbeat timeout, with that cause."""
     pm = host.spawn_procs(per_host={"gpus": 1})
     try:
         n = pm.spawn("n", Native)
         pid = n.pid.call_one().get(timeout=10)
         t0 = time.monotonic()
-        fut = n.native_sleep.call_one(60)
+        fut = n.native_deadlock.call_one()
         with pytest.raises(SupervisionError, match="made no progress") as ei:
             fut.get(timeout=15)
         assert time.monotonic() - t0 < 8.0
         assert ei.value.failures[0].kind == "heartbeat"
         assert not wait_dead([pid], 3)
+    finally:
+        pm.stop(timeout=2)
+
+
+def test_native_sleep_holding_the_gil_is_busy_not_hung(host):
+    """The issue's example: ``ctypes.PyDLL(None).sleep(5)`` silences the proc for 5 s, past the 3 s
+    timeout; its thread sleeps on a timer, so it is left alone and its call returns."""
+    pm = host.spawn_procs(per_host={"gpus": 1})
+    try:
+        n = pm.spawn("n", Native)
+        n.initialized.get(timeout=10)
+        fut = n.native_sleep.call_one(6)
+        assert wait_for(lambda: "sleeping in native code" in pm.state().ranks[0].note, 10), pm.state().ranks[0]
+        assert fut.get(timeout=30) is None
+        assert pm.state().ranks[0].state != ProcState.FAILED
+        assert n.ping.call_one().get(timeout=10) == "pong"
     finally:
         pm.stop(timeout=2)
 

@@ -10,8 +10,9 @@ proc: the agent asks the kernel (``/proc/<pid>/stat`` and its threads') whether 
   waiting for the GIL wakes every 5 ms, and on a loaded machine waits in R for a core). It is left
   alone; the controller is told, a few times a minute.
 * **hung**: stopped (T, t: SIGSTOP, a debugger), a zombie, gone, or silent with no such sign of life
-  for the whole heartbeat timeout (a native deadlock, or a C call that sleeps holding the GIL: from
-  outside the two look the same). It is killed, as before.
+  for the whole heartbeat timeout (a native deadlock: threads stuck on locks). It is killed, as before.
+  A C call that sleeps on a timer while it holds the GIL is told apart by its thread's ``wchan``
+  (the kernel's nanosleep): busy, it will return.
 
 Plain data and functions, no messages: ``agent.py`` decides what to send.
 """
@@ -30,7 +31,10 @@ _TICK = float(os.sysconf("SC_CLK_TCK")) if hasattr(os, "sysconf") else 100.0
 
 
 def read_stat(pid: int) -> tuple[str, float, str] | None:
-    """(state of the main thread, CPU seconds of all threads, states of every thread), or None if gone."""
+    """(state of the main thread, CPU seconds of all threads, states of every thread), or None if gone.
+
+    A thread asleep on a timer (``wchan`` is the kernel's nanosleep) counts as state ``s``: a C call
+    that sleeps while it holds the GIL (``ctypes.PyDLL``) will return, unlike a thread stuck on a lock."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
@@ -43,7 +47,11 @@ def read_stat(pid: int) -> tuple[str, float, str] | None:
         for tid in os.listdir(f"/proc/{pid}/task"):
             try:
                 with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                    threads.append(f.read().rsplit(")", 1)[1].split()[0])
+                    st = f.read().rsplit(")", 1)[1].split()[0]
+                if st == "S":
+                    with open(f"/proc/{pid}/task/{tid}/wchan") as f:
+                        st = "s" if "nanosleep" in f.read() else st
+                threads.append(st)
             except (OSError, IndexError):
                 continue  # a thread that just ended
     except OSError:
@@ -84,7 +92,7 @@ class Liveness:
             if self.rate >= MIN_CPU:
                 self.progress = now
         running = "R" in threads
-        if state not in "TtZX" and ("D" in threads or (running and self.running)):
+        if state not in "TtZX" and ("D" in threads or "s" in threads or (running and self.running)):
             self.progress = now
         self.running, self.state, self.threads = running, state, threads
 
@@ -97,8 +105,8 @@ class Liveness:
         if self.state in ("Z", "X", "gone"):
             return "it is exiting"
         return (
-            f"it made no progress for {now - self.progress:.1f} s (no thread running, no CPU used: a deadlock, "
-            "or a C call sleeping while it holds the GIL)"
+            f"it made no progress for {now - self.progress:.1f} s (no thread running, sleeping on a timer or "
+            "in I/O, no CPU used: a deadlock, in native code)"
         )
 
     def busy_note(self, silent: float) -> str:
@@ -108,4 +116,6 @@ class Liveness:
     def why_busy(self) -> str:
         if "D" in self.threads and self.rate < MIN_CPU:
             return "waiting for I/O (state D)"
+        if "s" in self.threads and self.rate < MIN_CPU:
+            return "sleeping in native code while it holds the GIL"
         return f"busy in native code holding the GIL (CPU {100 * self.rate:.0f} %)"
