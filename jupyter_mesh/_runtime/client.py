@@ -329,6 +329,7 @@ class Client(Outcomes, Supervision):
         hosts = sorted({ref.rank_host[r] for r in ranks})
         trackers: list[Any] = []
         undelivered: list[tuple[int, Failure]] = []
+        interrupted: BaseException | None = None
         held = interrupts.hold()  # Ctrl-C waits until the call is sent and counted, or known unsent
         try:
             with self._lock:
@@ -367,6 +368,8 @@ class Client(Outcomes, Supervision):
                         (r, Failure(ref.name, ref.coords(r), "delivery", f"not sent to its host agent: {e!r}"))
                         for r in unsent
                     ]
+                    if not isinstance(e, Exception):  # an interrupt: raised once the books are right
+                        interrupted = e
         finally:
             if held:
                 interrupts.release()
@@ -377,6 +380,8 @@ class Client(Outcomes, Supervision):
         if undelivered and p is not None:
             for r, f in undelivered:
                 self._add(p, p.call_id, r, BROKEN, pickle.dumps(f), [])
+        if interrupted is not None:
+            raise interrupted
 
     def call_rank(self, mesh: ActorMesh[Any], rank: int, endpoint: str, args: Any, kwargs: Any) -> Future[Any]:
         # the latency path (W2): keep it lean

@@ -322,10 +322,6 @@ class Controller(Elastic, Inits):
                 forget(addr)
         self._host_lost(addr, detail)
 
-    def agent_loss(self, addr: str) -> str | None:
-        """Why the agent at ``addr`` is gone, or None while it is alive."""
-        return self._agents_lost.get(addr)
-
     def _host_lost(self, addr: str, detail: str) -> None:
         """Every rank on a lost agent's host is failed (its procs die with it, or are unreachable)."""
         for mesh_id, rec in list(self._meshes.items()):
@@ -453,7 +449,7 @@ class Controller(Elastic, Inits):
             for a in ref.agent_addrs
         ]
         # bounded whatever state the mesh is in: an agent that is lost has taken its procs with it;
-        # one that does not confirm in time is lost too, and its procs are killed from here
+        # the procs of one that does not confirm in time are killed from here
         deadline = time.monotonic() + timeout + 5.0
         for h, f in enumerate(futs):
             try:
