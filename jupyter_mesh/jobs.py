@@ -74,6 +74,7 @@ class LocalJob:
             "nonce": nonce,
             "hb_timeout": self._controller.hb_timeout,
             "nested": self._controller.embedded,  # started by an actor inside a proc
+            "stdin_lifeline": True,  # our death closes its stdin: a silent (busy) controller is alive
         }
         p = subprocess.Popen(
             [sys.executable, "-m", "jupyter_mesh._runtime.agent"],
@@ -175,6 +176,8 @@ class LocalJob:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait(3.0)
+        if ctl is not None and not ctl.is_closed:
+            ctl.forget_agents([a.addr for a in self._agents or []])
 
     def pids(self) -> list[int]:
         return [p.pid for p in self._procs]

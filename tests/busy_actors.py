@@ -65,3 +65,22 @@ class SlowInit(Actor):
     @endpoint
     def pid(self) -> int:
         return os.getpid()
+
+
+class Waiter(Actor):
+    """Holds the GIL while it waits in the kernel, or deadlocks with a sleeping thread beside it."""
+
+    @endpoint
+    def native_system(self, command: bytes) -> int:
+        return ctypes.PyDLL(None).system(command)  # the GIL stays held while the child runs
+
+    @endpoint
+    def deadlock_beside_a_sleeper(self) -> None:
+        import threading
+
+        threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()  # not an actor thread
+        time.sleep(0.1)
+        libc = ctypes.PyDLL(None)
+        mutex = ctypes.create_string_buffer(64)
+        libc.pthread_mutex_lock(mutex)
+        libc.pthread_mutex_lock(mutex)

@@ -178,3 +178,62 @@ def test_a_stopped_fork_server_fails_spawns_fast_and_spares_the_host():
     finally:
         job.stop()
     assert not wait_dead(job.pids(), 5)
+
+
+# -- a second round ------------------------------------------------------------------------------
+
+
+def test_a_controller_busy_in_native_code_loses_no_host():
+    """The program holds the GIL for ~5 s (one C call): the heartbeat thread cannot run, and that is
+    not the agents' fault: the host survives."""
+    from busy_actors import _hold_gil_busy
+
+    job = LocalJob(hosts=1)
+    try:
+        pm = job.host_mesh().spawn_procs(per_host={"gpus": 1})
+        a = pm.spawn("a", Pid)
+        pid = a.pid.call_one().get(10)
+        t0 = time.monotonic()
+        _hold_gil_busy(5.0)
+        assert time.monotonic() - t0 > 3.5  # past the heartbeat timeout
+        assert a.pid.call_one().get(10) == pid
+        time.sleep(1.0)  # a late verdict would come now
+        assert a.pid.call_one().get(10) == pid
+        pm.stop(timeout=5)
+    finally:
+        job.stop()
+    assert not wait_dead(job.pids(), 5)
+
+
+def test_a_slow_preload_in_the_fork_server_is_not_a_fault(tmp_path, monkeypatch):
+    """A preload that waits on a child process for 10 s (a compiler, nvidia-smi): the fork server is
+    busy, not dead; the spawn waits for it and works."""
+    (tmp_path / "slow_preload_mod.py").write_text("import subprocess\nsubprocess.run(['sleep', '10'])\n")
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}")
+    job = LocalJob(hosts=1)
+    try:
+        pm = job.host_mesh().spawn_procs(per_host={"gpus": 1}, preload=["slow_preload_mod"], timeout=60)
+        assert pm.spawn("a", Pid).pid.call_one().get(20) == pm.pids()[0]
+        pm.stop(timeout=5)
+    finally:
+        job.stop()
+    assert not wait_dead(job.pids(), 5)
+
+
+def test_stopped_jobs_leave_no_sockets_in_the_controller(host):
+    def fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    def cycle() -> None:
+        job = LocalJob(hosts=2)
+        pm = job.host_mesh().spawn_procs(per_host={"gpus": 1})
+        assert len(list(pm.spawn("a", Pid).pid.call().get(20).values())) == 2
+        pm.stop(timeout=5)
+        job.stop()
+
+    cycle()  # warm: the first job opens what every later one reuses
+    before = fds()
+    for _ in range(3):
+        cycle()
+    time.sleep(0.5)
+    assert fds() <= before + 2, f"{fds() - before} file descriptors more after 3 jobs"

@@ -8,7 +8,7 @@ import time
 
 import pytest
 from _procs import wait_dead, wait_for
-from busy_actors import Native, SlowInit
+from busy_actors import Native, SlowInit, Waiter
 
 from jupyter_mesh import ProcState, SupervisionError
 
@@ -86,7 +86,7 @@ def test_native_sleep_holding_the_gil_is_busy_not_hung(host):
         n = pm.spawn("n", Native)
         n.initialized.get(timeout=10)
         fut = n.native_sleep.call_one(6)
-        assert wait_for(lambda: "sleeping in native code" in pm.state().ranks[0].note, 10), pm.state().ranks[0]
+        assert wait_for(lambda: "waiting in native code" in pm.state().ranks[0].note, 10), pm.state().ranks[0]
         assert fut.get(timeout=30) is None
         assert pm.state().ranks[0].state != ProcState.FAILED
         assert n.ping.call_one().get(timeout=10) == "pong"
@@ -202,3 +202,32 @@ def test_init_timeout_argument_is_checked():
             pm.spawn("t", SlowInit, [])
     finally:
         monkeypatch.undo()
+
+
+def test_native_wait_on_a_child_holding_the_gil_is_busy(host):
+    """``system()`` through PyDLL: the actor thread waits for its child in the kernel, holding the GIL."""
+    pm = host.spawn_procs(per_host={"gpus": 1})
+    try:
+        w = pm.spawn("w", Waiter)
+        w.initialized.get(timeout=10)
+        fut = w.native_system.call_one(b"sleep 6")
+        assert wait_for(lambda: "waiting in native code" in pm.state().ranks[0].note, 10), pm.state().ranks[0]
+        assert fut.get(timeout=30) == 0
+        assert pm.state().ranks[0].state != ProcState.FAILED
+    finally:
+        pm.stop(timeout=2)
+
+
+def test_a_deadlock_is_hung_even_beside_a_sleeping_thread(host):
+    """Only the threads that run endpoints are evidence: a user's background thread in ``time.sleep``
+    does not make a deadlocked proc look busy."""
+    pm = host.spawn_procs(per_host={"gpus": 1})
+    try:
+        w = pm.spawn("w", Waiter)
+        w.initialized.get(timeout=10)
+        t0 = time.monotonic()
+        with pytest.raises(SupervisionError, match="made no progress"):
+            w.deadlock_beside_a_sleeper.call_one().get(timeout=15)
+        assert time.monotonic() - t0 < 8.0
+    finally:
+        pm.stop(timeout=2)

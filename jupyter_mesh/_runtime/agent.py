@@ -44,7 +44,9 @@ class Agent:
         # liveness: procs must answer pings within hb_timeout; the controller must ping us
         self.hb_timeout: float = float(cfg.get("hb_timeout", 3.0))
         self.hb_interval = self.hb_timeout / 4
-        self.controller_silence = 3 * self.hb_timeout
+        # a controller silent this long is taken for dead; with a stdin lifeline (LocalJob) its death
+        # closes our stdin, and silence only means it is busy (a long C call holding its GIL)
+        self.controller_silence = float("inf") if cfg.get("stdin_lifeline") else 3 * self.hb_timeout
         self.last_controller = time.monotonic()
         self.bind: str = cfg.get("bind", "tcp://127.0.0.1")
         self.transport = Transport(self.key, self.bind)
@@ -126,6 +128,9 @@ class Agent:
             self.relay.relay(h, frames)
         elif k == "actor_up":
             self.inboxes.learn(h["pa"], h["a"], h["addr"])
+            with self.lock:  # the thread that runs its endpoints: what liveness looks at
+                for p in (p for p in self.procs.values() if p.addr == h["pa"] and isinstance(h.get("tid"), int)):
+                    p.actor_tids.add(h["tid"])
         elif k == "proc_up":
             self._proc_up(h)
         elif k == "spawn_procs":
@@ -367,7 +372,7 @@ class Agent:
         reported to the controller, hung ones (stopped, deadlocked) are declared dead after hb_timeout."""
         if now - self.last_controller > self.controller_silence:
             print(
-                f"jupyter-mesh agent: no heartbeat from the controller for {self.controller_silence:g} s; exiting",
+                f"jupyter-mesh agent: no heartbeat from the controller for {now - self.last_controller:.0f} s; exiting",
                 file=sys.stderr,
             )
             self.shutdown()
@@ -381,7 +386,7 @@ class Agent:
             w = p.liveness
             w.answered(p.last_seen)
             if silent > 1.5 * self.hb_interval:  # a pong is late: watch what the proc does meanwhile
-                w.sample(p.pid, now)
+                w.sample(p.pid, now, p.actor_tids)
             if silent > self.hb_timeout:
                 if w.hung(now, self.hb_timeout):
                     self._declare_dead(
@@ -400,16 +405,11 @@ class Agent:
             self._ping(p)
 
     def _watch_template(self, now: float) -> None:
-        """Forks unanswered past the heartbeat timeout: a stopped template fails those starts with the
-        cause (its procs live on; it forks again once resumed); a deadlocked one is killed, which
-        restarts it (``_template_died``) — rather than a spawn that waits out its whole timeout."""
+        """Forks overdue while the template is stopped (SIGSTOP): those starts fail now, with the cause;
+        its procs live on. A slow template (a long preload) is left alone: the spawn's timeout says so."""
         with self.lock:
-            verdict = self.forkserver.overdue(now, self.hb_timeout)
-        if verdict is None:
-            return
-        what, why = verdict
-        if what == "hung":
-            self.forkserver.kill_because(why)
+            why = self.forkserver.overdue(now, self.hb_timeout)
+        if why is None:
             return
         with self.lock:
             unborn = self.forkserver.give_up_waiting()

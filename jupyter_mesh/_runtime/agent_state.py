@@ -43,6 +43,7 @@ class ProcEntry:
     last_seen: float = 0.0
     liveness: Liveness = field(default_factory=Liveness)  # busy or hung, once it stops answering
     fds: list[int] = field(default_factory=list)
+    actor_tids: set[int] = field(default_factory=set)  # threads that run endpoints (liveness looks at them)
     exit_code: int | None = None
     exit_signal: int | None = None
     tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=30))

@@ -260,11 +260,18 @@ class Controller(Elastic, Inits):
         except zmq.ZMQError:  # closing down
             return
         try:
-            due = time.monotonic()
+            due = last = time.monotonic()
             while not self._hb_stop.is_set():
                 now = time.monotonic()
+                if now - last > 2 * interval:
+                    # this thread could not run (the program held the GIL in a long C call, or the
+                    # machine was starved): no agent is to blame for answers we could not read
+                    self._read_acks(sock)
+                    self._forgive(now - last - interval)
+                last = now
                 if now >= due:
                     due = now + interval
+                    self._read_acks(sock)  # answers already here count before anyone is judged
                     if not self._ping_agents(now, address):
                         return
                 # in slices: shutdown (``_hb_stop``) is seen within 0.1 s
@@ -288,6 +295,16 @@ class Controller(Elastic, Inits):
             except Exception:  # noqa: BLE001 - closing down
                 return False
         return True
+
+    def _forgive(self, stall: float) -> None:
+        for addr, seen in list(self._agent_seen.items()):
+            self._agent_seen[addr] = seen + stall
+
+    def forget_agents(self, addrs: list[str]) -> None:
+        """A job stopped these agents on purpose: no more heartbeats to them, no socket kept."""
+        for addr in addrs:
+            self._agent_seen.pop(addr, None)
+            self.transport.forget(addr)
 
     def _read_acks(self, sock: zmq.Socket[Any]) -> None:
         while True:

@@ -2,8 +2,8 @@
 
 It starts the template (and a new one when it dies), asks it for forks over their private socket,
 remembers the forks not answered yet, and tells from outside whether a template that is slow to
-answer is stopped (SIGSTOP, a debugger), deadlocked, or just busy (importing torch for minutes is
-busy). What to do about each — fail the waiting starts, restart it — is the agent's call.
+answer is stopped (SIGSTOP, a debugger) rather than busy (importing torch, or a preload that waits on
+a compiler for minutes). What to do about it is the agent's call.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sys
 import time
 from typing import Any
 
-from .agent_state import ProcEntry, describe_exit, kill
+from .agent_state import ProcEntry, describe_exit
 from .liveness import Liveness
 
 __all__ = ["ForkServer"]
@@ -28,7 +28,6 @@ class ForkServer:
         self.pending: dict[int, ProcEntry] = {}  # fork token -> the proc it is for, until "forked"
         self._asked: dict[int, float] = {}  # token -> when that fork was asked for
         self._tokens = iter(range(1, 1 << 62))
-        self.killed_because = ""  # why the agent killed it, if it did (said when its procs are reported)
         self._watch: Liveness | None = None  # its signs of life while forks are overdue
         self.start()
 
@@ -77,11 +76,11 @@ class ForkServer:
             return None
         return json.loads(data) if data else None
 
-    def overdue(self, now: float, timeout: float) -> tuple[str, str] | None:
-        """With forks unanswered for more than ``timeout``: ("stopped", why) if it is stopped,
-        ("hung", why) if it made no progress for 3 x ``timeout``, else None (none overdue, or busy)."""
+    def overdue(self, now: float, timeout: float) -> str | None:
+        """With forks unanswered for more than ``timeout`` while it is stopped: why; else None (none
+        overdue, or it is running: a slow preload is not a fault)."""
         oldest = min(self._asked.values(), default=now)
-        if now - oldest <= timeout or self.killed_because:
+        if now - oldest <= timeout:
             self._watch = None
             return None
         w = self._watch
@@ -90,12 +89,10 @@ class ForkServer:
             w.answered(oldest)
         w.sample(self.pid, now)
         if w.state in ("T", "t"):
-            return "stopped", (
+            return (
                 f"its host's fork server (template, pid {self.pid}) is stopped (SIGSTOP or a debugger: "
                 f"state {w.state}) and did not fork for {now - oldest:.1f} s; resume it (SIGCONT) and spawn again"
             )
-        if w.hung(now, 3 * timeout):
-            return "hung", f"did not fork for {now - oldest:.1f} s and {w.why_hung(now)}; it was killed and restarted"
         return None
 
     def give_up_waiting(self) -> list[ProcEntry]:
@@ -104,10 +101,6 @@ class ForkServer:
         self._asked.clear()
         return [p for p in self.pending.values() if p.alive]
 
-    def kill_because(self, why: str) -> None:
-        self.killed_because = why
-        kill(self.pid, 9)
-
     def reap(self) -> str:
         """After its socket closed: wait for it, forget its forks, and say how it ended."""
         try:
@@ -115,10 +108,7 @@ class ForkServer:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             code = self.proc.wait(2.0)
-        how = self.killed_because or describe_exit(
-            ProcEntry("", 0, ""), code if code >= 0 else None, -code if code < 0 else None
-        )
-        self.killed_because = ""
+        how = describe_exit(ProcEntry("", 0, ""), code if code >= 0 else None, -code if code < 0 else None)
         self.sock.close()
         self.pending.clear()
         self._asked.clear()

@@ -10,9 +10,9 @@ proc: the agent asks the kernel (``/proc/<pid>/stat`` and its threads') whether 
   waiting for the GIL wakes every 5 ms, and on a loaded machine waits in R for a core). It is left
   alone; the controller is told, a few times a minute.
 * **hung**: stopped (T, t: SIGSTOP, a debugger), a zombie, gone, or silent with no such sign of life
-  for the whole heartbeat timeout (a native deadlock: threads stuck on locks). It is killed, as before.
-  A C call that sleeps on a timer while it holds the GIL is told apart by its thread's ``wchan``
-  (the kernel's nanosleep): busy, it will return.
+  for the whole heartbeat timeout (a native deadlock: its actor thread stuck on a lock). It is killed,
+  as before. An actor thread that holds the GIL while it waits in the kernel on something else (a
+  timer, a child process, a pipe or socket: its ``wchan``) is busy: it will return.
 
 Plain data and functions, no messages: ``agent.py`` decides what to send.
 """
@@ -20,6 +20,7 @@ Plain data and functions, no messages: ``agent.py`` decides what to send.
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 
 __all__ = ["MIN_CPU", "NOTE_EVERY", "WINDOW", "Liveness", "read_stat"]
 
@@ -30,11 +31,19 @@ NOTE_EVERY = 5.0  # seconds between two "busy" notes to the controller for one p
 _TICK = float(os.sysconf("SC_CLK_TCK")) if hasattr(os, "sysconf") else 100.0
 
 
-def read_stat(pid: int) -> tuple[str, float, str] | None:
-    """(state of the main thread, CPU seconds of all threads, states of every thread), or None if gone.
+# an actor thread blocked here is idle (waiting for its next message) or waiting for the GIL (or a
+# lock): no sign of life; blocked anywhere else (a timer, a child, a pipe, a socket) it waits in native
+# code on something that will come back, like ``ctypes.PyDLL(None).sleep(5)`` or ``system()``
+_IDLE_OR_LOCKED = ("poll_schedule", "futex", "ep_poll", "do_epoll_wait")
 
-    A thread asleep on a timer (``wchan`` is the kernel's nanosleep) counts as state ``s``: a C call
-    that sleeps while it holds the GIL (``ctypes.PyDLL``) will return, unlike a thread stuck on a lock."""
+
+def read_stat(pid: int, actor_tids: Collection[int] = ()) -> tuple[str, float, str, str] | None:
+    """(state of the main thread, CPU seconds of all threads, states of every thread, why an actor
+    thread waits), or None if gone.
+
+    An actor thread (one that runs endpoints: the proc tells us which) asleep in the kernel anywhere
+    but its own mailbox or a lock counts as state ``w``: it waits in native code for something that
+    returns. Other threads (a user's background thread in ``time.sleep``) prove nothing."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
@@ -42,27 +51,29 @@ def read_stat(pid: int) -> tuple[str, float, str] | None:
         return None
     # after "pid (comm)": state is field 3, utime and stime fields 14 and 15 (man 5 proc)
     state, cpu = fields[0], (int(fields[11]) + int(fields[12])) / _TICK
-    threads = []
+    threads, waits = [], ""
     try:
         for tid in os.listdir(f"/proc/{pid}/task"):
             try:
                 with open(f"/proc/{pid}/task/{tid}/stat") as f:
                     st = f.read().rsplit(")", 1)[1].split()[0]
-                if st == "S":
+                if st == "S" and int(tid) in actor_tids:
                     with open(f"/proc/{pid}/task/{tid}/wchan") as f:
-                        st = "s" if "nanosleep" in f.read() else st
+                        wchan = f.read().strip()
+                    if wchan and wchan != "0" and not any(w in wchan for w in _IDLE_OR_LOCKED):
+                        st, waits = "w", wchan
                 threads.append(st)
-            except (OSError, IndexError):
+            except (OSError, IndexError, ValueError):
                 continue  # a thread that just ended
     except OSError:
         pass
-    return state, cpu, "".join(threads) or state
+    return state, cpu, "".join(threads) or state, waits
 
 
 class Liveness:
     """One proc's signs of life between pongs, sampled by the agent's heartbeat tick."""
 
-    __slots__ = ("cpu", "noted", "progress", "rate", "running", "sampled", "state", "threads")
+    __slots__ = ("cpu", "noted", "progress", "rate", "running", "sampled", "state", "threads", "waits")
 
     def __init__(self) -> None:
         self.cpu: float | None = None  # CPU seconds at the start of the current window
@@ -73,17 +84,18 @@ class Liveness:
         self.state = "?"  # main thread's state at the last sample ("gone" once it disappeared)
         self.threads = ""  # every thread's state at the last sample
         self.noted = 0.0  # when the controller was last told that it is busy (0: not told)
+        self.waits = ""  # where an actor thread waits in the kernel (its wchan), if it waits in native code
 
     def answered(self, when: float) -> None:
         if when > self.progress:  # a new pong: the next silence measures from scratch
             self.progress, self.cpu, self.running = when, None, False
 
-    def sample(self, pid: int, now: float) -> None:
-        st = read_stat(pid)
+    def sample(self, pid: int, now: float, actor_tids: Collection[int] = ()) -> None:
+        st = read_stat(pid, actor_tids)
         if st is None:
             self.state, self.threads, self.rate = "gone", "", 0.0
             return
-        state, cpu, threads = st
+        state, cpu, threads, self.waits = st
         if self.cpu is None:
             self.cpu, self.sampled = cpu, now
         elif now - self.sampled >= WINDOW:
@@ -92,7 +104,7 @@ class Liveness:
             if self.rate >= MIN_CPU:
                 self.progress = now
         running = "R" in threads
-        if state not in "TtZX" and ("D" in threads or "s" in threads or (running and self.running)):
+        if state not in "TtZX" and ("D" in threads or "w" in threads or (running and self.running)):
             self.progress = now
         self.running, self.state, self.threads = running, state, threads
 
@@ -116,6 +128,6 @@ class Liveness:
     def why_busy(self) -> str:
         if "D" in self.threads and self.rate < MIN_CPU:
             return "waiting for I/O (state D)"
-        if "s" in self.threads and self.rate < MIN_CPU:
-            return "sleeping in native code while it holds the GIL"
+        if "w" in self.threads and self.rate < MIN_CPU:
+            return f"waiting in native code while it holds the GIL (in {self.waits})"
         return f"busy in native code holding the GIL (CPU {100 * self.rate:.0f} %)"

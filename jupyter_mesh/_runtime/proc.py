@@ -295,7 +295,13 @@ class ActorHost:
             rt.reply(msg.header, BROKEN, dumps(self.init_failure)[0], [])
             return
         # callers and the agent send this actor's calls straight to its inbox from now on
-        up = {"k": "actor_up", "a": self.actor_id, "pa": rt.transport.address, "addr": self.address}
+        up = {  # the agent's liveness checks look at this thread when the proc stops answering
+            "k": "actor_up",
+            "a": self.actor_id,
+            "pa": rt.transport.address,
+            "addr": self.address,
+            "tid": threading.get_native_id(),
+        }
         rt.transport.send(rt.agent_addr, Message(up))
         rt.reply(msg.header, OK, dumps((rt.transport.address, self.address))[0], [])
 
