@@ -88,8 +88,9 @@ class Agent:
             for mesh in {p.mesh_id: self.meshes[p.mesh_id] for p in unborn if p.mesh_id in self.meshes}.values():
                 self._check_waiters(mesh)
         print(f"jupyter-mesh agent: {cause}; starting a new one", file=sys.stderr)
-        fs.start()
-        self.sel.register(fs.sock, selectors.EVENT_READ, ("template", None))
+        with self.lock:  # forks are sent under this lock: none may reach the new one before its key
+            fs.start()
+            self.sel.register(fs.sock, selectors.EVENT_READ, ("template", None))
 
     # -- plumbing ---------------------------------------------------------------------------------
     def _event(self, header: dict[str, Any], obj: Any = None) -> None:

@@ -104,8 +104,8 @@ def report(
         return MeshInterrupted(f"Interrupted: cancelled {what} on {where}; all stopped in {took:.2f} s")
     return MeshInterrupted(
         f"Interrupted: cancelled {what} on {where}; {len(ranks) - len(left)} stopped, but "
-        f"{_ranks(coords, sorted(left))} still run after {took:.1f} s (native code that ignores signals, "
-        "or an actor with its own thread): their next calls wait behind it. To stop them, kill those procs "
+        f"{_ranks(coords, sorted(left))} still run after {took:.1f} s (native code that ignores signals, an "
+        "async endpoint blocked in sync code, or an actor with its own thread): their next calls wait behind it. To stop them, kill those procs "
         "(procs.kill(rank) / %mesh kill RANK) and respawn them; next time, a second interrupt "
         f"{DEBOUNCE:g}-{ACK_WAIT:g} s after the first does that.",
         [coords[r] for r in sorted(left)],

@@ -34,14 +34,15 @@ class ForkServer:
     def start(self) -> None:
         """(Re)start the template; the caller registers ``sock`` with its selector."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.sock = ours
-        self.proc = subprocess.Popen(
+        proc = subprocess.Popen(
             [sys.executable, "-m", "jupyter_mesh._runtime.template", str(theirs.fileno()), str(self._lifeline_r)],
             pass_fds=(theirs.fileno(), self._lifeline_r),
             stdin=subprocess.DEVNULL,
         )
         theirs.close()
-        self.send({"op": "key", "key": self._key_hex})
+        # the key first, before anyone else can send on this socket: a fork before it makes keyless procs
+        socket.send_fds(ours, [json.dumps({"op": "key", "key": self._key_hex}).encode()], [])
+        self.sock, self.proc = ours, proc
         if self.preload:
             self.send({"op": "preload", "modules": self.preload, "token": 0})
 

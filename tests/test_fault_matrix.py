@@ -1,0 +1,121 @@
+"""Each process kind (proc, agent, fork server) killed or stopped (then resumed) at each moment (idle,
+mid-call, mid-transfer of a 64 MiB argument, mid-spawn of another mesh): nothing hangs, what failed
+says so with its cause, the job gives a working mesh again, and nothing is left behind.
+
+The specific outcomes of each fault are tested in ``test_faults.py``, ``test_liveness.py`` and
+``test_break_attempts.py``; this is the cross product, with the properties every case must keep.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+
+import pytest
+from _procs import descendants, wait_dead
+
+from jupyter_mesh import Actor, LocalJob, MeshError, ProcState, endpoint
+
+pytestmark = pytest.mark.integration
+
+KINDS = ["proc", "agent", "template"]
+SIGNALS = ["kill", "stop"]
+MOMENTS = ["idle", "call", "transfer", "spawn"]
+STOPPED_FOR = 4.5  # past the 3 s heartbeat timeout
+
+
+class Worker(Actor):
+    @endpoint
+    def sleep(self, seconds: float) -> float:
+        time.sleep(seconds)
+        return seconds
+
+    @endpoint
+    def numel(self, t) -> int:
+        return int(t.numel())
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def _target(job: LocalJob, procs: set[int], kind: str) -> int:
+    agent = job.pids()[0]
+    if kind == "agent":
+        return agent
+    if kind == "proc":
+        return max(procs)
+    some = next(iter(procs))
+    return next(p for p in descendants(agent) if p not in procs and p not in descendants(some))
+
+
+@pytest.mark.parametrize("moment", MOMENTS)
+@pytest.mark.parametrize("sig", SIGNALS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_fault(kind, sig, moment):
+    import torch
+
+    job = LocalJob(hosts=1)
+    spawned: list[object] = []
+    try:
+        pm = job.host_mesh().spawn_procs(per_host={"gpus": 2})
+        w = pm.spawn("w", Worker)
+        procs = set(w.pid.call().get(20).values())
+        target = _target(job, procs, kind)
+        fut = None
+        spawner = None
+        if moment == "call":
+            fut = w.sleep.call(30)
+        elif moment == "transfer":
+            fut = w.numel.call(torch.ones(16 * 1024 * 1024))  # 64 MiB to each rank
+        elif moment == "spawn":
+
+            def spawn() -> None:
+                try:
+                    spawned.append(job.host_mesh().spawn_procs(per_host={"gpus": 1}, timeout=30))
+                except MeshError as e:
+                    spawned.append(e)
+
+            spawner = threading.Thread(target=spawn)
+            spawner.start()
+            time.sleep(0.05)
+        time.sleep(0.1)
+        os.kill(target, signal.SIGKILL if sig == "kill" else signal.SIGSTOP)
+        if sig == "stop":
+            time.sleep(STOPPED_FOR)
+            with contextlib.suppress(ProcessLookupError):  # given up and killed meanwhile, maybe
+                os.kill(target, signal.SIGCONT)
+        # nothing hangs: every call and spawn under way ends, with a value or an error that says why
+        if fut is not None:
+            try:
+                fut.get(20)
+            except MeshError as e:
+                assert str(e).strip()
+        if spawner is not None:
+            spawner.join(40)
+            assert not spawner.is_alive(), "spawn_procs hung"
+        # the mesh answers, or says what broke; what failed is shown as failed, with a cause
+        try:
+            assert len(list(w.pid.call().get(20).values())) == 2
+        except MeshError as e:
+            assert str(e).strip()
+        failed = [r for r in pm.state().ranks if r.state == ProcState.FAILED]
+        assert all(r.failure is not None and r.failure.detail for r in failed)
+        # stopping is bounded whatever happened
+        t0 = time.monotonic()
+        pm.stop(timeout=2)
+        assert time.monotonic() - t0 < 10
+        for m in spawned:
+            if not isinstance(m, BaseException):
+                m.stop(timeout=2)  # type: ignore[attr-defined]
+        # the job gives a working mesh again (a fresh agent or fork server where needed)
+        pm2 = job.host_mesh().spawn_procs(per_host={"gpus": 1}, timeout=30)
+        assert len(list(pm2.spawn("v", Worker).pid.call().get(30).values())) == 1
+        pm2.stop(timeout=5)
+    finally:
+        job.stop()
+    assert not wait_dead(job.pids(), 5)
+    assert not wait_dead(procs, 5)
