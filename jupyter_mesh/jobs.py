@@ -7,6 +7,7 @@ host it runs on.
 
 from __future__ import annotations
 
+import abc
 import json
 import os
 import secrets
@@ -16,7 +17,7 @@ import sys
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import IO, Any, Protocol
+from typing import IO, Any
 
 from ._future import Future
 from ._mesh import HostMesh
@@ -34,15 +35,29 @@ class AgentHandle:
     host_key: str
 
 
-class Job(Protocol):
+class Job(abc.ABC):
+    """What a scheduler gives jupyter_mesh: one agent per host. The controller calls these (spawning
+    proc meshes, growing them, supervising agents); the optional ones say clearly what a job cannot do."""
+
+    @abc.abstractmethod
     def agents(self, timeout: float) -> list[AgentHandle]:
         """The agents of every host, waiting (at most ``timeout``) for them to come up."""
 
+    @abc.abstractmethod
     def stop(self) -> None:
         """Stop every agent of the job (and so every proc on its hosts)."""
 
+    def add_hosts(self, n: int, timeout: float) -> list[AgentHandle]:
+        """``n`` more hosts for a proc mesh that grows along ``hosts``; their agents."""
+        raise MeshValueError(f"{self!r} cannot add hosts; spawn a new proc mesh on a larger host mesh")
 
-class LocalJob:
+    def agent_lost(self, addr: str) -> None:
+        """The controller gave up on the agent at ``addr`` (it died, or went silent past the heartbeat
+        timeout). A job that can replace the host does it here (on next use); by default nothing."""
+        return None
+
+
+class LocalJob(Job):
     """``hosts`` agents on this machine. One host is what ``this_host()`` gives; more is for testing
     the multi-host paths (fan-out, per-host gathering) without a cluster."""
 

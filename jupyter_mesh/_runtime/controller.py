@@ -334,9 +334,7 @@ class Controller(Elastic, Inits):
             pass
         self.client.peer_lost(addr, detail)
         for job in list(self._jobs):
-            forget = getattr(job, "agent_lost", None)
-            if forget is not None:
-                forget(addr)
+            job.agent_lost(addr)
         self._host_lost(addr, detail)
 
     def _host_lost(self, addr: str, detail: str) -> None:

@@ -117,8 +117,6 @@ class Elastic:
         n_hosts = len(ref.agent_addrs)
         if dim == ref.shape.labels[0] and ref.host_dims >= 1:  # more hosts
             n_hosts = new_shape.slice.sizes[0]
-            if not hasattr(rec.job, "add_hosts"):
-                raise MeshValueError(f"{rec.job!r} cannot add hosts; spawn a new proc mesh on a larger host mesh")
             agents = rec.job.add_hosts(n_hosts - len(ref.agent_addrs), timeout)
         per_host = new_n // n_hosts
         new_ranks = list(range(old_n, new_n))
