@@ -71,7 +71,6 @@ class Transport:
             raise ValueError("the session key must be at least 16 bytes")
         if not bind.startswith("tcp://"):
             raise ValueError(f"bind must be tcp://<interface>, not {bind!r}")
-        self._key = key
         self._keyed: Any = _hmac_state(key)
         self.shm_prefix = _shm.session_prefix(key)  # data plane: same-host segments of this session
         self._ctx = zmq.Context()

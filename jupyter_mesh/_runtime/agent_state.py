@@ -67,7 +67,6 @@ class Gather:
     call_id: int
     outstanding: set[int]
     entries: list[tuple[int, int, Any, list[Any]]] = field(default_factory=list)
-    frames_keepalive: list[Any] = field(default_factory=list)
 
 
 def describe_exit(p: ProcEntry, code: int | None = None, sig: int | None = None) -> str:
