@@ -60,3 +60,9 @@ def wait_for(pred, timeout: float, interval: float = 0.02):
             return v
         time.sleep(interval)
     return pred()
+
+
+def template_of(agent: int, procs: set[int]) -> int:
+    """The fork server of a host: the agent's child that is none of its procs (nor theirs)."""
+    some = next(iter(procs))
+    return next(p for p in descendants(agent) if p not in procs and p not in descendants(some))

@@ -21,6 +21,14 @@ def _hold_gil_busy(seconds: float) -> int:
     return sum(range(int(seconds / per)))
 
 
+def _native_deadlock() -> None:
+    """Lock a plain pthread mutex twice from C while holding the GIL: stuck for good on a futex."""
+    libc = ctypes.PyDLL(None)
+    mutex = ctypes.create_string_buffer(64)  # zeroed: PTHREAD_MUTEX_INITIALIZER (a normal mutex)
+    libc.pthread_mutex_lock(mutex)
+    libc.pthread_mutex_lock(mutex)
+
+
 class Native(Actor):
     @endpoint
     def spin(self, seconds: float) -> str:
@@ -33,11 +41,7 @@ class Native(Actor):
 
     @endpoint
     def native_deadlock(self) -> None:
-        """Lock a plain pthread mutex twice from C while holding the GIL: stuck for good on a futex."""
-        libc = ctypes.PyDLL(None)
-        mutex = ctypes.create_string_buffer(64)  # zeroed: PTHREAD_MUTEX_INITIALIZER (a normal mutex)
-        libc.pthread_mutex_lock(mutex)
-        libc.pthread_mutex_lock(mutex)
+        _native_deadlock()
 
     @endpoint
     def ping(self) -> str:
@@ -80,7 +84,4 @@ class Waiter(Actor):
 
         threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()  # not an actor thread
         time.sleep(0.1)
-        libc = ctypes.PyDLL(None)
-        mutex = ctypes.create_string_buffer(64)
-        libc.pthread_mutex_lock(mutex)
-        libc.pthread_mutex_lock(mutex)
+        _native_deadlock()

@@ -17,7 +17,7 @@ import threading
 import time
 
 import pytest
-from _procs import descendants, wait_dead
+from _procs import template_of, wait_dead
 
 from jupyter_mesh import Actor, LocalJob, MeshCancelledError, MeshInterrupted, SupervisionError, endpoint
 
@@ -161,7 +161,7 @@ def test_a_stopped_fork_server_fails_spawns_fast_and_spares_the_host():
         a = pm.spawn("a", Pid)
         pids = set(a.pid.call().get(10).values())
         agent = job.pids()[0]
-        template = next(p for p in descendants(agent) if p not in pids and p not in descendants(next(iter(pids))))
+        template = template_of(agent, pids)
         os.kill(template, signal.SIGSTOP)
         t0 = time.monotonic()
         try:

@@ -15,7 +15,7 @@ import threading
 import time
 
 import pytest
-from _procs import descendants, wait_dead
+from _procs import template_of, wait_dead
 
 from jupyter_mesh import Actor, LocalJob, MeshError, ProcState, endpoint
 
@@ -48,8 +48,7 @@ def _target(job: LocalJob, procs: set[int], kind: str) -> int:
         return agent
     if kind == "proc":
         return max(procs)
-    some = next(iter(procs))
-    return next(p for p in descendants(agent) if p not in procs and p not in descendants(some))
+    return template_of(agent, procs)
 
 
 @pytest.mark.parametrize("moment", MOMENTS)

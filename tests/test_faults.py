@@ -13,7 +13,7 @@ import signal
 import time
 
 import pytest
-from _procs import descendants, wait_dead, wait_for
+from _procs import template_of, wait_dead, wait_for
 from actors import Counter, Faulty
 
 from jupyter_mesh import DeliveryError, LocalJob, ProcState, SupervisionError
@@ -128,7 +128,7 @@ def test_killed_template_is_restarted_and_its_procs_reported():
         f.initialized.get(10)
         pids = set(pm.pids().values())
         agent = job.pids()[0]
-        template = next(p for p in descendants(agent) if p not in pids and p not in descendants(next(iter(pids))))
+        template = template_of(agent, pids)
         fut = f.sleep.call(30)
         t0 = time.monotonic()
         os.kill(template, signal.SIGKILL)
