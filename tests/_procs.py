@@ -66,3 +66,21 @@ def template_of(agent: int, procs: set[int]) -> int:
     """The fork server of a host: the agent's child that is none of its procs (nor theirs)."""
     some = next(iter(procs))
     return next(p for p in descendants(agent) if p not in procs and p not in descendants(some))
+
+
+def wait_stopped(pid: int, timeout: float = 2.0) -> bool:
+    """After SIGSTOP: wait until every thread of ``pid`` is stopped (a group stop is not instant: a
+    thread on a core runs on until it next enters the kernel)."""
+
+    def all_stopped() -> bool:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+            states = []
+            for t in tids:
+                with open(f"/proc/{pid}/task/{t}/stat") as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+        except OSError:
+            return False
+        return bool(states) and all(st in "Tt" for st in states)
+
+    return bool(wait_for(all_stopped, timeout, 0.002))

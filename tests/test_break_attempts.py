@@ -17,7 +17,7 @@ import threading
 import time
 
 import pytest
-from _procs import template_of, wait_dead
+from _procs import template_of, wait_dead, wait_stopped
 
 from jupyter_mesh import Actor, LocalJob, MeshCancelledError, MeshInterrupted, SupervisionError, endpoint
 
@@ -163,6 +163,7 @@ def test_a_stopped_fork_server_fails_spawns_fast_and_spares_the_host():
         agent = job.pids()[0]
         template = template_of(agent, pids)
         os.kill(template, signal.SIGSTOP)
+        assert wait_stopped(template)
         t0 = time.monotonic()
         try:
             with pytest.raises(SupervisionError, match=r"(?s)never forked.*fork server .* is stopped"):

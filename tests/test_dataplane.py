@@ -18,6 +18,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from _procs import wait_stopped  # noqa: E402
 from rdma_actors import Owner, Puller  # noqa: E402
 
 from jupyter_mesh import (  # noqa: E402  # noqa: E402
@@ -283,6 +284,7 @@ def test_owner_killed(pair, backend, how):
     puller.pull.call_one(buf, N).get(timeout=30)
     os.kill(pid, signal.SIGSTOP)
     try:
+        assert wait_stopped(pid)  # else a thread still running may serve the request below
         fut = puller.pull_expecting_failure.call_one(buf, N, 30.0)
         time.sleep(0.5)
         assert not fut.done()
@@ -308,6 +310,7 @@ def test_transfer_times_out_when_owner_hangs(pair, backend):
     pid = pair.pids()[0]
     os.kill(pid, signal.SIGSTOP)
     try:
+        assert wait_stopped(pid)
         t0 = time.monotonic()
         with pytest.raises(MeshTimeoutError, match=r"transfer timed out after 0\.5 s"):
             buf.read_into(torch.empty(1024), timeout=0.5).get(timeout=10)
