@@ -10,15 +10,19 @@ from jupyter_mesh import Actor, current_rank, endpoint
 
 
 def _hold_gil_busy(seconds: float) -> int:
-    """Burn CPU for about ``seconds`` inside one C call that never lets go of the GIL (``sum`` over a
-    ``range`` runs in C: no bytecode, so no GIL hand-over), like a long native kernel would."""
-    n = 1_000_000
+    """Burn CPU for at least about ``seconds`` inside one C call that never lets go of the GIL (``sum``
+    over a ``range`` runs in C: no bytecode, so no GIL hand-over), like a long native kernel would.
+
+    The count comes from the fastest of a few timed tries, and then half again: a machine that was
+    busy while calibrating and idle afterwards would otherwise run it short (seen in CI: 5 s ran 2.8 s).
+    """
+    n = 2_000_000
     per = 1.0
-    for _ in range(5):  # the fastest try: a busy machine only makes the real run longer, never shorter
+    for _ in range(5):
         t0 = time.perf_counter()
         sum(range(n))
         per = min(per, max(time.perf_counter() - t0, 1e-6) / n)
-    return sum(range(int(seconds / per)))
+    return sum(range(int(1.5 * seconds / per)))
 
 
 def _native_deadlock() -> None:
