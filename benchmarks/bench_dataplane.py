@@ -124,7 +124,7 @@ def backend_run(host: object, backend: str, runs: int) -> dict[str, object]:
 def main() -> None:
     quick = "--quick" in sys.argv
     runs = 3 if quick else 7
-    from jupyter_mesh import _ucx
+    from jupyter_mesh._data import ucx as _ucx
 
     results: dict[str, object] = {
         "machine": {

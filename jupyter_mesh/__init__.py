@@ -7,14 +7,14 @@ Public API (Monarch-compatible where they overlap)::
 Importing this package imports neither ZeroMQ, torch, IPython nor ucxx; the runtime starts on first use.
 """
 
-from ._actor import Actor, current_rank, endpoint
-from ._future import Future
-from ._mesh import ActorMesh, HostMesh, MeshEndpoint, ProcMesh
-from ._rdma import RDMABuffer, get_rdma_backend
-from ._session import mesh_states, proc_mesh, set_fault_hook, shutdown, subscribe
-from ._shape import Extent, Point, Shape, Slice
-from ._state import MeshEvent, MeshState, ProcState, RankState
-from ._value_mesh import ValueMesh
+from ._api.mesh import ActorMesh, HostMesh, MeshEndpoint, ProcMesh
+from ._api.session import mesh_states, proc_mesh, set_fault_hook, shutdown, subscribe
+from ._core.actor import Actor, current_rank, endpoint
+from ._core.future import Future
+from ._core.shape import Extent, Point, Shape, Slice
+from ._core.state import MeshEvent, MeshState, ProcState, RankState
+from ._core.value_mesh import ValueMesh
+from ._data.buffer import RDMABuffer, get_rdma_backend
 from .errors import (
     ActorError,
     DeliveryError,

@@ -96,7 +96,7 @@ def test_native_sleep_holding_the_gil_is_busy_not_hung(host):
 
 def test_notes_render_in_the_table_and_its_titles():
     """Unit: a rank's note reaches the text and HTML tables (the widget and sidebar get it on the wire)."""
-    from jupyter_mesh._state import StateTracker
+    from jupyter_mesh._core.state import StateTracker
     from jupyter_mesh.ui.table import html_table, text_table
     from jupyter_mesh.ui.wire import mesh_wire
 
@@ -183,7 +183,7 @@ def test_init_timeout_from_the_environment_and_unbounded_by_default(host, monkey
 
 def test_init_timeout_argument_is_checked():
     from jupyter_mesh import Actor, MeshValueError
-    from jupyter_mesh._mesh import ProcMesh
+    from jupyter_mesh._api.mesh import ProcMesh
 
     class Takes(Actor):
         def __init__(self, init_timeout: float):

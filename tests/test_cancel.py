@@ -98,7 +98,7 @@ def test_late_cancels_leave_nothing_behind(procs):
     from actors import Introspect
 
     from jupyter_mesh._runtime.client import current_client
-    from jupyter_mesh._transport import Message
+    from jupyter_mesh._wire.transport import Message
 
     a = procs.spawn("i", Introspect).slice(gpus=0)
     assert a.ok.call_one().get(timeout=5) == "ok"

@@ -21,18 +21,18 @@ torch = pytest.importorskip("torch")
 from _procs import wait_stopped  # noqa: E402
 from rdma_actors import Owner, Puller  # noqa: E402
 
-from jupyter_mesh import (  # noqa: E402  # noqa: E402
+from jupyter_mesh import (  # noqa: E402
     ActorError,
     MeshClosedError,
     MeshTimeoutError,
     MeshValueError,
     RDMABuffer,
     SupervisionError,
-    _shm,
-    _ucx,
     get_rdma_backend,
 )
-from jupyter_mesh._transport import Message, Transport  # noqa: E402
+from jupyter_mesh._data import ucx as _ucx  # noqa: E402
+from jupyter_mesh._wire import shm as _shm  # noqa: E402
+from jupyter_mesh._wire.transport import Message, Transport  # noqa: E402
 
 HAS_UCX = _ucx.available()
 BACKENDS = ["shm", "zmq", pytest.param("ucx", marks=pytest.mark.skipif(not HAS_UCX, reason="ucxx not installed"))]
@@ -119,7 +119,7 @@ def test_transport_sends_large_local_buffers_through_shm_and_checks_signature_fi
 
 _LISTENERS = r"""
 import json, os, socket
-from jupyter_mesh import _ucx
+from jupyter_mesh._data import ucx as _ucx
 _ucx.node()
 mine = set()
 for fd in os.listdir("/proc/self/fd"):

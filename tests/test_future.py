@@ -9,7 +9,7 @@ import time
 import pytest
 
 from jupyter_mesh import MeshCancelledError, MeshTimeoutError
-from jupyter_mesh._future import Future
+from jupyter_mesh._core.future import Future
 
 
 def _later(seconds: float, fn, *args) -> None:

@@ -13,7 +13,7 @@ from _procs import wait_for
 from actors import Counter
 
 from jupyter_mesh._runtime.controller import Controller
-from jupyter_mesh._transport import Message, Transport
+from jupyter_mesh._wire.transport import Message, Transport
 
 pytestmark = pytest.mark.integration
 

@@ -9,8 +9,8 @@ import sys
 import msgpack
 import pytest
 
-from jupyter_mesh._serialize import INBAND_LIMIT, dumps, loads
-from jupyter_mesh._transport import Message, Transport
+from jupyter_mesh._wire.serialize import INBAND_LIMIT, dumps, loads
+from jupyter_mesh._wire.transport import Message, Transport
 
 KEY = b"k" * 32
 
@@ -99,7 +99,7 @@ def test_torch_tensor_travels_out_of_band():
 
 def test_main_classes_pickle_by_value():
     code = (
-        "from jupyter_mesh._serialize import dumps\n"
+        "from jupyter_mesh._wire.serialize import dumps\n"
         "class Local:\n    def hi(self): return 'hi'\n"
         "import sys; p, b = dumps(Local()); sys.stdout.buffer.write(p)\n"
     )

@@ -12,7 +12,7 @@ from _procs import wait_for
 from actors import Faulty
 
 from jupyter_mesh import Failure, ProcState, mesh_states, subscribe
-from jupyter_mesh._state import StateTracker
+from jupyter_mesh._core.state import StateTracker
 
 
 def test_tracker_transitions_without_processes():

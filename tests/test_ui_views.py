@@ -12,7 +12,7 @@ from _procs import wait_for
 from rich.console import Console
 
 from jupyter_mesh import Failure, ProcState
-from jupyter_mesh._state import MeshState, StateTracker
+from jupyter_mesh._core.state import MeshState, StateTracker
 from jupyter_mesh.ui.hub import Hub
 from jupyter_mesh.ui.table import grid_slices, html_table, text_table
 from jupyter_mesh.ui.terminal import render

@@ -22,18 +22,19 @@ import threading
 import time
 from typing import Any
 
-from .._serialize import dumps
-from .._shape import Point, Shape
-from .._transport import Message, Transport
+from .._core.context import host_key
+from .._core.shape import Point, Shape
+from .._wire.serialize import dumps
+from .._wire.transport import Message, Transport
 from ..errors import Failure, MeshValueError, SupervisionError
-from .agent_state import MeshEntry, ProcEntry, alive, describe_exit, host_key, kill, read_lines
+from .agent_state import MeshEntry, ProcEntry, alive, describe_exit, kill, read_lines
 from .forkserver import ForkServer
 from .inboxes import ActorInboxes
 from .liveness import NOTE_EVERY
 from .pending import BROKEN, OK, RAISED
 from .relay import Relay
 
-__all__ = ["Agent", "host_key", "main"]
+__all__ = ["Agent", "main"]
 
 
 class Agent:
@@ -542,7 +543,7 @@ class Agent:
                 kill(p.pid, signal.SIGKILL)
             os.close(self.lifeline_w)
             self.forkserver.stop()
-            from .. import _shm
+            from .._wire import shm as _shm
 
             if self.orphaned and not self.nested:  # segments sent to procs that died before mapping them
                 _shm.sweep(self.transport.shm_prefix)

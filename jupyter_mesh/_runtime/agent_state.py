@@ -8,25 +8,13 @@ from __future__ import annotations
 import collections
 import os
 import signal
-import socket
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._shape import Shape
+from .._core.shape import Shape
 from .liveness import Liveness
 
-__all__ = ["Gather", "MeshEntry", "ProcEntry", "alive", "describe_exit", "host_key", "kill", "read_lines"]
-
-
-def host_key() -> str:
-    """Same boot and same network namespace = same host (shared memory and loopback both work)."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-        netns = os.stat("/proc/self/ns/net").st_ino
-        return f"{boot}/{netns}"
-    except OSError:
-        return socket.gethostname()
+__all__ = ["Gather", "MeshEntry", "ProcEntry", "alive", "describe_exit", "kill", "read_lines"]
 
 
 @dataclass

@@ -19,11 +19,12 @@ import pickle
 import queue
 import threading
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
-from .._future import Future
-from .._serialize import describe_unpicklable, dumps
-from .._transport import Message, Transport
+from .._core.context import context
+from .._core.future import Future
+from .._wire.serialize import describe_unpicklable, dumps
+from .._wire.transport import Message, Transport
 from ..errors import (
     DeliveryError,
     Failure,
@@ -42,29 +43,18 @@ from .replies import ReplyBox, ReplyBoxes
 from .supervision import Supervision
 
 if TYPE_CHECKING:
-    from .._mesh import ActorMesh, ProcMeshRef
+    from .._core.refs import ActorMeshRef, ProcMeshRef
 
 __all__ = ["Client", "current_client", "set_current_client"]
-
-_current: Client | None = None
-_current_lock = threading.Lock()
 
 
 def current_client() -> Client:
     """This process's client: in a proc the one its runtime installed, else the controller's."""
-    global _current
-    if _current is None:
-        with _current_lock:
-            if _current is None:
-                from .controller import Controller
-
-                _current = Controller.get().client
-    return _current
+    return cast(Client, context().client())
 
 
 def set_current_client(client: Client | None) -> None:
-    global _current
-    _current = client
+    context().set_client(client)
 
 
 class Client(Outcomes, Supervision):
@@ -90,7 +80,7 @@ class Client(Outcomes, Supervision):
         # (mesh_id, ranks, +1 | -1): calls to ranks started / finished; the controller tracks busy/idle
         self.activity: Callable[[str, list[int], int], None] | None = None
         # (actor mesh, spawn payload, buffers): the controller keeps them to re-create actors on respawn
-        self.on_spawn: Callable[[ActorMesh[Any], bytes, list[Any]], None] | None = None
+        self.on_spawn: Callable[[ActorMeshRef, bytes, list[Any]], None] | None = None
         # (mesh_id): a proc mesh was stopped; the controller trims the output it keeps of it
         self.on_stopped: Callable[[str], None] | None = None
         # runs before every call and spawn: the controller raises unhandled failures there (fail fast)
@@ -102,7 +92,7 @@ class Client(Outcomes, Supervision):
         self.boxes = ReplyBoxes(transport, self.on_reply, self._busy_boxes) if reply_boxes else None
 
     # -- helpers ---------------------------------------------------------------------------------------
-    def _encode_args(self, mesh: ActorMesh[Any], endpoint: str, args: Any, kwargs: Any) -> tuple[bytes, list[Any]]:
+    def _encode_args(self, mesh: ActorMeshRef, endpoint: str, args: Any, kwargs: Any) -> tuple[bytes, list[Any]]:
         try:
             return dumps((args, kwargs))
         except SerializationError:
@@ -141,7 +131,7 @@ class Client(Outcomes, Supervision):
             return SupervisionError(failed, context)
         return None
 
-    def _unseq(self, mesh: ActorMesh[Any], ranks: list[int]) -> None:
+    def _unseq(self, mesh: ActorMeshRef, ranks: list[int]) -> None:
         """Give back the sequence numbers of a message that was never sent (no gap may stay)."""
         arr = self._seq.get(mesh._actor_id)
         if arr is not None:
@@ -160,7 +150,7 @@ class Client(Outcomes, Supervision):
                 return
             self._cancel(p, actor_id)
 
-    def _seqs(self, mesh: ActorMesh[Any], ranks: list[int]) -> int | list[int]:
+    def _seqs(self, mesh: ActorMeshRef, ranks: list[int]) -> int | list[int]:
         arr = self._seq.get(mesh._actor_id)
         if arr is not None and len(ranks) == 1 and ranks[0] < len(arr):  # call_one, choose
             seq = arr[ranks[0]]
@@ -219,7 +209,7 @@ class Client(Outcomes, Supervision):
         )
 
     # -- calls -----------------------------------------------------------------------------------------
-    def spawn_actors(self, mesh: ActorMesh[Any], cls: type, args: Any, kwargs: Any) -> Future[None]:
+    def spawn_actors(self, mesh: ActorMeshRef, cls: type, args: Any, kwargs: Any) -> Future[None]:
         ranks = mesh._shape.ranks()
         self._check_targets(mesh._ref, ranks, f"spawning {mesh._name}")
         try:
@@ -245,7 +235,7 @@ class Client(Outcomes, Supervision):
             self.on_spawn(mesh, payload, bufs)
         return fut
 
-    def respawn_actor(self, mesh: ActorMesh[Any], rank: int, payload: bytes, bufs: list[Any]) -> Future[None]:
+    def respawn_actor(self, mesh: ActorMeshRef, rank: int, payload: bytes, bufs: list[Any]) -> Future[None]:
         """Re-create one actor on a freshly respawned proc with its original spawn payload."""
         fut: Future[None] = Future(f"respawn of {mesh._name}")
         p = Pending(fut, mesh._ref.mesh_id, "spawn", mesh._name, "__init__", None, [rank], {rank}, ref=mesh._ref)
@@ -281,7 +271,7 @@ class Client(Outcomes, Supervision):
         """A proc is gone: close our sockets to it and to its actors' inboxes."""
         self.inboxes.forget_proc(address)
 
-    def cast(self, mesh: ActorMesh[Any], endpoint: str, args: Any, kwargs: Any, mode: str) -> Any:
+    def cast(self, mesh: ActorMeshRef, endpoint: str, args: Any, kwargs: Any, mode: str) -> Any:
         ranks = mesh._shape.ranks()
         self._check_targets(mesh._ref, ranks, f"calling {mesh._class_name}.{endpoint}")
         payload, bufs = self._encode_args(mesh, endpoint, args, kwargs)
@@ -318,7 +308,7 @@ class Client(Outcomes, Supervision):
 
     def _send_cast(
         self,
-        mesh: ActorMesh[Any],
+        mesh: ActorMeshRef,
         ranks: list[int],
         header: dict[str, Any],
         payload: bytes,
@@ -383,7 +373,7 @@ class Client(Outcomes, Supervision):
         if interrupted is not None:
             raise interrupted
 
-    def call_rank(self, mesh: ActorMesh[Any], rank: int, endpoint: str, args: Any, kwargs: Any) -> Future[Any]:
+    def call_rank(self, mesh: ActorMeshRef, rank: int, endpoint: str, args: Any, kwargs: Any) -> Future[Any]:
         # the latency path (W2): keep it lean
         ref = mesh._ref
         what = f"{mesh._class_name}.{endpoint}"
@@ -471,7 +461,7 @@ class Client(Outcomes, Supervision):
         if failure is not None:
             raise SupervisionError([failure], context)
 
-    def choose(self, mesh: ActorMesh[Any], endpoint: str, args: Any, kwargs: Any) -> Future[Any]:
+    def choose(self, mesh: ActorMeshRef, endpoint: str, args: Any, kwargs: Any) -> Future[Any]:
         alive = [r for r in mesh._shape.ranks() if (mesh._ref.mesh_id, r) not in self._failed]
         if not alive:
             self._check_targets(mesh._ref, mesh._shape.ranks(), f"choosing an actor of {mesh._name}")
@@ -503,16 +493,8 @@ class Client(Outcomes, Supervision):
     # -- supervision -----------------------------------------------------------------------------------
 
 
-_host_key: str | None = None
-
-
 def _same_host(ref: ProcMeshRef, rank: int) -> bool:
     """Is ``rank`` on this host? Then large buffers travel through shared memory (``_shm``)."""
-    global _host_key
     if not ref.host_keys:
         return False
-    if _host_key is None:
-        from .agent_state import host_key
-
-        _host_key = host_key()
-    return ref.host_keys[ref.rank_host[rank]] == _host_key
+    return ref.host_keys[ref.rank_host[rank]] == context().host_key

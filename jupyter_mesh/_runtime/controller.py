@@ -22,11 +22,12 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
-from .._future import Future
-from .._serialize import dumps, loads
-from .._shape import Shape
-from .._state import StateTracker
-from .._transport import Message, Transport
+from .._core.context import context
+from .._core.future import Future
+from .._core.shape import Shape
+from .._core.state import StateTracker
+from .._wire.serialize import dumps, loads
+from .._wire.transport import Message, Transport
 from ..errors import (
     Failure,
     MeshClosedError,
@@ -42,16 +43,10 @@ from .inits import Inits
 from .logs import WorkerLogs, cut_line
 
 if TYPE_CHECKING:
-    from .._mesh import ActorMesh, ProcMeshRef
-    from ..jobs import AgentHandle, Job
+    from .._core.refs import ActorMeshRef, ProcMeshRef
+    from .hosts import AgentHandle, Job
 
 __all__ = ["Controller", "OutputSink"]
-
-
-def _local_host_key() -> str:
-    from .agent_state import host_key
-
-    return host_key()
 
 
 OutputSink = Callable[[str, int, str, int, list[str]], None]
@@ -72,7 +67,7 @@ class _ProcMeshRecord:
     stopped: bool = False
     failures: dict[int, Failure] = field(default_factory=dict)
     # actor meshes spawned from here on this proc mesh, with their spawn payloads (for respawn)
-    actors: list[tuple[ActorMesh[Any], bytes, list[Any]]] = field(default_factory=list)
+    actors: list[tuple[ActorMeshRef, bytes, list[Any]]] = field(default_factory=list)
     owner: Any = None  # the actor (inside a proc) that spawned this mesh: its __supervise__ is asked first
     job: Any = None
     env: dict[str, str] = field(default_factory=dict)
@@ -162,7 +157,7 @@ class Controller(Elastic, Inits):
         elif k == "proc_note":  # a proc that does not answer is busy (or answers again)
             self.state.note(h["m"], h["rk"], h["note"])
         elif k == "rdma":
-            from .. import _rdma_owner as _rdma
+            from .._data import owner as _rdma
 
             _rdma.handle_message(self.transport, msg)
         elif k == "proc_exit":
@@ -375,14 +370,14 @@ class Controller(Elastic, Inits):
         preload: list[str],
         timeout: float,
     ) -> ProcMeshRef:
-        from .._mesh import ProcMeshRef, _new_id
+        from .._core.refs import ProcMeshRef, new_id
 
         self._check_open()
         self.raise_pending_fault()
         agents: list[AgentHandle] = job.agents(timeout)
         hosts = [agents[i] for i in host_indices]
         per_host = len(shape) // len(hosts)
-        mesh_id = _new_id(name)
+        mesh_id = new_id(name)
         ref = ProcMeshRef(
             mesh_id,
             name,
@@ -442,7 +437,7 @@ class Controller(Elastic, Inits):
             "env": env,
             "preload": preload,
         }
-        if agent.host_key == _local_host_key():  # same machine: procs see our modules and relative paths
+        if agent.host_key == context().host_key:  # same machine: procs see our modules and relative paths
             req.update(cwd=os.getcwd(), path=sys.path)
         return self.client.request(agent.addr, req, what=f"spawn of proc mesh '{ref.name}'")
 
@@ -483,7 +478,7 @@ class Controller(Elastic, Inits):
         ref = rec.ref
         ranks = [r for r, h in enumerate(ref.rank_host) if h == host]
         killed = []
-        if ref.host_keys and ref.host_keys[host] == _local_host_key():
+        if ref.host_keys and ref.host_keys[host] == context().host_key:
             for r in ranks:
                 pid = rec.pids.get(r)
                 if pid:
@@ -499,7 +494,7 @@ class Controller(Elastic, Inits):
             file=sys.stderr,
         )
 
-    def _record_spawn(self, mesh: ActorMesh[Any], payload: bytes, bufs: list[Any]) -> None:
+    def _record_spawn(self, mesh: ActorMeshRef, payload: bytes, bufs: list[Any]) -> None:
         rec = self._meshes.get(mesh._ref.mesh_id)
         if rec is not None:
             rec.actors.append((mesh, payload, [bytes(b) for b in bufs]))
@@ -554,16 +549,14 @@ class Controller(Elastic, Inits):
             if self.client.boxes is not None:
                 self.client.boxes.close()
             self.transport.close()
-            from .. import _shm
+            from .._wire import shm as _shm
 
             _shm.sweep(self.transport.shm_prefix)  # segments no receiver claimed (it died first)
         with Controller._instance_lock:
             if Controller._instance is self:
                 Controller._instance = None
-        from . import client as _client_mod
-
-        if _client_mod._current is self.client:
-            _client_mod.set_current_client(None)
+        if context().installed_client() is self.client:
+            context().set_client(None)
         try:
             atexit.unregister(self._at_exit)
         except Exception:  # noqa: BLE001

@@ -6,12 +6,12 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
-from .._future import Future
-from .._shape import Shape
+from .._core.future import Future
+from .._core.shape import Shape
 from ..errors import MeshValueError, SupervisionError
 
 if TYPE_CHECKING:
-    from .._mesh import ProcMeshRef
+    from .._core.refs import ProcMeshRef
     from .controller import _ProcMeshRecord
 
 __all__ = ["Elastic"]

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import SupervisionError
 
 if TYPE_CHECKING:
-    from .._transport import Message, Transport
+    from .._wire.transport import Message, Transport
     from .client import Client
 
 __all__ = ["Embedding", "FaultHook", "embed", "embedding", "fail_fast", "fault_hook", "set_fault_hook"]

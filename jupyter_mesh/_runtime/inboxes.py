@@ -9,7 +9,7 @@ used, and forgetting a dead proc forgets its actors' inboxes with it.
 
 from __future__ import annotations
 
-from .._transport import Transport
+from .._wire.transport import Transport
 
 __all__ = ["ActorInboxes"]
 

@@ -17,14 +17,14 @@ import os
 import signal
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..errors import Failure, MeshValueError
 
 if TYPE_CHECKING:
-    from .._future import Future
-    from .._mesh import ActorMesh
-    from .._state import StateTracker
+    from .._core.future import Future
+    from .._core.refs import ActorMeshRef
+    from .._core.state import StateTracker
     from .client import Client
     from .controller import _ProcMeshRecord
 
@@ -60,10 +60,10 @@ class Inits:
 
         def _proc_exit(self, mesh_id: str, rank: int, failure: Failure) -> None: ...
 
-    def watch_init(self, mesh: ActorMesh[Any], fut: Future[None], timeout: float | None) -> None:
+    def watch_init(self, mesh: ActorMeshRef, fut: Future[None], timeout: float | None) -> None:
         """Show the constructors of ``mesh`` as running until ``fut`` (its spawn) completes; fail the
         ranks still constructing after ``timeout`` seconds."""
-        mesh_id, ranks, name, key = mesh._ref.mesh_id, mesh._shape.ranks(), mesh.name, mesh._actor_id
+        mesh_id, ranks, name, key = mesh._ref.mesh_id, mesh._shape.ranks(), mesh._name, mesh._actor_id
         self.state.initializing(mesh_id, ranks, key, name)
         with _ticker_lock:
             if self._init_ticker is None:
@@ -91,7 +91,7 @@ class Inits:
         """From the client, as each rank's constructor answers (its spawn may still wait for others)."""
         self.state.initializing(mesh_id, ranks, actor_id, done=True)
 
-    def _init_overdue(self, mesh: ActorMesh[Any], fut: Future[None], timeout: float) -> None:
+    def _init_overdue(self, mesh: ActorMeshRef, fut: Future[None], timeout: float) -> None:
         """On a timer thread: fail (as ``init``) and kill the ranks whose ``__init__`` is still running."""
         ref = mesh._ref
         rec = self._meshes.get(ref.mesh_id)
@@ -101,7 +101,7 @@ class Inits:
         for r in ranks:  # recorded before the kill: the proc's death is then this failure, not a signal
             pid = rec.pids.get(r)
             detail = (
-                f"__init__ of {mesh._class_name} (actor mesh '{mesh.name}') did not return within {timeout:g} s; "
+                f"__init__ of {mesh._class_name} (actor mesh '{mesh._name}') did not return within {timeout:g} s; "
                 f"its proc {pid} was killed. Respawn the rank (ProcMesh.respawn) once the constructor can "
                 "finish, or give a larger init_timeout"
             )

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .._future import Future
-from .._serialize import loads
-from .._transport import Message
-from .._value_mesh import ValueMesh
+from .._core.future import Future
+from .._core.value_mesh import ValueMesh
+from .._wire.serialize import loads
+from .._wire.transport import Message
 from ..errors import (
     ActorError,
     DeliveryError,

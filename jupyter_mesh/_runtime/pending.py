@@ -9,13 +9,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .._future import Future
-from .._serialize import loads
-from .._shape import Shape
+from .._core.future import Future
+from .._core.shape import Shape
+from .._wire.serialize import loads
 from ..errors import Failure, RemoteFailure
 
 if TYPE_CHECKING:
-    from .._mesh import ProcMeshRef
+    from .._core.refs import ProcMeshRef
     from .client import Client
     from .replies import ReplyBox
 

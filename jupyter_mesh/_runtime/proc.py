@@ -28,11 +28,12 @@ from typing import Any
 
 import zmq
 
-from .. import _rdma_owner as _rdma
-from .._actor import EndpointDef, _set_context, endpoints_of
-from .._serialize import dumps, loads
-from .._shape import Point, Shape, Slice
-from .._transport import Message, Transport
+from .._core.actor import EndpointDef, endpoints_of
+from .._core.context import ProcIdentity, context
+from .._core.shape import Point, Shape, Slice
+from .._data import owner as _rdma
+from .._wire.serialize import dumps, loads
+from .._wire.transport import Message, Transport
 from ..errors import Failure, SerializationError, SupervisionError
 from . import cancel_signal, interrupts
 from .client import Client, set_current_client
@@ -132,7 +133,7 @@ class ActorHost:
     def _main(self) -> None:
         asyncio.set_event_loop(self.loop)
         _owner.host = self
-        _set_context(self.runtime, self.name)
+        context().actor.proc, context().actor.actor_name = self.runtime, self.name
         set_current_client(self.runtime.client)
         while True:
             try:
@@ -411,7 +412,7 @@ class ProcRuntime:
                 self._supervise,
             )
         )
-        _rdma.set_identity(self.mesh_id, self.mesh_name, self.coords, self.rank)
+        context().identity = ProcIdentity(self.mesh_id, self.mesh_name, tuple(self.coords.items()), self.rank)
         self.actors: dict[str, ActorHost] = {}
         self._orphans: dict[str, list[Message]] = {}  # calls that overtook their actor's spawn
         self._main_host: queue.SimpleQueue[ActorHost] = queue.SimpleQueue()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .._shape import Point, Shape
+from .._core.shape import Point, Shape
 
 __all__ = ["set_rank_env"]
 

@@ -10,9 +10,9 @@ import signal
 import sys
 from typing import TYPE_CHECKING, Any
 
-from .._serialize import dumps
-from .._shape import Slice
-from .._transport import Message
+from .._core.shape import Slice
+from .._wire.serialize import dumps
+from .._wire.transport import Message
 from ..errors import Failure
 from .agent_state import Gather, ProcEntry, kill
 from .pending import BROKEN, DIRECT, GATHER, NO_REPLY, pack_gathered

@@ -7,7 +7,7 @@ from __future__ import annotations
 import traceback
 from typing import Any
 
-from .._serialize import dumps
+from .._wire.serialize import dumps
 
 __all__ = ["error_info", "safe_str"]
 

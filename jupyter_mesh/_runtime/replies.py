@@ -33,11 +33,11 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
-from .._transport import Message, Transport
+from .._wire.transport import Message, Transport
 from . import interrupts
 
 if TYPE_CHECKING:
-    from .._future import Future
+    from .._core.future import Future
 
 __all__ = ["ReplyBox", "ReplyBoxes"]
 

@@ -17,7 +17,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-from .._actor import Actor, current_rank, endpoint
+from .._core.actor import Actor, current_rank, endpoint
 from .output import SYNC_PREFIX
 
 __all__ = ["CellError", "RemoteExec", "run_code"]

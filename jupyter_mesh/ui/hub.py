@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from .._state import MeshEvent, MeshState, ProcState
+from .._core.state import MeshEvent, MeshState, ProcState
 from ..errors import format_coords
 from .wire import MeshWire, Progress, RecentFailure, mesh_wire
 

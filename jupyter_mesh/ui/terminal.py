@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.table import Table
 from rich.text import Text
 
-from .._state import MeshEvent, ProcState
+from .._core.state import MeshEvent, ProcState
 from .table import COLOURS, grid_slices, shape_label
 from .wire import STATES, MeshWire
 

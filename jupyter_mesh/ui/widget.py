@@ -15,7 +15,7 @@ from .table import html_table, text_table
 from .wire import MeshWire
 
 if TYPE_CHECKING:
-    from .._mesh import ProcMesh
+    from .._api.mesh import ProcMesh
 
 __all__ = ["MeshTable", "mimebundle", "widget"]  # and MeshWidget, built on first access
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal, TypedDict, Union
 
-from .._state import MeshState, ProcState
+from .._core.state import MeshState, ProcState
 from ..errors import Failure
 
 __all__ = [

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from .errors import Failure
+from ..errors import Failure
 
 __all__ = ["MeshEvent", "MeshState", "ProcState", "RankState", "StateTracker"]
 

@@ -24,8 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import _ucx_ffi
-from .errors import MeshError
+from ..errors import MeshError
+from . import ucx_ffi as _ucx_ffi
 
 __all__ = ["UcxDesc", "UcxNode", "available", "node"]
 

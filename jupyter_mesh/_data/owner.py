@@ -23,11 +23,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from . import _ucx, _watch
-from ._memory import Region, buffer_address, copy_bytes
-from .errors import MeshClosedError, MeshError, MeshValueError
+from .._core.context import context
+from ..errors import MeshClosedError, MeshError, MeshValueError
+from . import ucx as _ucx
+from . import watch as _watch
+from .memory import Region, buffer_address, copy_bytes
 
-__all__ = ["Owned", "OwnerInfo", "ShmDesc", "handle_message", "host_key", "pidns", "set_identity", "state"]
+__all__ = ["Owned", "OwnerInfo", "ShmDesc", "handle_message", "state"]
 
 SLOTS = 8192  # live buffers per process
 GRACE_S = 5.0
@@ -115,7 +117,7 @@ class State:
     """The data plane of this process: buffers it owns, handles it dropped, mappings it holds."""
 
     def __init__(self) -> None:
-        from . import _shm
+        from .._wire import shm as _shm
 
         self.pid = os.getpid()
         self.owned: dict[str, Owned] = {}
@@ -123,7 +125,6 @@ class State:
         self.ucx_descs: dict[str, tuple[_ucx.UcxDesc, _ucx.UcxDesc]] = {}  # reader cache: (buffer, table)
         self.regions = _shm.RegionMap()
         self.lock = threading.Lock()
-        self.identity: tuple[str, str, tuple[tuple[str, int], ...], int] | None = None
         self._me: OwnerInfo | None = None
         self._table: _Liveness | None = None
         self._graveyard: list[tuple[float, Owned]] = []
@@ -137,14 +138,14 @@ class State:
 
     def me(self) -> OwnerInfo:
         if self._me is None:
-            from ._runtime.client import current_client
-
-            mesh_id, mesh_name, coords, rank = self.identity or (None, None, (), -1)
+            ctx = context()
+            who = ctx.identity
             t = self.table
             start = _watch.process_start_time(self.pid)
-            addr = current_client().address
-            self._me = OwnerInfo(addr, host_key(), pidns(), self.pid, start, t.fd, t.inode, mesh_id, mesh_name,
-                                 coords, rank)  # fmt: skip
+            addr = ctx.client().address
+            self._me = OwnerInfo(addr, ctx.host_key, ctx.pidns, self.pid, start, t.fd, t.inode,
+                                 who.mesh_id if who else None, who.mesh_name if who else None, who.coords if who else (),
+                                 who.rank if who else -1)  # fmt: skip
         return self._me
 
     def own(self, buf_id: str, region: Region) -> tuple[int, int]:
@@ -194,42 +195,11 @@ def state() -> State:
         return _state_obj
 
 
-_ids: tuple[int, str, int] | None = None  # (pid, host key, pid namespace) of this process
-
-
-def _identity() -> tuple[int, str, int]:
-    global _ids
-    if _ids is None or _ids[0] != os.getpid():
-        from ._runtime.agent_state import host_key as agent_host_key
-
-        try:
-            ns = os.stat("/proc/self/ns/pid").st_ino
-        except OSError:
-            ns = 0
-        _ids = (os.getpid(), agent_host_key(), ns)
-    return _ids
-
-
-def host_key() -> str:
-    """This host (boot and network namespace), as the agents name it; cached."""
-    return _identity()[1]
-
-
-def pidns() -> int:
-    """Owners and readers must share a pid namespace for pids (and /proc/<pid>/fd) to mean the same."""
-    return _identity()[2]
-
-
-def set_identity(mesh_id: str, mesh_name: str, coords: dict[str, int], rank: int) -> None:
-    """Called by the proc runtime: buffers made here belong to this rank of this proc mesh."""
-    state().identity = (mesh_id, mesh_name, tuple(coords.items()), rank)
-
-
 def handle_message(transport: Any, msg: Any) -> None:
     """A signed ``rdma`` request about a buffer this process owns; answered without its actors."""
-    from ._runtime.pending import OK, RAISED
-    from ._serialize import dumps, loads
-    from ._transport import Message
+    from .._runtime.pending import OK, RAISED
+    from .._wire.serialize import dumps, loads
+    from .._wire.transport import Message
 
     h = msg.header
     st = state()

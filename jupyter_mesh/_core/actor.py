@@ -7,11 +7,11 @@ processes may call. Inside a running actor, :func:`current_rank` gives its coord
 from __future__ import annotations
 
 import inspect
-import threading
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-from ._shape import Extent, Point
+from .context import context
+from .shape import Extent, Point
 
 __all__ = ["Actor", "EndpointDef", "current_rank", "endpoint", "endpoints_of"]
 
@@ -65,20 +65,10 @@ class Actor:
     """
 
 
-class _ActorContext(threading.local):
-    proc: Any = None  # the proc runtime: its ``point`` changes when the mesh grows or shrinks
-    actor_name: str | None = None
-
-
-_context = _ActorContext()
 _NO_RANK = Point(0, Extent((), ()))
 
 
 def current_rank() -> Point:
     """Coordinates of the calling actor in its mesh (an empty point outside actors, as in Monarch)."""
-    proc = _context.proc
+    proc = context().actor.proc
     return proc.point if proc is not None else _NO_RANK
-
-
-def _set_context(proc: Any, actor_name: str | None) -> None:
-    _context.proc, _context.actor_name = proc, actor_name

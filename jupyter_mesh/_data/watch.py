@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from .errors import MeshTimeoutError
+from ..errors import MeshTimeoutError
 
 __all__ = ["Watch", "owner_alive", "process_start_time", "watch"]
 

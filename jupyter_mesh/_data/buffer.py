@@ -30,15 +30,19 @@ import secrets
 import threading
 from typing import Any
 
-from . import _rdma_owner, _shm, _ucx, _watch
-from ._future import Future
-from ._memory import BYTES, Region, buffer_address, copy_bytes, region_of
-from ._rdma_owner import OwnerInfo, ShmDesc, handle_message, pidns, set_identity, state
-from .errors import Failure, MeshClosedError, MeshError, MeshValueError, SupervisionError
+from .._core.context import context
+from .._core.future import Future
+from .._wire import shm as _shm
+from ..errors import Failure, MeshClosedError, MeshError, MeshValueError, SupervisionError
+from . import owner as _rdma_owner
+from . import ucx as _ucx
+from . import watch as _watch
+from .memory import BYTES, Region, buffer_address, copy_bytes, region_of
+from .owner import OwnerInfo, ShmDesc, handle_message, state
 
 _DEATH_GRACE_S = 0.3  # how long a failed UCX transfer waits to tell a dead owner from an unreachable one
 
-__all__ = ["ENV_BACKEND", "RDMABuffer", "get_rdma_backend", "handle_message", "set_identity"]
+__all__ = ["ENV_BACKEND", "RDMABuffer", "get_rdma_backend", "handle_message"]
 
 ENV_BACKEND = "JUPYTER_MESH_RDMA_BACKEND"
 BACKENDS = ("shm", "ucx", "zmq")
@@ -120,7 +124,7 @@ class RDMABuffer:
         return self._dropped or self._id in state().dropped
 
     def _same_host(self) -> bool:
-        return self._owner.host == _rdma_owner.host_key() and self._owner.pidns == pidns()
+        return self._owner.host == context().host_key and self._owner.pidns == context().pidns
 
     def _pid_key(self) -> tuple[int, int] | None:
         return (self._owner.pid, self._owner.start) if self._same_host() else None
@@ -168,9 +172,7 @@ class RDMABuffer:
             raise MeshClosedError(f"{what}: this RDMABuffer was dropped; ask its owner for a new one")
         o = self._owner
         if o.mesh_id is not None:
-            from ._runtime import client as client_mod
-
-            client = client_mod._current
+            client = context().installed_client()
             if client is not None:
                 client.check_rank(o.mesh_id, o.mesh_name or o.mesh_id, o.rank, what)
         n = region.nbytes
@@ -252,12 +254,10 @@ class RDMABuffer:
         return _watch.watch(timeout, self._pid_key(), fut._set_exception, what, lambda: self._owner_failure(what))
 
     def _via_zmq(self, op: str, region: Region, offset: int, timeout: float, fut: Future[None], what: str) -> None:
-        from ._runtime.client import current_client
-
         n = region.nbytes
         header: dict[str, Any] = {"k": "rdma", "op": op, "b": self._id, "o": offset, "n": n}
         data = pickle.PickleBuffer(_host_bytes(region)) if op == "put" else None
-        client = current_client()
+        client = context().client()
 
         def give_up(e: BaseException) -> None:  # timed out or the owner died: forget the request
             if "i" in header:
@@ -332,7 +332,6 @@ class RDMABuffer:
         if descs is not None:
             post(descs)
             return
-        from ._runtime.client import current_client
 
         def on_desc(r: Future[Any]) -> None:
             exc = r.exception(0)
@@ -344,7 +343,7 @@ class RDMABuffer:
             post((d[0], d[1]))
 
         request = {"k": "rdma", "op": "ucx", "b": self._id}
-        current_client().request(self._owner.addr, request, what=what).add_done_callback(on_desc)
+        context().client().request(self._owner.addr, request, what=what).add_done_callback(on_desc)
 
     def drop(self) -> Future[None]:
         """Release the region: the owner forgets it (and its UCX registration); every handle stops working."""
@@ -362,10 +361,8 @@ class RDMABuffer:
             st.regions.forget(self._owner.pid, self._shm.inode)
         if self._pid_key() is not None and not _watch.owner_alive(self._owner.pid, self._owner.start):
             return Future.completed(None, "RDMABuffer.drop")
-        from ._runtime.client import current_client
-
         request = {"k": "rdma", "op": "drop", "b": self._id}
-        return current_client().request(self._owner.addr, request, what="RDMABuffer.drop")
+        return context().client().request(self._owner.addr, request, what="RDMABuffer.drop")
 
 
 def _host_bytes(region: Region) -> memoryview:

@@ -1,4 +1,4 @@
-"""Jobs give host meshes: they put one jupyter_mesh agent on each host.
+"""``LocalJob``: agents on this machine.
 
 ``LocalJob`` starts agents as children of this program (the embedded default behind ``this_host()``).
 A job never manages a cluster itself: a scheduler places hosts, our agent only starts procs on the
@@ -7,7 +7,6 @@ host it runs on.
 
 from __future__ import annotations
 
-import abc
 import json
 import os
 import secrets
@@ -16,45 +15,15 @@ import subprocess
 import sys
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import IO, Any
 
-from ._future import Future
-from ._mesh import HostMesh
-from ._shape import Shape
-from .errors import MeshClosedError, MeshTimeoutError, MeshValueError
+from .._api.mesh import HostMesh
+from .._core.future import Future
+from .._core.shape import Shape
+from .._runtime.hosts import AgentHandle, Job
+from ..errors import MeshClosedError, MeshTimeoutError, MeshValueError
 
-__all__ = ["AgentHandle", "Job", "LocalJob", "this_host"]
-
-
-@dataclass
-class AgentHandle:
-    index: int
-    addr: str
-    pid: int
-    host_key: str
-
-
-class Job(abc.ABC):
-    """What a scheduler gives jupyter_mesh: one agent per host. The controller calls these (spawning
-    proc meshes, growing them, supervising agents); the optional ones say clearly what a job cannot do."""
-
-    @abc.abstractmethod
-    def agents(self, timeout: float) -> list[AgentHandle]:
-        """The agents of every host, waiting (at most ``timeout``) for them to come up."""
-
-    @abc.abstractmethod
-    def stop(self) -> None:
-        """Stop every agent of the job (and so every proc on its hosts)."""
-
-    def add_hosts(self, n: int, timeout: float) -> list[AgentHandle]:
-        """``n`` more hosts for a proc mesh that grows along ``hosts``; their agents."""
-        raise MeshValueError(f"{self!r} cannot add hosts; spawn a new proc mesh on a larger host mesh")
-
-    def agent_lost(self, addr: str) -> None:
-        """The controller gave up on the agent at ``addr`` (it died, or went silent past the heartbeat
-        timeout). A job that can replace the host does it here (on next use); by default nothing."""
-        return None
+__all__ = ["LocalJob", "this_host"]
 
 
 class LocalJob(Job):
@@ -62,7 +31,7 @@ class LocalJob(Job):
     the multi-host paths (fan-out, per-host gathering) without a cluster."""
 
     def __init__(self, hosts: int = 1, preload: Sequence[str] = ()):
-        from ._runtime.controller import Controller
+        from .._runtime.controller import Controller
 
         if not isinstance(hosts, int) or hosts < 1:
             raise MeshValueError(f"LocalJob needs hosts >= 1, got {hosts!r}")
@@ -169,8 +138,8 @@ class LocalJob(Job):
         if self._stopped:
             return
         self._stopped = True
-        from ._runtime.controller import Controller
-        from ._transport import Message
+        from .._runtime.controller import Controller
+        from .._wire.transport import Message
 
         ctl = Controller._instance
         for a in self._agents or []:  # "stop, we are still here" (closing stdin alone means we died)
@@ -218,7 +187,7 @@ def this_host(preload: Sequence[str] | None = None) -> HostMesh:
     template process imports once, so procs forked from it start with them loaded.
     """
     global _this_host
-    from ._runtime.controller import Controller
+    from .._runtime.controller import Controller
 
     ctl = Controller.get()
     if _this_host is None or _this_host._controller is not ctl:

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import MeshValueError
+from ..errors import MeshValueError
 
 __all__ = ["Extent", "Point", "Shape", "Slice"]
 

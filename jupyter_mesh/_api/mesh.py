@@ -9,21 +9,20 @@ from __future__ import annotations
 
 import abc
 import itertools
-import uuid
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from ._actor import Actor, endpoints_of
-from ._future import Future
-from ._shape import Extent, Shape
-from ._state import MeshEvent, MeshState
-from ._value_mesh import ValueMesh
-from .errors import MeshClosedError, MeshValueError
+from .._core.actor import Actor, endpoints_of
+from .._core.future import Future
+from .._core.refs import ProcMeshRef, new_id
+from .._core.shape import Extent, Shape
+from .._core.state import MeshEvent, MeshState
+from .._core.value_mesh import ValueMesh
+from ..errors import MeshClosedError, MeshValueError
 
 if TYPE_CHECKING:
-    from ._runtime.client import Client
-    from ._runtime.controller import Controller
+    from .._runtime.client import Client
+    from .._runtime.controller import Controller
 
 __all__ = ["ActorMesh", "HostMesh", "MeshEndpoint", "ProcMesh", "ProcMeshRef"]
 
@@ -37,14 +36,10 @@ _current_client: Callable[[], Client] | None = None
 def _client() -> Client:
     global _current_client
     if _current_client is None:  # imported on first use: the core imports no runtime at import time
-        from ._runtime.client import current_client
+        from .._runtime.client import current_client
 
         _current_client = current_client
     return _current_client()
-
-
-def _new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
 
 class _MeshTrait(abc.ABC):
@@ -89,23 +84,6 @@ class _MeshTrait(abc.ABC):
 
     def split(self, **spec: Any) -> Any:
         return self._with_shape(self._shape.split(**spec))
-
-
-@dataclass
-class ProcMeshRef:
-    """Where the procs of one proc mesh live: what any process needs to route calls to them."""
-
-    mesh_id: str
-    name: str
-    shape: Shape  # the full mesh, row-major over global ranks
-    proc_addrs: list[str]  # inbox address per global rank
-    rank_host: list[int]  # host index per global rank
-    agent_addrs: list[str]  # agent inbox per host index
-    host_keys: list[str] = field(default_factory=list)
-    host_dims: int = 1  # the leading dims that come from the host mesh
-
-    def coords(self, rank: int) -> dict[str, int]:
-        return dict(self.shape.point(rank))
 
 
 class ActorMesh(_MeshTrait, Generic[A]):
@@ -250,7 +228,7 @@ class ProcMesh(_MeshTrait):
                 f"spawn() keeps the keyword init_timeout for itself (a time limit for the constructors), but "
                 f"{cls.__qualname__}.__init__ takes one too; pass {cls.__qualname__}'s positionally"
             )
-        from ._runtime.inits import init_timeout as _limit
+        from .._runtime.inits import init_timeout as _limit
 
         limit = _limit(init_timeout)
         if not (isinstance(cls, type) and issubclass(cls, Actor)):
@@ -258,7 +236,7 @@ class ProcMesh(_MeshTrait):
         if not isinstance(name, str) or not name:
             raise MeshValueError("spawn() needs a non-empty actor mesh name as its first argument")
         mesh: ActorMesh[A] = ActorMesh(
-            self._ref, _new_id(name), name, cls.__qualname__, frozenset(endpoints_of(cls)), self._view
+            self._ref, new_id(name), name, cls.__qualname__, frozenset(endpoints_of(cls)), self._view
         )
         mesh.initialized = _client().spawn_actors(mesh, cls, args, kwargs)
         self._controller.watch_init(mesh, mesh.initialized, limit)
@@ -348,12 +326,12 @@ class ProcMesh(_MeshTrait):
 
     def widget(self) -> Any:
         """A live view of this mesh's procs for a notebook (a static table where widgets can't render)."""
-        from .ui.widget import widget
+        from ..ui.widget import widget
 
         return widget(self)
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        from .ui.widget import mimebundle
+        from ..ui.widget import mimebundle
 
         return mimebundle(self)
 

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Generator
 from typing import Any, Generic, Protocol, TypeVar
 
-from .errors import MeshCancelledError, MeshTimeoutError
+from ..errors import MeshCancelledError, MeshTimeoutError
 
 __all__ = ["Future"]
 

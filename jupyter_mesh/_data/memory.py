@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import MeshValueError
+from ..errors import MeshValueError
 
 __all__ = ["Region", "buffer_address", "copy_bytes", "region_of"]
 

@@ -5,18 +5,20 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ._state import MeshEvent, MeshState
-from .errors import MeshValueError, SupervisionError
+from .._core import context as _context
+from .._core.context import Requester
+from .._core.state import MeshEvent, MeshState
+from ..errors import MeshValueError, SupervisionError
 
 if TYPE_CHECKING:
-    from ._mesh import ProcMesh
+    from .mesh import ProcMesh
 
 __all__ = ["mesh_states", "proc_mesh", "set_fault_hook", "shutdown", "subscribe"]
 
 
 def mesh_states(include_stopped: bool = False) -> list[MeshState]:
     """Snapshots of every proc mesh this program created (running ones only by default)."""
-    from ._runtime.controller import Controller
+    from .._runtime.controller import Controller
 
     tracker = Controller.get().state
     out = [tracker.snapshot(m) for m in tracker.mesh_ids()]
@@ -25,7 +27,7 @@ def mesh_states(include_stopped: bool = False) -> list[MeshState]:
 
 def subscribe(listener: Callable[[MeshEvent], None]) -> Callable[[], None]:
     """Call ``listener(event)`` on every change of every proc mesh; returns an unsubscribe function."""
-    from ._runtime.controller import Controller
+    from .._runtime.controller import Controller
 
     return Controller.get().state.subscribe(listener)
 
@@ -33,8 +35,8 @@ def subscribe(listener: Callable[[MeshEvent], None]) -> Callable[[], None]:
 def proc_mesh(mesh_id: str) -> ProcMesh:
     """The whole proc mesh with this ``mesh_id`` (as in :class:`MeshState`): front ends that only hold
     an id (the sidebar, ``jupyter-mesh status``) act on a mesh through the same API as the user."""
-    from ._mesh import ProcMesh
-    from ._runtime.controller import Controller
+    from .._runtime.controller import Controller
+    from .mesh import ProcMesh
 
     ctl = Controller.get()
     rec = ctl._meshes.get(mesh_id)
@@ -45,7 +47,7 @@ def proc_mesh(mesh_id: str) -> ProcMesh:
 
 def shutdown() -> None:
     """Stop every mesh and agent of this program now (also runs at exit)."""
-    from ._runtime.controller import Controller
+    from .._runtime.controller import Controller
 
     inst = Controller._instance
     if inst is not None:
@@ -58,6 +60,16 @@ def set_fault_hook(hook: Callable[[SupervisionError], None] | None) -> Callable[
     Default (``None``): fail fast - print it, raise it at the next API call, exit non-zero at the end
     if it was never raised. Jupyter kernels install a hook that shows it and keeps the kernel alive.
     """
-    from ._runtime import hooks
+    from .._runtime import hooks
 
     return hooks.set_fault_hook(hook)
+
+
+def _controller_client() -> Requester:
+    """The client of this program's controller (started now): what a process that is not a proc uses."""
+    from .._runtime.controller import Controller
+
+    return Controller.get().client
+
+
+_context.default_client = _controller_client

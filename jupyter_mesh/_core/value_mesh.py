@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any, Generic, TypeVar
 
-from ._shape import Extent, Point, Shape
-from .errors import MeshValueError
+from ..errors import MeshValueError
+from .shape import Extent, Point, Shape
 
 __all__ = ["ValueMesh"]
 

@@ -25,7 +25,7 @@ from typing import Any
 import msgpack
 import zmq
 
-from . import _shm
+from . import shm as _shm
 
 __all__ = ["Message", "Transport", "TransportStats"]
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import cloudpickle
 
-from .errors import SerializationError
+from ..errors import SerializationError
 
 __all__ = ["INBAND_LIMIT", "dumps", "loads"]
 

@@ -1,0 +1,131 @@
+"""Who this process is, in one object: its host, its place in a proc mesh, the client that sends for
+it, and (per thread) the actor running on the calling thread.
+
+Every layer reads it; only the runtime writes it (a proc installs its client and identity when it
+starts; the controller's client is made on first use through ``default_client``). Before this there
+were ten module globals; now a forked child that calls :func:`context` gets a fresh one (the pid is
+checked), so nothing of the parent's identity leaks into a new proc.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ..errors import MeshClosedError
+from .future import Future
+
+__all__ = ["ActorContext", "ProcIdentity", "ProcessContext", "Requester", "context", "host_key"]
+
+
+class Requester(Protocol):
+    """What the data plane needs of a client (the runtime's ``Client`` is one): its own address, a
+    signed request to a peer, forgetting a request it gave up on, and whether a rank is known broken."""
+
+    @property
+    def address(self) -> str: ...
+
+    def request(self, address: str, header: dict[str, Any], obj: Any = None, what: str = "request") -> Future[Any]: ...
+
+    def _finish(self, req_id: int) -> None: ...
+
+    def check_rank(self, mesh_id: str, mesh_name: str, rank: int, context: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class ProcIdentity:
+    """A proc's place: which mesh, which rank, at which coordinates (buffers it makes carry it)."""
+
+    mesh_id: str
+    mesh_name: str
+    coords: tuple[tuple[str, int], ...]
+    rank: int
+
+
+class ActorContext(threading.local):
+    """The actor on the calling thread: ``current_rank()`` reads its proc's point (which changes when
+    the mesh grows or shrinks)."""
+
+    proc: Any = None
+    actor_name: str | None = None
+
+
+def host_key() -> str:
+    """Same boot and same network namespace = same host (shared memory and loopback both work)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        netns = os.stat("/proc/self/ns/net").st_ino
+        return f"{boot}/{netns}"
+    except OSError:
+        return socket.gethostname()
+
+
+class ProcessContext:
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.identity: ProcIdentity | None = None
+        self.actor = _actor_context
+        self._client: Requester | None = None
+        self._host_key: str | None = None
+        self._pidns: int | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def host_key(self) -> str:
+        if self._host_key is None:
+            self._host_key = host_key()
+        return self._host_key
+
+    @property
+    def pidns(self) -> int:
+        """Owners and readers must share a pid namespace for pids (and /proc/<pid>/fd) to mean the same."""
+        if self._pidns is None:
+            try:
+                self._pidns = os.stat("/proc/self/ns/pid").st_ino
+            except OSError:
+                self._pidns = 0
+        return self._pidns
+
+    def client(self) -> Requester:
+        """The client that sends for this process: a proc's own, else the controller's (made now)."""
+        c = self._client
+        if c is None:
+            with self._lock:
+                if self._client is None:
+                    if default_client is None:
+                        raise MeshClosedError("no jupyter_mesh runtime in this process; import jupyter_mesh first")
+                    self._client = default_client()
+                c = self._client
+        return c
+
+    def installed_client(self) -> Requester | None:
+        """The client if one was made or installed, else None (never starts a controller)."""
+        return self._client
+
+    def set_client(self, client: Requester | None) -> None:
+        self._client = client
+
+
+_actor_context = ActorContext()
+_context: ProcessContext | None = None
+_context_lock = threading.Lock()
+
+default_client: Callable[[], Requester] | None = None
+"""Makes this program's client when nothing installed one (the API layer sets it: the controller's)."""
+
+
+def context() -> ProcessContext:
+    """This process's context (a new one after a fork)."""
+    global _context
+    c = _context
+    if c is None or c.pid != os.getpid():
+        with _context_lock:
+            if _context is None or _context.pid != os.getpid():
+                _context = ProcessContext()
+            c = _context
+    return c

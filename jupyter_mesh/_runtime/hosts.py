@@ -1,0 +1,44 @@
+"""What a scheduler gives jupyter_mesh: one agent per host (the ``Job`` base class every job implements).
+
+The controller only ever talks to a job through this class, so a new scheduler (SLURM, Kubernetes, …)
+is one subclass in ``jupyter_mesh.jobs`` and no change here.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+
+from ..errors import MeshValueError
+
+__all__ = ["AgentHandle", "Job"]
+
+
+@dataclass
+class AgentHandle:
+    index: int
+    addr: str
+    pid: int
+    host_key: str
+
+
+class Job(abc.ABC):
+    """What a scheduler gives jupyter_mesh: one agent per host. The controller calls these (spawning
+    proc meshes, growing them, supervising agents); the optional ones say clearly what a job cannot do."""
+
+    @abc.abstractmethod
+    def agents(self, timeout: float) -> list[AgentHandle]:
+        """The agents of every host, waiting (at most ``timeout``) for them to come up."""
+
+    @abc.abstractmethod
+    def stop(self) -> None:
+        """Stop every agent of the job (and so every proc on its hosts)."""
+
+    def add_hosts(self, n: int, timeout: float) -> list[AgentHandle]:
+        """``n`` more hosts for a proc mesh that grows along ``hosts``; their agents."""
+        raise MeshValueError(f"{self!r} cannot add hosts; spawn a new proc mesh on a larger host mesh")
+
+    def agent_lost(self, addr: str) -> None:
+        """The controller gave up on the agent at ``addr`` (it died, or went silent past the heartbeat
+        timeout). A job that can replace the host does it here (on next use); by default nothing."""
+        return None
