@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._core.context import context
+from .._wire.protocol import OK, RAISED, reply_header
 from ..errors import MeshClosedError, MeshError, MeshValueError
 from . import ucx as _ucx
 from . import watch as _watch
@@ -197,7 +198,6 @@ def state() -> State:
 
 def handle_message(transport: Any, msg: Any) -> None:
     """A signed ``rdma`` request about a buffer this process owns; answered without its actors."""
-    from .._runtime.pending import OK, RAISED
     from .._wire.serialize import dumps, loads
     from .._wire.transport import Message
 
@@ -206,7 +206,7 @@ def handle_message(transport: Any, msg: Any) -> None:
 
     def reply(ok: int, obj: Any) -> None:
         payload, bufs = dumps(obj)
-        transport.send(h["s"], Message({"k": "r", "i": h["i"], "ok": ok}, payload, bufs))
+        transport.send(h["s"], Message(reply_header(h["i"], ok), payload, bufs))
 
     op = h.get("op")
     try:

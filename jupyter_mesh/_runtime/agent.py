@@ -24,14 +24,14 @@ from typing import Any
 
 from .._core.context import host_key
 from .._core.shape import Point, Shape
+from .._wire.protocol import BROKEN, OK, RAISED, VERSION, Dispatch, Kind, check_version, reply_header
 from .._wire.serialize import dumps
 from .._wire.transport import Message, Transport
-from ..errors import Failure, MeshValueError, SupervisionError
+from ..errors import Failure, MeshError, MeshValueError, SupervisionError
 from .agent_state import MeshEntry, ProcEntry, alive, describe_exit, kill, read_lines
 from .forkserver import ForkServer
 from .inboxes import ActorInboxes
 from .liveness import NOTE_EVERY
-from .pending import BROKEN, OK, RAISED
 from .relay import Relay
 
 __all__ = ["Agent", "main"]
@@ -39,6 +39,7 @@ __all__ = ["Agent", "main"]
 
 class Agent:
     def __init__(self, cfg: dict[str, Any]):
+        check_version(cfg.get("v"), "the controller that started this agent")
         self.key = bytes.fromhex(cfg["key"])
         self.controller: str = cfg["controller"]
         self.host_index: int = cfg.get("host_index", 0)
@@ -57,6 +58,7 @@ class Agent:
         self.meshes: dict[str, MeshEntry] = {}
         self.inboxes = ActorInboxes(self.transport)  # relays of calls go straight to actors' inboxes
         self.relay = Relay(self)  # casts to this host's procs, and their gathered replies
+        self.dispatch = self._table()
         self.shutting_down = False
         self._exiting = False  # set once, by the thread that runs shutdown()
         self._exit_lock = threading.Lock()
@@ -103,50 +105,72 @@ class Agent:
 
     def _reply(self, to: tuple[str, int], ok: int, obj: Any) -> None:
         payload, bufs = dumps(obj)
-        self.transport.send(to[0], Message({"k": "r", "i": to[1], "ok": ok}, payload, bufs))
+        self.transport.send(to[0], Message(reply_header(to[1], ok), payload, bufs))
 
     # -- receive thread ---------------------------------------------------------------------------
+    def _table(self) -> Dispatch:
+        return Dispatch(
+            f"agent of host {self.host_index}",
+            {
+                Kind.REPLY: self._on_gathered_reply,
+                Kind.PONG: self._on_pong,
+                Kind.NOTICE: self._on_notice,
+                Kind.HEARTBEAT: self._on_heartbeat,
+                Kind.CALL: self._on_call,
+                Kind.SPAWN: self._on_call,
+                Kind.ACTOR_UP: self._on_actor_up,
+                Kind.PROC_UP: lambda msg, _: self._proc_up(msg.header),
+                Kind.SPAWN_PROCS: lambda msg, _: self._spawn_procs(msg.header),
+                Kind.STOP_PROCS: lambda msg, _: self._stop_procs(msg.header),
+                Kind.START_PROCS: lambda msg, _: self._start_procs(msg.header),
+                Kind.KILL_PROC: lambda msg, _: self._kill_proc(msg.header),
+                Kind.STATS: lambda msg, _: self._reply(
+                    (msg.header["s"], msg.header["i"]), OK, vars(self.transport.stats)
+                ),
+                Kind.SHUTDOWN: lambda msg, _: self.shutdown(
+                    orphaned=False
+                ),  # the controller stops this job; it lives on
+            },
+        )
+
     def handle(self, msg: Message, frames: list[Any]) -> None:
+        self.dispatch(msg, frames)
+
+    def _on_gathered_reply(self, msg: Message, frames: list[Any]) -> None:
+        if "to" in msg.header:  # a local rank's share of a cast's replies
+            self.relay.gathered(msg.header, msg)
+        else:
+            self.dispatch._unknown("r (not gathered)", msg.header.get("s"))
+
+    def _on_pong(self, msg: Message, frames: list[Any]) -> None:
+        p = self.procs.get((msg.header["m"], msg.header["rk"]))
+        if p is not None:
+            p.last_seen = time.monotonic()
+
+    def _on_notice(self, msg: Message, frames: list[Any]) -> None:
+        """A rank failed or was respawned: every local proc's client should know."""
+        with self.lock:
+            addrs = [p.addr for p in self.procs.values() if p.alive and p.up]
+        for addr in addrs:
+            self.transport.send_raw(addr, frames)
+
+    def _on_heartbeat(self, msg: Message, frames: list[Any]) -> None:
+        self.last_controller = time.monotonic()
+        # to the controller's heartbeat socket: its liveness must not queue behind replies
+        self.transport.send(
+            msg.header.get("hr") or self.controller,
+            Message({"k": Kind.HEARTBEAT_ACK, "addr": self.transport.address}),
+        )
+
+    def _on_call(self, msg: Message, frames: list[Any]) -> None:
+        self.relay.relay(msg.header, frames)
+
+    def _on_actor_up(self, msg: Message, frames: list[Any]) -> None:
         h = msg.header
-        k = h["k"]
-        if k == "r" and "to" in h:
-            self.relay.gathered(h, msg)
-        elif k == "pong":
-            p = self.procs.get((h["m"], h["rk"]))
-            if p is not None:
-                p.last_seen = time.monotonic()
-        elif k == "notice":  # a rank failed or was respawned: every local proc's client should know
-            with self.lock:
-                addrs = [p.addr for p in self.procs.values() if p.alive and p.up]
-            for addr in addrs:
-                self.transport.send_raw(addr, frames)
-        elif k == "hb":
-            self.last_controller = time.monotonic()
-            # to the controller's heartbeat socket: its liveness must not queue behind replies
-            self.transport.send(
-                h.get("hr") or self.controller, Message({"k": "hb_ack", "addr": self.transport.address})
-            )
-        elif k == "c" or k == "spawn":
-            self.relay.relay(h, frames)
-        elif k == "actor_up":
-            self.inboxes.learn(h["pa"], h["a"], h["addr"])
-            with self.lock:  # the thread that runs its endpoints: what liveness looks at
-                for p in (p for p in self.procs.values() if p.addr == h["pa"] and isinstance(h.get("tid"), int)):
-                    p.actor_tids.add(h["tid"])
-        elif k == "proc_up":
-            self._proc_up(h)
-        elif k == "spawn_procs":
-            self._spawn_procs(h)
-        elif k == "stop_procs":
-            self._stop_procs(h)
-        elif k == "start_procs":
-            self._start_procs(h)
-        elif k == "kill_proc":
-            self._kill_proc(h)
-        elif k == "stats":
-            self._reply((h["s"], h["i"]), OK, vars(self.transport.stats))
-        elif k == "shutdown":  # the controller stops this job; it lives on
-            self.shutdown(orphaned=False)
+        self.inboxes.learn(h["pa"], h["a"], h["addr"])
+        with self.lock:  # the thread that runs its endpoints: what liveness looks at
+            for p in (p for p in self.procs.values() if p.addr == h["pa"] and isinstance(h.get("tid"), int)):
+                p.actor_tids.add(h["tid"])
 
     def failure(self, p: ProcEntry, kind: str, detail: str, code: int | None = None, sig: int | None = None) -> Failure:
         mesh = self.meshes.get(p.mesh_id)
@@ -578,12 +602,16 @@ def main() -> None:
     if not line:
         sys.exit("jupyter-mesh agent: expected a JSON configuration line on stdin")
     cfg = json.loads(line)
-    agent = Agent(cfg)
+    try:
+        agent = Agent(cfg)
+    except MeshError as e:  # another version: say why on stderr (the job shows it) rather than a traceback
+        sys.exit(f"jupyter-mesh agent: {e}")
     threading.Thread(target=agent.transport.serve, args=(agent.handle,), name="recv", daemon=True).start()
     threading.Thread(target=_watch_stdin, args=(agent,), name="lifeline", daemon=True).start()
     agent._event(
         {
-            "k": "agent_up",
+            "k": Kind.AGENT_UP,
+            "v": VERSION,
             "h": agent.host_index,
             "addr": agent.transport.address,
             "pid": os.getpid(),

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from .._core.context import context
 from .._core.future import Future
+from .._wire.protocol import BROKEN, DIRECT, GATHER, NO_REPLY
 from .._wire.serialize import describe_unpicklable, dumps
 from .._wire.transport import Message, Transport
 from ..errors import (
@@ -38,7 +39,7 @@ from ..errors import (
 from . import cancels, interrupts
 from .inboxes import ActorInboxes
 from .outcomes import Outcomes
-from .pending import BROKEN, DIRECT, GATHER, NO_REPLY, Pending, PendingTable, Stream
+from .pending import Pending, PendingTable, Stream
 from .replies import ReplyBox, ReplyBoxes
 from .supervision import Supervision
 

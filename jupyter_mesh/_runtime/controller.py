@@ -26,6 +26,8 @@ from .._core.context import context
 from .._core.future import Future
 from .._core.shape import Shape
 from .._core.state import StateTracker
+from .._data.owner import handle_message as handle_rdma
+from .._wire.protocol import Dispatch, Kind, check_version
 from .._wire.serialize import dumps, loads
 from .._wire.transport import Message, Transport
 from ..errors import (
@@ -125,8 +127,9 @@ class Controller(Elastic, Inits):
         self._hb_thread = threading.Thread(target=self._heartbeats, name="jupyter-mesh-heartbeat", daemon=True)
         self._hb_thread.start()
         self._thread: threading.Thread | None = None
+        self.dispatch = self._table()
         if embedded is not None:
-            embedded.route(self._on_message)
+            embedded.route(self.dispatch)
         else:
             assert self.client.boxes is not None
             self._thread = threading.Thread(
@@ -139,37 +142,56 @@ class Controller(Elastic, Inits):
         atexit.register(self._at_exit)
 
     # -- events from the wire (receive thread) ----------------------------------------------------
-    def _on_message(self, msg: Message, frames: list[Any]) -> None:
-        h = msg.header
-        k = h["k"]
-        if k == "r" or k == "g":
-            self.client.on_reply(msg)
-        elif k == "out":
-            rec = self._meshes.get(h["m"])
-            lines = [cut_line(line) for line in h["lines"]]  # one huge line must not flood the cell or memory
-            if rec is not None:
-                self.worker_logs.add(h["m"], h["rk"], h["fd"], lines, time.time())
-            self.output(rec.ref.name if rec else h["m"], h["rk"], h["label"], h["fd"], lines)
-        elif k == "cancelled":  # a rank stopped working on a cancelled call
-            self.client.cancel_acks.acked(h["i"], h["rk"])
-        elif k == "proc_ready":
-            self.state.ready(h["m"], h["rk"], h["pid"])
-        elif k == "proc_note":  # a proc that does not answer is busy (or answers again)
-            self.state.note(h["m"], h["rk"], h["note"])
-        elif k == "rdma":
-            from .._data import owner as _rdma
+    def _table(self) -> Dispatch:
+        return Dispatch(
+            "controller",
+            {
+                Kind.REPLY: lambda msg, _: self.client.on_reply(msg),
+                Kind.GATHERED: lambda msg, _: self.client.on_reply(msg),
+                Kind.OUT: self._on_output,
+                Kind.CANCELLED: lambda msg, _: self.client.cancel_acks.acked(msg.header["i"], msg.header["rk"]),
+                Kind.PROC_READY: lambda msg, _: self.state.ready(msg.header["m"], msg.header["rk"], msg.header["pid"]),
+                # a proc that does not answer is busy (or answers again)
+                Kind.PROC_NOTE: lambda msg, _: self.state.note(msg.header["m"], msg.header["rk"], msg.header["note"]),
+                Kind.RDMA: lambda msg, _: handle_rdma(self.transport, msg),
+                Kind.PROC_EXIT: lambda msg, _: self._proc_exit(
+                    msg.header["m"], msg.header["rk"], loads(msg.payload, msg.buffers)
+                ),
+                Kind.HEARTBEAT_ACK: self._on_heartbeat_ack,
+                Kind.AGENT_UP: self._on_agent_up,
+            },
+        )
 
-            _rdma.handle_message(self.transport, msg)
-        elif k == "proc_exit":
-            self._proc_exit(h["m"], h["rk"], loads(msg.payload, msg.buffers))
-        elif k == "hb_ack":
-            if h["addr"] in self._agent_seen:
-                self._agent_seen[h["addr"]] = time.monotonic()
-        elif k == "agent_up":
-            self._agent_seen[h["addr"]] = time.monotonic()
-            w = self._agent_waiters.pop(h.get("nonce", ""), None)
+    def _on_message(self, msg: Message, frames: list[Any]) -> None:
+        self.dispatch(msg, frames)
+
+    def _on_output(self, msg: Message, frames: list[Any]) -> None:
+        h = msg.header
+        rec = self._meshes.get(h["m"])
+        lines = [cut_line(line) for line in h["lines"]]  # one huge line must not flood the cell or memory
+        if rec is not None:
+            self.worker_logs.add(h["m"], h["rk"], h["fd"], lines, time.time())
+        self.output(rec.ref.name if rec else h["m"], h["rk"], h["label"], h["fd"], lines)
+
+    def _on_heartbeat_ack(self, msg: Message, frames: list[Any]) -> None:
+        if msg.header["addr"] in self._agent_seen:
+            self._agent_seen[msg.header["addr"]] = time.monotonic()
+
+    def _on_agent_up(self, msg: Message, frames: list[Any]) -> None:
+        """An agent's hello: it listens at ``addr``; the job that started it waits on its nonce."""
+        h = msg.header
+        w = self._agent_waiters.pop(h.get("nonce", ""), None)
+        try:
+            check_version(h.get("v"), f"the agent of host {h.get('h')} (pid {h.get('pid')})")
+        except MeshError as e:
             if w is not None:
-                w._set_result(h)
+                w._set_exception(e)
+            else:
+                print(f"jupyter_mesh: {e}", file=sys.stderr)
+            return
+        self._agent_seen[h["addr"]] = time.monotonic()
+        if w is not None:
+            w._set_result(h)
 
     def _proc_exit(self, mesh_id: str, rank: int, failure: Failure) -> None:
         rec = self._meshes.get(mesh_id)

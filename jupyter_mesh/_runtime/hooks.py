@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 from ..errors import SupervisionError
 
 if TYPE_CHECKING:
-    from .._wire.transport import Message, Transport
+    from .._wire.protocol import Dispatch
+    from .._wire.transport import Transport
     from .client import Client
 
 __all__ = ["Embedding", "FaultHook", "embed", "embedding", "fail_fast", "fault_hook", "set_fault_hook"]
@@ -24,7 +25,7 @@ class Embedding:
     key: bytes
     transport: Transport
     client: Client
-    route: Callable[[Callable[[Message, list[Any]], None]], None]  # forward controller messages here
+    route: Callable[[Dispatch], None]  # the proc hands the kinds it does not handle to this table
     # the actor that is spawning (per thread), so its __supervise__ hears of its meshes' failures
     current_owner: Callable[[], Any]
     supervise: Callable[[Any, SupervisionError], None]

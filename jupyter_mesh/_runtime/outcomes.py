@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._core.future import Future
 from .._core.value_mesh import ValueMesh
+from .._wire.protocol import BROKEN, OK
 from .._wire.serialize import loads
 from .._wire.transport import Message
 from ..errors import (
@@ -24,7 +25,7 @@ from ..errors import (
     SerializationError,
     SupervisionError,
 )
-from .pending import BROKEN, OK, Pending, PendingTable, remote_failure
+from .pending import Pending, PendingTable, remote_failure
 
 if TYPE_CHECKING:
     import threading

@@ -20,23 +20,12 @@ if TYPE_CHECKING:
     from .replies import ReplyBox
 
 __all__ = [
-    "BROKEN",
-    "DIRECT",
-    "GATHER",
-    "NO_REPLY",
-    "OK",
-    "RAISED",
     "Pending",
     "PendingTable",
     "Stream",
     "pack_gathered",
     "remote_failure",
 ]
-
-# reply modes carried in a call header ("rm")
-NO_REPLY, DIRECT, GATHER = 0, 1, 2
-# per-rank status in replies ("ok")
-RAISED, OK, BROKEN = 0, 1, 2
 
 
 @dataclass

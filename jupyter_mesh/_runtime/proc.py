@@ -23,7 +23,7 @@ import signal
 import sys
 import threading
 import traceback
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import Any
 
 import zmq
@@ -31,14 +31,14 @@ import zmq
 from .._core.actor import EndpointDef, endpoints_of
 from .._core.context import ProcIdentity, context
 from .._core.shape import Point, Shape, Slice
-from .._data import owner as _rdma
+from .._data.owner import handle_message as handle_rdma
+from .._wire.protocol import BROKEN, DIRECT, NO_REPLY, OK, RAISED, Dispatch, Kind, reply_header
 from .._wire.serialize import dumps, loads
 from .._wire.transport import Message, Transport
 from ..errors import Failure, SerializationError, SupervisionError
 from . import cancel_signal, interrupts
 from .client import Client, set_current_client
 from .hooks import Embedding, embed
-from .pending import BROKEN, DIRECT, NO_REPLY, OK, RAISED
 from .rank_env import set_rank_env
 from .remote_errors import error_info, safe_str
 
@@ -400,8 +400,9 @@ class ProcRuntime:
         self.transport = Transport(key, cfg.get("bind", "tcp://127.0.0.1"))
         self.client = Client(self.transport)
         set_current_client(self.client)
-        # an actor here may spawn meshes of its own: the controller made for that shares our runtime
-        self._controller_handler: Callable[[Message, list[Any]], None] | None = None
+        # an actor here may spawn meshes of its own: the controller made for that shares our runtime,
+        # and gets (as the fallback of our table) the kinds only a controller handles
+        self.dispatch = self._table()
         embed(
             Embedding(
                 key,
@@ -427,8 +428,8 @@ class ProcRuntime:
         self._main_host.put(host)
         return True
 
-    def _route_to_controller(self, handler: Callable[[Message, list[Any]], None]) -> None:
-        self._controller_handler = handler
+    def _route_to_controller(self, table: Dispatch) -> None:
+        self.dispatch.fallback = table
 
     def _supervise(self, host: ActorHost, err: SupervisionError) -> None:
         host.enqueue(Message({"k": "supervise"}, err))  # type: ignore[arg-type]
@@ -437,47 +438,59 @@ class ProcRuntime:
         rm = h["rm"]
         if rm == NO_REPLY:
             return
-        hdr = {"k": "r", "i": h["i"], "rk": self.rank, "ok": ok}
+        hdr = reply_header(h["i"], ok, self.rank)
         if rm == DIRECT:  # to the caller's reply box if it has one (``replies``), else to its inbox
             self.transport.send(h.get("rt") or h["s"], Message(hdr, payload, bufs), local=bool(h.get("l")))
         else:
             hdr["to"] = h["s"]
             self.transport.send(self.agent_addr, Message(hdr, payload, bufs))
 
+    def _table(self) -> Dispatch:
+        return Dispatch(
+            f"proc {self.rank} of {self.mesh_name}",
+            {
+                Kind.CALL: lambda msg, _: self._deliver(msg),
+                Kind.SPAWN: lambda msg, _: self._deliver(msg),
+                Kind.SKIP: lambda msg, _: self._deliver(msg),
+                Kind.REPLY: lambda msg, _: self.client.on_reply(msg),
+                Kind.GATHERED: lambda msg, _: self.client.on_reply(msg),
+                Kind.NOTICE: self._on_notice,
+                Kind.RESHAPE: self._on_reshape,
+                Kind.PING: lambda msg, _: self.transport.send(
+                    self.agent_addr, Message({"k": Kind.PONG, "m": self.mesh_id, "rk": self.rank})
+                ),
+                Kind.CANCEL: self._on_cancel,
+                Kind.RDMA: lambda msg, _: handle_rdma(self.transport, msg),
+                # an actor here cancelled a call of another actor: that rank stopped
+                Kind.CANCELLED: lambda msg, _: self.client.cancel_acks.acked(msg.header["i"], msg.header["rk"]),
+                Kind.STATS: lambda msg, _: self.transport.send(
+                    msg.header["s"], Message(reply_header(msg.header["i"], OK), dumps(vars(self.transport.stats))[0])
+                ),
+                Kind.STOP: lambda msg, _: _exit(0),
+            },
+        )
+
     def handle(self, msg: Message, frames: list[Any]) -> None:
-        k = msg.header["k"]
-        if k == "c" or k == "spawn" or k == "skip":
-            self._deliver(msg)
-        elif k == "r" or k == "g":
-            self.client.on_reply(msg)
-        elif k == "notice":
-            h = msg.header
-            if h["what"] == "failed":
-                self.client.mark_failed({h["rk"]: loads(msg.payload, msg.buffers)}, h["m"])
-            elif h["what"] == "stopped":
-                self.client.mark_stopped(h["m"])
-            else:
-                self.client.rank_moved(h["m"], h["rk"], h["addr"])
-        elif k == "reshape":  # the mesh grew or shrank: same rank, new extent
-            self.shape = Shape.from_wire(msg.header["shape"])
-            self.point = Point(self.rank, self.shape.extent)
-        elif k == "ping":
-            self.transport.send(self.agent_addr, Message({"k": "pong", "m": self.mesh_id, "rk": self.rank}))
-        elif k == "cancel":
-            host = self.actors.get(msg.header["a"])
-            if host is not None:
-                host.cancel(msg.header["s"], msg.header["ci"])
-        elif k == "rdma":
-            _rdma.handle_message(self.transport, msg)
-        elif k == "cancelled":  # an actor here cancelled a call of another actor: that rank stopped
-            self.client.cancel_acks.acked(msg.header["i"], msg.header["rk"])
-        elif k == "stats":
-            payload = dumps(vars(self.transport.stats))[0]
-            self.transport.send(msg.header["s"], Message({"k": "r", "i": msg.header["i"], "ok": OK}, payload))
-        elif k == "stop":
-            _exit(0)
-        elif self._controller_handler is not None:  # events for meshes spawned by our actors
-            self._controller_handler(msg, frames)
+        self.dispatch(msg, frames)
+
+    def _on_notice(self, msg: Message, frames: list[Any]) -> None:
+        h = msg.header
+        if h["what"] == "failed":
+            self.client.mark_failed({h["rk"]: loads(msg.payload, msg.buffers)}, h["m"])
+        elif h["what"] == "stopped":
+            self.client.mark_stopped(h["m"])
+        else:
+            self.client.rank_moved(h["m"], h["rk"], h["addr"])
+
+    def _on_reshape(self, msg: Message, frames: list[Any]) -> None:
+        """The mesh grew or shrank: same rank, new extent."""
+        self.shape = Shape.from_wire(msg.header["shape"])
+        self.point = Point(self.rank, self.shape.extent)
+
+    def _on_cancel(self, msg: Message, frames: list[Any]) -> None:
+        host = self.actors.get(msg.header["a"])
+        if host is not None:
+            host.cancel(msg.header["s"], msg.header["ci"])
 
     def seq_of(self, h: dict[str, Any]) -> int | None:
         """This rank's sequence number in a call or spawn header; None if it is not for this rank."""

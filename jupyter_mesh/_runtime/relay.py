@@ -11,11 +11,12 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from .._core.shape import Slice
+from .._wire.protocol import BROKEN, DIRECT, GATHER, NO_REPLY
 from .._wire.serialize import dumps
 from .._wire.transport import Message
 from ..errors import Failure
 from .agent_state import Gather, ProcEntry, kill
-from .pending import BROKEN, DIRECT, GATHER, NO_REPLY, pack_gathered
+from .pending import pack_gathered
 
 if TYPE_CHECKING:
     from .agent import Agent

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pickle
 from typing import TYPE_CHECKING, Any
 
+from .._wire.protocol import BROKEN
 from ..errors import Failure, MeshClosedError
-from .pending import BROKEN
 
 if TYPE_CHECKING:
     import threading

@@ -26,12 +26,12 @@ import msgpack
 import zmq
 
 from . import shm as _shm
+from .protocol import VERSION, Kind
 
 __all__ = ["Message", "Transport", "TransportStats"]
 
 log = logging.getLogger("jupyter_mesh.transport")
 
-PROTOCOL_VERSION = 1
 BUFFER_SEND_WAIT = 30.0  # seconds a send waits for ZeroMQ to let go of the caller's buffers
 _SIG_LEN = 32
 _SNDMORE = int(zmq.SNDMORE)
@@ -53,10 +53,11 @@ class TransportStats:
     received: int = 0
     dropped_bad_signature: int = 0
     dropped_malformed: int = 0
+    dropped_other_version: int = 0  # signed by our key, written by a jupyter_mesh of another version
 
     @property
     def dropped(self) -> int:
-        return self.dropped_bad_signature + self.dropped_malformed
+        return self.dropped_bad_signature + self.dropped_malformed + self.dropped_other_version
 
 
 class Transport:
@@ -129,7 +130,7 @@ class Transport:
             entries, msg.buffers = _shm.stash(self.shm_prefix, msg.buffers)
             if entries:
                 msg.header["sh"] = entries
-        msg.header["v"] = PROTOCOL_VERSION
+        msg.header["v"] = VERSION
         msg.header["nb"] = [memoryview(b).nbytes for b in msg.buffers] if msg.buffers else []
         packer = getattr(_per_thread, "packer", None)
         if packer is None:  # a Packer per thread: msgpack.packb builds one per call
@@ -153,12 +154,11 @@ class Transport:
                 return None
             h = msgpack.unpackb(header, raw=False)
             bufs = [f.buffer if isinstance(f, zmq.Frame) else f for f in frames[3:]]
-            if (
-                not isinstance(h, dict)
-                or h.get("v") != PROTOCOL_VERSION
-                or h.get("nb") != [memoryview(b).nbytes for b in bufs]
-            ):
+            if not isinstance(h, dict) or h.get("nb") != [memoryview(b).nbytes for b in bufs]:
                 self.stats.dropped_malformed += 1
+                return None
+            if h.get("v") != VERSION and h.get("k") != Kind.AGENT_UP:  # the hello's keys never change:
+                self._other_version(h)  # its receiver refuses it by name (``protocol.check_version``)
                 return None
             if "sh" in h:  # authentic: now it is safe to open the segments it names
                 bufs = _shm.unstash(self.shm_prefix, h["sh"], bufs)
@@ -360,6 +360,17 @@ class Transport:
             s.close()
         except zmq.ZMQError:
             pass
+
+    def _other_version(self, h: dict[str, Any]) -> None:
+        self.stats.dropped_other_version += 1
+        if self.stats.dropped_other_version == 1:
+            log.warning(
+                "dropped a message from %s: it speaks jupyter_mesh wire protocol %r, this process speaks %s; "
+                "install the same jupyter_mesh version on every host",
+                str(h.get("s", "an unnamed peer"))[:80],
+                h.get("v"),
+                VERSION,
+            )
 
     def close(self) -> None:
         self._closed = True

@@ -21,6 +21,7 @@ from .._api.mesh import HostMesh
 from .._core.future import Future
 from .._core.shape import Shape
 from .._runtime.hosts import AgentHandle, Job
+from .._wire.protocol import VERSION
 from ..errors import MeshClosedError, MeshTimeoutError, MeshValueError
 
 __all__ = ["LocalJob", "this_host"]
@@ -51,6 +52,7 @@ class LocalJob(Job):
         nonce = secrets.token_hex(8)
         waiter = self._controller.expect_agent(nonce)
         cfg = {
+            "v": VERSION,  # the agent refuses a controller of another wire protocol
             "key": self._controller.key.hex(),
             "controller": self._controller.address,
             "host_index": index,

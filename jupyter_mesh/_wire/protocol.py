@@ -1,0 +1,152 @@
+"""The wire between jupyter_mesh processes: the protocol version, every message kind by name, the codes
+that headers carry, the reply header, and the dispatch table each process routes its messages through.
+
+A message is a signed header dict plus an optional pickled payload and out-of-band buffers
+(``transport.Message``). Every header has ``k``, its kind (one of :class:`Kind`, short on the wire
+because a call's header is sent once per call). The keys the kinds share:
+
+====  =======================================================================================
+k     the kind
+s     the sender's inbox address (where replies go)
+i     a request or call id, chosen by the sender, echoed by the reply
+m     a proc mesh id            rk   a global rank in it          a    an actor id
+q     a call's sequence number(s) (per sender and actor; ``_q`` after delivery: this rank's)
+sl    the ranks a cast reaches, as a ``Slice``                    rm   the reply mode (below)
+rt    a reply box address (replies that bypass the caller's receive thread)
+ok    a reply's status (below)                                    to   where a gathered reply goes
+====  =======================================================================================
+
+Version: the controller passes :data:`VERSION` to each agent it starts and each agent says its own
+in ``agent_up``; a mismatch on either side fails with both versions named (see ``check_version``).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import MeshError
+
+__all__ = [
+    "BROKEN",
+    "DIRECT",
+    "GATHER",
+    "NO_REPLY",
+    "OK",
+    "RAISED",
+    "VERSION",
+    "Dispatch",
+    "Kind",
+    "check_version",
+    "reply_header",
+]
+
+VERSION = 1
+"""Bump on any change a peer of the previous version would misread (a kind, a key, a code)."""
+
+# reply modes a call header carries ("rm")
+NO_REPLY, DIRECT, GATHER = 0, 1, 2
+# a reply's per-rank status ("ok")
+RAISED, OK, BROKEN = 0, 1, 2
+
+
+class Kind:
+    """Every message kind. Who sends it -> who receives it, and what it means."""
+
+    # calls and their replies
+    CALL = "c"  # client -> proc (direct) or agent (to relay to its local procs): run an endpoint
+    SPAWN = "spawn"  # client -> proc / agent: construct an actor (numbered like a call)
+    SKIP = "skip"  # agent -> proc: a call it could not relay; its sequence number is released
+    REPLY = "r"  # any -> requester: the answer to a call or request (``reply_header``)
+    GATHERED = "g"  # agent -> caller: the replies of one host's ranks to a cast, in one message
+    CANCEL = "cancel"  # client -> proc: cancel a running call of one actor
+    CANCELLED = "cancelled"  # proc -> caller: a rank stopped working on a cancelled call
+    SUPERVISE = "supervise"  # proc runtime -> actor: a mesh this actor spawned failed
+    RDMA = "rdma"  # reader -> buffer owner: a data-plane request (get, put, drop, ucx)
+    STATS = "stats"  # any -> agent / proc: transport counters, as a reply
+    # procs and their agent
+    PROC_UP = "proc_up"  # proc -> agent: the proc runs and listens at ``addr``
+    ACTOR_UP = "actor_up"  # proc -> agent: an actor's inbox and thread id
+    PING = "ping"  # agent -> proc: are you there?
+    PONG = "pong"  # proc -> agent: yes
+    RESHAPE = "reshape"  # agent -> proc: the mesh grew or shrank (same rank, new extent)
+    STOP = "stop"  # agent -> proc: exit now
+    NOTICE = "notice"  # controller -> agents -> procs: a rank failed, stopped or moved
+    OUT = "out"  # agent -> controller: lines a proc printed
+    # agents and the controller
+    AGENT_UP = "agent_up"  # agent -> controller: the hello (address, host key, version)
+    HEARTBEAT = "hb"  # controller -> agent: alive?
+    HEARTBEAT_ACK = "hb_ack"  # agent -> controller's heartbeat socket
+    SPAWN_PROCS = "spawn_procs"  # controller -> agent: fork the procs of a mesh on this host
+    START_PROCS = "start_procs"  # controller -> agent: more procs for a growing mesh, or a respawn
+    STOP_PROCS = "stop_procs"  # controller -> agent: stop (some) procs of a mesh
+    KILL_PROC = "kill_proc"  # controller -> agent: kill one rank now
+    SHUTDOWN = "shutdown"  # controller -> agent: the job ends
+    PROC_READY = "proc_ready"  # agent -> controller: a rank is up (its pid)
+    PROC_NOTE = "proc_note"  # agent -> controller: why a rank does not answer (busy), or ""
+    PROC_EXIT = "proc_exit"  # agent -> controller: a rank died, with its Failure as payload
+
+
+def reply_header(req_id: int, ok: int, rank: int | None = None) -> dict[str, Any]:
+    """The header of a reply to request ``req_id`` (``rank``: which rank of a cast answers)."""
+    h: dict[str, Any] = {"k": Kind.REPLY, "i": req_id, "ok": ok}
+    if rank is not None:
+        h["rk"] = rank
+    return h
+
+
+def check_version(theirs: object, who: str) -> None:
+    """Raise if a peer speaks another protocol version, naming both."""
+    if theirs != VERSION:
+        raise MeshError(
+            f"{who} speaks jupyter_mesh wire protocol {theirs!r}, this process speaks {VERSION}: "
+            "install the same jupyter_mesh version on every host"
+        )
+
+
+Handler = Callable[[Any, list[Any]], object]  # what it returns is ignored
+
+
+class Dispatch:
+    """One process's message table: kind -> handler(message, raw frames).
+
+    A kind with no handler is not silently dropped: it is counted (``unknown``) and the first of each
+    kind is reported on stderr, naming the process and the sender, since it means a peer of another
+    version or a bug. ``fallback`` (a proc whose actors spawned meshes: the controller's table) gets
+    what this table does not handle."""
+
+    def __init__(self, where: str, handlers: dict[str, Handler], fallback: Dispatch | None = None):
+        unknown = set(handlers) - set(vars(Kind).values())
+        if unknown:
+            raise ValueError(f"{where}: handlers for kinds that do not exist: {sorted(unknown)}")
+        self.where = where
+        self.handlers = handlers
+        self.fallback = fallback
+        self.unknown: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def __call__(self, msg: Any, frames: list[Any]) -> None:
+        kind = msg.header.get("k")
+        handler = self.handlers.get(kind)
+        if handler is not None:
+            handler(msg, frames)
+        elif self.fallback is not None and kind in self.fallback.handlers:
+            self.fallback(msg, frames)
+        else:
+            self._unknown(kind, msg.header.get("s"))
+
+    def _unknown(self, kind: Any, sender: Any) -> None:
+        key = repr(kind)[:40]
+        with self._lock:
+            self.unknown[key] += 1
+            first = self.unknown[key] == 1
+        if first:
+            print(
+                f"jupyter_mesh ({self.where}): ignored a message of unknown kind {key}"
+                + (f" from {str(sender)[:80]}" if sender else "")
+                + "; a peer of another jupyter_mesh version, or a bug (further ones are only counted)",
+                file=sys.stderr,
+            )
