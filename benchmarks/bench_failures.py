@@ -19,7 +19,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_actors import Bench
 
-from jupyter_mesh import SupervisionError, set_fault_hook, this_host
+from jupyter_mesh import SupervisionError, this_host
+from jupyter_mesh.lowlevel import set_fault_hook
 
 
 def measure(procs, bench, sig: int) -> float:

@@ -18,7 +18,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from jupyter_mesh import Actor, LocalJob, MeshError, endpoint, set_fault_hook
+from jupyter_mesh import Actor, LocalJob, MeshError, endpoint
+from jupyter_mesh.lowlevel import set_fault_hook
 
 
 class Worker(Actor):

@@ -7,14 +7,18 @@ Public API (Monarch-compatible where they overlap)::
 Importing this package imports neither ZeroMQ, torch, IPython nor ucxx; the runtime starts on first use.
 """
 
+from typing import Any
+
 from ._api.mesh import ActorMesh, HostMesh, MeshEndpoint, ProcMesh
-from ._api.session import mesh_states, proc_mesh, set_fault_hook, shutdown, subscribe
+from ._api.mesh import set_renderer as _set_renderer
+from ._api.session import shutdown
 from ._core.actor import Actor, current_rank, endpoint
 from ._core.future import Future
 from ._core.shape import Extent, Point, Shape, Slice
 from ._core.state import MeshEvent, MeshState, ProcState, RankState
 from ._core.value_mesh import ValueMesh
 from ._data.buffer import RDMABuffer, get_rdma_backend
+from ._version import __version__ as __version__
 from .errors import (
     ActorError,
     DeliveryError,
@@ -25,13 +29,21 @@ from .errors import (
     MeshInterrupted,
     MeshTimeoutError,
     MeshValueError,
+    ProtocolError,
     RemoteFailure,
     SerializationError,
     SupervisionError,
 )
 from .jobs import LocalJob, this_host
 
-__version__ = "0.1.0"
+
+def _render(mesh: ProcMesh) -> dict[str, Any]:
+    from .ui.widget import mimebundle  # on first display: importing jupyter_mesh stays light
+
+    return mimebundle(mesh)
+
+
+_set_renderer(_render)
 
 
 def load_ipython_extension(ipython: object) -> None:
@@ -68,6 +80,7 @@ __all__ = [
     "Point",
     "ProcMesh",
     "ProcState",
+    "ProtocolError",
     "RDMABuffer",
     "RankState",
     "RemoteFailure",
@@ -79,10 +92,14 @@ __all__ = [
     "current_rank",
     "endpoint",
     "get_rdma_backend",
-    "mesh_states",
-    "proc_mesh",
-    "set_fault_hook",
     "shutdown",
-    "subscribe",
     "this_host",
 ]
+
+# Every public name says it is ``jupyter_mesh.X`` (in reprs, docs, tracebacks and pickles): where it
+# is defined inside the package is ours to change.
+for _name in __all__:
+    _obj = globals()[_name]
+    if getattr(_obj, "__module__", "").startswith(__name__ + "."):
+        _obj.__module__ = __name__
+del _name, _obj

@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return status_main(args.connection_file or None, args.timeout)
     elif args.cmd == "version":
-        from . import __version__
+        from ._version import __version__
 
         print(__version__)
     return 0

@@ -16,12 +16,12 @@ PROC_PREFIXES = ("jupyter_mesh._runtime",)
 def recorded_faults():
     """Like a kernel: record unhandled failures instead of failing fast, so one test's deliberate
     kill does not raise in the next test (fail-fast itself is tested in a subprocess)."""
-    import jupyter_mesh
+    import jupyter_mesh.lowlevel
 
     seen = []
-    prev = jupyter_mesh.set_fault_hook(seen.append)
+    prev = jupyter_mesh.lowlevel.set_fault_hook(seen.append)
     yield seen
-    jupyter_mesh.set_fault_hook(prev)
+    jupyter_mesh.lowlevel.set_fault_hook(prev)
 
 
 @pytest.fixture(scope="session")

@@ -27,13 +27,13 @@ SHM_TRAFFIC = """
 import json, os, signal, sys, time
 sys.path.insert(0, {tests!r})
 import torch
-import jupyter_mesh
+import jupyter_mesh.lowlevel
 from jupyter_mesh import LocalJob, RDMABuffer
 from jupyter_mesh._runtime.controller import Controller
 from actors import Faulty
 from rdma_actors import Owner, Puller
 
-jupyter_mesh.set_fault_hook(lambda err: None)  # the stopped proc will be declared dead: expected
+jupyter_mesh.lowlevel.set_fault_hook(lambda err: None)  # the stopped proc will be declared dead: expected
 job = LocalJob(hosts=1)
 pm = job.host_mesh().spawn_procs(per_host={{"gpus": 2}})
 owner = pm.spawn("owner", Owner, 1 << 18)

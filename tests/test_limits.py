@@ -31,7 +31,7 @@ def test_choose_stays_cheap_with_thousands_in_flight(procs):
         first, last = marks[1] - marks[0], marks[6] - marks[5]
         assert last < 3 * first + 0.05, f"the first 1,000 calls took {first:.2f} s, the last 1,000 {last:.2f} s"
         # least loaded first: the calls spread evenly over the 4 ranks
-        load = {r: n for (a, r), n in client._pending.load.items() if a == s._actor_id}
+        load = {r: n for (a, r), n in client.calls.pending.load.items() if a == s._actor_id}
         assert sum(load.values()) == sum(not f.done() for f in futs)
         assert max(load.values()) - min(load.values()) <= 2, load
     finally:
@@ -40,10 +40,10 @@ def test_choose_stays_cheap_with_thousands_in_flight(procs):
     for f in futs:
         with pytest.raises(MeshCancelledError):
             f.get(timeout=30)
-    assert not any(a == s._actor_id for a, _ in client._pending.load), "in-flight counts drifted"
+    assert not any(a == s._actor_id for a, _ in client.calls.pending.load), "in-flight counts drifted"
     # with nothing in flight, four calls go to four different ranks
     four = [s.nap.choose(30) for _ in range(4)]
-    assert sorted(n for (a, _), n in client._pending.load.items() if a == s._actor_id) == [1, 1, 1, 1]
+    assert sorted(n for (a, _), n in client.calls.pending.load.items() if a == s._actor_id) == [1, 1, 1, 1]
     for f in four:
         f.cancel()
 

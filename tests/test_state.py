@@ -11,8 +11,9 @@ import pytest
 from _procs import wait_for
 from actors import Faulty
 
-from jupyter_mesh import Failure, ProcState, mesh_states, subscribe
+from jupyter_mesh import Failure, ProcState
 from jupyter_mesh._core.state import StateTracker
+from jupyter_mesh.lowlevel import mesh_states, subscribe
 
 
 def test_tracker_transitions_without_processes():
@@ -83,7 +84,8 @@ def test_live_state_and_events(host):
 
 @pytest.mark.integration
 def test_proc_mesh_lookup_by_id(procs):
-    from jupyter_mesh import MeshValueError, proc_mesh
+    from jupyter_mesh import MeshValueError
+    from jupyter_mesh.lowlevel import proc_mesh
 
     same = proc_mesh(procs.state().mesh_id)
     assert same.pids() == procs.pids() and same.name == procs.name

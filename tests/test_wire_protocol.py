@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from jupyter_mesh import MeshError
+from jupyter_mesh import ProtocolError
 from jupyter_mesh._wire import protocol
 from jupyter_mesh._wire.protocol import VERSION, Dispatch, Kind
 from jupyter_mesh._wire.transport import Message, Transport
@@ -100,7 +100,7 @@ def test_the_controller_refuses_an_agent_of_another_version():
     waiter = ctl.expect_agent("nonce-of-an-old-agent")
     _old_peer_sends(ctl, Kind.AGENT_UP)
     with pytest.raises(
-        MeshError, match=rf"host 3 \(pid 4242\) speaks jupyter_mesh wire protocol 0, this process speaks {VERSION}"
+        ProtocolError, match=rf"host 3 \(pid 4242\) speaks jupyter_mesh wire protocol 0, this process speaks {VERSION}"
     ):
         waiter.get(10)
     assert not [a for a in ctl._agent_seen if "4242" in a]  # never supervised as a host

@@ -324,16 +324,21 @@ class ProcMesh(_MeshTrait):
         state = "stopped" if self.stopped else "running"
         return f"<ProcMesh '{self._ref.name}' {self._shape} {state}>"
 
-    def widget(self) -> Any:
-        """A live view of this mesh's procs for a notebook (a static table where widgets can't render)."""
-        from ..ui.widget import widget
-
-        return widget(self)
-
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        from ..ui.widget import mimebundle
+        """In a notebook: the live grid of this mesh, drawn by whichever view registered itself
+        (``set_renderer``; ``jupyter_mesh`` registers its own UI); plain text otherwise."""
+        if renderer is None:
+            return {"text/plain": repr(self)}
+        return renderer(self)
 
-        return mimebundle(self)
+
+renderer: Callable[[ProcMesh], dict[str, Any]] | None = None
+"""Draws a ProcMesh for a notebook (a mimebundle). The API layer knows no UI: a view registers here."""
+
+
+def set_renderer(fn: Callable[[ProcMesh], dict[str, Any]] | None) -> None:
+    global renderer
+    renderer = fn
 
 
 def _takes_init_timeout(cls: type) -> bool:

@@ -39,7 +39,7 @@ def proc_mesh(mesh_id: str) -> ProcMesh:
     from .mesh import ProcMesh
 
     ctl = Controller.get()
-    rec = ctl._meshes.get(mesh_id)
+    rec = ctl.meshes.get(mesh_id)
     if rec is None:
         raise MeshValueError(f"no proc mesh with id '{mesh_id}' in this program; see jupyter_mesh.mesh_states()")
     return ProcMesh(ctl, rec.ref)

@@ -31,7 +31,7 @@ class Requester(Protocol):
 
     def request(self, address: str, header: dict[str, Any], obj: Any = None, what: str = "request") -> Future[Any]: ...
 
-    def _finish(self, req_id: int) -> None: ...
+    def forget_request(self, req_id: int) -> None: ...
 
     def check_rank(self, mesh_id: str, mesh_name: str, rank: int, context: str) -> None: ...
 
@@ -51,7 +51,6 @@ class ActorContext(threading.local):
     the mesh grows or shrinks)."""
 
     proc: Any = None
-    actor_name: str | None = None
 
 
 def host_key() -> str:

@@ -2,7 +2,7 @@
 ``jupyter-mesh status`` render. Pure data and callbacks: no sockets, no Jupyter.
 
 A rank is *starting* until its proc reports in, then *idle* or *busy* (calls from this controller in
-flight), *paused* in a debugger, *failed* (with a :class:`~jupyter_mesh.errors.Failure`), or *stopped*.
+flight), *failed* (with a :class:`~jupyter_mesh.errors.Failure`), or *stopped*.
 A rank's ``note`` says what a state alone cannot: an actor still in its ``__init__`` ("initializing
 'trainer' (42 s)"), or a proc that does not answer because it is busy in native code.
 """
@@ -24,7 +24,7 @@ class ProcState(str, enum.Enum):
     STARTING = "starting"
     IDLE = "idle"
     BUSY = "busy"
-    PAUSED = "paused"
+    PAUSED = "paused"  # reserved for a rank stopped in a debugger (remote pdb); nothing sets it yet
     FAILED = "failed"
     STOPPED = "stopped"
 
@@ -83,7 +83,7 @@ class MeshEvent:
 Listener = Callable[[MeshEvent], None]
 
 
-class _MeshEntry:
+class _TrackedMesh:
     def __init__(self, mesh_id: str, name: str, sizes: dict[str, int], coords: list[dict[str, int]]):
         self.mesh_id, self.name, self.sizes, self.coords = mesh_id, name, sizes, coords
         n = len(coords)
@@ -115,7 +115,7 @@ class StateTracker:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._meshes: dict[str, _MeshEntry] = {}
+        self._meshes: dict[str, _TrackedMesh] = {}
         self._listeners: list[tuple[str | None, Listener]] = []
 
     # -- listeners --------------------------------------------------------------------------------
@@ -146,11 +146,11 @@ class StateTracker:
     # -- updates from the runtime -----------------------------------------------------------------
     def created(self, mesh_id: str, name: str, sizes: dict[str, int], coords: list[dict[str, int]]) -> None:
         with self._lock:
-            self._meshes[mesh_id] = _MeshEntry(mesh_id, name, sizes, coords)
+            self._meshes[mesh_id] = _TrackedMesh(mesh_id, name, sizes, coords)
         self._emit(MeshEvent("created", mesh_id, name))
 
     def _set(
-        self, e: _MeshEntry, rank: int, new: ProcState, kind: str = "state", failure: Failure | None = None
+        self, e: _TrackedMesh, rank: int, new: ProcState, kind: str = "state", failure: Failure | None = None
     ) -> None:
         old = e.state[rank]
         if old == new and failure is None:

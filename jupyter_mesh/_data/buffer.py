@@ -261,7 +261,7 @@ class RDMABuffer:
 
         def give_up(e: BaseException) -> None:  # timed out or the owner died: forget the request
             if "i" in header:
-                client._finish(header["i"])
+                client.forget_request(header["i"])
             fut._set_exception(e)
 
         w = _watch.watch(timeout, self._pid_key(), give_up, what, lambda: self._owner_failure(what))

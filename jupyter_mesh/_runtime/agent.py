@@ -27,8 +27,8 @@ from .._core.shape import Point, Shape
 from .._wire.protocol import BROKEN, OK, RAISED, VERSION, Dispatch, Kind, check_version, reply_header
 from .._wire.serialize import dumps
 from .._wire.transport import Message, Transport
-from ..errors import Failure, MeshError, MeshValueError, SupervisionError
-from .agent_state import MeshEntry, ProcEntry, alive, describe_exit, kill, read_lines
+from ..errors import Failure, MeshValueError, ProtocolError, SupervisionError
+from .agent_state import HostedMesh, ProcEntry, alive, describe_exit, kill, read_lines
 from .forkserver import ForkServer
 from .inboxes import ActorInboxes
 from .liveness import NOTE_EVERY
@@ -55,7 +55,7 @@ class Agent:
         self.lock = threading.RLock()
         self.procs: dict[tuple[str, int], ProcEntry] = {}
         self.by_pid: dict[int, ProcEntry] = {}
-        self.meshes: dict[str, MeshEntry] = {}
+        self.meshes: dict[str, HostedMesh] = {}
         self.inboxes = ActorInboxes(self.transport)  # relays of calls go straight to actors' inboxes
         self.relay = Relay(self)  # casts to this host's procs, and their gathered replies
         self.dispatch = self._table()
@@ -140,7 +140,7 @@ class Agent:
         if "to" in msg.header:  # a local rank's share of a cast's replies
             self.relay.gathered(msg.header, msg)
         else:
-            self.dispatch._unknown("r (not gathered)", msg.header.get("s"))
+            self.dispatch.report_unknown("r (not gathered)", msg.header.get("s"))
 
     def _on_pong(self, msg: Message, frames: list[Any]) -> None:
         p = self.procs.get((msg.header["m"], msg.header["rk"]))
@@ -187,7 +187,7 @@ class Agent:
 
     def _spawn_procs(self, h: dict[str, Any]) -> None:
         shape = Shape.from_wire(h["shape"])
-        mesh = MeshEntry(h["mesh_id"], h["name"], shape, list(h["ranks"]), spawn_cfg=h)
+        mesh = HostedMesh(h["mesh_id"], h["name"], shape, list(h["ranks"]), spawn_cfg=h)
         with self.lock:
             self.meshes[mesh.mesh_id] = mesh
             if h.get("preload"):
@@ -215,7 +215,7 @@ class Agent:
             self._start(mesh, list(h["ranks"]), (h["s"], h["i"]))
             self._check_waiters(mesh)  # a request with no ranks here (only a new extent) is done now
 
-    def _start(self, mesh: MeshEntry, ranks: list[int], reply_to: tuple[str, int]) -> None:
+    def _start(self, mesh: HostedMesh, ranks: list[int], reply_to: tuple[str, int]) -> None:
         """Fork one proc per rank from the template (caller holds the lock); reply when all are up."""
         cfg0 = mesh.spawn_cfg
         mesh.waiters.append((reply_to, set(ranks)))
@@ -249,7 +249,7 @@ class Agent:
                 self.sel.register(fd, selectors.EVENT_READ, ("pipe", (p, stream, bytearray())))
         os.write(self.wake_w, b"x")  # the I/O thread re-reads the selector
 
-    def _reshape(self, mesh: MeshEntry, shape_wire: list[Any], keep: list[int] | None = None) -> None:
+    def _reshape(self, mesh: HostedMesh, shape_wire: list[Any], keep: list[int] | None = None) -> None:
         """The mesh grows or shrinks (caller holds the lock): tell the procs that stay their new extent."""
         mesh.shape = Shape.from_wire(shape_wire)
         mesh.spawn_cfg = {**mesh.spawn_cfg, "shape": shape_wire}
@@ -280,7 +280,7 @@ class Agent:
             self._check_waiters(self.meshes[p.mesh_id])
         self._event({"k": "proc_ready", "m": p.mesh_id, "rk": p.rank, "pid": p.pid})  # for progress bars
 
-    def _check_waiters(self, mesh: MeshEntry) -> None:
+    def _check_waiters(self, mesh: HostedMesh) -> None:
         """Answer every start request whose procs are all up, or one of which died first."""
         keep = []
         for to, ranks in mesh.waiters:
@@ -340,7 +340,7 @@ class Agent:
             if p.alive:
                 kill(p.pid, signal.SIGKILL)
 
-    def _maybe_stopped(self, mesh: MeshEntry) -> None:
+    def _maybe_stopped(self, mesh: HostedMesh) -> None:
         """Answer stop requests whose procs are all gone, and forget those procs (and the mesh)."""
         done = []
         with self.lock:
@@ -604,7 +604,7 @@ def main() -> None:
     cfg = json.loads(line)
     try:
         agent = Agent(cfg)
-    except MeshError as e:  # another version: say why on stderr (the job shows it) rather than a traceback
+    except ProtocolError as e:  # another version: say why on stderr (the job shows it) rather than a traceback
         sys.exit(f"jupyter-mesh agent: {e}")
     threading.Thread(target=agent.transport.serve, args=(agent.handle,), name="recv", daemon=True).start()
     threading.Thread(target=_watch_stdin, args=(agent,), name="lifeline", daemon=True).start()

@@ -14,7 +14,7 @@ from typing import Any
 from .._core.shape import Shape
 from .liveness import Liveness
 
-__all__ = ["Gather", "MeshEntry", "ProcEntry", "alive", "describe_exit", "kill", "read_lines"]
+__all__ = ["Gather", "HostedMesh", "ProcEntry", "alive", "describe_exit", "kill", "read_lines"]
 
 
 @dataclass
@@ -38,7 +38,7 @@ class ProcEntry:
 
 
 @dataclass
-class MeshEntry:
+class HostedMesh:
     mesh_id: str
     name: str
     shape: Shape

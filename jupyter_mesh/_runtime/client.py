@@ -17,8 +17,7 @@ from __future__ import annotations
 import itertools
 import pickle
 import queue
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, cast
 
 from .._core.context import context
@@ -37,9 +36,10 @@ from ..errors import (
     SupervisionError,
 )
 from . import cancels, interrupts
+from .calls import CallTable, ClientHooks
 from .inboxes import ActorInboxes
 from .outcomes import Outcomes
-from .pending import Pending, PendingTable, Stream
+from .pending import Pending, Stream
 from .replies import ReplyBox, ReplyBoxes
 from .supervision import Supervision
 
@@ -58,36 +58,32 @@ def set_current_client(client: Client | None) -> None:
     context().set_client(client)
 
 
-class Client(Outcomes, Supervision):
+class Client:
     """Sends calls, matches replies to pending futures, fails them when ranks break."""
 
     def __init__(self, transport: Transport, reply_boxes: bool = False):
         self.transport = transport
         self.address = transport.address
         self._ids = itertools.count(1)
-        self._pending = PendingTable()
-        self._lock = threading.Lock()  # pending table, seq counters, send order
-        self._seq: dict[str, list[int]] = {}
-        self._actor_mesh: dict[str, str] = {}  # actor id -> proc mesh id
-        self._moved: dict[tuple[str, int], str] = {}  # respawned ranks' new addresses
+        self.calls = CallTable()  # calls in flight and what we know of ranks, under one lock
+        self.hooks = ClientHooks()  # the controller's, set once by it
         self.inboxes = ActorInboxes(transport)  # actors' own inboxes, learnt from spawn replies
+        self.outcomes = Outcomes(self.calls, self.inboxes, self.hooks)
+        self.supervision = Supervision(self.calls, self.outcomes, self.hooks)
         self._deferred: list[tuple[Pending, str]] = []  # cancels asked for by finalizers
-        self._failed: dict[tuple[str, int], Failure] = {}
-        self._lost_peers: dict[str, str] = {}  # agents gone for good -> why
         self.cancel_acks = cancels.CancelAcks()  # interrupted calls' ranks that have not stopped yet
-        # a second interrupt kills the procs still running a cancelled call: set by the controller
-        self.kill_ranks: Callable[[ProcMeshRef, list[int]], list[int]] | None = None
-        self._stopped: set[str] = set()
-        # (mesh_id, ranks, +1 | -1): calls to ranks started / finished; the controller tracks busy/idle
-        self.activity: Callable[[str, list[int], int], None] | None = None
-        # (actor mesh, spawn payload, buffers): the controller keeps them to re-create actors on respawn
-        self.on_spawn: Callable[[ActorMeshRef, bytes, list[Any]], None] | None = None
-        # (mesh_id): a proc mesh was stopped; the controller trims the output it keeps of it
-        self.on_stopped: Callable[[str], None] | None = None
-        # runs before every call and spawn: the controller raises unhandled failures there (fail fast)
-        self.before_call: Callable[[], None] | None = None
-        # (mesh_id, ranks, actor id): those ranks' constructors of that actor returned (or failed)
-        self.constructed: Callable[[str, list[int], str], None] | None = None
+        # what the runtime around the client calls: replies in, rank events in
+        self.on_reply = self.outcomes.on_reply
+        self.mark_failed = self.supervision.mark_failed
+        self.mark_removed = self.supervision.mark_removed
+        self.mark_stopped = self.supervision.mark_stopped
+        self.rank_moved = self.supervision.rank_moved
+        self.reset_ranks = self.supervision.reset_ranks
+        self.waits_on = self.supervision.waits_on
+        self.constructing = self.supervision.constructing
+        self.peer_lost = self.supervision.peer_lost
+        self.fail_all = self.supervision.fail_all
+        self.forget_request = self.calls.finish
         # a waiting caller reads its own replies (``replies``); the controller's client only: in a
         # proc, a cancel interrupts an actor's thread anywhere, even in the middle of reading one
         self.boxes = ReplyBoxes(transport, self.on_reply, self._busy_boxes) if reply_boxes else None
@@ -104,8 +100,8 @@ class Client(Outcomes, Supervision):
             ) from None
 
     def _check_targets(self, ref: ProcMeshRef, ranks: list[int], context: str) -> None:
-        if self.before_call is not None:
-            self.before_call()
+        if self.hooks.before_call is not None:
+            self.hooks.before_call()
         self._drain_deferred()
         err = self._blocked(ref, ranks, context)
         if err is not None:
@@ -114,12 +110,12 @@ class Client(Outcomes, Supervision):
     def _blocked(self, ref: ProcMeshRef, ranks: list[int], context: str) -> MeshError | None:
         """Why a call to ``ranks`` cannot run now (stopped, shrunk away, failed), or None."""
         if (
-            not self._failed
-            and ref.mesh_id not in self._stopped
+            not self.calls.failed
+            and ref.mesh_id not in self.calls.stopped
             and (ranks[0] if len(ranks) == 1 else max(ranks, default=0)) < len(ref.proc_addrs)
         ):
             return None  # the common case, cheaply
-        if ref.mesh_id in self._stopped:
+        if ref.mesh_id in self.calls.stopped:
             return MeshClosedError(f"proc mesh '{ref.name}' was stopped; {context} cannot run. Spawn a new proc mesh.")
         gone = [r for r in ranks if r >= len(ref.proc_addrs)]
         if gone:
@@ -127,14 +123,14 @@ class Client(Outcomes, Supervision):
                 f"{context}: ranks {gone[:8]} of '{ref.name}' were removed when the mesh shrank; "
                 "use a slice of the current mesh"
             )
-        failed = [self._failed[(ref.mesh_id, r)] for r in ranks if (ref.mesh_id, r) in self._failed]
+        failed = [self.calls.failed[(ref.mesh_id, r)] for r in ranks if (ref.mesh_id, r) in self.calls.failed]
         if failed:
             return SupervisionError(failed, context)
         return None
 
     def _unseq(self, mesh: ActorMeshRef, ranks: list[int]) -> None:
         """Give back the sequence numbers of a message that was never sent (no gap may stay)."""
-        arr = self._seq.get(mesh._actor_id)
+        arr = self.calls.seq.get(mesh._actor_id)
         if arr is not None:
             for r in ranks:
                 arr[r] -= 1
@@ -152,14 +148,14 @@ class Client(Outcomes, Supervision):
             self._cancel(p, actor_id)
 
     def _seqs(self, mesh: ActorMeshRef, ranks: list[int]) -> int | list[int]:
-        arr = self._seq.get(mesh._actor_id)
+        arr = self.calls.seq.get(mesh._actor_id)
         if arr is not None and len(ranks) == 1 and ranks[0] < len(arr):  # call_one, choose
             seq = arr[ranks[0]]
             arr[ranks[0]] = seq + 1
             return seq
         if arr is None:
-            arr = self._seq[mesh._actor_id] = [0] * len(mesh._ref.proc_addrs)
-            self._actor_mesh[mesh._actor_id] = mesh._ref.mesh_id
+            arr = self.calls.seq[mesh._actor_id] = [0] * len(mesh._ref.proc_addrs)
+            self.calls.actor_mesh[mesh._actor_id] = mesh._ref.mesh_id
         elif len(arr) < len(mesh._ref.proc_addrs):  # the mesh grew
             arr.extend([0] * (len(mesh._ref.proc_addrs) - len(arr)))
         vals = [arr[r] for r in ranks]
@@ -170,24 +166,24 @@ class Client(Outcomes, Supervision):
 
     def _register(self, p: Pending) -> int:
         call_id = next(self._ids)
-        self._pending[call_id] = p
+        self.calls.pending[call_id] = p
         p.call_id = call_id
         return call_id
 
     def _cancel(self, p: Pending, actor_id: str) -> None:
         """Forget the call and tell every proc still working on it to stop (O(ranks); cancels are rare)."""
-        with self._lock:
-            if self._pending.pop(p.call_id, None) is None:
+        with self.calls.lock:
+            if self.calls.pending.pop(p.call_id, None) is None:
                 return
             ranks = sorted(p.outstanding)
             p.outstanding.clear()
-        if self.activity is not None and ranks:
-            self.activity(p.mesh_id, ranks, -1)
+        if self.hooks.activity is not None and ranks:
+            self.hooks.activity(p.mesh_id, ranks, -1)
         if p.stream_q is not None:  # the future itself was already cancelled by Future.cancel
             p.fail(MeshCancelledError(f"{p.actor}.{p.endpoint} was cancelled"), len(ranks))
         assert p.ref is not None
         for r in ranks:
-            if (p.mesh_id, r) in self._failed:
+            if (p.mesh_id, r) in self.calls.failed:
                 continue
             try:
                 self.transport.send(
@@ -200,12 +196,12 @@ class Client(Outcomes, Supervision):
     def _interrupt(self, p: Pending) -> BaseException:
         """Ctrl-C in ``get()``: cancel, wait a moment for the ranks to stop, say how it went."""
         assert p.future is not None
-        fut, ref, kill = p.future, p.ref, self.kill_ranks
+        fut, ref, kill = p.future, p.ref, self.hooks.kill_ranks
         return cancels.report(
             p,
             fut.cancel,
             self.cancel_acks,
-            lambda r: (p.mesh_id, r) in self._failed,
+            lambda r: (p.mesh_id, r) in self.calls.failed,
             (lambda ranks: kill(ref, ranks)) if kill is not None and ref is not None else None,
         )
 
@@ -232,8 +228,8 @@ class Client(Outcomes, Supervision):
             "rm": DIRECT,  # one reply per rank, not per host: each constructor is known done when it is
         }
         self._send_cast(mesh, ranks, header, payload, bufs, p)
-        if self.on_spawn is not None:
-            self.on_spawn(mesh, payload, bufs)
+        if self.hooks.on_spawn is not None:
+            self.hooks.on_spawn(mesh, payload, bufs)
         return fut
 
     def respawn_actor(self, mesh: ActorMeshRef, rank: int, payload: bytes, bufs: list[Any]) -> Future[None]:
@@ -241,7 +237,7 @@ class Client(Outcomes, Supervision):
         fut: Future[None] = Future(f"respawn of {mesh._name}")
         p = Pending(fut, mesh._ref.mesh_id, "spawn", mesh._name, "__init__", None, [rank], {rank}, ref=mesh._ref)
         p.actor_id = mesh._actor_id
-        with self._lock:
+        with self.calls.lock:
             call_id = self._register(p)
             header = {
                 "k": "spawn",
@@ -258,12 +254,12 @@ class Client(Outcomes, Supervision):
                 self.transport.send(self._proc_addr(mesh._ref, rank), Message(header, payload, bufs))
             except BaseException:
                 self._unseq(mesh, [rank])
-                self._pending.pop(call_id, None)
+                self.calls.pending.pop(call_id, None)
                 raise
         return fut
 
     def _proc_addr(self, ref: ProcMeshRef, rank: int) -> str:
-        return self._moved.get((ref.mesh_id, rank)) or ref.proc_addrs[rank]
+        return self.calls.moved.get((ref.mesh_id, rank)) or ref.proc_addrs[rank]
 
     def _actor_addr(self, ref: ProcMeshRef, rank: int, actor_id: str) -> str:
         return self.inboxes.address(self._proc_addr(ref, rank), actor_id)
@@ -323,7 +319,7 @@ class Client(Outcomes, Supervision):
         interrupted: BaseException | None = None
         held = interrupts.hold()  # Ctrl-C waits until the call is sent and counted, or known unsent
         try:
-            with self._lock:
+            with self.calls.lock:
                 # checked again under the lock: a rank may have failed while the arguments were pickled
                 err = self._blocked(ref, ranks, f"calling {mesh._class_name}.{header.get('m', '__init__')}")
                 if err is not None:
@@ -344,7 +340,7 @@ class Client(Outcomes, Supervision):
                     if not sent:  # nobody got it: as if it never happened
                         self._unseq(mesh, ranks)
                         if p is not None:
-                            self._pending.pop(header["i"], None)
+                            self.calls.pending.pop(header["i"], None)
                         if isinstance(e, Exception):
                             raise DeliveryError(
                                 [Failure(ref.name, {}, "delivery", f"not sent to any host: {e!r}")],
@@ -366,11 +362,11 @@ class Client(Outcomes, Supervision):
                 interrupts.release()
         for tracker in trackers:
             self.transport.wait_sent(tracker)
-        if p is not None and self.activity is not None:
-            self.activity(ref.mesh_id, ranks, 1)
+        if p is not None and self.hooks.activity is not None:
+            self.hooks.activity(ref.mesh_id, ranks, 1)
         if undelivered and p is not None:
             for r, f in undelivered:
-                self._add(p, p.call_id, r, BROKEN, pickle.dumps(f), [])
+                self.outcomes.add(p, p.call_id, r, BROKEN, pickle.dumps(f), [])
         if interrupted is not None:
             raise interrupted
 
@@ -390,13 +386,13 @@ class Client(Outcomes, Supervision):
         local = _same_host(ref, rank)
         # all bookkeeping before the send: after it this thread should only wait, leaving the CPU
         # to the message's way there and back (on 2 cores that is measurable)
-        if self.activity is not None:
-            self.activity(ref.mesh_id, [rank], 1)
+        if self.hooks.activity is not None:
+            self.hooks.activity(ref.mesh_id, [rank], 1)
         box = self.boxes.for_call() if self.boxes is not None else None
         tracker = None
         held = interrupts.hold()  # Ctrl-C waits until the call is sent and counted, or known unsent
         try:
-            with self._lock:
+            with self.calls.lock:
                 # checked again under the lock: the rank may have failed while the arguments were pickled
                 err = self._blocked(ref, [rank], context)
                 if err is None:
@@ -420,7 +416,7 @@ class Client(Outcomes, Supervision):
                         tracker = self.transport.send(address, Message(header, payload, bufs), local=local, wait=False)
                     except BaseException as e:  # never sent (full /dev/shm, closed): no gap, nothing pending
                         self._unseq(mesh, [rank])
-                        self._pending.pop(call_id, None)
+                        self.calls.pending.pop(call_id, None)
                         err = DeliveryError(
                             [Failure(ref.name, ref.coords(rank), "delivery", f"not sent: {e!r}")], context
                         )
@@ -446,46 +442,46 @@ class Client(Outcomes, Supervision):
         p.future._driver = box
 
     def _busy_boxes(self) -> set[ReplyBox]:
-        with self._lock:
-            return {p.box for p in self._pending.values() if p.box is not None}
+        with self.calls.lock:
+            return {p.box for p in self.calls.pending.values() if p.box is not None}
 
     def _after_unsent(self, ref: ProcMeshRef, rank: int, fut: Future[Any], err: BaseException) -> None:
-        if self.activity is not None:
-            self.activity(ref.mesh_id, [rank], -1)
+        if self.hooks.activity is not None:
+            self.hooks.activity(ref.mesh_id, [rank], -1)
         fut._set_exception(err)
 
     def check_rank(self, mesh_id: str, mesh_name: str, rank: int, context: str) -> None:
         """Raise the error a call to ``rank`` of that proc mesh would raise now (stopped, failed)."""
-        if mesh_id in self._stopped:
+        if mesh_id in self.calls.stopped:
             raise MeshClosedError(f"proc mesh '{mesh_name}' was stopped; {context} cannot run. Spawn a new proc mesh.")
-        failure = self._failed.get((mesh_id, rank))
+        failure = self.calls.failed.get((mesh_id, rank))
         if failure is not None:
             raise SupervisionError([failure], context)
 
     def choose(self, mesh: ActorMeshRef, endpoint: str, args: Any, kwargs: Any) -> Future[Any]:
-        alive = [r for r in mesh._shape.ranks() if (mesh._ref.mesh_id, r) not in self._failed]
+        alive = [r for r in mesh._shape.ranks() if (mesh._ref.mesh_id, r) not in self.calls.failed]
         if not alive:
             self._check_targets(mesh._ref, mesh._shape.ranks(), f"choosing an actor of {mesh._name}")
         start = next(self._ids)  # rotate ties so equal loads spread out
         n = len(alive)
         order = alive[start % n :] + alive[: start % n]
-        actor_id, load = mesh._actor_id, self._pending.load  # call_one/choose calls in flight, per rank
-        with self._lock:
+        actor_id, load = mesh._actor_id, self.calls.pending.load  # call_one/choose calls in flight, per rank
+        with self.calls.lock:
             rank = min(order, key=lambda r: load.get((actor_id, r), 0))
         return self.call_rank(mesh, rank, endpoint, args, kwargs)
 
     def _iter_stream(self, p: Pending, actor_id: str) -> Iterator[Future[Any]]:
-        return Stream(self, p, actor_id)
+        return Stream(p, actor_id, self._cancel, self.defer_cancel)
 
     def request(self, address: str, header: dict[str, Any], obj: Any = None, what: str = "request") -> Future[Any]:
         """A control request (to an agent): the reply's payload is the future's value."""
         fut: Future[Any] = Future(what)
-        lost = self._lost_peers.get(address)
+        lost = self.calls.lost_peers.get(address)
         if lost is not None:  # known dead: fail now, naming it, rather than wait out a timeout
             fut._set_exception(SupervisionError([Failure("", {}, "agent", lost)], f"during {what}"))
             return fut
         payload, bufs = dumps(obj)
-        with self._lock:
+        with self.calls.lock:
             header["i"] = self._register(Pending(fut, "", "request", peer=address))
             header["s"] = self.address
             self.transport.send(address, Message(header, payload, bufs))

@@ -17,7 +17,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import zmq
@@ -35,6 +34,7 @@ from ..errors import (
     MeshClosedError,
     MeshError,
     MeshTimeoutError,
+    ProtocolError,
     SupervisionError,
 )
 from . import hooks
@@ -43,6 +43,7 @@ from .elastic import Elastic
 from .hooks import Embedding
 from .inits import Inits
 from .logs import WorkerLogs, cut_line
+from .records import MeshRecord, MeshRecords
 
 if TYPE_CHECKING:
     from .._core.refs import ActorMeshRef, ProcMeshRef
@@ -62,21 +63,7 @@ def print_output(mesh: str, rank: int, label: str, fd: int, lines: list[str]) ->
     stream.flush()
 
 
-@dataclass
-class _ProcMeshRecord:
-    ref: ProcMeshRef
-    pids: dict[int, int]
-    stopped: bool = False
-    failures: dict[int, Failure] = field(default_factory=dict)
-    # actor meshes spawned from here on this proc mesh, with their spawn payloads (for respawn)
-    actors: list[tuple[ActorMeshRef, bytes, list[Any]]] = field(default_factory=list)
-    owner: Any = None  # the actor (inside a proc) that spawned this mesh: its __supervise__ is asked first
-    job: Any = None
-    env: dict[str, str] = field(default_factory=dict)
-    preload: list[str] = field(default_factory=list)
-
-
-class Controller(Elastic, Inits):
+class Controller:
     """Session key, control-plane endpoint, agents and proc meshes of this program."""
 
     _instance: Controller | None = None
@@ -90,6 +77,7 @@ class Controller(Elastic, Inits):
                 inst = cls._instance
                 if inst is None:
                     inst = cls._instance = Controller(embedded=hooks.embedding())
+                    hooks.hold_faults_with(inst._hold_fault)
         return inst
 
     def __init__(self, bind: str | None = None, embedded: Embedding | None = None):
@@ -104,21 +92,25 @@ class Controller(Elastic, Inits):
             self.client = Client(self.transport, reply_boxes=True)
         self.address = self.transport.address
         self.state = StateTracker()
-        self.client.activity = self.state.activity
-        self.client.on_spawn = self._record_spawn
-        self.client.constructed = self._constructed
+        self.client.hooks.activity = self.state.activity
+        self.client.hooks.on_spawn = self._record_spawn
+        self.inits = Inits(self)  # actor constructors that take long
+        self.client.hooks.constructed = self.inits.constructed
         self.output: OutputSink = print_output
         self._agent_waiters: dict[str, Future[dict[str, Any]]] = {}
-        self._meshes: dict[str, _ProcMeshRecord] = {}
+        self.meshes = MeshRecords()
         self.worker_logs = WorkerLogs()  # for ProcMesh.logs(): bounded in bytes, trimmed when a mesh stops
-        self.client.on_stopped = self.worker_logs.stopped
+        self.client.hooks.on_stopped = self.worker_logs.stopped
         self._jobs: list[Job] = []
         self._lock = threading.Lock()
         self._closed = False
         self.pending_fault: SupervisionError | None = None
-        self._killed_on_request: set[tuple[str, int]] = set()
-        self.client.before_call = self.raise_pending_fault
-        self.client.kill_ranks = self._kill_now
+        self.killed_on_request: set[tuple[str, int]] = set()
+        self.elastic = Elastic(self)
+        self.kill, self.respawn, self.resize = self.elastic.kill, self.elastic.respawn, self.elastic.resize
+        self.watch_init = self.inits.watch_init
+        self.client.hooks.before_call = self.raise_pending_fault
+        self.client.hooks.kill_ranks = self._kill_now
         # liveness of agents: O(hosts) pings per interval, never O(procs)
         self.hb_timeout = float(os.environ.get("JUPYTER_MESH_HEARTBEAT_TIMEOUT", "3.0"))
         self._agent_seen: dict[str, float] = {}
@@ -154,7 +146,7 @@ class Controller(Elastic, Inits):
                 # a proc that does not answer is busy (or answers again)
                 Kind.PROC_NOTE: lambda msg, _: self.state.note(msg.header["m"], msg.header["rk"], msg.header["note"]),
                 Kind.RDMA: lambda msg, _: handle_rdma(self.transport, msg),
-                Kind.PROC_EXIT: lambda msg, _: self._proc_exit(
+                Kind.PROC_EXIT: lambda msg, _: self.proc_exit(
                     msg.header["m"], msg.header["rk"], loads(msg.payload, msg.buffers)
                 ),
                 Kind.HEARTBEAT_ACK: self._on_heartbeat_ack,
@@ -167,7 +159,7 @@ class Controller(Elastic, Inits):
 
     def _on_output(self, msg: Message, frames: list[Any]) -> None:
         h = msg.header
-        rec = self._meshes.get(h["m"])
+        rec = self.meshes.get(h["m"])
         lines = [cut_line(line) for line in h["lines"]]  # one huge line must not flood the cell or memory
         if rec is not None:
             self.worker_logs.add(h["m"], h["rk"], h["fd"], lines, time.time())
@@ -183,7 +175,7 @@ class Controller(Elastic, Inits):
         w = self._agent_waiters.pop(h.get("nonce", ""), None)
         try:
             check_version(h.get("v"), f"the agent of host {h.get('h')} (pid {h.get('pid')})")
-        except MeshError as e:
+        except ProtocolError as e:
             if w is not None:
                 w._set_exception(e)
             else:
@@ -193,8 +185,8 @@ class Controller(Elastic, Inits):
         if w is not None:
             w._set_result(h)
 
-    def _proc_exit(self, mesh_id: str, rank: int, failure: Failure) -> None:
-        rec = self._meshes.get(mesh_id)
+    def proc_exit(self, mesh_id: str, rank: int, failure: Failure) -> None:
+        rec = self.meshes.get(mesh_id)
         if rec is None or rec.stopped:
             return
         with self._lock:  # the receive and heartbeat threads may both report it: handle it once
@@ -210,9 +202,9 @@ class Controller(Elastic, Inits):
         finally:
             self.state.failed(mesh_id, rank, failure)
             self.client.mark_failed({rank: failure}, mesh_id)
-            self._notify_procs({"k": "notice", "what": "failed", "m": mesh_id, "rk": rank}, failure)
+            self.notify_procs({"k": "notice", "what": "failed", "m": mesh_id, "rk": rank}, failure)
 
-    def _notify_procs(self, header: dict[str, Any], obj: Any = None) -> None:
+    def notify_procs(self, header: dict[str, Any], obj: Any = None) -> None:
         """Tell every proc (through its agent: O(hosts) sends) that a rank failed or came back, so
         actors calling it directly fail fast, or reach its new address."""
         payload, bufs = dumps(obj) if obj is not None else (b"", [])
@@ -224,9 +216,9 @@ class Controller(Elastic, Inits):
                 except Exception:  # noqa: BLE001 - closing down
                     return
 
-    def _supervise(self, rec: _ProcMeshRecord, rank: int, failure: Failure, told: bool) -> None:
+    def _supervise(self, rec: MeshRecord, rank: int, failure: Failure, told: bool) -> None:
         """Who handles a failure: the actor that owns the mesh, else the fault hook if no call was told."""
-        if (rec.ref.mesh_id, rank) in self._killed_on_request:
+        if (rec.ref.mesh_id, rank) in self.killed_on_request:
             return
         emb = hooks.embedding()
         if rec.owner is not None and emb is not None:
@@ -356,13 +348,13 @@ class Controller(Elastic, Inits):
 
     def _host_lost(self, addr: str, detail: str) -> None:
         """Every rank on a lost agent's host is failed (its procs die with it, or are unreachable)."""
-        for mesh_id, rec in list(self._meshes.items()):
+        for mesh_id, rec in list(self.meshes.items()):
             if rec.stopped or addr not in rec.ref.agent_addrs:
                 continue
             host = rec.ref.agent_addrs.index(addr)
             ranks = [r for r, h in enumerate(rec.ref.rank_host) if h == host and r not in rec.failures]
             for r in ranks:
-                self._proc_exit(mesh_id, r, Failure(rec.ref.name, rec.ref.coords(r), "agent", detail))
+                self.proc_exit(mesh_id, r, Failure(rec.ref.name, rec.ref.coords(r), "agent", detail))
 
     def expect_agent(self, nonce: str) -> Future[dict[str, Any]]:
         fut: Future[dict[str, Any]] = Future("agent start")
@@ -409,15 +401,15 @@ class Controller(Elastic, Inits):
             [a.addr for a in hosts],
             [a.host_key for a in hosts],
         )
-        rec = _ProcMeshRecord(ref, {})
+        rec = MeshRecord(ref, {})
         emb = hooks.embedding()
         if emb is not None and self.embedded:
             rec.owner = emb.current_owner()
-        self._meshes[mesh_id] = rec
+        self.meshes[mesh_id] = rec
         self.state.created(mesh_id, name, dict(shape.extent), [dict(shape.point(r)) for r in range(len(shape))])
         rec.job, rec.env, rec.preload = job, env, preload
         futs = [
-            self._spawn_request(agent, ref, list(range(pos * per_host, (pos + 1) * per_host)), env, preload)
+            self.spawn_request(agent, ref, list(range(pos * per_host, (pos + 1) * per_host)), env, preload)
             for pos, agent in enumerate(hosts)
         ]
         errors: list[BaseException] = []
@@ -441,7 +433,7 @@ class Controller(Elastic, Inits):
             raise errors[0]
         return ref
 
-    def _spawn_request(
+    def spawn_request(
         self,
         agent: AgentHandle,
         ref: ProcMeshRef,
@@ -464,14 +456,14 @@ class Controller(Elastic, Inits):
         return self.client.request(agent.addr, req, what=f"spawn of proc mesh '{ref.name}'")
 
     def stop_procs(self, ref: ProcMeshRef, timeout: float) -> None:
-        rec = self._meshes.get(ref.mesh_id)
+        rec = self.meshes.get(ref.mesh_id)
         if rec is None or rec.stopped:
             return
         rec.stopped = True
         self.client.mark_stopped(ref.mesh_id)
         self.state.stopped(ref.mesh_id)
         # actors elsewhere holding this mesh: calls to it fail as closed instead of waiting
-        self._notify_procs({"k": "notice", "what": "stopped", "m": ref.mesh_id})
+        self.notify_procs({"k": "notice", "what": "stopped", "m": ref.mesh_id})
         if self._closed:
             return
         futs = [
@@ -494,7 +486,7 @@ class Controller(Elastic, Inits):
             if addr:
                 self.client.forget_proc(addr)
 
-    def _force_stop(self, rec: _ProcMeshRecord, host: int, why: str) -> None:
+    def _force_stop(self, rec: MeshRecord, host: int, why: str) -> None:
         """An agent did not answer a stop: kill its procs of this mesh ourselves where we can (same
         machine), and say what was forced."""
         ref = rec.ref
@@ -517,26 +509,20 @@ class Controller(Elastic, Inits):
         )
 
     def _record_spawn(self, mesh: ActorMeshRef, payload: bytes, bufs: list[Any]) -> None:
-        rec = self._meshes.get(mesh._ref.mesh_id)
+        rec = self.meshes.get(mesh._ref.mesh_id)
         if rec is not None:
             rec.actors.append((mesh, payload, [bytes(b) for b in bufs]))
-
-    def _record(self, ref: ProcMeshRef) -> _ProcMeshRecord:
-        rec = self._meshes.get(ref.mesh_id)
-        if rec is None or rec.stopped:
-            raise MeshClosedError(f"proc mesh '{ref.name}' was stopped; spawn a new one")
-        return rec
 
     def logs(self, ref: ProcMeshRef, rank: int | None, tail: int | None) -> list[tuple[float, int, int, str]]:
         lines = self.worker_logs.lines(ref.mesh_id, rank)
         return lines[-tail:] if tail else lines
 
     def is_stopped(self, mesh_id: str) -> bool:
-        rec = self._meshes.get(mesh_id)
+        rec = self.meshes.get(mesh_id)
         return rec is None or rec.stopped
 
     def proc_pids(self, mesh_id: str) -> dict[int, int]:
-        return dict(self._meshes[mesh_id].pids)
+        return dict(self.meshes[mesh_id].pids)
 
     # -- shutdown ---------------------------------------------------------------------------------
     def _at_exit(self) -> None:
@@ -554,7 +540,7 @@ class Controller(Elastic, Inits):
             if self._closed:
                 return
             self._closed = True
-        for mesh_id, rec in self._meshes.items():
+        for mesh_id, rec in self.meshes.items():
             rec.stopped = True
             self.state.stopped(mesh_id)
             self.worker_logs.stopped(mesh_id)
@@ -577,6 +563,7 @@ class Controller(Elastic, Inits):
         with Controller._instance_lock:
             if Controller._instance is self:
                 Controller._instance = None
+                hooks.hold_faults_with(None)
         if context().installed_client() is self.client:
             context().set_client(None)
         try:

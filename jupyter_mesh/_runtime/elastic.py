@@ -1,10 +1,10 @@
-"""Elasticity, as part of the controller: kill a rank, respawn failed ranks in place, grow or shrink a
+"""Elasticity, a part the controller owns: kill a rank, respawn failed ranks in place, grow or shrink a
 proc mesh. Actor meshes spawned from here are re-created on new procs from their spawn payloads."""
 
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .._core.future import Future
 from .._core.shape import Shape
@@ -12,37 +12,47 @@ from ..errors import MeshValueError, SupervisionError
 
 if TYPE_CHECKING:
     from .._core.refs import ProcMeshRef
-    from .controller import _ProcMeshRecord
+    from .._core.state import StateTracker
+    from .client import Client
+    from .records import MeshRecord, MeshRecords
 
 __all__ = ["Elastic"]
 
 
+class ElasticHost(Protocol):
+    """What elasticity needs of the controller."""
+
+    client: Client
+    state: StateTracker
+    meshes: MeshRecords
+    killed_on_request: set[tuple[str, int]]
+
+    def spawn_request(
+        self,
+        agent: Any,
+        ref: ProcMeshRef,
+        ranks: list[int],
+        env: dict[str, str],
+        preload: list[str],
+        shape: Shape | None = None,
+    ) -> Future[Any]: ...
+
+    def notify_procs(self, header: dict[str, Any], obj: Any = None) -> None: ...
+
+    def raise_pending_fault(self) -> None: ...
+
+
 class Elastic:
-    """Mixed into :class:`~.controller.Controller`; uses its client, state tracker and mesh records."""
+    """Kill, respawn, grow and shrink the controller's proc meshes (one per controller)."""
 
-    if TYPE_CHECKING:  # provided by the controller
-        client: Any
-        state: Any
-        _killed_on_request: set[tuple[str, int]]
-
-        def _record(self, ref: ProcMeshRef) -> _ProcMeshRecord: ...
-        def _spawn_request(
-            self,
-            agent: Any,
-            ref: ProcMeshRef,
-            ranks: list[int],
-            env: dict[str, str],
-            preload: list[str],
-            shape: Shape | None = None,
-        ) -> Future[Any]: ...
-        def _notify_procs(self, header: dict[str, Any], obj: Any = None) -> None: ...
-        def raise_pending_fault(self) -> None: ...
+    def __init__(self, host: ElasticHost):
+        self.host = host
 
     def kill(self, ref: ProcMeshRef, rank: int, sig: int, timeout: float = 10.0) -> int:
         """Send ``sig`` to the proc of ``rank``; its exit is then reported like any failure."""
-        self._record(ref)
-        self._killed_on_request.add((ref.mesh_id, rank))
-        return self.client.request(
+        self.host.meshes.live(ref)
+        self.host.killed_on_request.add((ref.mesh_id, rank))
+        return self.host.client.request(
             ref.agent_addrs[ref.rank_host[rank]],
             {"k": "kill_proc", "mesh_id": ref.mesh_id, "rank": rank, "sig": sig},
             what=f"kill of rank {rank}",
@@ -50,7 +60,7 @@ class Elastic:
 
     def respawn(self, ref: ProcMeshRef, ranks: list[int] | None, timeout: float) -> list[int]:
         """New procs for failed ranks, same coordinates; actors spawned from here are re-created."""
-        rec = self._record(ref)
+        rec = self.host.meshes.live(ref)
         ranks = sorted(rec.failures) if ranks is None else sorted(set(ranks))
         alive = [r for r in ranks if r not in rec.failures]
         if alive:
@@ -61,7 +71,7 @@ class Elastic:
         for r in ranks:
             by_host.setdefault(ref.rank_host[r], []).append(r)
         futs = [
-            self.client.request(
+            self.host.client.request(
                 ref.agent_addrs[h], {"k": "start_procs", "mesh_id": ref.mesh_id, "ranks": rs}, what=f"respawn of {rs}"
             )
             for h, rs in by_host.items()
@@ -70,18 +80,18 @@ class Elastic:
             for rank, addr, pid in f.get(timeout):
                 ref.proc_addrs[rank] = addr
                 rec.pids[rank] = pid
-        self.client.reset_ranks(ref.mesh_id, ranks, [m._actor_id for m, _, _ in rec.actors])
+        self.host.client.reset_ranks(ref.mesh_id, ranks, [m._actor_id for m, _, _ in rec.actors])
         spawns = [
-            self.client.respawn_actor(m, r, payload, bufs)
+            self.host.client.respawn_actor(m, r, payload, bufs)
             for m, payload, bufs in rec.actors
             for r in ranks
             if m._shape.slice.index_of(r) is not None
         ]
         for r in ranks:
             rec.failures.pop(r, None)
-            self._killed_on_request.discard((ref.mesh_id, r))
-            self.state.respawned(ref.mesh_id, r, rec.pids[r])
-            self._notify_procs(
+            self.host.killed_on_request.discard((ref.mesh_id, r))
+            self.host.state.respawned(ref.mesh_id, r, rec.pids[r])
+            self.host.notify_procs(
                 {"k": "notice", "what": "respawned", "m": ref.mesh_id, "rk": r, "addr": ref.proc_addrs[r]}
             )
         self._wait_actor_spawns(spawns, timeout, "while re-creating actors on respawned ranks")
@@ -90,8 +100,8 @@ class Elastic:
     def resize(self, ref: ProcMeshRef, dim: str, size: int, timeout: float) -> None:
         """Grow or shrink one dim. Ranks keep their numbers, so every dim before ``dim`` must have
         size 1 (``hosts`` for a one-host mesh, or ``hosts`` itself)."""
-        rec = self._record(ref)
-        self.raise_pending_fault()
+        rec = self.host.meshes.live(ref)
+        self.host.raise_pending_fault()
         shape = ref.shape
         if dim not in shape.labels:
             raise MeshValueError(f"unknown dim '{dim}'; this mesh has dims {list(shape.labels)}")
@@ -111,7 +121,7 @@ class Elastic:
         elif new_n < old_n:
             self._shrink(rec, new_shape, timeout)
 
-    def _grow(self, rec: _ProcMeshRecord, new_shape: Shape, dim: str, timeout: float) -> None:
+    def _grow(self, rec: MeshRecord, new_shape: Shape, dim: str, timeout: float) -> None:
         ref = rec.ref
         old_n, new_n = len(ref.shape), len(new_shape)
         n_hosts = len(ref.agent_addrs)
@@ -126,7 +136,7 @@ class Elastic:
         for h, addr in enumerate(ref.agent_addrs):  # hosts we have: new ranks (or just the new extent)
             ranks = [r for r in new_ranks if ref.rank_host[r] == h]
             futs.append(
-                self.client.request(
+                self.host.client.request(
                     addr,
                     {"k": "start_procs", "mesh_id": ref.mesh_id, "ranks": ranks, "shape": new_shape.to_wire()},
                     what=f"grow of '{ref.name}'",
@@ -140,8 +150,8 @@ class Elastic:
                 ref.agent_addrs.append(agent.addr)
                 ref.host_keys.append(agent.host_key)
                 ranks = [r for r in new_ranks if ref.rank_host[r] == h]
-                futs.append(self._spawn_request(agent, ref, ranks, rec.env, rec.preload, new_shape))
-        self.state.resized(ref.mesh_id, dict(new_shape.extent), [dict(new_shape.point(r)) for r in range(new_n)])
+                futs.append(self.host.spawn_request(agent, ref, ranks, rec.env, rec.preload, new_shape))
+        self.host.state.resized(ref.mesh_id, dict(new_shape.extent), [dict(new_shape.point(r)) for r in range(new_n)])
         try:
             for f in futs:
                 for rank, addr, pid in f.get(timeout):
@@ -155,21 +165,21 @@ class Elastic:
             raise
         ref.shape = new_shape
         spawns = [
-            self.client.respawn_actor(m, r, payload, bufs)
+            self.host.client.respawn_actor(m, r, payload, bufs)
             for m, payload, bufs in rec.actors
             if m._view is None
             for r in new_ranks
         ]
         self._wait_actor_spawns(spawns, timeout, "while creating actors on the new ranks")
 
-    def _shrink(self, rec: _ProcMeshRecord, new_shape: Shape, timeout: float) -> None:
+    def _shrink(self, rec: MeshRecord, new_shape: Shape, timeout: float) -> None:
         ref = rec.ref
         new_n = len(new_shape)
         removed = list(range(new_n, len(ref.proc_addrs)))
         ref.shape = new_shape  # from now on no call targets the removed ranks
-        self.client.mark_removed(ref.mesh_id, removed)
+        self.host.client.mark_removed(ref.mesh_id, removed)
         futs = [
-            self.client.request(
+            self.host.client.request(
                 addr,
                 {
                     "k": "stop_procs",
@@ -188,7 +198,7 @@ class Elastic:
         for r in removed:
             rec.pids.pop(r, None)
             rec.failures.pop(r, None)
-        self.state.resized(ref.mesh_id, dict(new_shape.extent), [dict(new_shape.point(r)) for r in range(new_n)])
+        self.host.state.resized(ref.mesh_id, dict(new_shape.extent), [dict(new_shape.point(r)) for r in range(new_n)])
 
     def _wait_actor_spawns(self, spawns: list[Future[None]], timeout: float, context: str) -> None:
         errors = []

@@ -15,7 +15,16 @@ if TYPE_CHECKING:
     from .._wire.transport import Transport
     from .client import Client
 
-__all__ = ["Embedding", "FaultHook", "embed", "embedding", "fail_fast", "fault_hook", "set_fault_hook"]
+__all__ = [
+    "Embedding",
+    "FaultHook",
+    "embed",
+    "embedding",
+    "fail_fast",
+    "fault_hook",
+    "hold_faults_with",
+    "set_fault_hook",
+]
 
 
 @dataclass
@@ -52,11 +61,19 @@ FaultHook = Callable[[SupervisionError], None]
 def fail_fast(err: SupervisionError) -> None:
     """The default in scripts: say it now, raise it at the next API call, exit non-zero if ignored."""
     print(f"jupyter_mesh: unhandled failure: {err}", file=sys.stderr)
-    from .controller import Controller
+    hold = _fault_holder
+    if hold is not None:
+        hold(err)
 
-    inst = Controller._instance
-    if inst is not None:
-        inst._hold_fault(err)
+
+_fault_holder: FaultHook | None = None
+
+
+def hold_faults_with(holder: FaultHook | None) -> None:
+    """The controller of this program keeps failures that ``fail_fast`` saw, to raise them at the
+    next API call (set when it starts, cleared when it closes)."""
+    global _fault_holder
+    _fault_holder = holder
 
 
 _hook: FaultHook = fail_fast

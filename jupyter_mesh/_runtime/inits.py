@@ -7,7 +7,7 @@ returns would otherwise leave the rank busy forever with no fault; with a time l
 failed with a ``Failure`` of kind ``init`` and their procs killed: a thread stuck in ``__init__``
 cannot be taken back, and a killed proc can be respawned. There is no limit by default: constructors
 legitimately load checkpoints or wait for peers for many minutes, and the note shows how long.
-Mixed into ``controller.Controller``.
+The controller owns one ``Inits``.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ import os
 import signal
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
+from .._wire.protocol import Kind
 from ..errors import Failure, MeshValueError
 
 if TYPE_CHECKING:
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
     from .._core.refs import ActorMeshRef
     from .._core.state import StateTracker
     from .client import Client
-    from .controller import _ProcMeshRecord
+    from .records import MeshRecords
 
 __all__ = ["ENV", "Inits", "init_timeout"]
 
@@ -50,26 +51,36 @@ def init_timeout(given: float | None) -> float | None:
     return None if math.isinf(given) else float(given)
 
 
-class Inits:
-    _init_ticker: threading.Thread | None = None  # refreshes the notes while a constructor runs
-    if TYPE_CHECKING:  # the controller's own state
-        state: StateTracker
-        client: Client
-        _meshes: dict[str, _ProcMeshRecord]
-        _closed: bool
+class InitsHost(Protocol):
+    """What the constructor watch needs of the controller."""
 
-        def _proc_exit(self, mesh_id: str, rank: int, failure: Failure) -> None: ...
+    state: StateTracker
+    client: Client
+    meshes: MeshRecords
+
+    @property
+    def is_closed(self) -> bool: ...
+
+    def proc_exit(self, mesh_id: str, rank: int, failure: Failure) -> None: ...
+
+
+class Inits:
+    """The controller's watch over actor constructors (one per controller)."""
+
+    def __init__(self, host: InitsHost):
+        self.host = host
+        self._init_ticker: threading.Thread | None = None  # refreshes the notes while a constructor runs
 
     def watch_init(self, mesh: ActorMeshRef, fut: Future[None], timeout: float | None) -> None:
         """Show the constructors of ``mesh`` as running until ``fut`` (its spawn) completes; fail the
         ranks still constructing after ``timeout`` seconds."""
         mesh_id, ranks, name, key = mesh._ref.mesh_id, mesh._shape.ranks(), mesh._name, mesh._actor_id
-        self.state.initializing(mesh_id, ranks, key, name)
+        self.host.state.initializing(mesh_id, ranks, key, name)
         with _ticker_lock:
             if self._init_ticker is None:
                 self._init_ticker = threading.Thread(target=self._tick_inits, name="jupyter-mesh-inits", daemon=True)
                 self._init_ticker.start()
-        fut.add_done_callback(lambda _f: self.state.initializing(mesh_id, ranks, key, done=True))
+        fut.add_done_callback(lambda _f: self.host.state.initializing(mesh_id, ranks, key, done=True))
         if timeout is None:
             return
         timer = threading.Timer(timeout, self._init_overdue, (mesh, fut, timeout))
@@ -80,22 +91,22 @@ class Inits:
 
     def _tick_inits(self) -> None:
         """Widgets redraw on events only: while constructors run, say every few seconds how long."""
-        while not self._closed:
+        while not self.host.is_closed:
             time.sleep(REFRESH)
             with _ticker_lock:
-                if not self.state.refresh_inits():
+                if not self.host.state.refresh_inits():
                     self._init_ticker = None
                     return
 
-    def _constructed(self, mesh_id: str, ranks: list[int], actor_id: str) -> None:
+    def constructed(self, mesh_id: str, ranks: list[int], actor_id: str) -> None:
         """From the client, as each rank's constructor answers (its spawn may still wait for others)."""
-        self.state.initializing(mesh_id, ranks, actor_id, done=True)
+        self.host.state.initializing(mesh_id, ranks, actor_id, done=True)
 
     def _init_overdue(self, mesh: ActorMeshRef, fut: Future[None], timeout: float) -> None:
         """On a timer thread: fail (as ``init``) and kill the ranks whose ``__init__`` is still running."""
         ref = mesh._ref
-        rec = self._meshes.get(ref.mesh_id)
-        ranks = self.client.constructing(fut)
+        rec = self.host.meshes.get(ref.mesh_id)
+        ranks = self.host.client.constructing(fut)
         if rec is None or rec.stopped or not ranks:
             return
         for r in ranks:  # recorded before the kill: the proc's death is then this failure, not a signal
@@ -105,12 +116,12 @@ class Inits:
                 f"its proc {pid} was killed. Respawn the rank (ProcMesh.respawn) once the constructor can "
                 "finish, or give a larger init_timeout"
             )
-            self._proc_exit(ref.mesh_id, r, Failure(ref.name, ref.coords(r), "init", detail))
+            self.host.proc_exit(ref.mesh_id, r, Failure(ref.name, ref.coords(r), "init", detail))
         for r in ranks:
             try:
-                self.client.request(
+                self.host.client.request(
                     ref.agent_addrs[ref.rank_host[r]],
-                    {"k": "kill_proc", "mesh_id": ref.mesh_id, "rank": r, "sig": int(signal.SIGKILL)},
+                    {"k": Kind.KILL_PROC, "mesh_id": ref.mesh_id, "rank": r, "sig": int(signal.SIGKILL)},
                     what=f"kill of rank {r} (its __init__ overran)",
                 )
             except Exception:  # noqa: BLE001 - closing down: the agent kills its procs anyway

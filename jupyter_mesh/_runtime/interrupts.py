@@ -24,14 +24,14 @@ _previous: Any = None
 _caught = False
 
 
-def _record(signum: int, frame: Any) -> None:
+def _note_interrupt(signum: int, frame: Any) -> None:
     global _caught
     _caught = True
 
 
 def held() -> bool:
     """Is SIGINT held now, on this thread (the main one)?"""
-    return threading.get_ident() == _MAIN and _signal.getsignal(_SIGINT) is _record
+    return threading.get_ident() == _MAIN and _signal.getsignal(_SIGINT) is _note_interrupt
 
 
 _off_main: dict[int, int] = {}  # other threads in a critical stretch (depth): an async cancel waits
@@ -52,10 +52,10 @@ def hold() -> bool:
         _off_main[me] = _off_main.get(me, 0) + 1
         return True
     previous = _signal.getsignal(_SIGINT)
-    if previous is _record or not callable(previous):
+    if previous is _note_interrupt or not callable(previous):
         return False  # nested, or SIGINT ignored / not handled by Python: nothing to hold
     _previous = previous
-    _signal.signal(_SIGINT, _record)
+    _signal.signal(_SIGINT, _note_interrupt)
     return True
 
 

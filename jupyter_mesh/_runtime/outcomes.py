@@ -1,4 +1,4 @@
-"""How replies become values or errors: the client's reply half, mixed into ``client.Client``.
+"""How replies become values or errors: the client's reply half (``client.Client`` owns one).
 
 A reply (``r``: one rank) or a host's gathered replies (``g``) is matched to its pending call; each
 rank's outcome (value, remote exception, broken rank) is recorded; the call's future completes when
@@ -25,12 +25,10 @@ from ..errors import (
     SerializationError,
     SupervisionError,
 )
-from .pending import Pending, PendingTable, remote_failure
+from .pending import Pending, remote_failure
 
 if TYPE_CHECKING:
-    import threading
-    from collections.abc import Callable
-
+    from .calls import CallTable, ClientHooks
     from .inboxes import ActorInboxes
 
 __all__ = ["Outcomes"]
@@ -39,24 +37,21 @@ _PROC_DEATH = frozenset({"exit", "signal", "heartbeat", "agent"})
 
 
 class Outcomes:
-    if TYPE_CHECKING:  # the client's own state
-        _lock: threading.Lock
-        _pending: PendingTable
-        _failed: dict[tuple[str, int], Failure]
-        inboxes: ActorInboxes
-        activity: Callable[[str, list[int], int], None] | None
-        constructed: Callable[[str, list[int], str], None] | None
+    """Records each rank's reply to a call in the call table and completes the call's future."""
+
+    def __init__(self, calls: CallTable, inboxes: ActorInboxes, hooks: ClientHooks):
+        self.calls, self.inboxes, self.hooks = calls, inboxes, hooks
 
     def on_reply(self, msg: Message) -> None:
         """For ``r`` (one rank) and ``g`` (gathered per host) replies: on the receive thread, or on a
         caller's thread reading its reply box."""
         h = msg.header
-        with self._lock:
-            p = self._pending.get(h["i"])
+        with self.calls.lock:
+            p = self.calls.pending.get(h["i"])
         if p is None:
             return  # cancelled, timed out or already failed
         if h["k"] == "r":
-            self._add(p, h["i"], h.get("rk", 0), h["ok"], msg.payload, msg.buffers)
+            self.add(p, h["i"], h.get("rk", 0), h["ok"], msg.payload, msg.buffers)
             return
         pos, bpos = 0, 0
         payload = memoryview(msg.payload)
@@ -67,16 +62,16 @@ class Outcomes:
             bpos += nbuf
         if p.mode == "request" or p.stream_q is not None:
             for rank, ok, part, bufs in parts:
-                self._add(p, h["i"], rank, ok, part, bufs)
+                self.add(p, h["i"], rank, ok, part, bufs)
             return
         # a host's replies at once: one pass under the lock, one activity update, one completion
-        self._record(
+        self._record_outcomes(
             p, h["i"], [(rank, self._decode_outcome(p, rank, ok, part, bufs)) for rank, ok, part, bufs in parts]
         )
 
-    def _add(self, p: Pending, call_id: int, rank: int, ok: int, payload: Any, bufs: list[Any]) -> None:
+    def add(self, p: Pending, call_id: int, rank: int, ok: int, payload: Any, bufs: list[Any]) -> None:
         if p.mode == "request":
-            self._finish(call_id)
+            self.calls.finish(call_id)
             assert p.future is not None
             try:
                 value = loads(payload, bufs)
@@ -90,16 +85,16 @@ class Outcomes:
             return
         outcome = self._decode_outcome(p, rank, ok, payload, bufs)
         if p.mode != "stream":
-            self._record(p, call_id, [(rank, outcome)])
+            self._record_outcomes(p, call_id, [(rank, outcome)])
             return
-        with self._lock:
+        with self.calls.lock:
             if rank not in p.outstanding:
                 return
             p.outstanding.discard(rank)
             if not p.outstanding:
-                self._pending.pop(call_id, None)
-        if self.activity is not None:
-            self.activity(p.mesh_id, [rank], -1)
+                self.calls.pending.pop(call_id, None)
+        if self.hooks.activity is not None:
+            self.hooks.activity(p.mesh_id, [rank], -1)
         assert p.stream_q is not None
         f: Future[Any] = Future(p.endpoint)
         if isinstance(outcome, RemoteFailure):
@@ -110,13 +105,13 @@ class Outcomes:
             f._set_result(outcome)
         p.stream_q.put(f)
 
-    def _record(self, p: Pending, call_id: int, outcomes: list[tuple[int, Any]]) -> None:
+    def _record_outcomes(self, p: Pending, call_id: int, outcomes: list[tuple[int, Any]]) -> None:
         """Record ranks' outcomes of a call (not a stream); complete it when nothing is left, or at
         once when a rank's proc died (the whole call is doomed: it names every broken rank).
 
         Replies may be dispatched on two threads at once (a caller reading its reply box, the
         receive thread reporting a failure): outcomes are recorded before completion is decided."""
-        with self._lock:
+        with self.calls.lock:
             finished = []
             deaths: dict[int, Failure] = {}
             for rank, outcome in outcomes:
@@ -136,17 +131,17 @@ class Outcomes:
                 return
             done = not p.outstanding or bool(deaths)
             if done:
-                self._pending.pop(call_id, None)
+                self.calls.pending.pop(call_id, None)
             if deaths:
-                known = {r: self._failed[(p.mesh_id, r)] for r in p.ranks if (p.mesh_id, r) in self._failed}
+                known = {r: self.calls.failed[(p.mesh_id, r)] for r in p.ranks if (p.mesh_id, r) in self.calls.failed}
                 known.update(deaths)
                 p.broken = [known[r] for r in sorted(known)]
                 finished += sorted(p.outstanding)
                 p.outstanding.clear()
-        if self.activity is not None:
-            self.activity(p.mesh_id, finished, -1)
-        if p.mode == "spawn" and self.constructed is not None:
-            self.constructed(p.mesh_id, finished, p.actor_id)
+        if self.hooks.activity is not None:
+            self.hooks.activity(p.mesh_id, finished, -1)
+        if p.mode == "spawn" and self.hooks.constructed is not None:
+            self.hooks.constructed(p.mesh_id, finished, p.actor_id)
         if done:
             self._complete(p)
 
@@ -183,10 +178,6 @@ class Outcomes:
         else:
             assert p.shape is not None
             p.future._set_result(ValueMesh(p.shape, [p.values[r] for r in p.ranks]))
-
-    def _finish(self, call_id: int) -> None:
-        with self._lock:
-            self._pending.pop(call_id, None)
 
 
 def _broken_error(broken: list[Failure], context: str) -> MeshError:

@@ -1,11 +1,12 @@
-"""Calls waiting for replies, and how replies become values or errors: the bookkeeping half of the
-client (``client.Client`` sends and routes; this module holds what it waits on)."""
+"""Calls waiting for replies: one call's record (``Pending``), the table of them with each actor's
+``call_one``/``choose`` load per rank, a stream's iterator, and a remote exception made into a
+``RemoteFailure``. ``outcomes`` turns replies into values; ``calls`` holds the table the client owns."""
 
 from __future__ import annotations
 
 import linecache
 import queue
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +17,6 @@ from ..errors import Failure, RemoteFailure
 
 if TYPE_CHECKING:
     from .._core.refs import ProcMeshRef
-    from .client import Client
     from .replies import ReplyBox
 
 __all__ = [
@@ -110,8 +110,15 @@ class Stream(Iterator[Future[Any]]):
     """Completed futures in arrival order. Leaving early (``break``, Ctrl-C, an exception, or just
     dropping the iterator) cancels the calls still running, so nothing keeps working for nobody."""
 
-    def __init__(self, client: Client, p: Pending, actor_id: str):
-        self._client, self._p, self._actor_id = client, p, actor_id
+    def __init__(
+        self,
+        p: Pending,
+        actor_id: str,
+        cancel: Callable[[Pending, str], None],
+        defer_cancel: Callable[[Pending, str], None],
+    ):
+        self._p, self._actor_id = p, actor_id
+        self._cancel, self._defer_cancel = cancel, defer_cancel
         self._left = len(p.ranks)
 
     def __iter__(self) -> Stream:
@@ -132,14 +139,14 @@ class Stream(Iterator[Future[Any]]):
     def close(self) -> None:
         if self._left:
             self._left = 0
-            self._client._cancel(self._p, self._actor_id)
+            self._cancel(self._p, self._actor_id)
 
     def __del__(self) -> None:
         # a finalizer may run inside any code that holds the client's lock (the GC runs anywhere):
         # it only queues the cancel, which the next call from this process carries out
         if self._left:
             self._left = 0
-            self._client.defer_cancel(self._p, self._actor_id)
+            self._defer_cancel(self._p, self._actor_id)
 
 
 def remote_failure(info: Any, p: Pending, rank: int) -> RemoteFailure:

@@ -133,7 +133,7 @@ class ActorHost:
     def _main(self) -> None:
         asyncio.set_event_loop(self.loop)
         _owner.host = self
-        context().actor.proc, context().actor.actor_name = self.runtime, self.name
+        context().actor.proc = self.runtime
         set_current_client(self.runtime.client)
         while True:
             try:

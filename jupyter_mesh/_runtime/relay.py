@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .._core.shape import Slice
 from .._wire.protocol import BROKEN, DIRECT, GATHER, NO_REPLY
@@ -19,13 +19,32 @@ from .agent_state import Gather, ProcEntry, kill
 from .pending import pack_gathered
 
 if TYPE_CHECKING:
-    from .agent import Agent
+    import threading
+
+    from .._wire.transport import Transport
+    from .agent_state import HostedMesh
+    from .inboxes import ActorInboxes
+
+
+class RelayHost(Protocol):
+    """What a relay needs of its host agent."""
+
+    transport: Transport
+    inboxes: ActorInboxes
+    lock: threading.RLock
+    procs: dict[tuple[str, int], ProcEntry]
+    meshes: dict[str, HostedMesh]
+
+    def failure(
+        self, p: ProcEntry, kind: str, detail: str, code: int | None = None, sig: int | None = None
+    ) -> Failure: ...
+
 
 __all__ = ["Relay"]
 
 
 class Relay:
-    def __init__(self, agent: Agent):
+    def __init__(self, agent: RelayHost):
         self.agent = agent
         self.gathers: dict[tuple[str, int], Gather] = {}  # (caller, call id) -> replies so far
         # fault injection, for tests of the undelivered path: "c:2,spawn:1" fails the next two relays of

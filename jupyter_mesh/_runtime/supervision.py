@@ -1,5 +1,5 @@
 """What a client does when ranks break, move, shrink away or stop: fail what waits on them, and make
-later calls fail at the call site or reach the rank's new proc. Mixed into ``client.Client``."""
+later calls fail at the call site or reach the rank's new proc. ``client.Client`` owns one."""
 
 from __future__ import annotations
 
@@ -10,45 +10,35 @@ from .._wire.protocol import BROKEN
 from ..errors import Failure, MeshClosedError
 
 if TYPE_CHECKING:
-    import threading
-    from collections.abc import Callable
-
-    from .pending import Pending, PendingTable
+    from .calls import CallTable, ClientHooks
+    from .outcomes import Outcomes
 
 __all__ = ["Supervision"]
 
 
 class Supervision:
-    if TYPE_CHECKING:  # the client's own state
-        _lock: threading.Lock
-        _pending: PendingTable
-        _failed: dict[tuple[str, int], Failure]
-        _stopped: set[str]
-        _seq: dict[str, list[int]]
-        _actor_mesh: dict[str, str]
-        _moved: dict[tuple[str, int], str]
-        _lost_peers: dict[str, str]
-        on_stopped: Callable[[str], None] | None
+    """Acts on the call table when ranks break, move, shrink away or stop."""
 
-        def _add(self, p: Pending, call_id: int, rank: int, ok: int, payload: Any, bufs: list[Any]) -> None: ...
+    def __init__(self, calls: CallTable, outcomes: Outcomes, hooks: ClientHooks):
+        self.calls, self.outcomes, self.hooks = calls, outcomes, hooks
 
     def rank_moved(self, mesh_id: str, rank: int, address: str) -> None:
         """A rank was respawned elsewhere: reach it at ``address`` (our copies of its mesh are stale),
         forget its failure and start our sequence numbers to it again."""
-        with self._lock:
-            self._moved[(mesh_id, rank)] = address
-            self._failed.pop((mesh_id, rank), None)
-            for actor_id, arr in self._seq.items():
-                if self._actor_mesh.get(actor_id) == mesh_id and rank < len(arr):
+        with self.calls.lock:
+            self.calls.moved[(mesh_id, rank)] = address
+            self.calls.failed.pop((mesh_id, rank), None)
+            for actor_id, arr in self.calls.seq.items():
+                if self.calls.actor_mesh.get(actor_id) == mesh_id and rank < len(arr):
                     arr[rank] = 0
 
     def reset_ranks(self, mesh_id: str, ranks: list[int], actor_ids: list[str]) -> None:
         """Ranks got new procs: forget their failures and restart our sequence numbers to them."""
-        with self._lock:
+        with self.calls.lock:
             for r in ranks:
-                self._failed.pop((mesh_id, r), None)
+                self.calls.failed.pop((mesh_id, r), None)
             for a in actor_ids:
-                arr = self._seq.get(a)
+                arr = self.calls.seq.get(a)
                 if arr is not None:
                     for r in ranks:
                         if r < len(arr):
@@ -59,15 +49,16 @@ class Supervision:
 
         A spawn does not count: few programs look at ``ActorMesh.initialized``, so a failure that
         only fails that future would go unseen."""
-        with self._lock:
+        with self.calls.lock:
             return any(
-                p.mesh_id == mesh_id and rank in p.outstanding and p.mode != "spawn" for p in self._pending.values()
+                p.mesh_id == mesh_id and rank in p.outstanding and p.mode != "spawn"
+                for p in self.calls.pending.values()
             )
 
     def constructing(self, spawn: Any) -> list[int]:
         """Ranks whose actor ``__init__`` has not answered yet, for the spawn whose future is ``spawn``."""
-        with self._lock:
-            for p in self._pending.values():
+        with self.calls.lock:
+            for p in self.calls.pending.values():
                 if p.future is spawn and p.mode == "spawn":
                     return sorted(p.outstanding)
         return []
@@ -76,36 +67,36 @@ class Supervision:
         """Ranks of ``mesh_id`` broke: fail what waits on them now, and later calls at the call site.
 
         Returns how many pending calls it failed (0: nobody was told; the fault hook should be)."""
-        with self._lock:
+        with self.calls.lock:
             for r, f in failure_by_rank.items():
-                self._failed[(mesh_id, r)] = f
+                self.calls.failed[(mesh_id, r)] = f
             hit = [
                 (cid, p)
-                for cid, p in self._pending.items()
+                for cid, p in self.calls.pending.items()
                 if p.mesh_id == mesh_id and p.outstanding & failure_by_rank.keys()
             ]
         for cid, p in hit:
             for r in sorted(p.outstanding & failure_by_rank.keys()):
-                self._add(p, cid, r, BROKEN, pickle.dumps(failure_by_rank[r]), [])
+                self.outcomes.add(p, cid, r, BROKEN, pickle.dumps(failure_by_rank[r]), [])
         return len(hit)
 
     def mark_removed(self, mesh_id: str, ranks: list[int]) -> None:
         """Ranks removed by a shrink: calls waiting on them fail as closed; their state is forgotten."""
         gone = set(ranks)
-        with self._lock:
+        with self.calls.lock:
             for r in ranks:
-                self._failed.pop((mesh_id, r), None)
+                self.calls.failed.pop((mesh_id, r), None)
             first = min(ranks, default=None)
-            for actor_id, arr in self._seq.items():  # a later grow starts those ranks at 0 again
-                if first is not None and self._actor_mesh.get(actor_id) == mesh_id:
+            for actor_id, arr in self.calls.seq.items():  # a later grow starts those ranks at 0 again
+                if first is not None and self.calls.actor_mesh.get(actor_id) == mesh_id:
                     del arr[first:]
-            hit = [p for p in self._pending.values() if p.mesh_id == mesh_id and p.outstanding & gone]
+            hit = [p for p in self.calls.pending.values() if p.mesh_id == mesh_id and p.outstanding & gone]
             lost: dict[int, int] = {}
             for p in hit:
                 lost[p.call_id] = len(p.outstanding & gone)
                 p.outstanding -= gone
                 if p.stream_q is None or not p.outstanding:
-                    self._pending.pop(p.call_id, None)
+                    self.calls.pending.pop(p.call_id, None)
         for p in hit:
             # a stream gets one closed future per removed rank; its other ranks still answer
             p.fail(
@@ -114,36 +105,36 @@ class Supervision:
             )
 
     def mark_stopped(self, mesh_id: str) -> None:
-        with self._lock:
-            self._stopped.add(mesh_id)
-            hit = [(cid, p) for cid, p in self._pending.items() if p.mesh_id == mesh_id]
+        with self.calls.lock:
+            self.calls.stopped.add(mesh_id)
+            hit = [(cid, p) for cid, p in self.calls.pending.items() if p.mesh_id == mesh_id]
             for cid, _ in hit:
-                self._pending.pop(cid, None)
+                self.calls.pending.pop(cid, None)
         for _, p in hit:
             p.fail(
                 MeshClosedError(f"proc mesh of '{p.actor}' was stopped while {p.endpoint} was pending"),
                 len(p.outstanding),
             )
-        if self.on_stopped is not None:
-            self.on_stopped(mesh_id)
+        if self.hooks.on_stopped is not None:
+            self.hooks.on_stopped(mesh_id)
 
     def peer_lost(self, address: str, why: str) -> None:
         """An agent is gone for good: requests waiting on it fail now, later ones at once."""
         from ..errors import SupervisionError
 
-        with self._lock:
-            self._lost_peers[address] = why
-            hit = [p for p in self._pending.values() if p.peer == address]
+        with self.calls.lock:
+            self.calls.lost_peers[address] = why
+            hit = [p for p in self.calls.pending.values() if p.peer == address]
             for p in hit:
-                self._pending.pop(p.call_id, None)
+                self.calls.pending.pop(p.call_id, None)
         for p in hit:
             assert p.future is not None
             p.future._set_exception(SupervisionError([Failure("", {}, "agent", why)], f"during {p.future._what}"))
 
     def fail_all(self, exc: BaseException) -> None:
         """The runtime is going away: nothing pending may hang."""
-        with self._lock:
-            pending = list(self._pending.values())
-            self._pending.clear()
+        with self.calls.lock:
+            pending = list(self.calls.pending.values())
+            self.calls.pending.clear()
         for p in pending:
             p.fail(exc, len(p.outstanding))

@@ -28,7 +28,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import MeshError
+from ..errors import ProtocolError
 
 __all__ = [
     "BROKEN",
@@ -101,7 +101,7 @@ def reply_header(req_id: int, ok: int, rank: int | None = None) -> dict[str, Any
 def check_version(theirs: object, who: str) -> None:
     """Raise if a peer speaks another protocol version, naming both."""
     if theirs != VERSION:
-        raise MeshError(
+        raise ProtocolError(
             f"{who} speaks jupyter_mesh wire protocol {theirs!r}, this process speaks {VERSION}: "
             "install the same jupyter_mesh version on every host"
         )
@@ -136,9 +136,9 @@ class Dispatch:
         elif self.fallback is not None and kind in self.fallback.handlers:
             self.fallback(msg, frames)
         else:
-            self._unknown(kind, msg.header.get("s"))
+            self.report_unknown(kind, msg.header.get("s"))
 
-    def _unknown(self, kind: Any, sender: Any) -> None:
+    def report_unknown(self, kind: Any, sender: Any) -> None:
         key = repr(kind)[:40]
         with self._lock:
             self.unknown[key] += 1

@@ -1,7 +1,7 @@
 """Signed ZeroMQ messaging: one bound inbox per process, one outgoing socket per peer.
 
-Every message is ``[signature, header, payload, *buffers]``. ``header`` is msgpack (kind, ids, target,
-method, ...), ``payload`` a pickle, ``buffers`` the pickle's out-of-band buffers sent without copying.
+Every message is ``[signature, header, payload, *buffers]``. ``header`` is msgpack (its kinds and keys are
+``protocol``'s), ``payload`` a pickle, ``buffers`` the pickle's out-of-band buffers sent without copying.
 The signature is HMAC-SHA256 with the session key over header and payload, as Jupyter signs its
 messages; the header also pins the number and length of every buffer frame. A message whose signature
 or framing does not check out is dropped and counted *before* anything in it is decoded or unpickled.

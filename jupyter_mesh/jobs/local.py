@@ -146,7 +146,7 @@ class LocalJob(Job):
         ctl = Controller._instance
         for a in self._agents or []:  # "stop, we are still here" (closing stdin alone means we died)
             try:
-                if ctl is not None and not ctl._closed:
+                if ctl is not None and not ctl.is_closed:
                     ctl.transport.send(a.addr, Message({"k": "shutdown"}))
             except Exception:  # noqa: BLE001 - the pipe below stops it anyway
                 pass

@@ -9,8 +9,9 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from .. import SupervisionError, set_fault_hook
 from .._runtime.controller import Controller
+from ..errors import SupervisionError
+from ..lowlevel import set_fault_hook
 from . import tracebacks
 from .magics import MeshMagics
 from .output import OutputRouter

@@ -15,7 +15,7 @@ from typing import Any
 
 from ipykernel.ipkernel import IPythonKernel
 
-from .. import __version__
+from .._version import __version__
 from .extension import front_of, load
 
 __all__ = ["MeshKernel", "main"]

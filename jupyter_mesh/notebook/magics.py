@@ -17,7 +17,10 @@ from typing import Any
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
-from .. import Future, MeshError, MeshValueError, Shape, ValueMesh
+from .._core.future import Future
+from .._core.shape import Shape
+from .._core.value_mesh import ValueMesh
+from ..errors import MeshError, MeshValueError
 from .meshes import MeshRegistry
 from .output import SYNC_PREFIX, OutputRouter, fold_label, group_by_rank
 from .remote_exec import CellError

@@ -9,14 +9,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import ActorMesh, LocalJob, ProcMesh
+from .._api.mesh import ActorMesh, ProcMesh
+from ..jobs import LocalJob
 from .remote_exec import RemoteExec
 
-__all__ = ["MeshEntry", "MeshRegistry"]
+__all__ = ["MeshRegistry", "NamedMesh"]
 
 
 @dataclass
-class MeshEntry:
+class NamedMesh:
     name: str
     job: LocalJob
     procs: ProcMesh
@@ -28,10 +29,10 @@ class MeshEntry:
 
 
 class MeshRegistry:
-    """Name -> :class:`MeshEntry`; the most recently brought-up mesh is the default."""
+    """Name -> :class:`NamedMesh`; the most recently brought-up mesh is the default."""
 
     def __init__(self) -> None:
-        self._entries: dict[str, MeshEntry] = {}
+        self._entries: dict[str, NamedMesh] = {}
         self.default: str | None = None
 
     def __contains__(self, name: str) -> bool:
@@ -40,10 +41,10 @@ class MeshRegistry:
     def names(self) -> list[str]:
         return list(self._entries)
 
-    def entries(self) -> list[MeshEntry]:
+    def entries(self) -> list[NamedMesh]:
         return list(self._entries.values())
 
-    def get(self, name: str | None) -> MeshEntry:
+    def get(self, name: str | None) -> NamedMesh:
         """The named mesh, or the default one; ``LookupError`` with what to do when there is none."""
         if name is None:
             if self.default is None:
@@ -57,7 +58,7 @@ class MeshRegistry:
 
     def up(
         self, name: str, hosts: int, dim: str, per_host: int, preload: list[str], timeout: float = 60.0
-    ) -> MeshEntry:
+    ) -> NamedMesh:
         job = LocalJob(hosts=hosts, preload=preload)
         try:
             procs = job.host_mesh().spawn_procs(per_host={dim: per_host}, name=name, timeout=timeout)
@@ -67,11 +68,11 @@ class MeshRegistry:
         except BaseException:
             job.stop()
             raise
-        entry = self._entries[name] = MeshEntry(name, job, procs, executor, hosts, dim, per_host, list(preload))
+        entry = self._entries[name] = NamedMesh(name, job, procs, executor, hosts, dim, per_host, list(preload))
         self.default = name
         return entry
 
-    def down(self, name: str, timeout: float = 5.0) -> MeshEntry:
+    def down(self, name: str, timeout: float = 5.0) -> NamedMesh:
         entry = self._entries.pop(name)
         try:
             entry.procs.stop(timeout=timeout)
@@ -81,7 +82,7 @@ class MeshRegistry:
             self.default = next(reversed(self._entries), None)
         return entry
 
-    def down_all(self) -> list[MeshEntry]:
+    def down_all(self) -> list[NamedMesh]:
         entries = list(self._entries.values())
         for e in entries:
             try:

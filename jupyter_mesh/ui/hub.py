@@ -44,12 +44,13 @@ class Source(Protocol):
 
 class _RuntimeSource:
     def subscribe(self, listener: Callable[[MeshEvent], None]) -> Callable[[], None]:
-        from .. import subscribe
+        from ..lowlevel import subscribe
 
         return subscribe(listener)
 
     def state(self, mesh_id: str) -> MeshState:
-        from .. import MeshValueError, proc_mesh
+        from ..errors import MeshValueError
+        from ..lowlevel import proc_mesh
 
         try:
             return proc_mesh(mesh_id).state()
@@ -57,7 +58,7 @@ class _RuntimeSource:
             raise KeyError(mesh_id) from None
 
     def states(self, include_stopped: bool) -> list[MeshState]:
-        from .. import mesh_states
+        from ..lowlevel import mesh_states
 
         return mesh_states(include_stopped=include_stopped)
 

@@ -32,7 +32,7 @@ _installed: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 
 def run_action(req: ActionRequest) -> ActionResult:
     """Carry out one sidebar action with the public API; errors become a result, never a raise."""
-    from .. import proc_mesh
+    from ..lowlevel import proc_mesh
 
     out = ActionResult(type="result", id=req["id"], ok=True, error="", lines=[])
     try:

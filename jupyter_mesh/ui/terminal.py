@@ -76,7 +76,7 @@ def print_status(meshes: list[MeshWire] | None = None, console: Console | None =
 @contextlib.contextmanager
 def spawn_progress(console: Console | None = None) -> Iterator[Progress]:
     """Inside this block, each mesh being spawned gets a bar: procs up / procs, live from events."""
-    from .. import subscribe
+    from ..lowlevel import subscribe
 
     progress = Progress(
         TextColumn("spawning [b]{task.description}[/b]"),
@@ -94,7 +94,7 @@ def spawn_progress(console: Console | None = None) -> Iterator[Progress]:
     def on_event(ev: MeshEvent) -> None:  # the runtime's receive thread: rich's update is quick
         with lock:
             if ev.kind == "created":
-                from .. import proc_mesh
+                from ..lowlevel import proc_mesh
 
                 total = len(proc_mesh(ev.mesh_id).state().ranks)
                 tasks[ev.mesh_id] = progress.add_task(ev.name, total=total)

@@ -1,0 +1,137 @@
+"""The house in layers: every import in the package points down (or sideways within a layer), and
+the import graph has no circle. Parsed from the source, so a lazy import inside a function or under
+``TYPE_CHECKING`` counts too: a layer that needs something above it needs a hook, not an import."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import jupyter_mesh
+
+PKG = pathlib.Path(jupyter_mesh.__file__).parent
+
+# lowest first; a module may import its own layer and any layer before it
+LAYERS: list[tuple[str, ...]] = [
+    ("errors", "_version"),
+    ("_core",),
+    ("_wire",),
+    ("_data",),
+    ("_runtime",),
+    ("_api",),
+    ("jobs",),
+    ("lowlevel",),
+    ("ui", "notebook"),  # views and the kernel side: they use lowlevel and the layers below, never the facade
+    ("__init__",),  # the facade: what users import
+    ("cli", "demo"),
+]
+
+
+def _module(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(PKG.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _layer(module: str) -> int:
+    parts = module.split(".")
+    top = parts[1] if len(parts) > 1 else "__init__"
+    for i, names in enumerate(LAYERS):
+        if top in names:
+            return i
+    raise AssertionError(f"{module} is in no layer: add its folder to LAYERS in {__file__}")
+
+
+def _imports() -> dict[str, set[str]]:
+    """module -> the package modules it imports (``from x import y`` counts ``x.y`` when that is a module)."""
+    modules = {_module(p): p for p in PKG.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for mod, path in modules.items():
+        is_pkg = path.name == "__init__.py"
+        pkg = mod if is_pkg else mod.rpartition(".")[0]
+        out: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+                    src = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    src = node.module or ""
+                names = [f"{src}.{a.name}" if f"{src}.{a.name}" in modules else src for a in node.names]
+            else:
+                continue
+            for name in names:
+                while name and name not in modules:  # a name inside a module: the module
+                    name = name.rpartition(".")[0]
+                if name and name != mod:
+                    out.add(name)
+        graph[mod] = out
+    return graph
+
+
+def test_every_import_points_down():
+    upward = [
+        f"{mod} (layer {LAYERS[_layer(mod)][0]}) imports {dep} (layer {LAYERS[_layer(dep)][0]})"
+        for mod, deps in sorted(_imports().items())
+        for dep in sorted(deps)
+        if _layer(dep) > _layer(mod) and not mod.startswith(dep + ".")  # a package's own parents always load
+    ]
+    assert not upward, "imports that point up a layer:\n  " + "\n  ".join(upward)
+
+
+def test_the_import_graph_has_no_circle():
+    graph = _imports()
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                circles.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    # a package importing its own submodules (``jupyter_mesh.ui`` re-exporting ``ui.widget``) while
+    # they import a sibling through it is Python's normal package loading, not a circle of concepts
+    assert not circles, "import circles:\n  " + "\n  ".join(" <-> ".join(c) for c in circles)
+
+
+def test_the_facade_names_itself_and_keeps_plumbing_in_lowlevel():
+    """Users see ``jupyter_mesh.X`` for every public name; front-end plumbing lives in ``lowlevel``."""
+    import jupyter_mesh.lowlevel
+
+    for name in jupyter_mesh.__all__:
+        assert getattr(jupyter_mesh, name).__module__ == "jupyter_mesh", name
+    assert set(jupyter_mesh.lowlevel.__all__) == {"mesh_states", "proc_mesh", "set_fault_hook", "subscribe"}
+    for name in jupyter_mesh.lowlevel.__all__:
+        assert name not in jupyter_mesh.__all__ and not hasattr(jupyter_mesh, name), name
+    # and the error tree's names pickle through the facade (what a proc sends back)
+    import pickle
+
+    err = jupyter_mesh.SupervisionError([jupyter_mesh.Failure("m", {"gpus": 1}, "exit", "boom")])
+    assert type(pickle.loads(pickle.dumps(err))) is jupyter_mesh.SupervisionError
