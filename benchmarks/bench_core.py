@@ -109,7 +109,7 @@ class Floor:
         for _ in range(n):
             self.i += 1
             t0 = time.perf_counter()
-            self.s.send_multipart([msgpack.packb({"k": "c", "i": self.i, "m": "noop"}), pickle.dumps(((), {}))])
+            self.s.send_multipart([msgpack.packb({"k": "c", "i": self.i, "ep": "noop"}), pickle.dumps(((), {}))])
             h, p = self.s.recv_multipart()
             msgpack.unpackb(h)
             pickle.loads(p)

@@ -28,7 +28,7 @@ def hostile_messages(n: int, seed: int) -> list[list[bytes]]:
     try:
         base = wrong.encode(
             Message(
-                {"k": "c", "a": "x", "m": "m", "rk": 0, "q": 0, "s": "tcp://127.0.0.1:9", "rm": 1, "i": 1},
+                {"k": "c", "a": "x", "m": "m", "ep": "e", "rk": 0, "q": 0, "s": "tcp://127.0.0.1:9", "rm": 1, "i": 1},
                 EVIL,
                 [b"b" * 64],
             )

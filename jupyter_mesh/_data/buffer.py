@@ -33,6 +33,7 @@ from typing import Any
 from .._core.context import context
 from .._core.future import Future
 from .._wire import shm as _shm
+from .._wire.protocol import Kind
 from ..errors import Failure, MeshClosedError, MeshError, MeshValueError, SupervisionError
 from . import owner as _rdma_owner
 from . import ucx as _ucx
@@ -255,7 +256,7 @@ class RDMABuffer:
 
     def _via_zmq(self, op: str, region: Region, offset: int, timeout: float, fut: Future[None], what: str) -> None:
         n = region.nbytes
-        header: dict[str, Any] = {"k": "rdma", "op": op, "b": self._id, "o": offset, "n": n}
+        header: dict[str, Any] = {"k": Kind.RDMA, "op": op, "b": self._id, "o": offset, "n": n}
         data = pickle.PickleBuffer(_host_bytes(region)) if op == "put" else None
         client = context().client()
 
@@ -342,7 +343,7 @@ class RDMABuffer:
             st.ucx_descs[self._id] = (d[0], d[1])
             post((d[0], d[1]))
 
-        request = {"k": "rdma", "op": "ucx", "b": self._id}
+        request = {"k": Kind.RDMA, "op": "ucx", "b": self._id}
         context().client().request(self._owner.addr, request, what=what).add_done_callback(on_desc)
 
     def drop(self) -> Future[None]:
@@ -361,7 +362,7 @@ class RDMABuffer:
             st.regions.forget(self._owner.pid, self._shm.inode)
         if self._pid_key() is not None and not _watch.owner_alive(self._owner.pid, self._owner.start):
             return Future.completed(None, "RDMABuffer.drop")
-        request = {"k": "rdma", "op": "drop", "b": self._id}
+        request = {"k": Kind.RDMA, "op": "drop", "b": self._id}
         return context().client().request(self._owner.addr, request, what="RDMABuffer.drop")
 
 

@@ -187,7 +187,7 @@ class Agent:
 
     def _spawn_procs(self, h: dict[str, Any]) -> None:
         shape = Shape.from_wire(h["shape"])
-        mesh = HostedMesh(h["mesh_id"], h["name"], shape, list(h["ranks"]), spawn_cfg=h)
+        mesh = HostedMesh(h["m"], h["name"], shape, list(h["ranks"]), spawn_cfg=h)
         with self.lock:
             self.meshes[mesh.mesh_id] = mesh
             if h.get("preload"):
@@ -197,9 +197,9 @@ class Agent:
     def _start_procs(self, h: dict[str, Any]) -> None:
         """Start procs for ``ranks`` of an existing mesh: respawn failed ranks, or grow the mesh."""
         with self.lock:
-            mesh = self.meshes.get(h["mesh_id"])
+            mesh = self.meshes.get(h["m"])
             if mesh is None:
-                self._reply((h["s"], h["i"]), RAISED, MeshValueError(f"no proc mesh {h['mesh_id']} on this host"))
+                self._reply((h["s"], h["i"]), RAISED, MeshValueError(f"no proc mesh {h['m']} on this host"))
                 return
             busy = [r for r in h["ranks"] if (p := self.procs.get((mesh.mesh_id, r))) is not None and p.alive]
             if busy:
@@ -256,13 +256,13 @@ class Agent:
         for r in mesh.ranks if keep is None else keep:
             p = self.procs.get((mesh.mesh_id, r))
             if p is not None and p.alive and p.up:
-                self.transport.send(p.addr, Message({"k": "reshape", "shape": shape_wire}))
+                self.transport.send(p.addr, Message({"k": Kind.RESHAPE, "shape": shape_wire}))
 
     def _kill_proc(self, h: dict[str, Any]) -> None:
         with self.lock:
-            p = self.procs.get((h["mesh_id"], h["rank"]))
+            p = self.procs.get((h["m"], h["rk"]))
         if p is None or not p.alive:
-            self._reply((h["s"], h["i"]), RAISED, MeshValueError(f"rank {h['rank']} is not running"))
+            self._reply((h["s"], h["i"]), RAISED, MeshValueError(f"rank {h['rk']} is not running"))
             return
         p.killed_by_user = True
         kill(p.pid, int(h.get("sig", signal.SIGTERM)))
@@ -278,7 +278,7 @@ class Agent:
                 p.pid = h["pid"]
                 self.by_pid[p.pid] = p
             self._check_waiters(self.meshes[p.mesh_id])
-        self._event({"k": "proc_ready", "m": p.mesh_id, "rk": p.rank, "pid": p.pid})  # for progress bars
+        self._event({"k": Kind.PROC_READY, "m": p.mesh_id, "rk": p.rank, "pid": p.pid})  # for progress bars
 
     def _check_waiters(self, mesh: HostedMesh) -> None:
         """Answer every start request whose procs are all up, or one of which died first."""
@@ -309,7 +309,7 @@ class Agent:
     def _stop_procs(self, h: dict[str, Any]) -> None:
         grace = float(h.get("grace", 10.0))
         with self.lock:
-            mesh = self.meshes.get(h["mesh_id"])
+            mesh = self.meshes.get(h["m"])
             if mesh is None:
                 self._reply((h["s"], h["i"]), OK, None)
                 return
@@ -326,7 +326,7 @@ class Agent:
             running = [p for p in procs if p.alive]
         for p in running:
             if p.up:
-                self.transport.send(p.addr, Message({"k": "stop"}))
+                self.transport.send(p.addr, Message({"k": Kind.STOP}))
             else:
                 kill(p.pid, signal.SIGKILL)
         if running:
@@ -422,12 +422,12 @@ class Agent:
                     )
                 elif now - w.noted >= NOTE_EVERY:  # busy: say so now and then, ping as seldom
                     w.noted = now
-                    self._event({"k": "proc_note", "m": p.mesh_id, "rk": p.rank, "note": w.busy_note(silent)})
+                    self._event({"k": Kind.PROC_NOTE, "m": p.mesh_id, "rk": p.rank, "note": w.busy_note(silent)})
                     self._ping(p)
                 continue  # the pings it has not read yet will be answered when it lets go of the GIL
             if w.noted:
                 w.noted = 0.0
-                self._event({"k": "proc_note", "m": p.mesh_id, "rk": p.rank, "note": ""})
+                self._event({"k": Kind.PROC_NOTE, "m": p.mesh_id, "rk": p.rank, "note": ""})
             self._ping(p)
 
     def _watch_template(self, now: float) -> None:
@@ -447,7 +447,7 @@ class Agent:
 
     def _ping(self, p: ProcEntry) -> None:
         try:
-            self.transport.send(p.addr, Message({"k": "ping"}))
+            self.transport.send(p.addr, Message({"k": Kind.PING}))
         except Exception:  # noqa: BLE001 - its exit will be reported by the template
             pass
 
@@ -465,7 +465,7 @@ class Agent:
         if mesh is not None:
             with self.lock:
                 self._check_waiters(mesh)
-            self._event({"k": "proc_exit", "m": p.mesh_id, "rk": p.rank}, f)
+            self._event({"k": Kind.PROC_EXIT, "m": p.mesh_id, "rk": p.rank}, f)
             self._maybe_stopped(mesh)
         if p.addr:
             self.inboxes.forget_proc(p.addr)
@@ -511,7 +511,7 @@ class Agent:
             with self.lock:
                 self._check_waiters(mesh)
             if not p.stopping:
-                self._event({"k": "proc_exit", "m": p.mesh_id, "rk": p.rank}, f)
+                self._event({"k": Kind.PROC_EXIT, "m": p.mesh_id, "rk": p.rank}, f)
             self._maybe_stopped(mesh)
         if p.addr:  # its socket would retry and queue for nobody (and count against ZeroMQ's limit)
             self.inboxes.forget_proc(p.addr)
@@ -534,7 +534,7 @@ class Agent:
             os.close(fd)
         if lines:
             p.tail.extend(line + "\n" for line in lines)
-            self._event({"k": "out", "m": p.mesh_id, "rk": p.rank, "fd": stream, "label": p.label, "lines": lines})
+            self._event({"k": Kind.OUT, "m": p.mesh_id, "rk": p.rank, "fd": stream, "label": p.label, "lines": lines})
         return progressed
 
     # -- lifecycle --------------------------------------------------------------------------------

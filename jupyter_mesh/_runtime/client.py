@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from .._core.context import context
 from .._core.future import Future
-from .._wire.protocol import BROKEN, DIRECT, GATHER, NO_REPLY
+from .._wire.protocol import BROKEN, DIRECT, GATHER, NO_REPLY, Kind
 from .._wire.serialize import describe_unpicklable, dumps
 from .._wire.transport import Message, Transport
 from ..errors import (
@@ -188,7 +188,7 @@ class Client:
             try:
                 self.transport.send(
                     self._proc_addr(p.ref, r),
-                    Message({"k": "cancel", "a": actor_id, "ci": p.call_id, "s": self.address}),
+                    Message({"k": Kind.CANCEL, "a": actor_id, "ci": p.call_id, "s": self.address}),
                 )
             except Exception:  # noqa: BLE001 - the proc may be gone; nothing left to cancel there
                 pass
@@ -219,8 +219,8 @@ class Client:
         )
         p.actor_id = mesh._actor_id
         header = {
-            "k": "spawn",
-            "pm": mesh._ref.mesh_id,
+            "k": Kind.SPAWN,
+            "m": mesh._ref.mesh_id,
             "a": mesh._actor_id,
             "n": mesh._name,
             "sl": mesh._shape.slice.to_wire(),
@@ -240,8 +240,8 @@ class Client:
         with self.calls.lock:
             call_id = self._register(p)
             header = {
-                "k": "spawn",
-                "pm": mesh._ref.mesh_id,
+                "k": Kind.SPAWN,
+                "m": mesh._ref.mesh_id,
                 "a": mesh._actor_id,
                 "n": mesh._name,
                 "rk": rank,
@@ -273,10 +273,10 @@ class Client:
         self._check_targets(mesh._ref, ranks, f"calling {mesh._class_name}.{endpoint}")
         payload, bufs = self._encode_args(mesh, endpoint, args, kwargs)
         header: dict[str, Any] = {
-            "k": "c",
-            "pm": mesh._ref.mesh_id,
+            "k": Kind.CALL,
+            "m": mesh._ref.mesh_id,
             "a": mesh._actor_id,
-            "m": endpoint,
+            "ep": endpoint,
             "sl": mesh._shape.slice.to_wire(),
             "s": self.address,
         }
@@ -321,7 +321,7 @@ class Client:
         try:
             with self.calls.lock:
                 # checked again under the lock: a rank may have failed while the arguments were pickled
-                err = self._blocked(ref, ranks, f"calling {mesh._class_name}.{header.get('m', '__init__')}")
+                err = self._blocked(ref, ranks, f"calling {mesh._class_name}.{header.get('ep', '__init__')}")
                 if err is not None:
                     if p is None:
                         raise err
@@ -344,7 +344,7 @@ class Client:
                         if isinstance(e, Exception):
                             raise DeliveryError(
                                 [Failure(ref.name, {}, "delivery", f"not sent to any host: {e!r}")],
-                                f"calling {mesh._class_name}.{header.get('m', '__init__')}",
+                                f"calling {mesh._class_name}.{header.get('ep', '__init__')}",
                             ) from e
                         raise
                     # some hosts have it: the others' ranks get their numbers back and fail as undelivered
@@ -398,9 +398,9 @@ class Client:
                 if err is None:
                     call_id = self._register(p)
                     header = {
-                        "k": "c",
+                        "k": Kind.CALL,
                         "a": mesh._actor_id,
-                        "m": endpoint,
+                        "ep": endpoint,
                         "rk": rank,
                         "s": self.address,
                         "rm": DIRECT,

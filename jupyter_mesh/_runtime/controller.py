@@ -26,6 +26,7 @@ from .._core.future import Future
 from .._core.shape import Shape
 from .._core.state import StateTracker
 from .._data.owner import handle_message as handle_rdma
+from .._wire import protocol
 from .._wire.protocol import Dispatch, Kind, check_version
 from .._wire.serialize import dumps, loads
 from .._wire.transport import Message, Transport
@@ -202,7 +203,7 @@ class Controller:
         finally:
             self.state.failed(mesh_id, rank, failure)
             self.client.mark_failed({rank: failure}, mesh_id)
-            self.notify_procs({"k": "notice", "what": "failed", "m": mesh_id, "rk": rank}, failure)
+            self.notify_procs(protocol.notice("failed", mesh_id, rank), failure)
 
     def notify_procs(self, header: dict[str, Any], obj: Any = None) -> None:
         """Tell every proc (through its agent: O(hosts) sends) that a rank failed or came back, so
@@ -300,7 +301,7 @@ class Controller:
                 self.agent_lost(addr, f"it stopped answering heartbeats for {now - seen:.1f} s")
                 continue
             try:
-                self.transport.send(addr, Message({"k": "hb", "hr": reply_to}))
+                self.transport.send(addr, Message({"k": Kind.HEARTBEAT, "hr": reply_to}))
             except Exception:  # noqa: BLE001 - closing down
                 return False
         return True
@@ -338,7 +339,7 @@ class Controller:
             self._agents_lost[addr] = why
         detail = f"the host agent at {addr} is lost: {why}"
         try:
-            self.transport.send(addr, Message({"k": "shutdown"}))
+            self.transport.send(addr, Message({"k": Kind.SHUTDOWN}))
         except Exception:  # noqa: BLE001 - it may be gone already
             pass
         self.client.peer_lost(addr, detail)
@@ -442,15 +443,7 @@ class Controller:
         preload: list[str],
         shape: Shape | None = None,
     ) -> Future[Any]:
-        req = {
-            "k": "spawn_procs",
-            "mesh_id": ref.mesh_id,
-            "name": ref.name,
-            "ranks": ranks,
-            "shape": (shape or ref.shape).to_wire(),
-            "env": env,
-            "preload": preload,
-        }
+        req = protocol.spawn_procs(ref.mesh_id, ref.name, ranks, (shape or ref.shape).to_wire(), env, preload)
         if agent.host_key == context().host_key:  # same machine: procs see our modules and relative paths
             req.update(cwd=os.getcwd(), path=sys.path)
         return self.client.request(agent.addr, req, what=f"spawn of proc mesh '{ref.name}'")
@@ -463,13 +456,11 @@ class Controller:
         self.client.mark_stopped(ref.mesh_id)
         self.state.stopped(ref.mesh_id)
         # actors elsewhere holding this mesh: calls to it fail as closed instead of waiting
-        self.notify_procs({"k": "notice", "what": "stopped", "m": ref.mesh_id})
+        self.notify_procs(protocol.notice("stopped", ref.mesh_id))
         if self._closed:
             return
         futs = [
-            self.client.request(
-                a, {"k": "stop_procs", "mesh_id": ref.mesh_id, "grace": timeout}, what=f"stop of '{ref.name}'"
-            )
+            self.client.request(a, protocol.stop_procs(ref.mesh_id, timeout), what=f"stop of '{ref.name}'")
             for a in ref.agent_addrs
         ]
         # bounded whatever state the mesh is in: an agent that is lost has taken its procs with it;

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from .._core.future import Future
 from .._core.shape import Shape
+from .._wire import protocol
 from ..errors import MeshValueError, SupervisionError
 
 if TYPE_CHECKING:
@@ -54,7 +55,7 @@ class Elastic:
         self.host.killed_on_request.add((ref.mesh_id, rank))
         return self.host.client.request(
             ref.agent_addrs[ref.rank_host[rank]],
-            {"k": "kill_proc", "mesh_id": ref.mesh_id, "rank": rank, "sig": sig},
+            protocol.kill_proc(ref.mesh_id, rank, sig),
             what=f"kill of rank {rank}",
         ).get(timeout)
 
@@ -71,9 +72,7 @@ class Elastic:
         for r in ranks:
             by_host.setdefault(ref.rank_host[r], []).append(r)
         futs = [
-            self.host.client.request(
-                ref.agent_addrs[h], {"k": "start_procs", "mesh_id": ref.mesh_id, "ranks": rs}, what=f"respawn of {rs}"
-            )
+            self.host.client.request(ref.agent_addrs[h], protocol.start_procs(ref.mesh_id, rs), what=f"respawn of {rs}")
             for h, rs in by_host.items()
         ]
         for f in futs:
@@ -91,9 +90,7 @@ class Elastic:
             rec.failures.pop(r, None)
             self.host.killed_on_request.discard((ref.mesh_id, r))
             self.host.state.respawned(ref.mesh_id, r, rec.pids[r])
-            self.host.notify_procs(
-                {"k": "notice", "what": "respawned", "m": ref.mesh_id, "rk": r, "addr": ref.proc_addrs[r]}
-            )
+            self.host.notify_procs(protocol.notice("respawned", ref.mesh_id, r, ref.proc_addrs[r]))
         self._wait_actor_spawns(spawns, timeout, "while re-creating actors on respawned ranks")
         return ranks
 
@@ -138,7 +135,7 @@ class Elastic:
             futs.append(
                 self.host.client.request(
                     addr,
-                    {"k": "start_procs", "mesh_id": ref.mesh_id, "ranks": ranks, "shape": new_shape.to_wire()},
+                    protocol.start_procs(ref.mesh_id, ranks, new_shape.to_wire()),
                     what=f"grow of '{ref.name}'",
                 )
             )
@@ -181,13 +178,9 @@ class Elastic:
         futs = [
             self.host.client.request(
                 addr,
-                {
-                    "k": "stop_procs",
-                    "mesh_id": ref.mesh_id,
-                    "grace": timeout,
-                    "ranks": [r for r in removed if ref.rank_host[r] == h],
-                    "shape": new_shape.to_wire(),
-                },
+                protocol.stop_procs(
+                    ref.mesh_id, timeout, [r for r in removed if ref.rank_host[r] == h], new_shape.to_wire()
+                ),
                 what=f"shrink of '{ref.name}'",
             )
             for h, addr in enumerate(ref.agent_addrs)

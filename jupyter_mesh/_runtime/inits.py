@@ -19,7 +19,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Protocol
 
-from .._wire.protocol import Kind
+from .._wire import protocol
 from ..errors import Failure, MeshValueError
 
 if TYPE_CHECKING:
@@ -121,7 +121,7 @@ class Inits:
             try:
                 self.host.client.request(
                     ref.agent_addrs[ref.rank_host[r]],
-                    {"k": Kind.KILL_PROC, "mesh_id": ref.mesh_id, "rank": r, "sig": int(signal.SIGKILL)},
+                    protocol.kill_proc(ref.mesh_id, r, int(signal.SIGKILL)),
                     what=f"kill of rank {r} (its __init__ overran)",
                 )
             except Exception:  # noqa: BLE001 - closing down: the agent kills its procs anyway

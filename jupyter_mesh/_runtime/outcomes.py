@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._core.future import Future
 from .._core.value_mesh import ValueMesh
-from .._wire.protocol import BROKEN, OK
+from .._wire.protocol import BROKEN, OK, Kind
 from .._wire.serialize import loads
 from .._wire.transport import Message
 from ..errors import (
@@ -50,7 +50,7 @@ class Outcomes:
             p = self.calls.pending.get(h["i"])
         if p is None:
             return  # cancelled, timed out or already failed
-        if h["k"] == "r":
+        if h["k"] == Kind.REPLY:
             self.add(p, h["i"], h.get("rk", 0), h["ok"], msg.payload, msg.buffers)
             return
         pos, bpos = 0, 0

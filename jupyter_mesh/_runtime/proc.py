@@ -207,10 +207,10 @@ class ActorHost:
 
     def _handle(self, msg: Message) -> None:
         k = msg.header["k"]
-        if k == "spawn":
+        if k == Kind.SPAWN:
             self._spawn(msg)
-        elif k == "skip":  # a message the agent could not relay: its number is released, nothing runs
-            if msg.header.get("ck") == "spawn":  # and this actor never came to be: say so to its callers
+        elif k == Kind.SKIP:  # a message the agent could not relay: its number is released, nothing runs
+            if msg.header.get("ck") == Kind.SPAWN:  # and this actor never came to be: say so to its callers
                 self.init_failure = Failure(
                     self.name,
                     self.runtime.coords,
@@ -222,7 +222,7 @@ class ActorHost:
             self._used_loop = True
             self.loop.run_until_complete(self._supervise(msg.payload))  # type: ignore[arg-type]
         else:
-            ep = self.endpoints.get(msg.header["m"])
+            ep = self.endpoints.get(msg.header["ep"])
             if ep is not None and ep.is_async:
                 self._used_loop = True
                 self.loop.run_until_complete(self._call(msg, ep))
@@ -232,10 +232,10 @@ class ActorHost:
     def _last_resort(self, h: dict[str, Any], e: BaseException) -> None:
         """Replying itself failed (a broken exception, a full /dev/shm...): release the caller with a
         plain-text error so nothing waits forever, and keep the actor serving."""
-        print(f"[{self.name}] could not reply to {h.get('m', h.get('k'))}: {safe_str(e)}", file=sys.stderr)
+        print(f"[{self.name}] could not reply to {h.get('ep', h.get('k'))}: {safe_str(e)}", file=sys.stderr)
         if h.get("k") not in ("c", "spawn") or not h.get("i"):
             return
-        info = {"type": type(e).__qualname__, "msg": safe_str(e), "tb": "", "exc": None, "endpoint": h.get("m", "")}
+        info = {"type": type(e).__qualname__, "msg": safe_str(e), "tb": "", "exc": None, "endpoint": h.get("ep", "")}
         try:
             self.runtime.reply(h, RAISED, dumps(info)[0], [])
         except BaseException:  # noqa: BLE001 - nothing more can be done from here
@@ -297,7 +297,7 @@ class ActorHost:
             return
         # callers and the agent send this actor's calls straight to its inbox from now on
         up = {  # the agent's liveness checks look at this thread when the proc stops answering
-            "k": "actor_up",
+            "k": Kind.ACTOR_UP,
             "a": self.actor_id,
             "pa": rt.transport.address,
             "addr": self.address,
@@ -321,13 +321,13 @@ class ActorHost:
                 self._started[h["s"]] = h["i"]
             if self._cancelled and key in self._cancelled:
                 self._cancelled.discard(key)
-                raise asyncio.CancelledError(f"{h['m']} was cancelled before it started")
+                raise asyncio.CancelledError(f"{h['ep']} was cancelled before it started")
             self._current = key if h["i"] else None
 
     def _ack_cancel(self, key: tuple[str, int]) -> None:
         """Tell the canceller that this rank no longer works on its call (it waits to report that)."""
         try:
-            self.runtime.transport.send(key[0], Message({"k": "cancelled", "i": key[1], "rk": self.runtime.rank}))
+            self.runtime.transport.send(key[0], Message({"k": Kind.CANCELLED, "i": key[1], "rk": self.runtime.rank}))
         except Exception:  # noqa: BLE001 - the canceller is gone: nobody to tell
             pass
 
@@ -354,7 +354,7 @@ class ActorHost:
             self._enter(h)
             try:
                 if ep is None:
-                    raise AttributeError(f"{type(self.instance).__qualname__} has no endpoint '{h['m']}'")
+                    raise AttributeError(f"{type(self.instance).__qualname__} has no endpoint '{h['ep']}'")
                 if ep.is_async:
                     self._task = self.loop.create_task(ep.fn(self.instance, *args, **kwargs))
                     result = await self._task
@@ -368,7 +368,7 @@ class ActorHost:
         self._respond(h, result)
 
     def _respond_error(self, h: dict[str, Any], e: BaseException) -> None:
-        method = h["m"]
+        method = h["ep"]
         if h["rm"] == NO_REPLY:
             print(f"[{self.name}.{method}] broadcast raised:\n" + error_info(e, method)["tb"], file=sys.stderr)
             return
@@ -380,8 +380,8 @@ class ActorHost:
         try:
             payload, bufs = dumps(result)
         except SerializationError as e:
-            err = SerializationError(f"the return value of {h['m']} does not pickle: {e}")
-            self.runtime.reply(h, RAISED, dumps(error_info(err, h["m"], 0))[0], [])
+            err = SerializationError(f"the return value of {h['ep']} does not pickle: {e}")
+            self.runtime.reply(h, RAISED, dumps(error_info(err, h["ep"], 0))[0], [])
             return
         self.runtime.reply(h, OK, payload, bufs)
 
@@ -432,7 +432,7 @@ class ProcRuntime:
         self.dispatch.fallback = table
 
     def _supervise(self, host: ActorHost, err: SupervisionError) -> None:
-        host.enqueue(Message({"k": "supervise"}, err))  # type: ignore[arg-type]
+        host.enqueue(Message({"k": Kind.SUPERVISE}, err))  # type: ignore[arg-type]
 
     def reply(self, h: dict[str, Any], ok: int, payload: bytes, bufs: list[Any]) -> None:
         rm = h["rm"]
@@ -510,7 +510,7 @@ class ProcRuntime:
             return
         h["_q"] = seq
         actor_id = h["a"]
-        if h["k"] == "spawn" or (h["k"] == "skip" and h.get("ck") == "spawn" and actor_id not in self.actors):
+        if h["k"] == Kind.SPAWN or (h["k"] == Kind.SKIP and h.get("ck") == Kind.SPAWN and actor_id not in self.actors):
             host = self.actors[actor_id] = ActorHost(self, actor_id, h.get("n", actor_id))
             host.enqueue(msg)
             for m in self._orphans.pop(actor_id, []):
@@ -527,7 +527,13 @@ class ProcRuntime:
         self.transport.send(
             self.agent_addr,
             Message(
-                {"k": "proc_up", "m": self.mesh_id, "rk": self.rank, "addr": self.transport.address, "pid": os.getpid()}
+                {
+                    "k": Kind.PROC_UP,
+                    "m": self.mesh_id,
+                    "rk": self.rank,
+                    "addr": self.transport.address,
+                    "pid": os.getpid(),
+                }
             ),
         )
         threading.Thread(target=self._receive, name="recv", daemon=True).start()

@@ -11,7 +11,7 @@ import sys
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .._core.shape import Slice
-from .._wire.protocol import BROKEN, DIRECT, GATHER, NO_REPLY
+from .._wire.protocol import BROKEN, DIRECT, GATHER, NO_REPLY, Kind
 from .._wire.serialize import dumps
 from .._wire.transport import Message
 from ..errors import Failure
@@ -61,7 +61,7 @@ class Relay:
     def relay(self, h: dict[str, Any], frames: list[Any]) -> None:
         sl = Slice.from_wire(h["sl"])
         with self.agent.lock:
-            mesh = self.agent.meshes.get(h["pm"])
+            mesh = self.agent.meshes.get(h["m"])
             if mesh is None:  # stopped (or never here): say so rather than leave the caller waiting
                 self._gone(h, sl)
                 return
@@ -73,7 +73,7 @@ class Relay:
                 self.gathers[(h["s"], h["i"])] = g
         dead = []
         undelivered: list[tuple[ProcEntry, BaseException]] = []
-        actor_id = h["a"] if h["k"] == "c" else ""  # a spawn goes to the proc: its actor has no inbox yet
+        actor_id = h["a"] if h["k"] == Kind.CALL else ""  # a spawn goes to the proc: its actor has no inbox yet
         for p in targets:
             if not (p.alive and p.up):  # dead, or not up yet (a respawn or grow under way)
                 dead.append(p)
@@ -94,13 +94,13 @@ class Relay:
         """A relay to a live proc failed: release its sequence number there (or the actor would wait
         for it forever) and tell the caller what happened, as what it is, not as a death."""
         seq = h["q"] if "rk" in h or isinstance(h["q"], int) else h["q"][Slice.from_wire(h["sl"]).index_of(p.rank)]
-        skip = {"k": "skip", "a": h["a"], "n": h.get("n", ""), "s": h["s"], "q": seq, "rk": p.rank, "ck": h["k"]}
+        skip = {"k": Kind.SKIP, "a": h["a"], "n": h.get("n", ""), "s": h["s"], "q": seq, "rk": p.rank, "ck": h["k"]}
         try:
             self.agent.transport.send(p.addr, Message(skip))
         except Exception as e2:  # noqa: BLE001 - not even a header gets through: the proc is unusable
             print(f"jupyter-mesh agent: cannot reach proc {p.pid} ({e2!r}); killing it", file=sys.stderr)
             kill(p.pid, signal.SIGKILL)  # its exit is reported as a failure, with this line as cause
-        what = "spawn" if h["k"] == "spawn" else f"call of {h.get('m', '?')}"
+        what = "spawn" if h["k"] == Kind.SPAWN else f"call of {h.get('ep', '?')}"
         f = self.agent.failure(p, "delivery", f"the host agent could not relay the {what} to proc {p.pid}: {err!r}")
         self._reply_failure(h, p, f)
 
@@ -108,16 +108,16 @@ class Relay:
         """A call for a proc mesh this agent does not have: every targeted rank answers "stopped"."""
         if h["rm"] == NO_REPLY or not h.get("i"):
             return
-        f = Failure(h["pm"], {}, "stopped", "its proc mesh was stopped (or never ran on this host)")
+        f = Failure(h["m"], {}, "stopped", "its proc mesh was stopped (or never ran on this host)")
         payload = dumps(f)[0]
         entries: list[tuple[int, int, bytes | memoryview, list[Any]]] = [(r, BROKEN, payload, []) for r in sl.ranks()]
         to = h.get("rt") or h["s"]
         if h["rm"] == GATHER:
             table, payload_all, bufs_all = pack_gathered(entries)
-            self.agent.transport.send(to, Message({"k": "g", "i": h["i"], "n": table}, payload_all, bufs_all))
+            self.agent.transport.send(to, Message({"k": Kind.GATHERED, "i": h["i"], "n": table}, payload_all, bufs_all))
         else:
             for r, ok, pl, _ in entries:
-                self.agent.transport.send(to, Message({"k": "r", "i": h["i"], "rk": r, "ok": ok}, pl))
+                self.agent.transport.send(to, Message({"k": Kind.REPLY, "i": h["i"], "rk": r, "ok": ok}, pl))
 
     def _broken(self, h: dict[str, Any], p: ProcEntry) -> None:
         why = "is not running" if not p.alive else "is still starting (a respawn or grow is under way)"
@@ -129,7 +129,9 @@ class Relay:
             self.add_to_gather((h["s"], h["i"]), p.rank, BROKEN, dumps(f)[0], [])
         elif h["rm"] == DIRECT:
             to = h.get("rt") or h["s"]
-            self.agent.transport.send(to, Message({"k": "r", "i": h["i"], "rk": p.rank, "ok": BROKEN}, dumps(f)[0]))
+            self.agent.transport.send(
+                to, Message({"k": Kind.REPLY, "i": h["i"], "rk": p.rank, "ok": BROKEN}, dumps(f)[0])
+            )
 
     def gathered(self, h: dict[str, Any], msg: Message) -> None:
         self.add_to_gather((h["to"], h["i"]), h["rk"], h["ok"], msg.payload, msg.buffers)
@@ -145,4 +147,6 @@ class Relay:
                 return
             del self.gathers[key]
         table, payload_all, bufs_all = pack_gathered(g.entries)
-        self.agent.transport.send(g.sender, Message({"k": "g", "i": g.call_id, "n": table}, payload_all, bufs_all))
+        self.agent.transport.send(
+            g.sender, Message({"k": Kind.GATHERED, "i": g.call_id, "n": table}, payload_all, bufs_all)
+        )

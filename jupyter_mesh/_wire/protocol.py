@@ -10,6 +10,7 @@ k     the kind
 s     the sender's inbox address (where replies go)
 i     a request or call id, chosen by the sender, echoed by the reply
 m     a proc mesh id            rk   a global rank in it          a    an actor id
+ep    the endpoint a call runs  n    a spawn's actor name
 q     a call's sequence number(s) (per sender and actor; ``_q`` after delivery: this rank's)
 sl    the ranks a cast reaches, as a ``Slice``                    rm   the reply mode (below)
 rt    a reply box address (replies that bypass the caller's receive thread)
@@ -88,6 +89,47 @@ class Kind:
     PROC_READY = "proc_ready"  # agent -> controller: a rank is up (its pid)
     PROC_NOTE = "proc_note"  # agent -> controller: why a rank does not answer (busy), or ""
     PROC_EXIT = "proc_exit"  # agent -> controller: a rank died, with its Failure as payload
+
+
+# -- builders: the controller's requests to agents, and its notices to procs ----------------------------
+
+
+def spawn_procs(mesh_id: str, name: str, ranks: list[int], shape: Any, env: dict[str, str],
+                preload: list[str]) -> dict[str, Any]:  # fmt: skip
+    """Fork ``ranks`` of a new proc mesh (``shape``: its wire form) on the agent's host."""
+    return {"k": Kind.SPAWN_PROCS, "m": mesh_id, "name": name, "ranks": ranks, "shape": shape, "env": env,
+            "preload": preload}  # fmt: skip
+
+
+def start_procs(mesh_id: str, ranks: list[int], shape: Any = None) -> dict[str, Any]:
+    """Start ``ranks`` again (a respawn), or anew on a grown mesh of ``shape``."""
+    h: dict[str, Any] = {"k": Kind.START_PROCS, "m": mesh_id, "ranks": ranks}
+    if shape is not None:
+        h["shape"] = shape
+    return h
+
+
+def stop_procs(mesh_id: str, grace: float, ranks: list[int] | None = None, shape: Any = None) -> dict[str, Any]:
+    """Stop every proc of a mesh on the host, or only ``ranks`` (a shrink to ``shape``)."""
+    h: dict[str, Any] = {"k": Kind.STOP_PROCS, "m": mesh_id, "grace": grace}
+    if ranks is not None:
+        h["ranks"], h["shape"] = ranks, shape
+    return h
+
+
+def kill_proc(mesh_id: str, rank: int, sig: int) -> dict[str, Any]:
+    return {"k": Kind.KILL_PROC, "m": mesh_id, "rk": rank, "sig": sig}
+
+
+def notice(what: str, mesh_id: str, rank: int | None = None, addr: str | None = None) -> dict[str, Any]:
+    """To every proc: a rank ``failed`` (the Failure is the payload), ``respawned`` at ``addr``, or the
+    mesh ``stopped``."""
+    h: dict[str, Any] = {"k": Kind.NOTICE, "what": what, "m": mesh_id}
+    if rank is not None:
+        h["rk"] = rank
+    if addr is not None:
+        h["addr"] = addr
+    return h
 
 
 def reply_header(req_id: int, ok: int, rank: int | None = None) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from .._api.mesh import HostMesh
 from .._core.future import Future
 from .._core.shape import Shape
 from .._runtime.hosts import AgentHandle, Job
-from .._wire.protocol import VERSION
+from .._wire.protocol import VERSION, Kind
 from ..errors import MeshClosedError, MeshTimeoutError, MeshValueError
 
 __all__ = ["LocalJob", "this_host"]
@@ -147,7 +147,7 @@ class LocalJob(Job):
         for a in self._agents or []:  # "stop, we are still here" (closing stdin alone means we died)
             try:
                 if ctl is not None and not ctl.is_closed:
-                    ctl.transport.send(a.addr, Message({"k": "shutdown"}))
+                    ctl.transport.send(a.addr, Message({"k": Kind.SHUTDOWN}))
             except Exception:  # noqa: BLE001 - the pipe below stops it anyway
                 pass
         for p in self._procs:
