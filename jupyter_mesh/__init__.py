@@ -9,7 +9,7 @@ Importing this package imports neither ZeroMQ, torch, IPython nor ucxx; the runt
 
 from ._api.mesh import ActorMesh, HostMesh, MeshEndpoint, ProcMesh
 from ._api.session import mesh_states, proc_mesh, set_fault_hook, shutdown, subscribe
-from ._core.actor import Actor, current_rank, endpoint
+from ._core.actor import Actor, Endpoint, current_rank, endpoint
 from ._core.future import Future
 from ._core.shape import Extent, Point, Shape, Slice
 from ._core.state import MeshEvent, MeshState, ProcState, RankState
@@ -51,6 +51,7 @@ __all__ = [
     "ActorError",
     "ActorMesh",
     "DeliveryError",
+    "Endpoint",
     "Extent",
     "Failure",
     "Future",
