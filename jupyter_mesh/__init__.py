@@ -12,7 +12,7 @@ from typing import Any
 from ._api.mesh import ActorMesh, HostMesh, MeshEndpoint, ProcMesh
 from ._api.mesh import set_renderer as _set_renderer
 from ._api.session import shutdown
-from ._core.actor import Actor, current_rank, endpoint
+from ._core.actor import Actor, Endpoint, current_rank, endpoint
 from ._core.future import Future
 from ._core.shape import Extent, Point, Shape, Slice
 from ._core.state import MeshEvent, MeshState, ProcState, RankState
@@ -63,6 +63,7 @@ __all__ = [
     "ActorError",
     "ActorMesh",
     "DeliveryError",
+    "Endpoint",
     "Extent",
     "Failure",
     "Future",

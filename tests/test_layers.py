@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("lowlevel",),
     ("ui", "notebook"),  # views and the kernel side: they use lowlevel and the layers below, never the facade
     ("__init__",),  # the facade: what users import
-    ("cli", "demo"),
+    ("cli", "demo", "mypy_plugin"),
 ]
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import abc
 import itertools
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 from .._core.actor import Actor, endpoints_of
 from .._core.future import Future
@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 __all__ = ["ActorMesh", "HostMesh", "MeshEndpoint", "ProcMesh", "ProcMeshRef"]
 
 A = TypeVar("A", bound=Actor)
+P = ParamSpec("P")
+R = TypeVar("R")
+M = TypeVar("M", bound="_MeshTrait")
 _names = itertools.count()
 
 
@@ -51,7 +54,7 @@ class _MeshTrait(abc.ABC):
         """The view this mesh object covers."""
 
     @abc.abstractmethod
-    def _with_shape(self, shape: Shape) -> Any:
+    def _with_shape(self: M, shape: Shape) -> M:
         """The same kind of mesh over another view of the same processes."""
 
     @property
@@ -72,24 +75,26 @@ class _MeshTrait(abc.ABC):
     def __len__(self) -> int:
         return len(self._shape)
 
-    def slice(self, **dims: int | slice) -> Any:
+    def slice(self: M, **dims: int | slice) -> M:
         """A sub-mesh: ``slice(gpus=0)`` drops the dim, ``slice(gpus=slice(0, 2))`` keeps it."""
         return self._with_shape(self._shape.select(**dims))
 
-    def rename(self, **names: str) -> Any:
+    def rename(self: M, **names: str) -> M:
         return self._with_shape(self._shape.rename(**names))
 
-    def flatten(self, name: str) -> Any:
+    def flatten(self: M, name: str) -> M:
         return self._with_shape(self._shape.flatten(name))
 
-    def split(self, **spec: Any) -> Any:
+    def split(self: M, **spec: Any) -> M:
         return self._with_shape(self._shape.split(**spec))
 
 
 class ActorMesh(_MeshTrait, Generic[A]):
     """A mesh of actors of one class, one per proc of a (view of a) proc mesh.
 
-    Attribute access gives mesh-bound endpoints: ``mesh.step.call(x)``.
+    Attribute access gives mesh-bound endpoints: ``mesh.step.call(x)``. Annotations alone cannot say
+    which attribute is which endpoint, so they type it ``MeshEndpoint[..., Any]``; the mypy plugin
+    (``jupyter_mesh.mypy_plugin``) gives ``mesh.step`` the parameters and result of ``A.step``.
     """
 
     def __init__(
@@ -117,7 +122,7 @@ class ActorMesh(_MeshTrait, Generic[A]):
         m.initialized = self.initialized
         return m
 
-    def __getattr__(self, name: str) -> MeshEndpoint:
+    def __getattr__(self, name: str) -> MeshEndpoint[..., Any]:
         if name.startswith("_"):
             raise AttributeError(name)
         if name not in self._endpoint_names:
@@ -144,17 +149,20 @@ class ActorMesh(_MeshTrait, Generic[A]):
         return f"<ActorMesh '{self._name}' {self._class_name} {self._shape}>"
 
 
-class MeshEndpoint:
-    """An endpoint bound to a mesh (or slice): the five ways to call it."""
+class MeshEndpoint(Generic[P, R]):
+    """An endpoint bound to a mesh (or slice): the five ways to call it.
+
+    ``P`` and ``R`` are the endpoint's parameters (after ``self``) and result, as in ``Endpoint[P, R]``.
+    """
 
     def __init__(self, mesh: ActorMesh[Any], name: str):
         self._mesh, self._name = mesh, name
 
-    def call(self, *args: Any, **kwargs: Any) -> Future[ValueMesh[Any]]:
+    def call(self, *args: P.args, **kwargs: P.kwargs) -> Future[ValueMesh[R]]:
         """Call every actor; the future gives a ValueMesh with one result per actor."""
         return _client().cast(self._mesh, self._name, args, kwargs, mode="call")
 
-    def call_one(self, *args: Any, **kwargs: Any) -> Future[Any]:
+    def call_one(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
         """Call the single actor of this mesh; an error unless the mesh has exactly one actor."""
         n = len(self._mesh._shape)
         if n != 1:
@@ -165,15 +173,15 @@ class MeshEndpoint:
         rank = self._mesh._shape.slice.offset
         return _client().call_rank(self._mesh, rank, self._name, args, kwargs)
 
-    def choose(self, *args: Any, **kwargs: Any) -> Future[Any]:
+    def choose(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
         """Call one actor of the mesh, picked to balance load (fewest calls in flight from here)."""
         return _client().choose(self._mesh, self._name, args, kwargs)
 
-    def stream(self, *args: Any, **kwargs: Any) -> Iterator[Future[Any]]:
+    def stream(self, *args: P.args, **kwargs: P.kwargs) -> Iterator[Future[R]]:
         """Call every actor; yield completed futures as replies arrive (fastest first)."""
         return _client().cast(self._mesh, self._name, args, kwargs, mode="stream")
 
-    def broadcast(self, *args: Any, **kwargs: Any) -> None:
+    def broadcast(self, *args: P.args, **kwargs: P.kwargs) -> None:
         """Call every actor without waiting for or receiving results (errors are logged remotely)."""
         _client().cast(self._mesh, self._name, args, kwargs, mode="broadcast")
 

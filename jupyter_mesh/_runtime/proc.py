@@ -28,7 +28,7 @@ from typing import Any
 
 import zmq
 
-from .._core.actor import EndpointDef, endpoints_of
+from .._core.actor import Endpoint, endpoints_of
 from .._core.context import ProcIdentity, context
 from .._core.shape import Point, Shape, Slice
 from .._data.owner import handle_message as handle_rdma
@@ -53,7 +53,7 @@ class ActorHost:
     def __init__(self, runtime: ProcRuntime, actor_id: str, name: str):
         self.runtime, self.actor_id, self.name = runtime, actor_id, name
         self.instance: Any = None
-        self.endpoints: dict[str, EndpointDef[Any]] = {}
+        self.endpoints: dict[str, Endpoint[..., Any]] = {}
         self.init_failure: Failure | None = None
         self.loop = asyncio.new_event_loop()
         # direct calls land in this inbox and wake the actor thread itself (a thread hop costs
@@ -342,7 +342,7 @@ class ActorHost:
         if stopped is not None:
             self._ack_cancel(stopped)
 
-    async def _call(self, msg: Message, ep: EndpointDef[Any] | None) -> None:
+    async def _call(self, msg: Message, ep: Endpoint[..., Any] | None) -> None:
         """Run one call and reply. For a sync endpoint this coroutine never suspends, so the actor
         thread drives it by hand (``_run_now``) without an event-loop turn."""
         h = msg.header
