@@ -9,6 +9,9 @@ import pathlib
 import pytest
 
 import jupyter_mesh
+from jupyter_mesh import MeshState, ProcState, RankState
+from jupyter_mesh.ui import codegen
+from jupyter_mesh.ui.wire import mesh_wire
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -24,3 +27,18 @@ def test_one_version():
         f"package.json says {package['version']}, jupyter_mesh/__init__.py {jupyter_mesh.__version__}: "
         "change the version in both"
     )
+
+
+@pytest.mark.parametrize("rel", sorted(codegen.FILES))
+def test_generated_from_python(rel):
+    assert codegen.ROOT == ROOT
+    assert (ROOT / rel).read_text() == codegen.FILES[rel](), (
+        f"{rel} is out of date: run `python -m jupyter_mesh.ui.codegen`, then `npm run build:lib`"
+    )
+
+
+def test_the_wire_carries_the_states_in_order():
+    # the front end draws a mesh's state chips in the order of the keys of its counts
+    ranks = (RankState(0, {"gpus": 0}, ProcState.FAILED), RankState(1, {"gpus": 1}, ProcState.IDLE))
+    wire = json.loads(json.dumps(mesh_wire(MeshState("m", "m", {"gpus": 2}, ranks))))
+    assert list(wire["counts"]) == [s.value for s in ProcState]

@@ -4,7 +4,7 @@
 import { Widget } from '@lumino/widgets';
 
 import { MeshModel } from './model';
-import { ActionName, coordLabel, IMesh, IRank, shapeLabel, STATES } from './wire';
+import { ActionName, coordLabel, IMesh, IRank, ProcState, shapeLabel } from './wire';
 
 type OpenLogs = (mesh: IMesh, rank: number | null) => void;
 
@@ -98,7 +98,7 @@ export class MeshSidebar extends Widget {
     box.append(el('div', { class: 'jm-mesh-head' }, el('b', {}, mesh.name), ` ${shapeLabel(mesh)}`,
       el('span', { class: 'jm-dim' }, ` · ${mesh.ranks.length} procs`)));
     const chips = el('div', { class: 'jm-chips' });
-    for (const s of STATES) {
+    for (const s of Object.keys(mesh.counts) as ProcState[]) {
       if (mesh.counts[s]) {
         chips.append(el('span', { class: `jm-chip jm-${s}`, 'data-count': s }, `${mesh.counts[s]} ${s}`));
       }

@@ -2,8 +2,9 @@
 
 export const COMM_TARGET = 'jupyter_mesh.sidebar';
 
-export type ProcState = 'starting' | 'idle' | 'busy' | 'paused' | 'failed' | 'stopped';
-export const STATES: readonly ProcState[] = ['starting', 'idle', 'busy', 'paused', 'failed', 'stopped'];
+import type { ProcState } from './states';
+
+export type { ProcState };
 
 export interface IFailure {
   kind: string;
@@ -43,7 +44,7 @@ export interface IMesh {
   sizes: number[];
   ranks: IRank[];
   stopped: boolean;
-  counts: Record<ProcState, number>;
+  counts: Record<ProcState, number>; // every state, in ProcState order (the order chips are drawn in)
   inflight: number;
   spawn: IProgress;
   gather: IProgress | null;

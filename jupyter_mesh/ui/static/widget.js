@@ -1,8 +1,6 @@
 // The mesh widget's view (anywidget ESM). Renders the `meshes` trait (MeshWire snapshots, see
 // jupyter_mesh/ui/wire.py); the kernel pushes new values, this code never polls.
 
-const STATES = ["starting", "idle", "busy", "paused", "failed", "stopped"];
-
 function h(tag, attrs = {}, ...children) {
   const el = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs)) {
@@ -57,7 +55,7 @@ function renderMesh(mesh, selected, select) {
   const shape = mesh.dims.map((d, i) => `${d}=${mesh.sizes[i]}`).join(" × ") || "1 proc";
   const head = h("div", { class: "jm-head" }, h("span", { class: "jm-name" }, mesh.name),
     h("span", { class: "jm-shape" }, shape + (mesh.stopped ? " (stopped)" : "")));
-  for (const s of STATES) {
+  for (const s of Object.keys(mesh.counts)) { // every state, in ProcState order (see wire.py)
     if (mesh.counts[s]) head.append(h("span", { class: `jm-chip jm-${s}`, "data-count": s }, `${mesh.counts[s]} ${s}`));
   }
   head.append(h("span", { class: "jm-inflight" }, `${mesh.inflight} call(s) in flight`));
