@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import pathlib
+import shutil
+import subprocess
 
 import pytest
 
@@ -42,3 +44,15 @@ def test_the_wire_carries_the_states_in_order():
     ranks = (RankState(0, {"gpus": 0}, ProcState.FAILED), RankState(1, {"gpus": 1}, ProcState.IDLE))
     wire = json.loads(json.dumps(mesh_wire(MeshState("m", "m", {"gpus": 2}, ranks))))
     assert list(wire["counts"]) == [s.value for s in ProcState]
+
+
+def test_widget_is_built_from_the_typescript():
+    # jupyter_mesh/ui/static/widget.{js,css} are committed build outputs of labextension/src/grid.ts and
+    # labextension/style/{states,grid}.css (the sidebar's renderer and look)
+    node = shutil.which("node")
+    if node is None or not (ROOT / "node_modules" / "typescript").is_dir():
+        pytest.skip("needs node and node_modules/typescript (`make setup` installs them)")
+    out = subprocess.run(
+        [node, "labextension/build-widget.mjs", "--check"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stdout + out.stderr

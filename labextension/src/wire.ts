@@ -88,14 +88,3 @@ export interface IRefreshRequest {
 }
 
 export type FrontMessage = IActionRequest | IRefreshRequest;
-
-export function coordLabel(mesh: IMesh, coords: number[], upto: number = mesh.dims.length): string {
-  return mesh.dims
-    .slice(0, upto)
-    .map((d, i) => `${d}=${coords[i]}`)
-    .join(',');
-}
-
-export function shapeLabel(mesh: IMesh): string {
-  return mesh.dims.map((d, i) => `${d}=${mesh.sizes[i]}`).join(' × ') || '1 proc';
-}
