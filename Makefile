@@ -37,11 +37,16 @@ demo: $(STAMP)
 # UCX for real over its tcp transport (no GPU, no InfiniBand here); blocking progress, no busy threads
 UCX_TEST_ENV := UCX_TLS=tcp,self UCXPY_PROGRESS_MODE=blocking UCX_WARN_UNUSED_ENV_VARS=n
 
+# the TypeScript (sidebar and widget) type-checked with tsconfig.json's strict options (~5 s); the
+# packages come from package-lock.json (`make setup` installed them with the build, npm ci if gone)
+TS_LINT := { test -d node_modules/typescript || npm ci --no-audit --no-fund; } && npm run --silent lint
+
 # two pytest runs (the browser tests keep their own event loop); fails if either fails
 test: $(STAMP) chromium
 	$(BIN)/ruff check jupyter_mesh tests benchmarks
 	$(BIN)/ruff format --check jupyter_mesh tests benchmarks
 	$(BIN)/python -m mypy jupyter_mesh
+	$(TS_LINT)
 	$(UCX_TEST_ENV) $(BIN)/python -m pytest -q -p no:cacheprovider --ignore=tests/ui; core=$$?; \
 	$(UCX_TEST_ENV) $(BIN)/python -m pytest -q -p no:cacheprovider tests/ui; ui=$$?; \
 	test $$core -eq 0 -a $$ui -eq 0
@@ -61,6 +66,7 @@ lint: $(STAMP)
 	$(BIN)/python -m mypy jupyter_mesh
 	$(BIN)/ruff check jupyter_mesh tests benchmarks
 	$(BIN)/ruff format --check jupyter_mesh tests benchmarks
+	$(TS_LINT)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info lib node_modules jupyter_mesh/labextension tsconfig.tsbuildinfo

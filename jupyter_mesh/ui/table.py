@@ -15,7 +15,8 @@ __all__ = ["COLOURS", "TIMES", "grid_slices", "html_table", "shape_label", "text
 
 TIMES = "\u00d7"  # the x between dims: "hosts=2 x gpus=4"
 
-# one palette for the widget, the sidebar (labextension/style/base.css) and the terminal
+# one palette for the HTML table, the terminal, and the widget and sidebar (whose CSS,
+# labextension/style/states.css, is generated from it: python -m jupyter_mesh.ui.codegen)
 COLOURS = {
     "starting": "#90a4ae",
     "idle": "#43a047",

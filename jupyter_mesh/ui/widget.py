@@ -42,6 +42,8 @@ def _widget_class() -> type:
     class MeshWidget(anywidget.AnyWidget):  # type: ignore[misc]
         """Live view of one proc mesh (``mesh_id``) or of every mesh of the kernel (``mesh_id=""``)."""
 
+        # built from the sidebar's renderer (labextension/src/grid.ts, style/) and committed, so
+        # the widget works without a node build: labextension/build-widget.mjs
         _esm = _STATIC / "widget.js"
         _css = _STATIC / "widget.css"
         meshes: traitlets.List[MeshWire] = traitlets.List().tag(sync=True)

@@ -2,7 +2,8 @@
 
 One snapshot format feeds the widget (a synced trait), the JupyterLab sidebar (comm messages) and
 ``jupyter-mesh status`` (which asks a kernel over the same comm), so the three views cannot drift.
-The TypeScript twins of these types live in ``labextension/src/wire.ts``; keep them in step.
+The TypeScript twins of these types live in ``labextension/src/wire.ts``; keep them in step (its
+``ProcState`` is generated: ``python -m jupyter_mesh.ui.codegen``).
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ class MeshWire(TypedDict):
     sizes: list[int]
     ranks: list[RankWire]
     stopped: bool
-    counts: dict[str, int]
+    counts: dict[str, int]  # every state, in ProcState order: the views draw their chips in this order
     inflight: int  # calls in flight from this controller, summed over ranks
     spawn: Progress  # procs up / procs (done == total once every proc reported in)
     gather: Progress | None  # ranks that replied / ranks busy, while calls are out; None when idle

@@ -2,8 +2,9 @@
 
 export const COMM_TARGET = 'jupyter_mesh.sidebar';
 
-export type ProcState = 'starting' | 'idle' | 'busy' | 'paused' | 'failed' | 'stopped';
-export const STATES: readonly ProcState[] = ['starting', 'idle', 'busy', 'paused', 'failed', 'stopped'];
+import type { ProcState } from './states';
+
+export type { ProcState };
 
 export interface IFailure {
   kind: string;
@@ -43,7 +44,7 @@ export interface IMesh {
   sizes: number[];
   ranks: IRank[];
   stopped: boolean;
-  counts: Record<ProcState, number>;
+  counts: Record<ProcState, number>; // every state, in ProcState order (the order chips are drawn in)
   inflight: number;
   spawn: IProgress;
   gather: IProgress | null;
@@ -87,14 +88,3 @@ export interface IRefreshRequest {
 }
 
 export type FrontMessage = IActionRequest | IRefreshRequest;
-
-export function coordLabel(mesh: IMesh, coords: number[], upto: number = mesh.dims.length): string {
-  return mesh.dims
-    .slice(0, upto)
-    .map((d, i) => `${d}=${coords[i]}`)
-    .join(',');
-}
-
-export function shapeLabel(mesh: IMesh): string {
-  return mesh.dims.map((d, i) => `${d}=${mesh.sizes[i]}`).join(' × ') || '1 proc';
-}

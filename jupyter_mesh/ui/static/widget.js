@@ -1,108 +1,154 @@
-// The mesh widget's view (anywidget ESM). Renders the `meshes` trait (MeshWire snapshots, see
-// jupyter_mesh/ui/wire.py); the kernel pushes new values, this code never polls.
-
-const STATES = ["starting", "idle", "busy", "paused", "failed", "stopped"];
-
-function h(tag, attrs = {}, ...children) {
-  const el = document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs)) {
-    if (k === "class") el.className = v;
-    else if (k === "style") el.style.cssText = v;
-    else if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
-    else el.setAttribute(k, String(v));
-  }
-  for (const c of children) if (c !== null && c !== undefined) el.append(c);
-  return el;
+// GENERATED from labextension/ by `npm run build:lib` (labextension/build-widget.mjs): do not edit.
+// The mesh grid: the one renderer of a mesh, for the JupyterLab sidebar (view.ts) and the notebook
+// widget. A mesh's name and shape, a chip per state, calls in flight, spawn and reply progress, its
+// procs as grids coloured by state (the last two dims as rows x columns, one grid per combination of
+// the leading dims), recent failures, and the selected proc's state and cause. Plain DOM; the caller
+// keeps the selection and redraws. The look is labextension/style/grid.css (+ states.css).
+//
+// This file alone also compiles to the widget's anywidget ESM, jupyter_mesh/ui/static/widget.js
+// (`npm run build:lib` runs labextension/build-widget.mjs). anywidget loads one self-contained file,
+// so this module imports types only; the build fails if the output imports anything.
+/** An element with attributes (set as attributes: class, style, data-*) and children (nulls skipped). */
+export function h(tag, attrs = {}, ...children) {
+    const node = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs)) {
+        node.setAttribute(k, v);
+    }
+    for (const c of children) {
+        if (c !== null) {
+            node.append(c);
+        }
+    }
+    return node;
 }
-
-function coordLabel(mesh, coords, upto = mesh.dims.length) {
-  return mesh.dims.slice(0, upto).map((d, i) => `${d}=${coords[i]}`).join(",");
+export function coordLabel(mesh, coords, upto = mesh.dims.length) {
+    return mesh.dims
+        .slice(0, upto)
+        .map((d, i) => `${d}=${coords[i]}`)
+        .join(',');
 }
-
-// The last two dims as rows x columns, one grid per combination of the leading dims.
-function slices(mesh) {
-  const n = mesh.dims.length;
-  const cols = n ? mesh.sizes[n - 1] : 1;
-  const rows = n >= 2 ? mesh.sizes[n - 2] : 1;
-  const lead = Math.max(0, n - 2);
-  const ranks = [...mesh.ranks].sort((a, b) => a.rank - b.rank);
-  const out = [];
-  for (let s = 0; s < ranks.length; s += rows * cols) {
-    const chunk = ranks.slice(s, s + rows * cols);
-    out.push({ label: lead ? coordLabel(mesh, chunk[0].coords, lead) : "", cols, ranks: chunk });
-  }
-  return out;
+export function shapeLabel(mesh) {
+    return mesh.dims.map((d, i) => `${d}=${mesh.sizes[i]}`).join(' × ') || '1 proc';
 }
-
+export function renderMesh(mesh, opts) {
+    var _a, _b;
+    const box = h('section', {
+        class: 'jm-mesh' + (mesh.stopped ? ' jm-stopped-mesh' : ''),
+        'data-mesh': mesh.name,
+        'data-procs': String(mesh.ranks.length)
+    });
+    box.append(h('div', { class: 'jm-head' }, h('b', { class: 'jm-name' }, mesh.name), h('span', { class: 'jm-shape' }, ` ${shapeLabel(mesh)}` + (mesh.stopped ? ' (stopped)' : '')), h('span', { class: 'jm-dim' }, ` · ${mesh.ranks.length} procs`)));
+    const chips = h('div', { class: 'jm-chips' });
+    // the keys of counts are every state, in ProcState order (jupyter_mesh/ui/wire.py)
+    for (const s of Object.keys(mesh.counts)) {
+        if (mesh.counts[s]) {
+            chips.append(h('span', { class: `jm-chip jm-${s}`, 'data-count': s }, `${mesh.counts[s]} ${s}`));
+        }
+    }
+    chips.append(h('span', { class: 'jm-dim jm-inflight' }, `${mesh.inflight} call(s) in flight`));
+    box.append(chips);
+    if (mesh.spawn.done < mesh.spawn.total && !mesh.stopped) {
+        box.append(progress('spawn', mesh.spawn));
+    }
+    if (mesh.gather && mesh.gather.total > 1) {
+        box.append(progress('replies', mesh.gather));
+    }
+    box.append(grids(mesh, opts));
+    const actions = (_b = (_a = opts.actions) === null || _a === void 0 ? void 0 : _a.call(opts, mesh)) !== null && _b !== void 0 ? _b : null;
+    if (actions) {
+        box.append(actions);
+    }
+    const selected = mesh.ranks.find(r => r.rank === opts.selected);
+    if (selected) {
+        box.append(detail(mesh, selected, opts));
+    }
+    if (mesh.failures.length) {
+        const list = h('ul', { class: 'jm-failures' });
+        for (const f of [...mesh.failures].reverse()) {
+            list.append(h('li', {}, `[${f.label}] ${f.kind}: ${f.detail}`));
+        }
+        box.append(h('div', { class: 'jm-dim' }, 'Recent failures'), list);
+    }
+    return box;
+}
 function progress(label, p) {
-  return h("div", { class: "jm-progress" }, h("span", {}, label),
-    h("progress", { max: String(p.total), value: String(p.done) }), h("span", {}, `${p.done} / ${p.total}`));
+    return h('div', { class: 'jm-progress', 'data-progress': label }, h('span', {}, label), h('progress', { max: String(p.total), value: String(p.done) }), h('span', {}, `${p.done} / ${p.total}`));
 }
-
-function detail(mesh, r) {
-  const where = `rank ${r.rank} [${coordLabel(mesh, r.coords)}]`;
-  const box = h("div", { class: "jm-detail", "data-testid": "jm-detail" },
-    h("div", {}, h("b", {}, where), ` ${r.state}`, r.pid ? ` · pid ${r.pid}` : "",
-      r.inflight ? ` · ${r.inflight} call(s) in flight` : ""));
-  if (r.note) box.append(h("div", { class: "jm-note" }, r.note));
-  if (r.failure) {
-    box.append(h("div", {}, `${r.failure.kind}: ${r.failure.detail}`));
-    if (r.failure.traceback) box.append(h("pre", {}, r.failure.traceback));
-  }
-  return box;
-}
-
-function renderMesh(mesh, selected, select) {
-  const box = h("div", { class: "jm-mesh" + (mesh.stopped ? " jm-stopped-mesh" : ""), "data-mesh": mesh.name });
-  const shape = mesh.dims.map((d, i) => `${d}=${mesh.sizes[i]}`).join(" × ") || "1 proc";
-  const head = h("div", { class: "jm-head" }, h("span", { class: "jm-name" }, mesh.name),
-    h("span", { class: "jm-shape" }, shape + (mesh.stopped ? " (stopped)" : "")));
-  for (const s of STATES) {
-    if (mesh.counts[s]) head.append(h("span", { class: `jm-chip jm-${s}`, "data-count": s }, `${mesh.counts[s]} ${s}`));
-  }
-  head.append(h("span", { class: "jm-inflight" }, `${mesh.inflight} call(s) in flight`));
-  box.append(head);
-  if (mesh.spawn.done < mesh.spawn.total && !mesh.stopped) box.append(progress("spawn", mesh.spawn));
-  if (mesh.gather && mesh.gather.total > 1) box.append(progress("replies", mesh.gather));
-  for (const sl of slices(mesh)) {
-    if (sl.label) box.append(h("div", { class: "jm-slice-label" }, sl.label));
-    const grid = h("div", { class: "jm-grid", style: `grid-template-columns: repeat(${sl.cols}, auto)` });
-    for (const r of sl.ranks) {
-      const title = `rank ${r.rank} [${coordLabel(mesh, r.coords)}] ${r.state}` +
-        (r.failure ? `: ${r.failure.detail}` : "") + (r.note ? ` (${r.note})` : "");
-      const cell = h("div", {
-        class: `jm-cell jm-${r.state}` + (selected === r.rank ? " jm-selected" : ""),
-        title, "data-rank": r.rank, "data-state": r.state,
-        onclick: () => select(selected === r.rank ? null : r.rank),
-      }, String(r.rank));
-      if (r.inflight > 1) cell.append(h("span", { class: "jm-badge" }, String(r.inflight)));
-      grid.append(cell);
+function grids(mesh, opts) {
+    const out = h('div', { class: 'jm-grids' });
+    const n = mesh.dims.length;
+    const cols = n ? mesh.sizes[n - 1] : 1;
+    const rows = n >= 2 ? mesh.sizes[n - 2] : 1;
+    const lead = Math.max(0, n - 2);
+    const ranks = [...mesh.ranks].sort((a, b) => a.rank - b.rank);
+    for (let s = 0; s < ranks.length; s += rows * cols) {
+        const chunk = ranks.slice(s, s + rows * cols);
+        if (lead) {
+            out.append(h('div', { class: 'jm-slice-label' }, coordLabel(mesh, chunk[0].coords, lead)));
+        }
+        const grid = h('div', { class: 'jm-grid' });
+        grid.style.gridTemplateColumns = `repeat(${cols}, auto)`;
+        for (const r of chunk) {
+            const cell = h('div', {
+                class: `jm-cell jm-${r.state}` + (opts.selected === r.rank ? ' jm-selected' : ''),
+                title: `rank ${r.rank} [${coordLabel(mesh, r.coords)}] ${r.state}` +
+                    (r.failure ? `: ${r.failure.detail}` : '') +
+                    (r.note ? ` (${r.note})` : ''),
+                'data-rank': String(r.rank),
+                'data-state': r.state
+            }, String(r.rank));
+            if (r.inflight > 1) {
+                cell.append(h('span', { class: 'jm-badge' }, String(r.inflight)));
+            }
+            cell.onclick = () => opts.select(opts.selected === r.rank ? null : r.rank);
+            grid.append(cell);
+        }
+        out.append(grid);
     }
-    box.append(grid);
-  }
-  const sel = mesh.ranks.find((r) => r.rank === selected);
-  if (sel) box.append(detail(mesh, sel));
-  return box;
+    return out;
 }
-
+function detail(mesh, r, opts) {
+    var _a, _b;
+    const box = h('div', { class: 'jm-detail', 'data-testid': 'jm-detail', 'data-rank': String(r.rank) }, h('div', {}, h('b', {}, `rank ${r.rank} [${coordLabel(mesh, r.coords)}]`), ` ${r.state}` + (r.pid ? ` · pid ${r.pid}` : '') + (r.inflight ? ` · ${r.inflight} call(s) in flight` : '')));
+    if (r.note) {
+        box.append(h('div', { class: 'jm-note' }, r.note));
+    }
+    if (r.failure) {
+        box.append(h('div', { class: 'jm-cause' }, `${r.failure.kind}: ${r.failure.detail}`));
+        if (r.failure.traceback) {
+            box.append(h('pre', {}, r.failure.traceback));
+        }
+    }
+    const actions = (_b = (_a = opts.rankActions) === null || _a === void 0 ? void 0 : _a.call(opts, mesh, r)) !== null && _b !== void 0 ? _b : null;
+    if (actions) {
+        box.append(actions);
+    }
+    return box;
+}
 function render({ model, el }) {
-  const root = h("div", { class: "jm-widget" });
-  el.append(root);
-  const selected = new Map(); // mesh_id -> selected rank (view-local)
-  const draw = () => {
-    const meshes = model.get("meshes") || [];
-    root.replaceChildren();
-    if (!meshes.length) {
-      root.append(h("div", { class: "jm-empty" }, "No proc mesh yet: spawn one (this_host().spawn_procs(...) or %mesh up)."));
-      return;
-    }
-    for (const m of meshes) {
-      root.append(renderMesh(m, selected.get(m.mesh_id) ?? null, (rank) => { selected.set(m.mesh_id, rank); draw(); }));
-    }
-  };
-  model.on("change:meshes", draw);
-  draw();
-  return () => model.off("change:meshes", draw);
+    const root = h('div', { class: 'jm-widget' });
+    el.append(root);
+    const selected = new Map(); // mesh_id -> selected rank (this view's own)
+    const draw = () => {
+        var _a, _b;
+        const meshes = (_a = model.get('meshes')) !== null && _a !== void 0 ? _a : [];
+        root.replaceChildren();
+        if (!meshes.length) {
+            root.append(h('div', { class: 'jm-empty' }, 'No proc mesh yet: spawn one (this_host().spawn_procs(...) or %mesh up).'));
+            return;
+        }
+        for (const m of meshes) {
+            root.append(renderMesh(m, {
+                selected: (_b = selected.get(m.mesh_id)) !== null && _b !== void 0 ? _b : null,
+                select: rank => {
+                    selected.set(m.mesh_id, rank);
+                    draw();
+                }
+            }));
+        }
+    };
+    model.on('change:meshes', draw);
+    draw();
+    return () => model.off('change:meshes', draw);
 }
-
 export default { render };

@@ -1,0 +1,196 @@
+// The mesh grid: the one renderer of a mesh, for the JupyterLab sidebar (view.ts) and the notebook
+// widget. A mesh's name and shape, a chip per state, calls in flight, spawn and reply progress, its
+// procs as grids coloured by state (the last two dims as rows x columns, one grid per combination of
+// the leading dims), recent failures, and the selected proc's state and cause. Plain DOM; the caller
+// keeps the selection and redraws. The look is labextension/style/grid.css (+ states.css).
+//
+// This file alone also compiles to the widget's anywidget ESM, jupyter_mesh/ui/static/widget.js
+// (`npm run build:lib` runs labextension/build-widget.mjs). anywidget loads one self-contained file,
+// so this module imports types only; the build fails if the output imports anything.
+
+import type { IMesh, IProgress, IRank, ProcState } from './wire';
+
+type Child = Node | string | null;
+
+/** An element with attributes (set as attributes: class, style, data-*) and children (nulls skipped). */
+export function h<K extends keyof HTMLElementTagNameMap>(
+  tag: K,
+  attrs: Record<string, string> = {},
+  ...children: Child[]
+): HTMLElementTagNameMap[K] {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    node.setAttribute(k, v);
+  }
+  for (const c of children) {
+    if (c !== null) {
+      node.append(c);
+    }
+  }
+  return node;
+}
+
+export function coordLabel(mesh: IMesh, coords: number[], upto: number = mesh.dims.length): string {
+  return mesh.dims
+    .slice(0, upto)
+    .map((d, i) => `${d}=${coords[i]}`)
+    .join(',');
+}
+
+export function shapeLabel(mesh: IMesh): string {
+  return mesh.dims.map((d, i) => `${d}=${mesh.sizes[i]}`).join(' × ') || '1 proc';
+}
+
+export interface IMeshOptions {
+  /** The rank whose detail shows, or null. */
+  selected: number | null;
+  /** A click on a cell: its rank, or null when it was the selected one. */
+  select: (rank: number | null) => void;
+  /** What the view adds under the grid (the sidebar: its mesh buttons). */
+  actions?: (mesh: IMesh) => Node | null;
+  /** What the view adds to the selected rank's detail (the sidebar: its proc buttons). */
+  rankActions?: (mesh: IMesh, rank: IRank) => Node | null;
+}
+
+export function renderMesh(mesh: IMesh, opts: IMeshOptions): HTMLElement {
+  const box = h('section', {
+    class: 'jm-mesh' + (mesh.stopped ? ' jm-stopped-mesh' : ''),
+    'data-mesh': mesh.name,
+    'data-procs': String(mesh.ranks.length)
+  });
+  box.append(
+    h('div', { class: 'jm-head' }, h('b', { class: 'jm-name' }, mesh.name),
+      h('span', { class: 'jm-shape' }, ` ${shapeLabel(mesh)}` + (mesh.stopped ? ' (stopped)' : '')),
+      h('span', { class: 'jm-dim' }, ` · ${mesh.ranks.length} procs`))
+  );
+  const chips = h('div', { class: 'jm-chips' });
+  // the keys of counts are every state, in ProcState order (jupyter_mesh/ui/wire.py)
+  for (const s of Object.keys(mesh.counts) as ProcState[]) {
+    if (mesh.counts[s]) {
+      chips.append(h('span', { class: `jm-chip jm-${s}`, 'data-count': s }, `${mesh.counts[s]} ${s}`));
+    }
+  }
+  chips.append(h('span', { class: 'jm-dim jm-inflight' }, `${mesh.inflight} call(s) in flight`));
+  box.append(chips);
+  if (mesh.spawn.done < mesh.spawn.total && !mesh.stopped) {
+    box.append(progress('spawn', mesh.spawn));
+  }
+  if (mesh.gather && mesh.gather.total > 1) {
+    box.append(progress('replies', mesh.gather));
+  }
+  box.append(grids(mesh, opts));
+  const actions = opts.actions?.(mesh) ?? null;
+  if (actions) {
+    box.append(actions);
+  }
+  const selected = mesh.ranks.find(r => r.rank === opts.selected);
+  if (selected) {
+    box.append(detail(mesh, selected, opts));
+  }
+  if (mesh.failures.length) {
+    const list = h('ul', { class: 'jm-failures' });
+    for (const f of [...mesh.failures].reverse()) {
+      list.append(h('li', {}, `[${f.label}] ${f.kind}: ${f.detail}`));
+    }
+    box.append(h('div', { class: 'jm-dim' }, 'Recent failures'), list);
+  }
+  return box;
+}
+
+function progress(label: string, p: IProgress): HTMLElement {
+  return h('div', { class: 'jm-progress', 'data-progress': label }, h('span', {}, label),
+    h('progress', { max: String(p.total), value: String(p.done) }), h('span', {}, `${p.done} / ${p.total}`));
+}
+
+function grids(mesh: IMesh, opts: IMeshOptions): HTMLElement {
+  const out = h('div', { class: 'jm-grids' });
+  const n = mesh.dims.length;
+  const cols = n ? mesh.sizes[n - 1] : 1;
+  const rows = n >= 2 ? mesh.sizes[n - 2] : 1;
+  const lead = Math.max(0, n - 2);
+  const ranks = [...mesh.ranks].sort((a, b) => a.rank - b.rank);
+  for (let s = 0; s < ranks.length; s += rows * cols) {
+    const chunk = ranks.slice(s, s + rows * cols);
+    if (lead) {
+      out.append(h('div', { class: 'jm-slice-label' }, coordLabel(mesh, chunk[0].coords, lead)));
+    }
+    const grid = h('div', { class: 'jm-grid' });
+    grid.style.gridTemplateColumns = `repeat(${cols}, auto)`;
+    for (const r of chunk) {
+      const cell = h('div', {
+        class: `jm-cell jm-${r.state}` + (opts.selected === r.rank ? ' jm-selected' : ''),
+        title:
+          `rank ${r.rank} [${coordLabel(mesh, r.coords)}] ${r.state}` +
+          (r.failure ? `: ${r.failure.detail}` : '') +
+          (r.note ? ` (${r.note})` : ''),
+        'data-rank': String(r.rank),
+        'data-state': r.state
+      }, String(r.rank));
+      if (r.inflight > 1) {
+        cell.append(h('span', { class: 'jm-badge' }, String(r.inflight)));
+      }
+      cell.onclick = () => opts.select(opts.selected === r.rank ? null : r.rank);
+      grid.append(cell);
+    }
+    out.append(grid);
+  }
+  return out;
+}
+
+function detail(mesh: IMesh, r: IRank, opts: IMeshOptions): HTMLElement {
+  const box = h('div', { class: 'jm-detail', 'data-testid': 'jm-detail', 'data-rank': String(r.rank) },
+    h('div', {}, h('b', {}, `rank ${r.rank} [${coordLabel(mesh, r.coords)}]`),
+      ` ${r.state}` + (r.pid ? ` · pid ${r.pid}` : '') + (r.inflight ? ` · ${r.inflight} call(s) in flight` : '')));
+  if (r.note) {
+    box.append(h('div', { class: 'jm-note' }, r.note));
+  }
+  if (r.failure) {
+    box.append(h('div', { class: 'jm-cause' }, `${r.failure.kind}: ${r.failure.detail}`));
+    if (r.failure.traceback) {
+      box.append(h('pre', {}, r.failure.traceback));
+    }
+  }
+  const actions = opts.rankActions?.(mesh, r) ?? null;
+  if (actions) {
+    box.append(actions);
+  }
+  return box;
+}
+
+// -- the notebook widget (anywidget): renders the `meshes` trait, which the kernel pushes ------------
+
+/** The part of anywidget's model the widget uses. */
+interface IWidgetModel {
+  get(name: 'meshes'): IMesh[] | undefined;
+  on(event: 'change:meshes', callback: () => void): void;
+  off(event: 'change:meshes', callback: () => void): void;
+}
+
+function render({ model, el }: { model: IWidgetModel; el: HTMLElement }): () => void {
+  const root = h('div', { class: 'jm-widget' });
+  el.append(root);
+  const selected = new Map<string, number | null>(); // mesh_id -> selected rank (this view's own)
+  const draw = (): void => {
+    const meshes = model.get('meshes') ?? [];
+    root.replaceChildren();
+    if (!meshes.length) {
+      root.append(h('div', { class: 'jm-empty' },
+        'No proc mesh yet: spawn one (this_host().spawn_procs(...) or %mesh up).'));
+      return;
+    }
+    for (const m of meshes) {
+      root.append(renderMesh(m, {
+        selected: selected.get(m.mesh_id) ?? null,
+        select: rank => {
+          selected.set(m.mesh_id, rank);
+          draw();
+        }
+      }));
+    }
+  };
+  model.on('change:meshes', draw);
+  draw();
+  return () => model.off('change:meshes', draw);
+}
+
+export default { render };
