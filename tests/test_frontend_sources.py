@@ -23,10 +23,10 @@ def test_one_version():
     tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert "version" not in project["project"] and "version" in project["project"]["dynamic"]
-    assert project["tool"]["hatch"]["version"]["path"] == "jupyter_mesh/__init__.py"
+    assert project["tool"]["hatch"]["version"]["path"] == "jupyter_mesh/_version.py"
     package = json.loads((ROOT / "package.json").read_text())
     assert package["version"] == jupyter_mesh.__version__, (
-        f"package.json says {package['version']}, jupyter_mesh/__init__.py {jupyter_mesh.__version__}: "
+        f"package.json says {package['version']}, jupyter_mesh/_version.py {jupyter_mesh.__version__}: "
         "change the version in both"
     )
 
