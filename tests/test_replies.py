@@ -151,9 +151,11 @@ one = procs.spawn("c", Counter, 0).slice(gpus=0)
 one.value.call_one().get(timeout=30)
 boxes = current_client().boxes
 # SIGINT from another process, as a real Ctrl-C: it lands at any bytecode of the main thread. It
-# starts when told and sends every ~1 ms.
+# starts when told and sends every 0.3-3 ms, at random: gaps of every length, so that rounds also
+# complete on a loaded machine (a fixed ~1 ms starved every round when calls took longer than that)
 storm = subprocess.Popen([sys.executable, "-c",
-    "import os, sys, time\nsys.stdin.readline()\nwhile True:\n    os.kill(int(sys.argv[1]), 2); time.sleep(0.0009)",
+    "import os, random, sys, time\nsys.stdin.readline()\nwhile True:\n"
+    "    os.kill(int(sys.argv[1]), 2); time.sleep(random.uniform(0.0003, 0.003))",
     str(os.getpid())], stdin=subprocess.PIPE)
 n = {"interrupts": 0, "lost": 0, "leaked": 0, "rounds": 0}
 
