@@ -50,7 +50,7 @@ class Agent:
         # closes our stdin, and silence only means it is busy (a long C call holding its GIL)
         self.controller_silence = float("inf") if cfg.get("stdin_lifeline") else 3 * self.hb_timeout
         self.last_controller = time.monotonic()
-        self.bind: str = cfg.get("bind", "tcp://127.0.0.1")
+        self.bind: str = cfg["bind"]  # the controller's: a private directory on its host, or TCP
         self.transport = Transport(self.key, self.bind)
         self.lock = threading.RLock()
         self.procs: dict[tuple[str, int], ProcEntry] = {}

@@ -27,6 +27,7 @@ from .._core.shape import Shape
 from .._core.state import StateTracker
 from .._data.owner import handle_message as handle_rdma
 from .._wire import protocol
+from .._wire.channels import default_bind, remove_session_dir
 from .._wire.protocol import Dispatch, Kind, check_version
 from .._wire.serialize import dumps, loads
 from .._wire.transport import Message, Transport
@@ -89,7 +90,8 @@ class Controller:
             self.key, self.transport, self.client = embedded.key, embedded.transport, embedded.client
         else:
             self.key = secrets.token_bytes(32)
-            self.transport = Transport(self.key, bind or os.environ.get("JUPYTER_MESH_BIND", "tcp://127.0.0.1"))
+            # private unix sockets unless the user asked for TCP (see _wire/channels)
+            self.transport = Transport(self.key, bind or default_bind())
             self.client = Client(self.transport, reply_boxes=True)
         self.address = self.transport.address
         self.state = StateTracker()
@@ -551,6 +553,7 @@ class Controller:
             from .._wire import shm as _shm
 
             _shm.sweep(self.transport.shm_prefix)  # segments no receiver claimed (it died first)
+            remove_session_dir(self.transport.bind)  # and the sockets of processes that were killed
         with Controller._instance_lock:
             if Controller._instance is self:
                 Controller._instance = None

@@ -397,7 +397,7 @@ class ProcRuntime:
         self.point = Point(self.rank, self.shape.extent)
         self.coords = dict(self.point)
         self.agent_addr: str = cfg["agent"]
-        self.transport = Transport(key, cfg.get("bind", "tcp://127.0.0.1"))
+        self.transport = Transport(key, cfg["bind"])
         self.client = Client(self.transport)
         set_current_client(self.client)
         # an actor here may spawn meshes of its own: the controller made for that shares our runtime,

@@ -26,6 +26,7 @@ import msgpack
 import zmq
 
 from . import shm as _shm
+from .channels import check_bind, max_frame
 from .protocol import VERSION, Kind
 
 __all__ = ["Message", "Transport", "TransportStats"]
@@ -70,12 +71,12 @@ class Transport:
     def __init__(self, key: bytes, bind: str = "tcp://127.0.0.1"):
         if len(key) < 16:
             raise ValueError("the session key must be at least 16 bytes")
-        if not bind.startswith("tcp://"):
-            raise ValueError(f"bind must be tcp://<interface>, not {bind!r}")
+        check_bind(bind)  # a private directory, loopback, or a network interface the user opted into
         self._keyed: Any = _hmac_state(key)
         self.shm_prefix = _shm.session_prefix(key)  # data plane: same-host segments of this session
         self._ctx = zmq.Context()
         self._bind = bind
+        self.bind = bind  # where this process's sockets listen: what processes it starts bind too
         self._more: weakref.WeakSet[zmq.Socket[Any]] = weakref.WeakSet()  # closed by close(), if still open
         self._wake_name = f"inproc://jupyter-mesh-wake-{id(self):x}"
         self._inbox, self.address = self.bind_inbox(self._wake_name)
@@ -100,8 +101,13 @@ class Transport:
         sock = self._ctx.socket(zmq.PULL)
         sock.setsockopt(zmq.RCVHWM, 0)
         sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.MAXMSGSIZE, -1)
-        address = f"{self._bind}:{sock.bind_to_random_port(self._bind)}"
+        if self._bind.startswith("ipc://"):  # only this user can connect: the directory is 0700
+            sock.setsockopt(zmq.MAXMSGSIZE, -1)
+            address = f"{self._bind}/{secrets.token_hex(6)}"
+            sock.bind(address)
+        else:  # anyone who reaches the port can send: no frame above the bound is ever buffered
+            sock.setsockopt(zmq.MAXMSGSIZE, max_frame())
+            address = f"{self._bind}:{sock.bind_to_random_port(self._bind)}"
         if inproc is not None:
             sock.bind(inproc)
         self._more.add(sock)

@@ -54,6 +54,7 @@ class LocalJob(Job):
         cfg = {
             "v": VERSION,  # the agent refuses a controller of another wire protocol
             "key": self._controller.key.hex(),
+            "bind": self._controller.transport.bind,  # its private socket directory (same host)
             "controller": self._controller.address,
             "host_index": index,
             "preload": self._preload,

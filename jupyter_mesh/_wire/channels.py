@@ -1,0 +1,143 @@
+"""Where a session's sockets listen, and who can reach them.
+
+On one host every socket is a unix socket (``ipc://``) in a directory of this session, mode 0700 and
+owned by the user: the kernel refuses any other user's ``connect`` before a byte is read, so no one
+else can send (or flood) anything, signed or not. That is the default. A TCP bind
+(``JUPYTER_MESH_BIND=tcp://<interface>``) is for peers on other hosts; a TCP socket cannot tell users
+apart, so one on an interface other than loopback is refused unless the user opts in with
+``JUPYTER_MESH_INSECURE=1`` (said loudly on stderr): until CurveZMQ lands, the HMAC is then the only
+guard, and anyone on that network can connect and send unauthenticated bytes (bounded by
+``max_frame``).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import shutil
+import stat
+import sys
+import tempfile
+
+__all__ = [
+    "ENV_BIND",
+    "ENV_INSECURE",
+    "ENV_MAX_FRAME",
+    "check_private_dir",
+    "default_bind",
+    "max_frame",
+    "remove_session_dir",
+    "sweep_stale_dirs",
+]
+
+ENV_BIND = "JUPYTER_MESH_BIND"
+ENV_INSECURE = "JUPYTER_MESH_INSECURE"
+ENV_MAX_FRAME = "JUPYTER_MESH_MAX_FRAME"
+_PREFIX = "jupyter-mesh-"
+_warned = False
+
+
+def _base() -> str:
+    """``$XDG_RUNTIME_DIR`` (per user, on tmpfs) when usable, else the temp dir. Unix socket paths are
+    limited to ~107 bytes: a long base falls back to /tmp."""
+    run = os.environ.get("XDG_RUNTIME_DIR", "")
+    if run and os.path.isdir(run) and os.access(run, os.W_OK) and len(run) < 60:
+        return run
+    tmp = tempfile.gettempdir()
+    return tmp if len(tmp) < 60 else "/tmp"
+
+
+def check_private_dir(path: str) -> None:
+    """Raise unless ``path`` is a real directory owned by this user that nobody else can enter."""
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise PermissionError(
+            f"{path} is not a private directory of this user (mode {stat.S_IMODE(st.st_mode):o}, "
+            f"owner {st.st_uid}): jupyter_mesh will not listen there"
+        )
+
+
+def default_bind() -> str:
+    """The controller's bind: ``JUPYTER_MESH_BIND`` if set (checked), else a new private directory."""
+    bind = os.environ.get(ENV_BIND, "").strip()
+    if bind:
+        check_bind(bind)
+        return bind
+    sweep_stale_dirs()
+    path = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=_base())  # mode 0700, O_EXCL
+    check_private_dir(path)
+    return f"ipc://{path}"
+
+
+def check_bind(bind: str) -> None:
+    """A bind this process may use: a private directory, loopback TCP, or (opted in) any TCP interface."""
+    if bind.startswith("ipc://"):
+        check_private_dir(bind[len("ipc://") :])
+        return
+    if not bind.startswith("tcp://"):
+        raise ValueError(f"{ENV_BIND} must be ipc://<private dir> or tcp://<interface>, not {bind!r}")
+    host = bind[len("tcp://") :].strip("[]")
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if loopback:
+        return
+    if os.environ.get(ENV_INSECURE, "") not in ("1", "true", "yes"):
+        raise PermissionError(
+            f"refusing to listen on {bind}: anyone on that network could connect, and only the message "
+            f"signature would stand in their way. Bind loopback or leave {ENV_BIND} unset (private unix "
+            f"sockets), or set {ENV_INSECURE}=1 to accept the risk on a network you trust"
+        )
+    global _warned
+    if not _warned:
+        _warned = True
+        print(
+            f"jupyter_mesh: WARNING: listening on {bind} without encryption or peer authentication "
+            f"({ENV_INSECURE}=1): anyone who can reach it can connect",
+            file=sys.stderr,
+        )
+
+
+def max_frame() -> int:
+    """The largest frame a TCP socket accepts (``ZMQ_MAXMSGSIZE``); a larger one drops the connection
+    before it is buffered. Same-host bulk goes through shared memory, so this only bounds peers that
+    send over the network."""
+    raw = os.environ.get(ENV_MAX_FRAME, "").strip()
+    if not raw:
+        return 256 << 20
+    try:
+        n = int(raw)
+    except ValueError:
+        raise ValueError(f"{ENV_MAX_FRAME}={raw!r} is not a number of bytes") from None
+    if n < 1 << 16:
+        raise ValueError(f"{ENV_MAX_FRAME}={n} is too small for a control message; use at least 65536")
+    return n
+
+
+def remove_session_dir(bind: str) -> None:
+    """Remove the session's directory (at controller exit; sockets of dead processes are left in it)."""
+    if bind.startswith("ipc://") and os.path.basename(bind[len("ipc://") :]).startswith(_PREFIX):
+        shutil.rmtree(bind[len("ipc://") :], ignore_errors=True)
+
+
+def sweep_stale_dirs() -> int:
+    """Remove session directories of this user whose controller is gone (killed before its exit)."""
+    base, removed = _base(), 0
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return 0
+    for name in names:
+        if not name.startswith(_PREFIX):
+            continue
+        pid = name[len(_PREFIX) :].split("-", 1)[0]
+        path = os.path.join(base, name)
+        try:
+            if not pid.isdigit() or os.lstat(path).st_uid != os.geteuid() or os.path.exists(f"/proc/{pid}"):
+                continue
+        except OSError:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed += 1
+    return removed

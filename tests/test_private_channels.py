@@ -1,0 +1,163 @@
+"""Only this user can reach a session's sockets: unix sockets in a private directory by default, a
+network bind only when asked for (and then every frame bounded before it is buffered)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from _procs import descendants
+from actors import Counter
+
+from jupyter_mesh._runtime.controller import Controller
+from jupyter_mesh._wire.transport import Message, Transport
+
+pytestmark = pytest.mark.integration
+
+
+def _tcp_listeners(pid: int) -> list[str]:
+    """``ip:port`` of the TCP sockets process ``pid`` listens on."""
+    inodes = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            m = re.match(r"socket:\[(\d+)\]", os.readlink(f"/proc/{pid}/fd/{fd}"))
+            if m:
+                inodes.add(m.group(1))
+    except OSError:
+        return []
+    found = []
+    for table in ("tcp", "tcp6"):
+        try:
+            with open(f"/proc/{pid}/net/{table}") as f:
+                lines = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            cols = line.split()
+            if cols[3] == "0A" and cols[9] in inodes:  # LISTEN
+                found.append(cols[1])
+    return found
+
+
+def test_every_socket_is_a_unix_socket_in_a_private_directory(procs):
+    ctl = Controller.get()
+    c = procs.spawn("c", Counter, 0)
+    assert c.value.call().get(timeout=10)  # every actor inbox and reply box is up
+    directory = ctl.transport.bind[len("ipc://") :]
+    st = os.stat(directory)
+    assert stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == os.geteuid()
+    for addr in [
+        ctl.address,
+        *procs._ref.agent_addrs,
+        *procs._ref.proc_addrs,
+        *[a for d in ctl.client.inboxes._by_proc.values() for a in d.values()],
+    ]:
+        assert addr.startswith(f"ipc://{directory}/"), addr
+    mesh = descendants(os.getpid())
+    listening = {p: _tcp_listeners(p) for p in mesh}
+    assert mesh and not {p: ls for p, ls in listening.items() if ls}  # no agent, template or proc
+
+
+_AS_NOBODY = r"""
+import json, socket, sys
+out = {}
+for path in sys.argv[1:]:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(path)
+        out[path] = "connected"
+    except OSError as e:
+        out[path] = type(e).__name__
+    finally:
+        s.close()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a probe as another user (setpriv)")
+def test_another_user_cannot_connect_to_any_socket(procs):
+    ctl = Controller.get()
+    procs.spawn("c", Counter, 0).value.call().get(timeout=10)
+    directory = ctl.transport.bind[len("ipc://") :]
+    paths = [os.path.join(directory, n) for n in os.listdir(directory)]
+    assert len(paths) >= 6  # controller, its reply boxes, agent, 4 procs and their actors' inboxes
+    probe = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", _AS_NOBODY]
+    out = subprocess.run([*probe, *paths], capture_output=True, text=True, timeout=60, cwd="/")
+    assert out.returncode == 0, out.stderr
+    results = json.loads(out.stdout)
+    assert set(results) == set(paths) and set(results.values()) == {"PermissionError"}, results
+    # and the same probe as this user does connect: the refusal is the directory's mode, nothing else
+    own = ctl.address[len("ipc://") :]
+    mine = subprocess.run([sys.executable, "-c", _AS_NOBODY, own], capture_output=True, text=True, timeout=60)
+    assert json.loads(mine.stdout) == {own: "connected"}
+
+
+_NETWORK_BIND = r"""
+from jupyter_mesh import this_host
+pm = this_host().spawn_procs(per_host={"gpus": 1})
+print("ADDR", pm._ref.proc_addrs[0])
+pm.stop()
+"""
+
+
+def test_a_network_bind_needs_an_explicit_opt_in():
+    env = {**os.environ, "JUPYTER_MESH_BIND": "tcp://0.0.0.0"}
+    env.pop("JUPYTER_MESH_INSECURE", None)
+    out = subprocess.run([sys.executable, "-c", _NETWORK_BIND], capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode != 0
+    assert "refusing to listen on tcp://0.0.0.0" in out.stderr and "JUPYTER_MESH_INSECURE=1" in out.stderr
+    env["JUPYTER_MESH_INSECURE"] = "1"
+    out = subprocess.run([sys.executable, "-c", _NETWORK_BIND], capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "ADDR tcp://0.0.0.0:" in out.stdout
+    assert "WARNING: listening on tcp://0.0.0.0 without encryption" in out.stderr
+
+
+def _rss_kib() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+_FLOOD = r"""
+import sys, time, zmq
+s = zmq.Context().socket(zmq.PUSH)
+s.connect(sys.argv[1])
+s.send_multipart([b"x" * 32, bytearray(200 << 20)])  # 200 MiB: no key needed to send it
+time.sleep(3)
+"""
+
+
+def test_a_tcp_socket_drops_an_oversized_frame_before_buffering_it(monkeypatch):
+    """Without the key, a peer on a TCP bind can send bytes; past ``JUPYTER_MESH_MAX_FRAME`` ZeroMQ
+    drops the connection while reading the frame, so memory stays flat and nothing is delivered."""
+    monkeypatch.setenv("JUPYTER_MESH_MAX_FRAME", str(1 << 20))
+    key = os.urandom(32)
+    t = Transport(key, "tcp://127.0.0.1")
+    got: list[object] = []
+    threading.Thread(target=t.serve, args=(lambda m, f: got.append(m),), daemon=True).start()
+    try:
+        before = _rss_kib()
+        subprocess.run([sys.executable, "-c", _FLOOD, t.address], timeout=60, check=True)
+        grown_mib = (_rss_kib() - before) / 1024
+        assert grown_mib < 64, f"the receiver grew by {grown_mib:.0f} MiB"
+        assert not got and t.stats.received == 0
+        # the socket still serves: a signed message from a peer with the key gets through
+        peer = Transport(key, "tcp://127.0.0.1")
+        try:
+            peer.send(t.address, Message({"k": "ping", "s": peer.address}))
+            deadline = time.monotonic() + 10
+            while not got and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert len(got) == 1
+        finally:
+            peer.close()
+    finally:
+        t.stop_serving()
+        t.close()
