@@ -161,3 +161,69 @@ def test_a_tcp_socket_drops_an_oversized_frame_before_buffering_it(monkeypatch):
     finally:
         t.stop_serving()
         t.close()
+
+
+# -- shared-memory segments (large frames between processes of one host) ----------------------------
+
+
+def test_a_segment_name_taken_first_is_never_used(monkeypatch):
+    """Someone who created the segment's name first (with their own bytes) does not get them read: the
+    writer's O_EXCL create fails, it counts the collision and picks a new name."""
+    from jupyter_mesh._wire import shm
+
+    prefix = shm.session_prefix(os.urandom(32))
+    tokens = iter(["00" * 8, "11" * 8])
+    monkeypatch.setattr(shm.secrets, "token_hex", lambda n: next(tokens))
+    monkeypatch.setattr(shm, "_counter", iter([7, 8]))
+    squatted = f"{shm.SHM_DIR}/{prefix}{os.getpid():x}-7{'00' * 8}"
+    with open(squatted, "wb") as f:
+        f.write(b"evil" * 1024)
+    before = shm.collisions
+    try:
+        name, n = shm.write_segment(prefix, bytearray(b"good" * 1024))
+        assert name.endswith("8" + "11" * 8) and shm.collisions == before + 1
+        assert bytes(shm.open_segment(prefix, name, n)[:4]) == b"good"
+    finally:
+        os.unlink(squatted)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make a file owned by another user")
+def test_a_segment_of_another_user_is_refused_before_mapping():
+    from jupyter_mesh._wire import shm
+
+    prefix = shm.session_prefix(os.urandom(32))
+    name = f"{prefix}1-1{'ab' * 8}"
+    path = f"{shm.SHM_DIR}/{name}"
+    with open(path, "wb") as f:
+        f.write(b"x" * 4096)
+    os.chown(path, 65534, 65534)
+    os.chmod(path, 0o644)
+    with pytest.raises(ValueError, match="belongs to uid 65534 with mode 644: refused"):
+        shm.open_segment(prefix, name, 4096)
+    assert not os.path.exists(path)  # unlinked all the same: the name cannot be used again
+
+
+def test_a_transport_counts_a_message_whose_segment_is_not_ours(tmp_path):
+    """End to end: a signed message naming a segment that is not ours is dropped and counted."""
+    from jupyter_mesh._wire import shm
+
+    key = os.urandom(32)
+    a, b = Transport(key, "tcp://127.0.0.1"), Transport(key, "tcp://127.0.0.1")
+    got: list[object] = []
+    threading.Thread(target=b.serve, args=(lambda m, f: got.append(m),), daemon=True).start()
+    try:
+        prefix = b.shm_prefix
+        name = f"{prefix}1-1{'cd' * 8}"
+        path = f"{shm.SHM_DIR}/{name}"
+        with open(path, "wb") as f:
+            f.write(b"x" * 4096)
+        os.chmod(path, 0o644)  # group- and world-readable: not a segment any of our processes writes
+        a.send(b.address, Message({"k": "ping", "sh": [[0, name, 4096]]}))
+        deadline = time.monotonic() + 10
+        while b.stats.dropped_malformed == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert b.stats.dropped_malformed == 1 and not got
+    finally:
+        b.stop_serving()
+        a.close()
+        b.close()

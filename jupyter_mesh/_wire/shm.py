@@ -23,6 +23,7 @@ import mmap
 import os
 import re
 import secrets
+import stat
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -57,12 +58,27 @@ def available() -> bool:
 
 
 # -- message segments ----------------------------------------------------------------------------------
+collisions = 0  # names that already existed when a segment was created (someone took them first)
+
+
+def _create(prefix: str) -> tuple[str, int]:
+    """A new segment file, ours alone: O_EXCL (never someone else's file of that name), mode 0600,
+    and a name nobody can predict (64 random bits after the session's secret prefix)."""
+    global collisions
+    for _ in range(8):
+        name = f"{prefix}{os.getpid():x}-{next(_counter):x}{secrets.token_hex(8)}"
+        try:
+            return name, os.open(f"{SHM_DIR}/{name}", os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        except FileExistsError:
+            collisions += 1
+    raise FileExistsError(f"{SHM_DIR}: eight fresh segment names were all taken already; is someone squatting?")
+
+
 def write_segment(prefix: str, data: Any) -> tuple[str, int]:
     """Copy ``data`` (a contiguous buffer) into a new segment; returns (name, nbytes)."""
     mv = memoryview(data).cast("B")
     n = mv.nbytes
-    name = f"{prefix}{os.getpid():x}-{next(_counter):x}{secrets.token_hex(2)}"
-    fd = os.open(f"{SHM_DIR}/{name}", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    name, fd = _create(prefix)
     try:
         os.ftruncate(fd, n)
         done = 0
@@ -84,8 +100,12 @@ def open_segment(prefix: str, name: str, nbytes: int) -> mmap.mmap:
     fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
     try:
         os.unlink(path)
-        if os.fstat(fd).st_size != nbytes:
-            raise ValueError(f"segment {name} has {os.fstat(fd).st_size} bytes, the header says {nbytes}")
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid() or st.st_mode & 0o077 or not stat.S_ISREG(st.st_mode):
+            # not one our session wrote: another user made that name first; never map their bytes
+            raise ValueError(f"segment {name} belongs to uid {st.st_uid} with mode {st.st_mode & 0o777:o}: refused")
+        if st.st_size != nbytes:
+            raise ValueError(f"segment {name} has {st.st_size} bytes, the header says {nbytes}")
         return mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
     finally:
         os.close(fd)
