@@ -101,23 +101,36 @@ def test_another_user_cannot_connect_to_any_socket(procs):
 
 _NETWORK_BIND = r"""
 from jupyter_mesh import this_host
+from jupyter_mesh._runtime.controller import Controller
 pm = this_host().spawn_procs(per_host={"gpus": 1})
-print("ADDR", pm._ref.proc_addrs[0])
+print("ADDR", pm._ref.proc_addrs[0], "CURVE", Controller.get().transport.curve is not None)
 pm.stop()
 """
 
 
-def test_a_network_bind_needs_an_explicit_opt_in():
+def test_a_network_bind_speaks_curve_unless_the_user_opts_out():
     env = {**os.environ, "JUPYTER_MESH_BIND": "tcp://0.0.0.0"}
     env.pop("JUPYTER_MESH_INSECURE", None)
     out = subprocess.run([sys.executable, "-c", _NETWORK_BIND], capture_output=True, text=True, timeout=60, env=env)
-    assert out.returncode != 0
-    assert "refusing to listen on tcp://0.0.0.0" in out.stderr and "JUPYTER_MESH_INSECURE=1" in out.stderr
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "ADDR tcp://0.0.0.0:" in out.stdout and "CURVE True" in out.stdout and "WARNING" not in out.stderr
     env["JUPYTER_MESH_INSECURE"] = "1"
     out = subprocess.run([sys.executable, "-c", _NETWORK_BIND], capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "ADDR tcp://0.0.0.0:" in out.stdout
+    assert "CURVE False" in out.stdout
     assert "WARNING: listening on tcp://0.0.0.0 without encryption" in out.stderr
+
+
+def test_without_curve_a_network_bind_is_refused(monkeypatch):
+    from jupyter_mesh._wire import channels
+
+    monkeypatch.delenv("JUPYTER_MESH_INSECURE", raising=False)
+    monkeypatch.setattr(channels.zmq, "has", lambda what: False)  # a pyzmq built without libsodium
+    with pytest.raises(PermissionError, match=r"refusing to listen on tcp://0\.0\.0\.0"):
+        channels.check_bind("tcp://0.0.0.0")
+    channels.check_bind("tcp://127.0.0.1")  # loopback stays allowed (the HMAC is the guard there)
+    monkeypatch.setenv("JUPYTER_MESH_INSECURE", "1")
+    channels.check_bind("tcp://0.0.0.0")
 
 
 def _rss_kib() -> int:

@@ -24,6 +24,7 @@ from typing import Any
 
 from .._core.context import host_key
 from .._core.shape import Point, Shape
+from .._wire.channels import CurveKeys
 from .._wire.protocol import BROKEN, OK, RAISED, VERSION, Dispatch, Kind, check_version, reply_header
 from .._wire.serialize import dumps
 from .._wire.transport import Message, Transport
@@ -51,7 +52,8 @@ class Agent:
         self.controller_silence = float("inf") if cfg.get("stdin_lifeline") else 3 * self.hb_timeout
         self.last_controller = time.monotonic()
         self.bind: str = cfg["bind"]  # the controller's: a private directory on its host, or TCP
-        self.transport = Transport(self.key, self.bind)
+        self.curve = CurveKeys.from_wire(cfg["curve"]) if cfg.get("curve") else None
+        self.transport = Transport(self.key, self.bind, self.curve)
         self.lock = threading.RLock()
         self.procs: dict[tuple[str, int], ProcEntry] = {}
         self.by_pid: dict[int, ProcEntry] = {}
@@ -237,6 +239,7 @@ class Agent:
                 "env": cfg0.get("env") or {},
                 "preload": cfg0.get("preload") or [],
                 "bind": cfg0.get("bind", self.bind),  # procs listen where their agent does
+                "curve": self.curve.to_wire() if self.curve else None,
                 "cwd": cfg0.get("cwd"),
                 "path": cfg0.get("path"),
             }

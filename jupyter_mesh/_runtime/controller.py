@@ -27,7 +27,7 @@ from .._core.shape import Shape
 from .._core.state import StateTracker
 from .._data.owner import handle_message as handle_rdma
 from .._wire import protocol
-from .._wire.channels import default_bind, remove_session_dir
+from .._wire.channels import CurveKeys, curve_wanted, default_bind, remove_session_dir
 from .._wire.protocol import Dispatch, Kind, check_version
 from .._wire.serialize import dumps, loads
 from .._wire.transport import Message, Transport
@@ -90,8 +90,9 @@ class Controller:
             self.key, self.transport, self.client = embedded.key, embedded.transport, embedded.client
         else:
             self.key = secrets.token_bytes(32)
-            # private unix sockets unless the user asked for TCP (see _wire/channels)
-            self.transport = Transport(self.key, bind or default_bind())
+            # private unix sockets unless the user asked for TCP, which then speaks CURVE (_wire/channels)
+            bind = bind or default_bind()
+            self.transport = Transport(self.key, bind, CurveKeys.new() if curve_wanted(bind) else None)
             self.client = Client(self.transport, reply_boxes=True)
         self.address = self.transport.address
         self.state = StateTracker()

@@ -32,6 +32,7 @@ from .._core.actor import Endpoint, endpoints_of
 from .._core.context import ProcIdentity, context
 from .._core.shape import Point, Shape, Slice
 from .._data.owner import handle_message as handle_rdma
+from .._wire.channels import CurveKeys
 from .._wire.protocol import BROKEN, DIRECT, NO_REPLY, OK, RAISED, Dispatch, Kind, reply_header
 from .._wire.serialize import dumps, loads
 from .._wire.transport import Message, Transport
@@ -397,7 +398,7 @@ class ProcRuntime:
         self.point = Point(self.rank, self.shape.extent)
         self.coords = dict(self.point)
         self.agent_addr: str = cfg["agent"]
-        self.transport = Transport(key, cfg["bind"])
+        self.transport = Transport(key, cfg["bind"], CurveKeys.from_wire(cfg["curve"]) if cfg.get("curve") else None)
         self.client = Client(self.transport)
         set_current_client(self.client)
         # an actor here may spawn meshes of its own: the controller made for that shares our runtime,

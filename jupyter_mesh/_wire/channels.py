@@ -2,12 +2,15 @@
 
 On one host every socket is a unix socket (``ipc://``) in a directory of this session, mode 0700 and
 owned by the user: the kernel refuses any other user's ``connect`` before a byte is read, so no one
-else can send (or flood) anything, signed or not. That is the default. A TCP bind
-(``JUPYTER_MESH_BIND=tcp://<interface>``) is for peers on other hosts; a TCP socket cannot tell users
-apart, so one on an interface other than loopback is refused unless the user opts in with
-``JUPYTER_MESH_INSECURE=1`` (said loudly on stderr): until CurveZMQ lands, the HMAC is then the only
-guard, and anyone on that network can connect and send unauthenticated bytes (bounded by
-``max_frame``).
+else can send (or flood) anything, signed or not. That is the default.
+
+A TCP bind (``JUPYTER_MESH_BIND=tcp://<interface>``) is for peers on other hosts. Every TCP socket of
+the session speaks CurveZMQ: encrypted, and a server admits (through ZAP) only clients holding the
+session's client key, which the controller makes and hands to its agents out of band with the
+signing key. A peer without it cannot finish the handshake, so it never gets a byte of a message to
+us. ``JUPYTER_MESH_INSECURE=1`` turns CURVE off (said loudly on stderr; only for a network you trust);
+without CURVE, a bind off loopback is refused. Every TCP socket also drops a frame larger than
+``max_frame`` before buffering it.
 """
 
 from __future__ import annotations
@@ -18,13 +21,19 @@ import shutil
 import stat
 import sys
 import tempfile
+from dataclasses import dataclass
+
+import zmq
 
 __all__ = [
     "ENV_BIND",
     "ENV_INSECURE",
     "ENV_MAX_FRAME",
+    "CurveKeys",
     "check_private_dir",
+    "curve_wanted",
     "default_bind",
+    "is_loopback",
     "max_frame",
     "remove_session_dir",
     "sweep_stale_dirs",
@@ -69,28 +78,67 @@ def default_bind() -> str:
     return f"ipc://{path}"
 
 
+@dataclass(frozen=True)
+class CurveKeys:
+    """A session's CURVE keys (Z85): every TCP server of the session is ``server``, every client
+    ``client``; servers admit only ``client_public``. Made by the controller, handed out of band."""
+
+    server_public: bytes
+    server_secret: bytes
+    client_public: bytes
+    client_secret: bytes
+
+    @classmethod
+    def new(cls) -> CurveKeys:
+        sp, ss = zmq.curve_keypair()
+        cp, cs = zmq.curve_keypair()
+        return cls(sp, ss, cp, cs)
+
+    def to_wire(self) -> list[str]:
+        return [k.decode() for k in (self.server_public, self.server_secret, self.client_public, self.client_secret)]
+
+    @classmethod
+    def from_wire(cls, keys: list[str]) -> CurveKeys:
+        sp, ss, cp, cs = (k.encode() for k in keys)
+        return cls(sp, ss, cp, cs)
+
+
+def _insecure() -> bool:
+    return os.environ.get(ENV_INSECURE, "") in ("1", "true", "yes")
+
+
+def curve_wanted(bind: str) -> bool:
+    """Whether a session bound at ``bind`` speaks CURVE: every TCP bind does, unless opted out."""
+    return bind.startswith("tcp://") and not _insecure() and zmq.has("curve")
+
+
+def is_loopback(bind: str) -> bool:
+    host = bind[len("tcp://") :].strip("[]") if bind.startswith("tcp://") else ""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
 def check_bind(bind: str) -> None:
-    """A bind this process may use: a private directory, loopback TCP, or (opted in) any TCP interface."""
+    """A bind this process may use: a private directory, TCP with CURVE, loopback TCP, or (opted in)
+    any TCP interface without CURVE."""
     if bind.startswith("ipc://"):
         check_private_dir(bind[len("ipc://") :])
         return
     if not bind.startswith("tcp://"):
         raise ValueError(f"{ENV_BIND} must be ipc://<private dir> or tcp://<interface>, not {bind!r}")
-    host = bind[len("tcp://") :].strip("[]")
-    try:
-        loopback = ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = host == "localhost"
-    if loopback:
+    if curve_wanted(bind):
         return
-    if os.environ.get(ENV_INSECURE, "") not in ("1", "true", "yes"):
+    loopback = is_loopback(bind)
+    if not loopback and not _insecure():
         raise PermissionError(
-            f"refusing to listen on {bind}: anyone on that network could connect, and only the message "
-            f"signature would stand in their way. Bind loopback or leave {ENV_BIND} unset (private unix "
-            f"sockets), or set {ENV_INSECURE}=1 to accept the risk on a network you trust"
+            f"refusing to listen on {bind}: this pyzmq has no CURVE, so anyone on that network could "
+            f"connect and only the message signature would stand in their way. Bind loopback or leave "
+            f"{ENV_BIND} unset (private unix sockets), or set {ENV_INSECURE}=1 to accept the risk"
         )
     global _warned
-    if not _warned:
+    if not _warned and not loopback:
         _warned = True
         print(
             f"jupyter_mesh: WARNING: listening on {bind} without encryption or peer authentication "

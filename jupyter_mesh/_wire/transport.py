@@ -26,7 +26,7 @@ import msgpack
 import zmq
 
 from . import shm as _shm
-from .channels import check_bind, max_frame
+from .channels import CurveKeys, check_bind, curve_wanted, is_loopback, max_frame
 from .protocol import VERSION, Kind
 
 __all__ = ["Message", "Transport", "TransportStats"]
@@ -68,7 +68,10 @@ class Transport:
     on one thread that calls ``handler(message)`` for each authentic message (see :meth:`serve`).
     """
 
-    def __init__(self, key: bytes, bind: str = "tcp://127.0.0.1"):
+    def __init__(self, key: bytes, bind: str = "tcp://127.0.0.1", curve: CurveKeys | None = None):
+        """``curve``: the session's CURVE keys, for a TCP bind (required off loopback unless CURVE is
+        opted out of: ``channels.curve_wanted``); outgoing TCP connections use them too. The runtime
+        always passes them for TCP; a keyless loopback transport is for tools and tests."""
         if len(key) < 16:
             raise ValueError("the session key must be at least 16 bytes")
         check_bind(bind)  # a private directory, loopback, or a network interface the user opted into
@@ -76,6 +79,16 @@ class Transport:
         self.shm_prefix = _shm.session_prefix(key)  # data plane: same-host segments of this session
         self._ctx = zmq.Context()
         self._bind = bind
+        self.curve = curve if curve_wanted(bind) else None
+        if curve_wanted(bind) and curve is None and not is_loopback(bind):  # loopback: tools and tests
+            raise ValueError(f"a TCP bind off loopback ({bind}) needs the session's CURVE keys")
+        self._auth: Any = None
+        if self.curve is not None:  # ZAP: our TCP servers admit the session's client key, nobody else
+            from zmq.auth.thread import ThreadAuthenticator
+
+            self._auth = ThreadAuthenticator(self._ctx, log=log)
+            self._auth.start()
+            self._auth.configure_curve_callback("*", credentials_provider=_OnlyKey(self.curve.client_public))
         self.bind = bind  # where this process's sockets listen: what processes it starts bind too
         self._more: weakref.WeakSet[zmq.Socket[Any]] = weakref.WeakSet()  # closed by close(), if still open
         self._wake_name = f"inproc://jupyter-mesh-wake-{id(self):x}"
@@ -105,8 +118,12 @@ class Transport:
             sock.setsockopt(zmq.MAXMSGSIZE, -1)
             address = f"{self._bind}/{secrets.token_hex(6)}"
             sock.bind(address)
-        else:  # anyone who reaches the port can send: no frame above the bound is ever buffered
+        else:  # a peer must pass CURVE first; and no frame above the bound is ever buffered
             sock.setsockopt(zmq.MAXMSGSIZE, max_frame())
+            if self.curve is not None:
+                sock.curve_server = True
+                sock.curve_publickey = self.curve.server_public
+                sock.curve_secretkey = self.curve.server_secret
             address = f"{self._bind}:{sock.bind_to_random_port(self._bind)}"
         if inproc is not None:
             sock.bind(inproc)
@@ -175,6 +192,17 @@ class Transport:
         return Message(h, payload, bufs)
 
     # -- sending --------------------------------------------------------------------------------------
+    def _client_socket(self, address: str) -> zmq.Socket[Any]:
+        """A PUSH socket for ``address``: a CURVE client of the session when it is a TCP peer."""
+        s = self._ctx.socket(zmq.PUSH)
+        if address.startswith("tcp://"):
+            if self.curve is not None:
+                s.curve_serverkey = self.curve.server_public
+                s.curve_publickey = self.curve.client_public
+                s.curve_secretkey = self.curve.client_secret
+            s.setsockopt(zmq.MAXMSGSIZE, max_frame())
+        return s
+
     def _out(self, address: str) -> tuple[zmq.Socket[Any], threading.Lock]:
         entry = self._outs.get(address)
         if entry is None:
@@ -183,7 +211,7 @@ class Transport:
                 if entry is None:
                     if self._closed:
                         raise zmq.ZMQError(zmq.ENOTSOCK, "transport closed")
-                    s = self._ctx.socket(zmq.PUSH)
+                    s = self._client_socket(address)
                     s.setsockopt(zmq.SNDHWM, 0)
                     s.setsockopt(zmq.LINGER, 2000)
                     s.setsockopt(zmq.IMMEDIATE, 0)
@@ -359,7 +387,7 @@ class Transport:
         """Make :meth:`serve` return (from any thread)."""
         self._closed = True
         try:
-            s = self._ctx.socket(zmq.PUSH)
+            s = self._client_socket(self.address)
             s.setsockopt(zmq.LINGER, 1000)
             s.connect(self.address)
             s.send(b"stop")
@@ -389,7 +417,19 @@ class Transport:
             for sock in list(self._more):  # boxes and bells whose owners did not close them
                 if not sock.closed:
                     sock.close(linger=0)
+        if self._auth is not None:
+            self._auth.stop()
         self._ctx.term()
+
+
+class _OnlyKey:
+    """ZAP credentials: a CURVE client is admitted only with the session's client key."""
+
+    def __init__(self, key: bytes):
+        self._key = key
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        return hmac.compare_digest(key, self._key)
 
 
 def _hmac_state(key: bytes) -> Any:

@@ -51,10 +51,12 @@ class LocalJob(Job):
     def _start_agent(self, index: int) -> None:
         nonce = secrets.token_hex(8)
         waiter = self._controller.expect_agent(nonce)
+        curve = self._controller.transport.curve
         cfg = {
             "v": VERSION,  # the agent refuses a controller of another wire protocol
             "key": self._controller.key.hex(),
             "bind": self._controller.transport.bind,  # its private socket directory (same host)
+            "curve": curve.to_wire() if curve else None,  # TCP: the session's CURVE keys, like the key
             "controller": self._controller.address,
             "host_index": index,
             "preload": self._preload,
