@@ -52,7 +52,7 @@ else:  # the HMAC key (a sniffer's best case) but not the session's CURVE client
     import os
     os.environ["JUPYTER_MESH_INSECURE"] = "1"  # a local signer without CURVE of its own
     signer = Transport(key, "tcp://127.0.0.1")
-    frames = signer.encode(Message({"k": "ping", "who": mode}))
+    frames = signer.encode(Message({"k": "ping", "who": mode}), cfg["addr"])  # for the server
     s.connect(cfg["addr"])
     for _ in range(3):
         try:

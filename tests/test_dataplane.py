@@ -101,14 +101,14 @@ def test_transport_sends_large_local_buffers_through_shm_and_checks_signature_fi
     a, b, stranger = Transport(key), Transport(key), Transport(os.urandom(32))
     try:
         payload = memoryview(bytearray(os.urandom(_shm.SEGMENT_MIN + 5)))
-        frames = a.encode(Message({"k": "x"}, b"p", [payload, b"small" * 10]), local=True)
+        frames = a.encode(Message({"k": "x"}, b"p", [payload, b"small" * 10]), b.address, local=True)
         assert len(frames) == 4  # the big buffer left the message: only its name travels, signed
         msg = b.decode(frames)
         assert msg is not None and bytes(msg.buffers[0]) == bytes(payload) and bytes(msg.buffers[1]) == b"small" * 10
         assert not _shm.leftovers(a.shm_prefix)
         # a forged header naming a segment is dropped before anything is opened or unlinked
         name, n = _shm.write_segment(a.shm_prefix, b"z" * 10)
-        forged = stranger.encode(Message({"k": "x", "sh": [[0, name, n]]}, b"p", []))
+        forged = stranger.encode(Message({"k": "x", "sh": [[0, name, n]]}, b"p", []), b.address)
         assert b.decode(forged) is None and b.stats.dropped_bad_signature == 1
         assert _shm.leftovers(a.shm_prefix) == [name]
         _shm.sweep(a.shm_prefix)

@@ -31,7 +31,8 @@ def hostile_messages(n: int, seed: int) -> list[list[bytes]]:
                 {"k": "c", "a": "x", "m": "m", "ep": "e", "rk": 0, "q": 0, "s": "tcp://127.0.0.1:9", "rm": 1, "i": 1},
                 EVIL,
                 [b"b" * 64],
-            )
+            ),
+            "tcp://127.0.0.1:9",
         )
     finally:
         wrong.close()

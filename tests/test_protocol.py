@@ -37,7 +37,7 @@ def test_roundtrip_and_buffers(transport):
     a = np.arange(INBAND_LIMIT, dtype=np.uint8)
     payload, bufs = dumps({"a": a, "n": 3})
     assert len(bufs) == 1 and len(payload) < 1000  # the array is not inside the pickle
-    frames = transport.encode(Message({"k": "c", "i": 1}, payload, bufs))
+    frames = transport.encode(Message({"k": "c", "i": 1}, payload, bufs), transport.address)
     msg = transport.decode(frames)
     assert msg is not None and msg.header["k"] == "c"
     out = loads(msg.payload, msg.buffers)
@@ -60,11 +60,11 @@ def test_roundtrip_and_buffers(transport):
 )
 def test_forged_or_broken_frames_are_dropped_and_counted(transport, mutate):
     payload = _evil_payload()
-    good = transport.encode(Message({"k": "c", "i": 1}, payload, [b"x" * 10]))
+    good = transport.encode(Message({"k": "c", "i": 1}, payload, [b"x" * 10]), transport.address)
     frames = list(good)
     if mutate == "wrong_key":
         other = Transport(b"z" * 32)
-        frames = other.encode(Message({"k": "c", "i": 1}, payload))
+        frames = other.encode(Message({"k": "c", "i": 1}, payload), transport.address)
         other.close()
     elif mutate == "flip_header":
         frames[1] = frames[1][:-1] + bytes([frames[1][-1] ^ 1])

@@ -240,6 +240,8 @@ class Agent:
                 "preload": cfg0.get("preload") or [],
                 "bind": cfg0.get("bind", self.bind),  # procs listen where their agent does
                 "curve": self.curve.to_wire() if self.curve else None,
+                # what we relayed before it existed: a replay of that must not run in it
+                "floors": self.transport.floors(self.transport.address),
                 "cwd": cfg0.get("cwd"),
                 "path": cfg0.get("path"),
             }

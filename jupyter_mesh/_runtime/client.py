@@ -332,7 +332,8 @@ class Client:
                 header["q"] = self._seqs(mesh, ranks)
                 sent = 0
                 try:
-                    frames = self.transport.encode(Message(header, payload, bufs))
+                    # signed once for the agents it goes through (each relays it to its procs as is)
+                    frames = self.transport.encode(Message(header, payload, bufs), [ref.agent_addrs[h] for h in hosts])
                     for h in hosts:
                         trackers.append(self.transport.send_raw(ref.agent_addrs[h], frames, wait=False))
                         sent += 1

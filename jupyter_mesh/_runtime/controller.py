@@ -212,8 +212,9 @@ class Controller:
         """Tell every proc (through its agent: O(hosts) sends) that a rank failed or came back, so
         actors calling it directly fail fast, or reach its new address."""
         payload, bufs = dumps(obj) if obj is not None else (b"", [])
-        frames = self.transport.encode(Message(header, payload, bufs))
-        for addr in list(self._agent_seen):
+        agents = [a for a in self._agent_seen if a not in self._agents_lost]
+        frames = self.transport.encode(Message(header, payload, bufs), agents)
+        for addr in agents:
             if addr not in self._agents_lost:
                 try:
                     self.transport.send_raw(addr, frames)

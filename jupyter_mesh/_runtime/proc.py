@@ -399,6 +399,8 @@ class ProcRuntime:
         self.coords = dict(self.point)
         self.agent_addr: str = cfg["agent"]
         self.transport = Transport(key, cfg["bind"], CurveKeys.from_wire(cfg["curve"]) if cfg.get("curve") else None)
+        # casts come through our agent as their sender signed them; none it relayed before we existed
+        self.transport.accept_via(cfg["agent"], cfg.get("floors"))
         self.client = Client(self.transport)
         set_current_client(self.client)
         # an actor here may spawn meshes of its own: the controller made for that shares our runtime,
@@ -506,6 +508,10 @@ class ProcRuntime:
     def _deliver(self, msg: Message) -> None:
         """Hand a call or spawn to its actor, whose thread runs it in its sender's order."""
         h = msg.header
+        m = h.get("m")  # casts name their mesh (relayed as signed, they could be replayed to another's procs);
+        if m is not None and m != self.mesh_id:  # a direct call is bound to its inbox by its destination
+            self.transport.stats.dropped_misaddressed += 1
+            return
         seq = self.seq_of(h)
         if seq is None:
             return

@@ -94,7 +94,16 @@ class Relay:
         """A relay to a live proc failed: release its sequence number there (or the actor would wait
         for it forever) and tell the caller what happened, as what it is, not as a death."""
         seq = h["q"] if "rk" in h or isinstance(h["q"], int) else h["q"][Slice.from_wire(h["sl"]).index_of(p.rank)]
-        skip = {"k": Kind.SKIP, "a": h["a"], "n": h.get("n", ""), "s": h["s"], "q": seq, "rk": p.rank, "ck": h["k"]}
+        skip = {
+            "k": Kind.SKIP,
+            "m": h["m"],
+            "a": h["a"],
+            "n": h.get("n", ""),
+            "s": h["s"],
+            "q": seq,
+            "rk": p.rank,
+            "ck": h["k"],
+        }
         try:
             self.agent.transport.send(p.addr, Message(skip))
         except Exception as e2:  # noqa: BLE001 - not even a header gets through: the proc is unusable

@@ -17,6 +17,13 @@ rt    a reply box address (replies that bypass the caller's receive thread)
 ok    a reply's status (below)                                    to   where a gathered reply goes
 ====  =======================================================================================
 
+Every header also carries what the transport adds, signed with the rest: ``v`` the protocol version,
+``nb`` the size of each buffer frame, ``sh`` shared-memory segments, and against replays ``se`` the
+sender's epoch (random, new with every process: a respawned proc or a new controller is a new epoch),
+``sn`` its counter, ``dst`` the destination address (or, for a cast, the agents it goes through).
+A receiver takes a message once, only if one of its inboxes (or its agent, for casts) is ``dst``,
+and its ``sn`` was not taken before (``transport.Transport._admit``).
+
 Version: the controller passes :data:`VERSION` to each agent it starts and each agent says its own
 in ``agent_up``; a mismatch on either side fails with both versions named (see ``check_version``).
 """
@@ -45,7 +52,7 @@ __all__ = [
     "reply_header",
 ]
 
-VERSION = 1
+VERSION = 2
 """Bump on any change a peer of the previous version would misread (a kind, a key, a code)."""
 
 # reply modes a call header carries ("rm")

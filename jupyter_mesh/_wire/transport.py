@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import itertools
 import logging
 import secrets
 import threading
@@ -55,10 +56,43 @@ class TransportStats:
     dropped_bad_signature: int = 0
     dropped_malformed: int = 0
     dropped_other_version: int = 0  # signed by our key, written by a jupyter_mesh of another version
+    dropped_misaddressed: int = 0  # signed for another destination (or another incarnation of this one)
+    dropped_replayed: int = 0  # a copy of a message already received, or older than this receiver
 
     @property
     def dropped(self) -> int:
-        return self.dropped_bad_signature + self.dropped_malformed + self.dropped_other_version
+        return (
+            self.dropped_bad_signature
+            + self.dropped_malformed
+            + self.dropped_other_version
+            + self.dropped_misaddressed
+            + self.dropped_replayed
+        )
+
+
+WINDOW = 4096  # counters of one sender on one path that may arrive out of order (threads race to send)
+_FULL = (1 << WINDOW) - 1
+
+
+class _Window:
+    """Which of one sender's counters (on one path) were received: the highest, and a bitmap of the
+    WINDOW below it. Anything older than the window, or seen, is a replay."""
+
+    __slots__ = ("seen", "top")
+
+    def __init__(self, top: int = 0, seen: int = 0):
+        self.top, self.seen = top, seen
+
+    def admit(self, n: int) -> bool:
+        if n > self.top:
+            self.seen = ((self.seen << (n - self.top)) | 1) & _FULL
+            self.top = n
+            return True
+        age = self.top - n
+        if age >= WINDOW or self.seen >> age & 1:
+            return False
+        self.seen |= 1 << age
+        return True
 
 
 class Transport:
@@ -79,6 +113,14 @@ class Transport:
         self.shm_prefix = _shm.session_prefix(key)  # data plane: same-host segments of this session
         self._ctx = zmq.Context()
         self._bind = bind
+        self.bind = bind  # where this process's sockets listen: what processes it starts bind too
+        # replay-proof headers: who sent it (this incarnation: new per process, so per respawn), a
+        # counter of ours, and where it was meant to go (see ``decode``)
+        self.epoch = secrets.token_hex(8)
+        self._counter = itertools.count(1)
+        self._mine: set[str] = set()  # our inboxes' addresses, and relayers we accept casts through
+        self._windows: dict[tuple[str, str], _Window] = {}
+        self._windows_lock = threading.Lock()
         self.curve = curve if curve_wanted(bind) else None
         if curve_wanted(bind) and curve is None and not is_loopback(bind):  # loopback: tools and tests
             raise ValueError(f"a TCP bind off loopback ({bind}) needs the session's CURVE keys")
@@ -89,7 +131,6 @@ class Transport:
             self._auth = ThreadAuthenticator(self._ctx, log=log)
             self._auth.start()
             self._auth.configure_curve_callback("*", credentials_provider=_OnlyKey(self.curve.client_public))
-        self.bind = bind  # where this process's sockets listen: what processes it starts bind too
         self._more: weakref.WeakSet[zmq.Socket[Any]] = weakref.WeakSet()  # closed by close(), if still open
         self._wake_name = f"inproc://jupyter-mesh-wake-{id(self):x}"
         self._inbox, self.address = self.bind_inbox(self._wake_name)
@@ -125,6 +166,7 @@ class Transport:
                 sock.curve_publickey = self.curve.server_public
                 sock.curve_secretkey = self.curve.server_secret
             address = f"{self._bind}:{sock.bind_to_random_port(self._bind)}"
+        self._mine.add(address)
         if inproc is not None:
             sock.bind(inproc)
         self._more.add(sock)
@@ -146,14 +188,16 @@ class Transport:
         h.update(payload)
         return h.digest()  # type: ignore[no-any-return]
 
-    def encode(self, msg: Message, local: bool = False) -> list[Any]:
-        """Sign and frame. ``local``: the peer is on this host, so large buffers go through shared
-        memory and only their segment names travel, in the signed header (see ``_shm``)."""
+    def encode(self, msg: Message, to: str | list[str], local: bool = False) -> list[Any]:
+        """Sign and frame for ``to`` (an address, or the agents a cast goes through). ``local``: the
+        peer is on this host, so large buffers go through shared memory and only their segment names
+        travel, in the signed header (see ``_shm``)."""
         if local and msg.buffers:
             entries, msg.buffers = _shm.stash(self.shm_prefix, msg.buffers)
             if entries:
                 msg.header["sh"] = entries
         msg.header["v"] = VERSION
+        msg.header["se"], msg.header["sn"], msg.header["dst"] = self.epoch, next(self._counter), to
         msg.header["nb"] = [memoryview(b).nbytes for b in msg.buffers] if msg.buffers else []
         packer = getattr(_per_thread, "packer", None)
         if packer is None:  # a Packer per thread: msgpack.packb builds one per call
@@ -183,6 +227,8 @@ class Transport:
             if h.get("v") != VERSION and h.get("k") != Kind.AGENT_UP:  # the hello's keys never change:
                 self._other_version(h)  # its receiver refuses it by name (``protocol.check_version``)
                 return None
+            if not self._admit(h):
+                return None
             if "sh" in h:  # authentic: now it is safe to open the segments it names
                 bufs = _shm.unstash(self.shm_prefix, h["sh"], bufs)
         except Exception:  # noqa: BLE001 - anything odd from the wire is dropped, never fatal
@@ -190,6 +236,51 @@ class Transport:
             return None
         self.stats.received += 1
         return Message(h, payload, bufs)
+
+    # -- replays ---------------------------------------------------------------------------------------
+    def _admit(self, h: dict[str, Any]) -> bool:
+        """A signed message is taken once, by the incarnation it was meant for: its destination must
+        be one of our inboxes (or a relayer we accept casts through), and its counter new on that path.
+
+        A copy of a message already taken is dropped (``dropped_replayed``); one meant for another
+        process, or for an earlier incarnation of a respawned one (whose inboxes had other addresses),
+        too (``dropped_misaddressed``). What an agent relayed before a proc was born is below the
+        floors the proc started with (``accept_via``)."""
+        to, epoch, n = h.get("dst"), h.get("se"), h.get("sn")
+        if isinstance(to, str):
+            via = to if to in self._mine else None
+        elif isinstance(to, list):
+            via = next((a for a in to if isinstance(a, str) and a in self._mine), None)
+        else:
+            via = None
+        if via is None:
+            self.stats.dropped_misaddressed += 1
+            return False
+        if not isinstance(epoch, str) or type(n) is not int:
+            self.stats.dropped_malformed += 1
+            return False
+        key = (epoch, via)
+        with self._windows_lock:
+            w = self._windows.get(key)
+            if w is None:
+                w = self._windows[key] = _Window()
+            if w.admit(n):
+                return True
+        self.stats.dropped_replayed += 1
+        return False
+
+    def accept_via(self, relayer: str, floors: dict[str, int] | None = None) -> None:
+        """Take messages meant for ``relayer`` (our agent, which forwards casts as they were signed),
+        but none a sender numbered ``floors[sender]`` or lower: those went out before we existed."""
+        self._mine.add(relayer)
+        with self._windows_lock:
+            for epoch, top in (floors or {}).items():
+                self._windows[(epoch, relayer)] = _Window(int(top), _FULL)
+
+    def floors(self, via: str) -> dict[str, int]:
+        """Per sender, the highest counter taken on the path ``via``: what a new proc must not take."""
+        with self._windows_lock:
+            return {epoch: w.top for (epoch, path), w in self._windows.items() if path == via}
 
     # -- sending --------------------------------------------------------------------------------------
     def _client_socket(self, address: str) -> zmq.Socket[Any]:
@@ -224,7 +315,7 @@ class Transport:
         """Send ``msg``. With buffers, ZeroMQ sends them from the caller's memory: by default this
         waits until it let go of them (value semantics); ``wait=False`` returns the tracker instead,
         for the caller to :meth:`wait_sent` once it released its locks."""
-        return self._send_frames(address, self.encode(msg, local), wait)
+        return self._send_frames(address, self.encode(msg, address, local), wait)
 
     def send_raw(self, address: str, frames: Sequence[Any], wait: bool = True) -> zmq.MessageTracker | None:
         """Forward frames already signed by someone else (agents relay casts without re-signing)."""
