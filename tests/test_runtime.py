@@ -6,7 +6,7 @@ import asyncio
 import threading
 
 import pytest
-from actors import BadInit, Caller, Counter, Faulty, Recorder
+from actors import BadInit, Caller, Counter, FailureReporter, Faulty, Recorder
 
 from jupyter_mesh import (
     ActorError,
@@ -281,3 +281,17 @@ def test_background_tasks_of_async_endpoints_keep_running(procs):
     assert first >= 10, first
     time.sleep(0.3)
     assert t.ticks_async.call_one().get(timeout=10) > first
+
+
+def test_a_failure_returned_by_an_endpoint_is_its_value_not_its_error(procs):
+    """A Failure (or RemoteFailure) that an endpoint returns is data: it once made the call raise a
+    SupervisionError (or ActorError) as if the rank itself had failed."""
+    from jupyter_mesh import Failure, RemoteFailure
+
+    r = procs.spawn("rep", FailureReporter)
+    one = r.slice(gpus=0).failure.call_one().get(timeout=10)
+    assert isinstance(one, Failure) and one.signal == 9
+    assert all(isinstance(v, Failure) for v in r.failure.call().get(timeout=10).values())
+    assert all(isinstance(v, RemoteFailure) for v in r.remote_failure.call().get(timeout=10).values())
+    assert all(isinstance(f.get(timeout=10), Failure) for f in r.failure.stream())
+    assert isinstance(r.remote_failure.choose().get(timeout=10), RemoteFailure)
