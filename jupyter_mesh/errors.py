@@ -207,12 +207,15 @@ class MeshTimeoutError(MeshError, TimeoutError):
     """A wait ran out. ``phase`` is spawn, call, stop or transfer; ``seconds`` the limit."""
 
     def __init__(self, phase: str, seconds: float | None, what: str = ""):
-        self.phase, self.seconds = phase, seconds
+        self.phase, self.seconds, self.what = phase, seconds, what
         limit = f"{seconds:g} s" if seconds is not None else "its limit"
         super().__init__(
             f"{phase} timed out after {limit}{': ' + what if what else ''}. "
             "Raise the timeout, or check the mesh with .state() / `jupyter-mesh status`."
         )
+
+    def __reduce__(self) -> tuple[Any, ...]:  # raised in an endpoint, it travels back to the caller
+        return (type(self), (self.phase, self.seconds, self.what))
 
 
 class MeshValueError(MeshError, ValueError):
@@ -237,6 +240,9 @@ class MeshInterrupted(KeyboardInterrupt):
     def __init__(self, message: str, still_running: Sequence[Mapping[str, int]] = ()):
         super().__init__(message)
         self.still_running = [dict(c) for c in still_running]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.still_running))
 
     def _render_traceback_(self) -> list[str]:
         return [str(self)]

@@ -262,3 +262,19 @@ class Introspect(Actor):
     @endpoint
     def ok(self) -> str:
         return "ok"
+
+
+class FailureReporter(Actor):
+    """Returns failures as plain values (as a supervisor reporting what it saw would)."""
+
+    @endpoint
+    def failure(self):
+        from jupyter_mesh import Failure
+
+        return Failure("kids", {"w": 1}, "signal", "proc 123 was killed by SIGKILL", signal=9)
+
+    @endpoint
+    def remote_failure(self):
+        from jupyter_mesh import RemoteFailure
+
+        return RemoteFailure({"w": 1}, "kid", "step", "ValueError", "bad input", "Traceback ...")

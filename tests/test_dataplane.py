@@ -378,3 +378,32 @@ def test_cuda_transfers_over_ucx(host, monkeypatch):
         assert owner.checksum.call_one().get(timeout=60) == float(n // 4)
     finally:
         pm.stop()
+
+
+_AFTER_RESTART = """
+import sys, torch
+sys.path.insert(0, sys.argv[1])
+import jupyter_mesh
+from jupyter_mesh import RDMABuffer, this_host
+from rdma_actors import Puller
+env = {"JUPYTER_MESH_RDMA_BACKEND": "zmq"}
+for round in (1, 2):
+    pm = this_host().spawn_procs(per_host={"gpus": 1}, env=env)
+    p = pm.spawn("p", Puller)
+    buf = RDMABuffer(torch.full((64,), float(round)))
+    print(p.pull.call_one(buf, 64).get(timeout=20), flush=True)
+    pm.stop()
+    jupyter_mesh.shutdown()  # a kernel's "restart the runtime"; the next round gets a new controller
+"""
+
+
+def test_buffers_made_after_a_new_controller_started_name_its_address():
+    """The owner address of the controller's buffers was cached: after shutdown() and a new controller,
+    new buffers still named the old one, and every read of them timed out."""
+    env = {**os.environ, "JUPYTER_MESH_RDMA_BACKEND": "zmq"}
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = subprocess.run(
+        [sys.executable, "-c", _AFTER_RESTART, here], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.splitlines() == ["('zmq', 64.0)", "('zmq', 128.0)"], out.stdout

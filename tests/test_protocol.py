@@ -126,3 +126,28 @@ def test_public_api_is_sorted_and_complete():
         assert hasattr(jupyter_mesh, name)
     for name in ("Actor", "endpoint", "this_host", "current_rank", "ValueMesh", "Future", "ActorError"):
         assert name in jupyter_mesh.__all__
+
+
+def test_every_public_error_survives_pickling_with_its_attributes():
+    """An error raised in an endpoint travels back pickled: one that does not unpickle reaches the
+    caller as an ActorError without its ``exception`` (MeshTimeoutError needed three arguments)."""
+    import jupyter_mesh as jm
+    from jupyter_mesh import errors
+
+    f = jm.Failure("m", {"gpus": 1}, "signal", "killed", "tail", None, 9)
+    rf = jm.RemoteFailure({"gpus": 1}, "a", "ep", "ValueError", "bad", "tb")
+    samples = {
+        jm.ActorError: jm.ActorError([rf], 2),
+        jm.SupervisionError: jm.SupervisionError([f], "during x"),
+        jm.DeliveryError: jm.DeliveryError([f], "during x"),
+        jm.MeshTimeoutError: jm.MeshTimeoutError("call", 2.5, "inner call"),
+        jm.MeshInterrupted: jm.MeshInterrupted("stopped", [{"gpus": 1}]),
+    }
+    public = [getattr(errors, n) for n in errors.__all__ if isinstance(getattr(errors, n), type)]
+    for cls in public:
+        if not issubclass(cls, BaseException):
+            continue
+        e = samples.get(cls) or cls("message")
+        back = pickle.loads(pickle.dumps(e))
+        assert type(back) is cls and str(back) == str(e), cls
+        assert {k: v for k, v in vars(back).items()} == {k: v for k, v in vars(e).items()}, cls

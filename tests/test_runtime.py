@@ -6,7 +6,7 @@ import asyncio
 import threading
 
 import pytest
-from actors import BadInit, Caller, Counter, Faulty, Recorder
+from actors import BadInit, Caller, Counter, FailureReporter, Faulty, Recorder
 
 from jupyter_mesh import (
     ActorError,
@@ -281,3 +281,51 @@ def test_background_tasks_of_async_endpoints_keep_running(procs):
     assert first >= 10, first
     time.sleep(0.3)
     assert t.ticks_async.call_one().get(timeout=10) > first
+
+
+def test_a_failure_returned_by_an_endpoint_is_its_value_not_its_error(procs):
+    """A Failure (or RemoteFailure) that an endpoint returns is data: it once made the call raise a
+    SupervisionError (or ActorError) as if the rank itself had failed."""
+    from jupyter_mesh import Failure, RemoteFailure
+
+    r = procs.spawn("rep", FailureReporter)
+    one = r.slice(gpus=0).failure.call_one().get(timeout=10)
+    assert isinstance(one, Failure) and one.signal == 9
+    assert all(isinstance(v, Failure) for v in r.failure.call().get(timeout=10).values())
+    assert all(isinstance(v, RemoteFailure) for v in r.remote_failure.call().get(timeout=10).values())
+    assert all(isinstance(f.get(timeout=10), Failure) for f in r.failure.stream())
+    assert isinstance(r.remote_failure.choose().get(timeout=10), RemoteFailure)
+
+
+_HANDLE_AFTER_SHUTDOWN = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+import jupyter_mesh
+from jupyter_mesh import MeshClosedError, this_host
+from actors import Counter
+c = this_host().spawn_procs(per_host={"gpus": 1}).spawn("c", Counter, 0)
+assert c.incr.call_one().get(timeout=20) == 1
+jupyter_mesh.shutdown()
+for _ in range(2):  # the first call starts a new controller; the second one runs on it
+    t0 = time.monotonic()
+    try:
+        c.incr.call_one().get(timeout=10)
+        print("answered?!")
+    except MeshClosedError as e:
+        print("closed", round(time.monotonic() - t0))
+"""
+
+
+def test_a_handle_from_a_shut_down_controller_fails_as_closed():
+    """After shutdown() (a kernel restarting the runtime) a kept actor mesh fails at once as closed; its
+    calls went to the old agents' closed addresses and waited out their timeout."""
+    import os
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = subprocess.run(
+        [sys.executable, "-c", _HANDLE_AFTER_SHUTDOWN, here], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.splitlines() == ["closed 0", "closed 0"], out.stdout

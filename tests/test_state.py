@@ -89,8 +89,9 @@ def test_proc_mesh_lookup_by_id(procs):
 
     same = proc_mesh(procs.state().mesh_id)
     assert same.pids() == procs.pids() and same.name == procs.name
-    with pytest.raises(MeshValueError, match="no proc mesh with id"):
+    with pytest.raises(MeshValueError, match="no proc mesh with id") as ei:
         proc_mesh("nope")
+    assert "jupyter_mesh.lowlevel.mesh_states()" in str(ei.value)  # where to look, by a name that exists
 
 
 def test_agent_output_lines_from_a_pipe():

@@ -132,3 +132,48 @@ def test_an_agent_refuses_a_controller_of_another_version():
     err = p.stderr.decode()
     assert f"speaks jupyter_mesh wire protocol {VERSION + 1}, this process speaks {VERSION}" in err, err
     assert "Traceback" not in err
+
+
+_AGENT_SITECUSTOMIZE = """
+import os
+if os.environ.get("TEST_AGENT_VERSION"):  # this interpreter speaks another wire protocol
+    import jupyter_mesh._wire.protocol as p
+    p.VERSION = int(os.environ["TEST_AGENT_VERSION"])
+if os.environ.get("TEST_AGENT_CRASH"):  # this interpreter dies before it can say hello
+    os._exit(3)
+"""
+
+
+def _agents_of_this_interpreter(monkeypatch, tmp_path, **env):
+    """Agents that LocalJob starts from now on run tmp_path/sitecustomize.py first (env says what it does)."""
+    import os
+
+    (tmp_path / "sitecustomize.py").write_text(_AGENT_SITECUSTOMIZE)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    "env, error",
+    [
+        ({"TEST_AGENT_VERSION": str(VERSION + 1)}, rf"speaks jupyter_mesh wire protocol {VERSION + 1}, this process"),
+        ({"TEST_AGENT_CRASH": "1"}, r"exited with code 3 before it reported in"),
+    ],
+    ids=["other-version", "dies-at-start"],
+)
+def test_a_job_whose_agent_cannot_start_fails_at_once_with_why(monkeypatch, tmp_path, env, error):
+    """An agent that refuses the controller (or dies) before its hello fails the start now, with the
+    reason, instead of a 'did not start' timeout after a minute."""
+    from jupyter_mesh import LocalJob, MeshError
+
+    _agents_of_this_interpreter(monkeypatch, tmp_path, **env)
+    job = LocalJob(1)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(MeshError, match=error):
+            job.agents(timeout=30)
+        assert time.monotonic() - t0 < 15
+    finally:
+        job.stop()

@@ -41,7 +41,9 @@ def proc_mesh(mesh_id: str) -> ProcMesh:
     ctl = Controller.get()
     rec = ctl.meshes.get(mesh_id)
     if rec is None:
-        raise MeshValueError(f"no proc mesh with id '{mesh_id}' in this program; see jupyter_mesh.mesh_states()")
+        raise MeshValueError(
+            f"no proc mesh with id '{mesh_id}' in this program; see jupyter_mesh.lowlevel.mesh_states()"
+        )
     return ProcMesh(ctl, rec.ref)
 
 

@@ -138,12 +138,13 @@ class State:
             return self._table
 
     def me(self) -> OwnerInfo:
-        if self._me is None:
-            ctx = context()
+        ctx = context()
+        addr = ctx.client().address
+        # rebuilt when the client changed: after shutdown() a program's new controller listens elsewhere
+        if self._me is None or self._me.addr != addr:
             who = ctx.identity
             t = self.table
             start = _watch.process_start_time(self.pid)
-            addr = ctx.client().address
             self._me = OwnerInfo(addr, ctx.host_key, ctx.pidns, self.pid, start, t.fd, t.inode,
                                  who.mesh_id if who else None, who.mesh_name if who else None, who.coords if who else (),
                                  who.rank if who else -1)  # fmt: skip

@@ -601,6 +601,33 @@ def _watch_stdin(agent: Agent) -> None:
     agent.shutdown()
 
 
+def _hello(cfg: dict[str, Any], addr: str) -> dict[str, Any]:
+    """``agent_up``: its keys never change between versions, so a controller of another version can
+    read it and refuse this agent by name."""
+    return {
+        "k": Kind.AGENT_UP,
+        "v": VERSION,
+        "h": cfg.get("host_index", 0),
+        "addr": addr,
+        "pid": os.getpid(),
+        "hk": host_key(),
+        "nonce": cfg.get("nonce", ""),
+    }
+
+
+def _refuse(cfg: dict[str, Any]) -> None:
+    """A controller of another version started us: send it our hello anyway (it names both versions
+    to its user at once, instead of waiting out the start timeout), then the caller exits."""
+    try:
+        transport = Transport(bytes.fromhex(cfg["key"]), cfg.get("bind", "tcp://127.0.0.1"))
+        try:
+            transport.send(cfg["controller"], Message(_hello(cfg, "")))
+        finally:
+            transport.close(linger_ms=2000)  # the hello must leave before we exit
+    except Exception:  # noqa: BLE001 - a config too odd to answer: the job sees our exit code
+        pass
+
+
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the kernel's interrupts are not for us
     line = sys.stdin.buffer.readline()
@@ -609,21 +636,12 @@ def main() -> None:
     cfg = json.loads(line)
     try:
         agent = Agent(cfg)
-    except ProtocolError as e:  # another version: say why on stderr (the job shows it) rather than a traceback
+    except ProtocolError as e:  # another version: say why on stderr rather than a traceback, and
+        _refuse(cfg)  # tell the controller (its job waits for our hello): it fails the start naming both
         sys.exit(f"jupyter-mesh agent: {e}")
     threading.Thread(target=agent.transport.serve, args=(agent.handle,), name="recv", daemon=True).start()
     threading.Thread(target=_watch_stdin, args=(agent,), name="lifeline", daemon=True).start()
-    agent._event(
-        {
-            "k": Kind.AGENT_UP,
-            "v": VERSION,
-            "h": agent.host_index,
-            "addr": agent.transport.address,
-            "pid": os.getpid(),
-            "hk": host_key(),
-            "nonce": cfg.get("nonce", ""),
-        }
-    )
+    agent._event(_hello(cfg, agent.transport.address))
     try:
         agent.io_loop()
     finally:

@@ -70,6 +70,9 @@ class Controller:
 
     _instance: Controller | None = None
     _instance_lock = threading.Lock()
+    # proc meshes of this process's controllers that shut down: a handle kept from one of them must fail
+    # as closed, not time out, once a new controller (with a new client) runs in its place
+    _shut_down_meshes: set[str] = set()
 
     @classmethod
     def get(cls) -> Controller:
@@ -95,6 +98,7 @@ class Controller:
             self.transport = Transport(self.key, bind, CurveKeys.new() if curve_wanted(bind) else None)
             self.client = Client(self.transport, reply_boxes=True)
         self.address = self.transport.address
+        self.client.calls.stopped.update(Controller._shut_down_meshes)
         self.state = StateTracker()
         self.client.hooks.activity = self.state.activity
         self.client.hooks.on_spawn = self._record_spawn
@@ -539,6 +543,9 @@ class Controller:
             rec.stopped = True
             self.state.stopped(mesh_id)
             self.worker_logs.stopped(mesh_id)
+        with self.client.calls.lock:
+            self.client.calls.stopped.update(self.meshes)
+            Controller._shut_down_meshes.update(self.meshes)
         self._hb_stop.set()
         self.client.fail_all(MeshClosedError("the jupyter_mesh controller shut down while this call was pending"))
         for job in self._jobs:

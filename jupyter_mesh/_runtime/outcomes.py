@@ -36,6 +36,20 @@ __all__ = ["Outcomes"]
 _PROC_DEATH = frozenset({"exit", "signal", "heartbeat", "agent"})
 
 
+class _Returned:
+    """A result that is itself a Failure or RemoteFailure (a supervisor returning what it saw): a value
+    of the call, which must not be taken for that rank's failure."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any):
+        self.value = value
+
+
+def _value(outcome: Any) -> Any:
+    return outcome.value if type(outcome) is _Returned else outcome
+
+
 class Outcomes:
     """Records each rank's reply to a call in the call table and completes the call's future."""
 
@@ -102,7 +116,7 @@ class Outcomes:
         elif isinstance(outcome, Failure):
             f._set_exception(_broken_error([outcome], f"during {p.actor}.{p.endpoint}"))
         else:
-            f._set_result(outcome)
+            f._set_result(_value(outcome))
         p.stream_q.put(f)
 
     def _record_outcomes(self, p: Pending, call_id: int, outcomes: list[tuple[int, Any]]) -> None:
@@ -126,7 +140,7 @@ class Outcomes:
                     if outcome.kind in _PROC_DEATH:
                         deaths[rank] = outcome
                 else:
-                    p.values[rank] = outcome
+                    p.values[rank] = _value(outcome)
             if not finished:
                 return
             done = not p.outstanding or bool(deaths)
@@ -157,7 +171,7 @@ class Outcomes:
             if p.mode == "spawn" and isinstance(value, tuple):  # (proc inbox, actor inbox)
                 self.inboxes.learn(value[0], p.actor_id, value[1])
                 return None
-            return value
+            return _Returned(value) if isinstance(value, (Failure, RemoteFailure)) else value
         if ok == BROKEN:
             return value  # a Failure built by the agent or proc
         return remote_failure(value, p, rank)

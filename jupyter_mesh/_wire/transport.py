@@ -497,13 +497,15 @@ class Transport:
                 VERSION,
             )
 
-    def close(self) -> None:
+    def close(self, linger_ms: int = 0) -> None:
+        """Close every socket. ``linger_ms``: how long messages still queued to peers may take to go
+        out (0: dropped; a process about to exit that must be heard passes more)."""
         self._closed = True
         with self._outs_lock:
             outs, self._outs = list(self._outs.values()), {}
         for s, lock in outs:
             with lock:
-                s.close(linger=0)
+                s.close(linger=linger_ms)
         with self._wake_lock:
             for sock in list(self._more):  # boxes and bells whose owners did not close them
                 if not sock.closed:

@@ -22,7 +22,7 @@ from .._core.future import Future
 from .._core.shape import Shape
 from .._runtime.hosts import AgentHandle, Job
 from .._wire.protocol import VERSION, Kind
-from ..errors import MeshClosedError, MeshTimeoutError, MeshValueError
+from ..errors import MeshClosedError, MeshError, MeshTimeoutError, MeshValueError
 
 __all__ = ["LocalJob", "this_host"]
 
@@ -85,7 +85,14 @@ class LocalJob(Job):
         code = p.wait()
         if self._stopped or self._controller.is_closed:
             return
-        if up.done() and up.exception() is None:
+        if not up._done():  # it exited before its hello: whoever waits for it learns now, not at a timeout
+            up._wait(1.0)  # a refusal (another protocol version) says why in a hello of its own
+            how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
+            up._set_exception(
+                MeshError(f"the agent of host {index} (pid {p.pid}) {how} before it reported in; its stderr says why")
+            )
+            return
+        if up.exception() is None:
             how = f"killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
             self._controller.agent_lost(up.result()["addr"], f"its process (pid {p.pid}) {how}")
 
