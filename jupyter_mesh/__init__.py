@@ -96,11 +96,3 @@ __all__ = [
     "shutdown",
     "this_host",
 ]
-
-# Every public name says it is ``jupyter_mesh.X`` (in reprs, docs, tracebacks and pickles): where it
-# is defined inside the package is ours to change.
-for _name in __all__:
-    _obj = globals()[_name]
-    if getattr(_obj, "__module__", "").startswith(__name__ + "."):
-        _obj.__module__ = __name__
-del _name, _obj

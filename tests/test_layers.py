@@ -122,11 +122,23 @@ def test_the_import_graph_has_no_circle():
 
 
 def test_the_facade_names_itself_and_keeps_plumbing_in_lowlevel():
-    """Users see ``jupyter_mesh.X`` for every public name; front-end plumbing lives in ``lowlevel``."""
+    """Every public name comes from the facade and is defined inside the package; front-end plumbing
+    lives in ``lowlevel``. (Names keep the module they are defined in: rewriting ``__module__`` to
+    ``jupyter_mesh`` broke ``inspect.getsource``, IPython's ``X??`` and ``typing.get_type_hints``.)"""
+    import importlib
+    import inspect
+    import typing
+
     import jupyter_mesh.lowlevel
 
     for name in jupyter_mesh.__all__:
-        assert getattr(jupyter_mesh, name).__module__ == "jupyter_mesh", name
+        obj = getattr(jupyter_mesh, name)
+        module = getattr(obj, "__module__", "")
+        assert module.startswith("jupyter_mesh."), (name, module)
+        assert getattr(importlib.import_module(module), name) is obj, name
+        if inspect.isclass(obj) or inspect.isfunction(obj):
+            assert inspect.getsource(obj)
+    typing.get_type_hints(jupyter_mesh.Failure)
     assert set(jupyter_mesh.lowlevel.__all__) == {"mesh_states", "proc_mesh", "set_fault_hook", "subscribe"}
     for name in jupyter_mesh.lowlevel.__all__:
         assert name not in jupyter_mesh.__all__ and not hasattr(jupyter_mesh, name), name
