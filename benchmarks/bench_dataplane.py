@@ -98,7 +98,7 @@ def memcpy_baseline(reader: object, runs: int) -> dict[str, float]:
 
 
 def backend_run(host: object, backend: str, runs: int) -> dict[str, object]:
-    env = {"JUPYTER_MESH_RDMA_BACKEND": backend}
+    env = {"JUPYTER_MESH_RDMA_BACKEND": backend, "JUPYTER_MESH_UCX_SAME_HOST": "1"}  # one host: UCX by opt-in
     for k in ("UCX_TLS", "UCX_NET_DEVICES", "UCXPY_PROGRESS_MODE"):
         if k in os.environ:
             env[k] = os.environ[k]

@@ -36,7 +36,13 @@ from jupyter_mesh._wire.transport import Message, Transport  # noqa: E402
 
 HAS_UCX = _ucx.available()
 BACKENDS = ["shm", "zmq", pytest.param("ucx", marks=pytest.mark.skipif(not HAS_UCX, reason="ucxx not installed"))]
-UCX_ENV = {"UCX_TLS": "tcp,self", "UCXPY_PROGRESS_MODE": "blocking", "UCX_WARN_UNUSED_ENV_VARS": "n"}
+# UCX on one host runs over its TCP emulation: refused unless asked for (tests have one host only)
+UCX_ENV = {
+    "UCX_TLS": "tcp,self",
+    "UCXPY_PROGRESS_MODE": "blocking",
+    "UCX_WARN_UNUSED_ENV_VARS": "n",
+    "JUPYTER_MESH_UCX_SAME_HOST": "1",
+}
 N = 1 << 18  # floats: 1 MiB
 PRELOAD = ["torch"]  # imported once in the host's template: procs fork with it (seconds saved per test)
 

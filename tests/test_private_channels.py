@@ -240,3 +240,20 @@ def test_a_transport_counts_a_message_whose_segment_is_not_ours(tmp_path):
         b.stop_serving()
         a.close()
         b.close()
+
+
+def test_ucx_between_processes_of_one_host_needs_an_explicit_opt_in(monkeypatch):
+    """One host moves RDMABuffers through shared memory; forcing UCX there would use its TCP emulation
+    (no bounds checks, a listener outside our channels), so it is refused unless asked for."""
+    torch = pytest.importorskip("torch")
+    from jupyter_mesh import MeshValueError, RDMABuffer
+
+    monkeypatch.delenv("JUPYTER_MESH_UCX_SAME_HOST", raising=False)
+    buf = RDMABuffer(torch.zeros(16))
+    try:
+        monkeypatch.setenv("JUPYTER_MESH_RDMA_BACKEND", "ucx")
+        with pytest.raises(MeshValueError, match="UCX would run over its TCP emulation"):
+            buf.read_into(torch.empty(16)).get(10)
+    finally:
+        monkeypatch.delenv("JUPYTER_MESH_RDMA_BACKEND")
+        buf.drop().get(10)

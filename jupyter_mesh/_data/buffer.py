@@ -46,6 +46,7 @@ _DEATH_GRACE_S = 0.3  # how long a failed UCX transfer waits to tell a dead owne
 __all__ = ["ENV_BACKEND", "RDMABuffer", "get_rdma_backend", "handle_message"]
 
 ENV_BACKEND = "JUPYTER_MESH_RDMA_BACKEND"
+ENV_UCX_SAME_HOST = "JUPYTER_MESH_UCX_SAME_HOST"  # opt-in: forced UCX between processes of one host
 BACKENDS = ("shm", "ucx", "zmq")
 DEFAULT_TIMEOUT = 3.0  # seconds, as Monarch
 
@@ -206,6 +207,13 @@ class RDMABuffer:
         if forced == "shm" and not (same and self._shm is not None):
             why = "the owner is on another host" if not same else "its data is not a CPU tensor in shared memory"
             raise MeshValueError(f"{ENV_BACKEND}=shm cannot serve this buffer: {why}; use auto, ucx or zmq")
+        if forced == "ucx" and same and not cuda and os.environ.get(ENV_UCX_SAME_HOST) != "1":
+            raise MeshValueError(
+                f"{ENV_BACKEND}=ucx between processes of one host: UCX would run over its TCP emulation, "
+                "which does not check the bounds of remote memory access and listens outside jupyter_mesh's "
+                f"private channels. One host uses shared memory (unset {ENV_BACKEND}); set "
+                f"{ENV_UCX_SAME_HOST}=1 only to test or benchmark UCX on one machine"
+            )
         if forced is not None:
             return forced
         if cuda or (self._ucx is not None and not same):
