@@ -51,6 +51,7 @@ class ActorContext(threading.local):
     the mesh grows or shrinks)."""
 
     proc: Any = None
+    host: Any = None  # the proc runtime's ActorHost of that actor (a mesh it spawns is owned by it)
 
 
 def host_key() -> str:
@@ -68,6 +69,8 @@ class ProcessContext:
     def __init__(self) -> None:
         self.pid = os.getpid()
         self.identity: ProcIdentity | None = None
+        # in a proc: what it lends a controller made inside it (``_runtime.hooks.Embedding``)
+        self.embedding: Any = None
         self.actor = _actor_context
         self._client: Requester | None = None
         self._host_key: str | None = None

@@ -6,8 +6,9 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
+from .._core.context import context
 from ..errors import SupervisionError
 
 if TYPE_CHECKING:
@@ -40,18 +41,14 @@ class Embedding:
     supervise: Callable[[Any, SupervisionError], None]
 
 
-_embedding: Embedding | None = None
-
-
 def embed(value: Embedding) -> None:
     """Called once by a proc at start-up: a Controller created later in it will share its runtime."""
-    global _embedding
-    _embedding = value
+    context().embedding = value
 
 
 def embedding() -> Embedding | None:
     """The proc's runtime to share, when this process is a proc; None in a controller's own program."""
-    return _embedding
+    return cast("Embedding | None", context().embedding)
 
 
 FaultHook = Callable[[SupervisionError], None]

@@ -43,8 +43,6 @@ from .hooks import Embedding, embed
 from .rank_env import set_rank_env
 from .remote_errors import error_info, safe_str
 
-_owner = threading.local()  # the ActorHost running on this thread
-
 __all__ = ["ProcRuntime", "main"]
 
 
@@ -133,8 +131,7 @@ class ActorHost:
 
     def _main(self) -> None:
         asyncio.set_event_loop(self.loop)
-        _owner.host = self
-        context().actor.proc = self.runtime
+        context().actor.proc, context().actor.host = self.runtime, self
         set_current_client(self.runtime.client)
         while True:
             try:
@@ -412,7 +409,7 @@ class ProcRuntime:
                 self.transport,
                 self.client,
                 self._route_to_controller,
-                lambda: getattr(_owner, "host", None),
+                lambda: context().actor.host,
                 self._supervise,
             )
         )
