@@ -257,3 +257,37 @@ def test_ucx_between_processes_of_one_host_needs_an_explicit_opt_in(monkeypatch)
     finally:
         monkeypatch.delenv("JUPYTER_MESH_RDMA_BACKEND")
         buf.drop().get(10)
+
+
+@pytest.mark.parametrize("whose", ["another user's", "writable by others"])
+def test_a_runtime_dir_others_can_write_to_is_not_used(monkeypatch, whose):
+    """Whoever can write to the base dir (no sticky bit) could rename our private directory away and
+    put theirs in its place, where our later sockets would be bound: such an XDG_RUNTIME_DIR (one left
+    over from another user by ``su``: root can write anywhere) is passed over for /tmp."""
+    import shutil
+    import tempfile
+
+    from jupyter_mesh._wire.channels import default_bind, remove_session_dir
+
+    if whose == "another user's" and os.geteuid() != 0:
+        pytest.skip("needs root to make a directory of another user")
+    run = tempfile.mkdtemp(prefix="jm-run-", dir="/tmp")  # short: unix socket paths are limited
+    monkeypatch.setenv("XDG_RUNTIME_DIR", run)
+    monkeypatch.delenv("JUPYTER_MESH_BIND", raising=False)
+    try:
+        if whose == "another user's":
+            os.chown(run, 65534, 65534)
+        else:
+            os.chmod(run, 0o777)
+        bind = default_bind()
+        remove_session_dir(bind)
+        base = os.stat(os.path.dirname(bind[len("ipc://") :]))
+        assert os.path.dirname(bind[len("ipc://") :]) != run and not os.listdir(run)
+        assert (base.st_uid == os.geteuid() and not base.st_mode & 0o022) or base.st_mode & stat.S_ISVTX
+        if whose != "another user's":  # made private, our own runtime dir is used
+            os.chmod(run, 0o700)
+            bind = default_bind()
+            remove_session_dir(bind)
+            assert os.path.dirname(bind[len("ipc://") :]) == run
+    finally:
+        shutil.rmtree(run, ignore_errors=True)

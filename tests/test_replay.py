@@ -36,9 +36,9 @@ class Tap:
             )
             return send(address, frames, wait)
 
-        def tapped_decode(frames):
+        def tapped_decode(frames, inbox=None):
             self.received.append([bytes(memoryview(f.buffer if isinstance(f, zmq.Frame) else f)) for f in frames])
-            return decode(frames)
+            return decode(frames, inbox)
 
         monkeypatch.setattr(t, "_send_frames", tapped_send)
         monkeypatch.setattr(t, "decode", tapped_decode)
@@ -220,3 +220,34 @@ def test_a_message_for_another_destination_is_dropped():
     finally:
         a.close()
         b.close()
+
+
+def test_a_busy_actors_queued_cast_is_not_taken_for_a_replay(procs, monkeypatch):
+    """Two actors on one proc: while one is busy, more than WINDOW casts reach the other through the same
+    agent. The busy one's queued cast is read late, after all of them; it must still run, once."""
+    from actors import Sleeper
+
+    from jupyter_mesh._wire.transport import WINDOW
+
+    tap = Tap(monkeypatch)
+    one = procs.slice(gpus=0)
+    slow = one.spawn("slow", Sleeper)
+    fast = one.spawn("fast", Counter, 0)
+    rounds = WINDOW // 64 + 1
+    slow.counts.call().get(10)  # both up, and the agent relays to each actor's own inbox
+    fast.incr.call(0).get(10)
+    busy = slow.nap.call(3.0)
+    queued = slow.nap.call(0.0)  # waits, unread, in slow's inbox
+    for _ in range(rounds):  # meanwhile the other actor's inbox takes thousands of later counters
+        for f in [fast.incr.call(1) for _ in range(64)]:
+            f.get(10)
+    assert list(busy.get(30).values()) == ["finished"]
+    assert list(queued.get(15).values()) == ["finished"]  # was dropped as a replay: a hang
+    proc = procs._ref.proc_addrs[0]
+    assert _stats(proc)["dropped_replayed"] == 0
+    # the late cast, replayed into the proc's inbox and the actor's: it runs no more
+    cast = [f for _, f in tap.of_kind("c", procs._ref.agent_addrs[0]) if b"nap" in f[1]][1]
+    _replay(proc, cast)
+    _replay(Controller.get().client.inboxes.address(proc, slow._actor_id), cast)
+    assert list(slow.counts.call().get(10).values()) == [(2, 0)]
+    assert list(fast.incr.call(0).get(10).values()) == [rounds * 64]

@@ -165,7 +165,7 @@ class ActorHost:
                 except queue.Empty:
                     return True
                 self._in_order(mail, mail.header.get("_q"))
-        msg = self.runtime.transport.decode(frames)
+        msg = self.runtime.transport.decode(frames, self.address)
         if msg is None:
             return True
         h = msg.header

@@ -47,13 +47,31 @@ _warned = False
 
 
 def _base() -> str:
-    """``$XDG_RUNTIME_DIR`` (per user, on tmpfs) when usable, else the temp dir. Unix socket paths are
-    limited to ~107 bytes: a long base falls back to /tmp."""
+    """``$XDG_RUNTIME_DIR`` (per user, on tmpfs) when it is ours, else the temp dir. Unix socket paths
+    are limited to ~107 bytes: a long base falls back to /tmp.
+
+    Whoever can write to the base without a sticky bit can rename our private directory away and put
+    their own in its place, where our later sockets would be made: so the base must be our own, not
+    writable by others, or sticky (/tmp). An ``XDG_RUNTIME_DIR`` left over from another user (``su``
+    without ``-``; root can write anywhere) is not used."""
     run = os.environ.get("XDG_RUNTIME_DIR", "")
-    if run and os.path.isdir(run) and os.access(run, os.W_OK) and len(run) < 60:
+    if run and len(run) < 60 and _safe_base(run, sticky_ok=False):
         return run
     tmp = tempfile.gettempdir()
-    return tmp if len(tmp) < 60 else "/tmp"
+    return tmp if len(tmp) < 60 and _safe_base(tmp, sticky_ok=True) else "/tmp"
+
+
+def _safe_base(path: str, sticky_ok: bool) -> bool:
+    """Nobody else can rename what we make in ``path``."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    if not stat.S_ISDIR(st.st_mode) or not os.access(path, os.W_OK | os.X_OK):
+        return False
+    if st.st_uid == os.geteuid() and not st.st_mode & 0o022:
+        return True
+    return sticky_ok and bool(st.st_mode & stat.S_ISVTX)
 
 
 def check_private_dir(path: str) -> None:

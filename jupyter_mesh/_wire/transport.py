@@ -119,7 +119,10 @@ class Transport:
         self.epoch = secrets.token_hex(8)
         self._counter = itertools.count(1)
         self._mine: set[str] = set()  # our inboxes' addresses, and relayers we accept casts through
-        self._windows: dict[tuple[str, str], _Window] = {}
+        # relayer -> the floors we started with on its path (see ``accept_via``)
+        self._relayers: dict[str, dict[str, int]] = {}
+        # (epoch, our inbox) for direct messages; (epoch, relayer, the inbox it reached) for relayed ones
+        self._windows: dict[tuple[str, ...], _Window] = {}
         self._windows_lock = threading.Lock()
         self.curve = curve if curve_wanted(bind) else None
         if curve_wanted(bind) and curve is None and not is_loopback(bind):  # loopback: tools and tests
@@ -207,8 +210,10 @@ class Transport:
             return [self._sign(header, msg.payload), header, msg.payload]
         return [self._sign(header, msg.payload), header, msg.payload, *msg.buffers]
 
-    def decode(self, frames: Sequence[Any]) -> Message | None:
-        """Authenticate and parse; None (and a counter bump) for anything not from a key holder."""
+    def decode(self, frames: Sequence[Any], inbox: str | None = None) -> Message | None:
+        """Authenticate and parse; None (and a counter bump) for anything not from a key holder.
+
+        ``inbox``: the address of the socket the frames were read from (see ``_admit``)."""
         try:
             if len(frames) < 3:
                 self.stats.dropped_malformed += 1
@@ -227,7 +232,7 @@ class Transport:
             if h.get("v") != VERSION and h.get("k") != Kind.AGENT_UP:  # the hello's keys never change:
                 self._other_version(h)  # its receiver refuses it by name (``protocol.check_version``)
                 return None
-            if not self._admit(h):
+            if not self._admit(h, inbox):
                 return None
             if "sh" in h:  # authentic: now it is safe to open the segments it names
                 bufs = _shm.unstash(self.shm_prefix, h["sh"], bufs)
@@ -238,14 +243,21 @@ class Transport:
         return Message(h, payload, bufs)
 
     # -- replays ---------------------------------------------------------------------------------------
-    def _admit(self, h: dict[str, Any]) -> bool:
+    def _admit(self, h: dict[str, Any], inbox: str | None = None) -> bool:
         """A signed message is taken once, by the incarnation it was meant for: its destination must
         be one of our inboxes (or a relayer we accept casts through), and its counter new on that path.
 
         A copy of a message already taken is dropped (``dropped_replayed``); one meant for another
         process, or for an earlier incarnation of a respawned one (whose inboxes had other addresses),
         too (``dropped_misaddressed``). What an agent relayed before a proc was born is below the
-        floors the proc started with (``accept_via``)."""
+        floors the proc started with (``accept_via``).
+
+        A relayer forwards to several of our inboxes (the proc's, each actor's), each read by its own
+        thread at its own pace: an actor busy for minutes reads its queued casts after other inboxes took
+        thousands of later ones. So a relayed path has a window per inbox it reached (``inbox``), each
+        in order as the relayer forwarded. A copy replayed into another inbox of ours passes that
+        inbox's window, and goes no further: an actor's inbox takes only its own calls, and an actor
+        runs a sender's calls once each, in their sequence numbers (``proc.ActorHost._in_order``)."""
         to, epoch, n = h.get("dst"), h.get("se"), h.get("sn")
         if isinstance(to, str):
             via = to if to in self._mine else None
@@ -259,11 +271,13 @@ class Transport:
         if not isinstance(epoch, str) or type(n) is not int:
             self.stats.dropped_malformed += 1
             return False
-        key = (epoch, via)
+        floors = self._relayers.get(via)
+        key: tuple[str, ...] = (epoch, via) if floors is None else (epoch, via, inbox or "")
         with self._windows_lock:
             w = self._windows.get(key)
             if w is None:
-                w = self._windows[key] = _Window()
+                floor = floors.get(epoch) if floors else None
+                w = self._windows[key] = _Window() if floor is None else _Window(floor, _FULL)
             if w.admit(n):
                 return True
         self.stats.dropped_replayed += 1
@@ -272,15 +286,18 @@ class Transport:
     def accept_via(self, relayer: str, floors: dict[str, int] | None = None) -> None:
         """Take messages meant for ``relayer`` (our agent, which forwards casts as they were signed),
         but none a sender numbered ``floors[sender]`` or lower: those went out before we existed."""
-        self._mine.add(relayer)
         with self._windows_lock:
-            for epoch, top in (floors or {}).items():
-                self._windows[(epoch, relayer)] = _Window(int(top), _FULL)
+            self._relayers[relayer] = {epoch: int(top) for epoch, top in (floors or {}).items()}
+        self._mine.add(relayer)
 
     def floors(self, via: str) -> dict[str, int]:
         """Per sender, the highest counter taken on the path ``via``: what a new proc must not take."""
+        out: dict[str, int] = {}
         with self._windows_lock:
-            return {epoch: w.top for (epoch, path), w in self._windows.items() if path == via}
+            for key, w in self._windows.items():
+                if key[1] == via:
+                    out[key[0]] = max(out.get(key[0], 0), w.top)
+        return out
 
     # -- sending --------------------------------------------------------------------------------------
     def _client_socket(self, address: str) -> zmq.Socket[Any]:
@@ -396,7 +413,7 @@ class Transport:
                 return
             if len(frames) == 1 and frames[0] == b"stop" and self._closed:
                 return
-            self._handle(frames, handler)
+            self._handle(frames, handler, self.address)
 
     def _serve_polling(self, handler: Callable[[Message, list[Any]], None], tick: Callable[[], float | None]) -> None:
         self._poller = poller = zmq.Poller()
@@ -424,7 +441,7 @@ class Transport:
                         run_tick = True
                     if frames[0] == self._watched.get(sock, self._wake_token):
                         continue
-                self._handle(frames, handler)
+                self._handle(frames, handler, self.address if sock is self._inbox else None)
             if run_tick:
                 try:
                     delay = tick()
@@ -433,8 +450,8 @@ class Transport:
                     delay = 0.05
                 due = None if delay is None else time.monotonic() + delay
 
-    def _handle(self, frames: list[Any], handler: Callable[[Message, list[Any]], None]) -> None:
-        msg = self.decode(frames)
+    def _handle(self, frames: list[Any], handler: Callable[[Message, list[Any]], None], inbox: str | None) -> None:
+        msg = self.decode(frames, inbox)
         if msg is None:
             return
         try:
