@@ -291,3 +291,54 @@ def test_a_runtime_dir_others_can_write_to_is_not_used(monkeypatch, whose):
             assert os.path.dirname(bind[len("ipc://") :]) == run
     finally:
         shutil.rmtree(run, ignore_errors=True)
+
+
+def test_the_sweep_removes_only_directories_nobody_holds(tmp_path, monkeypatch):
+    """A session directory is in use while its controller holds its lock, whatever its pid says (a
+    controller in another pid namespace has a pid that means nothing here)."""
+    from jupyter_mesh._wire import channels
+
+    monkeypatch.setattr(channels, "_base", lambda: str(tmp_path))
+    held = tmp_path / "jupyter-mesh-999999-held"
+    free = tmp_path / "jupyter-mesh-999999-free"
+    for d in (held, free):
+        d.mkdir(mode=0o700)
+        (d / ".lock").touch(mode=0o600)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, os, sys, time\n"
+         "fd = os.open(sys.argv[1], os.O_RDWR); fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)",
+         str(held / ".lock")], stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        assert channels.sweep_stale_dirs() == 1
+        assert held.exists() and not free.exists()
+    finally:
+        holder.kill()
+        holder.wait(10)
+        holder.stdout.close()  # type: ignore[union-attr]
+    assert channels.sweep_stale_dirs() == 1 and not held.exists()  # its holder is gone now
+
+
+def test_a_connection_that_never_finishes_its_handshake_is_dropped():
+    """Anyone who reaches a TCP bind can open connections; one that never speaks is closed after the
+    handshake interval, not held for libzmq's default 30 s."""
+    import socket
+
+    from jupyter_mesh._wire.transport import HANDSHAKE_MS
+
+    t = Transport(os.urandom(32), "tcp://127.0.0.1")
+    try:
+        host, port = t.address[len("tcp://") :].rsplit(":", 1)
+        s = socket.create_connection((host, int(port)), timeout=5)
+        s.settimeout(HANDSHAKE_MS / 1000 + 10)
+        t0 = time.monotonic()
+        try:
+            while s.recv(4096):  # the server's greeting, then nothing until it closes
+                pass
+        except ConnectionResetError:
+            pass
+        assert time.monotonic() - t0 < HANDSHAKE_MS / 1000 + 5
+        s.close()
+    finally:
+        t.close()

@@ -15,6 +15,7 @@ without CURVE, a bind off loopback is refused. Every TCP socket also drops a fra
 
 from __future__ import annotations
 
+import fcntl
 import ipaddress
 import os
 import shutil
@@ -43,6 +44,8 @@ ENV_BIND = "JUPYTER_MESH_BIND"
 ENV_INSECURE = "JUPYTER_MESH_INSECURE"
 ENV_MAX_FRAME = "JUPYTER_MESH_MAX_FRAME"
 _PREFIX = "jupyter-mesh-"
+_LOCK = ".lock"  # in each session directory, flock()ed by its controller for as long as it lives
+_held: dict[str, int] = {}  # our session directories -> the fd holding their lock
 _warned = False
 
 
@@ -93,6 +96,11 @@ def default_bind() -> str:
     sweep_stale_dirs()
     path = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=_base())  # mode 0700, O_EXCL
     check_private_dir(path)
+    # held while this process lives: the sweep of another controller (even one in another pid
+    # namespace, where our pid means nothing) sees the directory is in use
+    fd = os.open(os.path.join(path, _LOCK), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    _held[path] = fd
     return f"ipc://{path}"
 
 
@@ -183,8 +191,12 @@ def max_frame() -> int:
 
 def remove_session_dir(bind: str) -> None:
     """Remove the session's directory (at controller exit; sockets of dead processes are left in it)."""
-    if bind.startswith("ipc://") and os.path.basename(bind[len("ipc://") :]).startswith(_PREFIX):
-        shutil.rmtree(bind[len("ipc://") :], ignore_errors=True)
+    path = bind[len("ipc://") :]
+    if bind.startswith("ipc://") and os.path.basename(path).startswith(_PREFIX):
+        shutil.rmtree(path, ignore_errors=True)
+        fd = _held.pop(path, None)
+        if fd is not None:
+            os.close(fd)
 
 
 def sweep_stale_dirs() -> int:
@@ -197,13 +209,20 @@ def sweep_stale_dirs() -> int:
     for name in names:
         if not name.startswith(_PREFIX):
             continue
-        pid = name[len(_PREFIX) :].split("-", 1)[0]
         path = os.path.join(base, name)
         try:
-            if not pid.isdigit() or os.lstat(path).st_uid != os.geteuid() or os.path.exists(f"/proc/{pid}"):
+            st = os.lstat(path)
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or path in _held:
                 continue
+            fd = os.open(os.path.join(path, _LOCK), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
-            continue
+            continue  # not a directory of ours, or one without a lock: left alone
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # its controller's lock is gone with it
+        except OSError:
+            continue  # in use
+        finally:
+            os.close(fd)
         shutil.rmtree(path, ignore_errors=True)
         removed += 1
     return removed

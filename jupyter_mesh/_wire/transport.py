@@ -164,6 +164,10 @@ class Transport:
             sock.bind(address)
         else:  # a peer must pass CURVE first; and no frame above the bound is ever buffered
             sock.setsockopt(zmq.MAXMSGSIZE, max_frame())
+            # a connection that does not finish its handshake is dropped after 5 s (not libzmq's 30):
+            # anyone who reaches the port can open them, each holding a descriptor until then
+            sock.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_MS)
+            _raise_fd_limit()
             if self.curve is not None:
                 sock.curve_server = True
                 sock.curve_publickey = self.curve.server_public
@@ -186,9 +190,12 @@ class Transport:
 
     # -- signing --------------------------------------------------------------------------------------
     def _sign(self, header: bytes, payload: bytes | memoryview) -> bytes:
+        """HMAC over the payload, then the header. Payload first: a sender hashes a large pickle
+        before it takes its counter (``encode``), so no message waits long between being numbered and
+        being sent, and the receiver's window (``_admit``) sees counters in about the order they left."""
         h = self._keyed.copy()  # the key's HMAC state, set up once (~1 us less per message)
-        h.update(header)
         h.update(payload)
+        h.update(header)
         return h.digest()  # type: ignore[no-any-return]
 
     def encode(self, msg: Message, to: str | list[str], local: bool = False) -> list[Any]:
@@ -199,6 +206,8 @@ class Transport:
             entries, msg.buffers = _shm.stash(self.shm_prefix, msg.buffers)
             if entries:
                 msg.header["sh"] = entries
+        signing = self._keyed.copy()
+        signing.update(msg.payload)  # the slow part (a large pickle) before the counter is taken
         msg.header["v"] = VERSION
         msg.header["se"], msg.header["sn"], msg.header["dst"] = self.epoch, next(self._counter), to
         msg.header["nb"] = [memoryview(b).nbytes for b in msg.buffers] if msg.buffers else []
@@ -206,9 +215,10 @@ class Transport:
         if packer is None:  # a Packer per thread: msgpack.packb builds one per call
             packer = _per_thread.packer = msgpack.Packer(use_bin_type=True)
         header = packer.pack(msg.header)
+        signing.update(header)  # as _sign: payload, then header
         if not msg.buffers:
-            return [self._sign(header, msg.payload), header, msg.payload]
-        return [self._sign(header, msg.payload), header, msg.payload, *msg.buffers]
+            return [signing.digest(), header, msg.payload]
+        return [signing.digest(), header, msg.payload, *msg.buffers]
 
     def decode(self, frames: Sequence[Any], inbox: str | None = None) -> Message | None:
         """Authenticate and parse; None (and a counter bump) for anything not from a key holder.
@@ -530,6 +540,28 @@ class Transport:
         if self._auth is not None:
             self._auth.stop()
         self._ctx.term()
+
+
+HANDSHAKE_MS = 5000
+_fd_limit_raised = False
+
+
+def _raise_fd_limit() -> None:
+    """A TCP bind can be sent half-open connections by anyone who reaches it: lift the soft limit on
+    open files to the hard one (up to 65536), once, so they cannot starve the process of descriptors."""
+    global _fd_limit_raised
+    if _fd_limit_raised:
+        return
+    _fd_limit_raised = True
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 65536 if hard == resource.RLIM_INFINITY else min(hard, 65536)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        except (ValueError, OSError):
+            pass
 
 
 class _OnlyKey:
