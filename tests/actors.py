@@ -255,9 +255,9 @@ class Introspect(Actor):
 
     @endpoint
     def cancelled_entries(self) -> int:
-        from jupyter_mesh._runtime.proc import _owner
+        from jupyter_mesh._core.context import context
 
-        return len(_owner.host._cancelled)
+        return len(context().actor.host._cancelled)
 
     @endpoint
     def ok(self) -> str:

@@ -251,3 +251,62 @@ def test_a_busy_actors_queued_cast_is_not_taken_for_a_replay(procs, monkeypatch)
     _replay(Controller.get().client.inboxes.address(proc, slow._actor_id), cast)
     assert list(slow.counts.call().get(10).values()) == [(2, 0)]
     assert list(fast.incr.call(0).get(10).values()) == [rounds * 64]
+
+
+def test_a_replayed_rdma_write_does_not_write_again(host, monkeypatch):
+    """An RDMA write over the control plane (the zmq backend) replayed after a newer write leaves the
+    newer data: the owner drops the copy."""
+    torch = pytest.importorskip("torch")
+    from rdma_actors import Owner
+
+    monkeypatch.setenv("JUPYTER_MESH_RDMA_BACKEND", "zmq")
+    pm = host.spawn_procs(per_host={"gpus": 1}, env={"JUPYTER_MESH_RDMA_BACKEND": "zmq"})
+    try:
+        tap = Tap(monkeypatch)
+        owner = pm.spawn("owner", Owner, 1024)
+        buf = owner.handle.call_one().get(10)
+        buf.write_from(torch.full((1024,), 1.0)).get(10)
+        puts = [(a, f) for a, f in tap.of_kind("rdma")]
+        assert puts, "the write should go over the control plane with the zmq backend"
+        buf.write_from(torch.full((1024,), 2.0)).get(10)
+        for addr, frames in puts:
+            _replay(addr, frames)
+        assert owner.head.call_one(2).get(10) == [2.0, 2.0]
+        assert _stats(pm._ref.proc_addrs[0])["dropped_replayed"] >= 3
+    finally:
+        pm.stop(timeout=5)
+
+
+def test_a_replayed_failure_notice_marks_no_rank_failed_in_procs(host, monkeypatch):
+    """The controller tells every proc that a rank failed; replayed after the rank was respawned (to the
+    agent, or straight to a proc as if relayed), no proc's client takes the rank for failed again."""
+    from payload_actors import Sink
+
+    seen = []
+    from jupyter_mesh import lowlevel
+
+    prev = lowlevel.set_fault_hook(seen.append)
+    tap = Tap(monkeypatch)
+    pm = host.spawn_procs(per_host={"gpus": 2})
+    try:
+        sink = pm.spawn("sink", Sink)
+        sink.initialized.get(10)
+        pid = pm.pids()[1]
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while pm.state().ranks[1].state.value != "failed" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        notices = tap.of_kind("notice")
+        assert notices
+        pm.respawn([1], timeout=30)
+        for addr, frames in notices:
+            _replay(addr, frames)
+            for proc in pm._ref.proc_addrs:
+                _replay(proc, frames)
+        time.sleep(0.3)
+        # rank 0's actor calls rank 1 (actor -> actor): it must not believe rank 1 failed
+        out = sink.slice(gpus=0).forward.call_one(sink.slice(gpus=1), "small", "call_one").get(20)
+        assert out is not None
+    finally:
+        lowlevel.set_fault_hook(prev)
+        pm.stop(timeout=5)
