@@ -24,6 +24,20 @@ def recorded_faults():
     jupyter_mesh.lowlevel.set_fault_hook(prev)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def session_dirs_swept():
+    """Programs the tests kill (kill -9 of a controller, a killed kernel) leave their private socket
+    directory behind; the next controller sweeps it. At the end of the run nothing of ours is left."""
+    yield
+    from jupyter_mesh._wire import channels
+
+    channels.sweep_stale_dirs()
+    base = channels._base()
+    left = [n for n in os.listdir(base) if n.startswith("jupyter-mesh-")]
+    live = [n for n in left if channels._locked(os.path.join(base, n))]
+    assert left == live, f"session directories left with no live controller: {sorted(set(left) - set(live))}"
+
+
 @pytest.fixture(scope="session")
 def host():
     """One local host mesh for the whole session (its agent and template start once)."""

@@ -199,6 +199,23 @@ def remove_session_dir(bind: str) -> None:
             os.close(fd)
 
 
+def _locked(path: str) -> bool:
+    """Whether a live process holds the lock of session directory ``path``."""
+    if path in _held:
+        return True
+    try:
+        fd = os.open(os.path.join(path, _LOCK), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+
+
 def sweep_stale_dirs() -> int:
     """Remove session directories of this user whose controller is gone (killed before its exit)."""
     base, removed = _base(), 0

@@ -142,6 +142,7 @@ class Transport:
         self._wake_lock = threading.Lock()
         self._watched: dict[zmq.Socket[Any], bytes] = {}  # more sockets serve() reads: socket -> doorbell
         self._poller: zmq.Poller | None = None
+        self._server: threading.Thread | None = None  # the thread in serve(), if one is
         self._outs: dict[str, tuple[zmq.Socket[Any], threading.Lock]] = {}
         self._outs_lock = threading.Lock()
         self.stats = TransportStats()
@@ -409,6 +410,7 @@ class Transport:
         reply boxes) runs on this thread when :meth:`wake` is called and when the delay it returned
         has passed; it may :meth:`watch` more sockets, whose messages go to ``handler`` too.
         """
+        self._server = threading.current_thread()
         if tick is None:
             self._serve_inbox(handler)
         else:
@@ -526,7 +528,14 @@ class Transport:
 
     def close(self, linger_ms: int = 0) -> None:
         """Close every socket. ``linger_ms``: how long messages still queued to peers may take to go
-        out (0: dropped; a process about to exit that must be heard passes more)."""
+        out (0: dropped; a process about to exit that must be heard passes more).
+
+        A thread still in :meth:`serve` is stopped and waited for first: a ZeroMQ socket closed while
+        another thread reads it aborts the process (libzmq asserts) or hangs the context's term."""
+        server = self._server
+        if server is not None and server is not threading.current_thread() and server.is_alive():
+            self.stop_serving()
+            server.join(5.0)
         self._closed = True
         with self._outs_lock:
             outs, self._outs = list(self._outs.values()), {}
