@@ -12,6 +12,7 @@ from typing import Any
 from ._api.mesh import ActorMesh, HostMesh, MeshEndpoint, ProcMesh
 from ._api.mesh import set_renderer as _set_renderer
 from ._api.session import shutdown
+from ._core import value_mesh as _value_mesh_module
 from ._core.actor import Actor, Endpoint, current_rank, endpoint
 from ._core.future import Future
 from ._core.shape import Extent, Point, Shape, Slice
@@ -43,7 +44,14 @@ def _render(mesh: ProcMesh) -> dict[str, Any]:
     return mimebundle(mesh)
 
 
+def _render_values(vm: ValueMesh[Any]) -> str:
+    from .ui.values import value_mesh_html
+
+    return value_mesh_html(vm)
+
+
 _set_renderer(_render)
+_value_mesh_module.html_renderer = _render_values
 
 
 def load_ipython_extension(ipython: object) -> None:

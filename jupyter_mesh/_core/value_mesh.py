@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
 from ..errors import MeshValueError
@@ -76,3 +76,12 @@ class ValueMesh(Generic[T]):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (ValueMesh, (self._shape, self._values))
+
+    def _repr_html_(self) -> str | None:
+        """In a notebook: a grid along the dims, drawn by whichever view registered itself (``jupyter_mesh``
+        registers its UI's); None leaves the plain ``repr``."""
+        return html_renderer(self) if html_renderer is not None else None
+
+
+html_renderer: Callable[[ValueMesh[Any]], str] | None = None
+"""Draws a ValueMesh as HTML for notebooks. The core knows no UI: a view registers here."""
