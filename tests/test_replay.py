@@ -197,12 +197,12 @@ def test_a_replayed_proc_exit_marks_nothing_failed(host, monkeypatch):
 
 def test_windows_take_out_of_order_counters_once():
     """Unit: a receiver's window admits each counter once, in any order within WINDOW, none older."""
-    from jupyter_mesh._wire.transport import WINDOW, _Window
+    from jupyter_mesh._wire.replay import WINDOW, Window
 
-    w = _Window()
+    w = Window()
     assert [w.admit(n) for n in (3, 1, 2, 3, 1)] == [True, True, True, False, False]
     assert w.admit(WINDOW + 10) and not w.admit(5)  # fell out of the window: too old
-    floor = _Window(100, (1 << WINDOW) - 1)  # a new proc's floor: everything up to 100 was before it
+    floor = Window.floor(100)  # a new proc's floor: everything up to 100 was before it
     assert not floor.admit(100) and not floor.admit(7) and floor.admit(101)
 
 
@@ -227,7 +227,7 @@ def test_a_busy_actors_queued_cast_is_not_taken_for_a_replay(procs, monkeypatch)
     agent. The busy one's queued cast is read late, after all of them; it must still run, once."""
     from actors import Sleeper
 
-    from jupyter_mesh._wire.transport import WINDOW
+    from jupyter_mesh._wire.replay import WINDOW
 
     tap = Tap(monkeypatch)
     one = procs.slice(gpus=0)

@@ -29,6 +29,7 @@ import zmq
 from . import shm as _shm
 from .channels import CurveKeys, check_bind, curve_wanted, is_loopback, max_frame
 from .protocol import VERSION, Kind
+from .replay import ReplayGuard
 
 __all__ = ["Message", "Transport", "TransportStats"]
 
@@ -70,31 +71,6 @@ class TransportStats:
         )
 
 
-WINDOW = 4096  # counters of one sender on one path that may arrive out of order (threads race to send)
-_FULL = (1 << WINDOW) - 1
-
-
-class _Window:
-    """Which of one sender's counters (on one path) were received: the highest, and a bitmap of the
-    WINDOW below it. Anything older than the window, or seen, is a replay."""
-
-    __slots__ = ("seen", "top")
-
-    def __init__(self, top: int = 0, seen: int = 0):
-        self.top, self.seen = top, seen
-
-    def admit(self, n: int) -> bool:
-        if n > self.top:
-            self.seen = ((self.seen << (n - self.top)) | 1) & _FULL
-            self.top = n
-            return True
-        age = self.top - n
-        if age >= WINDOW or self.seen >> age & 1:
-            return False
-        self.seen |= 1 << age
-        return True
-
-
 class Transport:
     """A process's endpoint on the control plane.
 
@@ -118,12 +94,7 @@ class Transport:
         # counter of ours, and where it was meant to go (see ``decode``)
         self.epoch = secrets.token_hex(8)
         self._counter = itertools.count(1)
-        self._mine: set[str] = set()  # our inboxes' addresses, and relayers we accept casts through
-        # relayer -> the floors we started with on its path (see ``accept_via``)
-        self._relayers: dict[str, dict[str, int]] = {}
-        # (epoch, our inbox) for direct messages; (epoch, relayer, the inbox it reached) for relayed ones
-        self._windows: dict[tuple[str, ...], _Window] = {}
-        self._windows_lock = threading.Lock()
+        self._replays = ReplayGuard()  # which (sender, counter) each of our inboxes took already
         self.curve = curve if curve_wanted(bind) else None
         if curve_wanted(bind) and curve is None and not is_loopback(bind):  # loopback: tools and tests
             raise ValueError(f"a TCP bind off loopback ({bind}) needs the session's CURVE keys")
@@ -174,7 +145,7 @@ class Transport:
                 sock.curve_publickey = self.curve.server_public
                 sock.curve_secretkey = self.curve.server_secret
             address = f"{self._bind}:{sock.bind_to_random_port(self._bind)}"
-        self._mine.add(address)
+        self._replays.add_inbox(address)
         if inproc is not None:
             sock.bind(inproc)
         self._more.add(sock)
@@ -255,60 +226,20 @@ class Transport:
 
     # -- replays ---------------------------------------------------------------------------------------
     def _admit(self, h: dict[str, Any], inbox: str | None = None) -> bool:
-        """A signed message is taken once, by the incarnation it was meant for: its destination must
-        be one of our inboxes (or a relayer we accept casts through), and its counter new on that path.
-
-        A copy of a message already taken is dropped (``dropped_replayed``); one meant for another
-        process, or for an earlier incarnation of a respawned one (whose inboxes had other addresses),
-        too (``dropped_misaddressed``). What an agent relayed before a proc was born is below the
-        floors the proc started with (``accept_via``).
-
-        A relayer forwards to several of our inboxes (the proc's, each actor's), each read by its own
-        thread at its own pace: an actor busy for minutes reads its queued casts after other inboxes took
-        thousands of later ones. So a relayed path has a window per inbox it reached (``inbox``), each
-        in order as the relayer forwarded. A copy replayed into another inbox of ours passes that
-        inbox's window, and goes no further: an actor's inbox takes only its own calls, and an actor
-        runs a sender's calls once each, in their sequence numbers (``proc.ActorHost._in_order``)."""
-        to, epoch, n = h.get("dst"), h.get("se"), h.get("sn")
-        if isinstance(to, str):
-            via = to if to in self._mine else None
-        elif isinstance(to, list):
-            via = next((a for a in to if isinstance(a, str) and a in self._mine), None)
-        else:
-            via = None
-        if via is None:
-            self.stats.dropped_misaddressed += 1
-            return False
-        if not isinstance(epoch, str) or type(n) is not int:
-            self.stats.dropped_malformed += 1
-            return False
-        floors = self._relayers.get(via)
-        key: tuple[str, ...] = (epoch, via) if floors is None else (epoch, via, inbox or "")
-        with self._windows_lock:
-            w = self._windows.get(key)
-            if w is None:
-                floor = floors.get(epoch) if floors else None
-                w = self._windows[key] = _Window() if floor is None else _Window(floor, _FULL)
-            if w.admit(n):
-                return True
-        self.stats.dropped_replayed += 1
+        """Taken once, by the incarnation it was meant for (``replay.ReplayGuard``); counted if not."""
+        verdict = self._replays.check(h, inbox)
+        if verdict is None:
+            return True
+        setattr(self.stats, verdict, getattr(self.stats, verdict) + 1)
         return False
 
     def accept_via(self, relayer: str, floors: dict[str, int] | None = None) -> None:
-        """Take messages meant for ``relayer`` (our agent, which forwards casts as they were signed),
-        but none a sender numbered ``floors[sender]`` or lower: those went out before we existed."""
-        with self._windows_lock:
-            self._relayers[relayer] = {epoch: int(top) for epoch, top in (floors or {}).items()}
-        self._mine.add(relayer)
+        """Take casts our agent ``relayer`` forwards as signed, none numbered at or below ``floors``."""
+        self._replays.accept_via(relayer, floors)
 
     def floors(self, via: str) -> dict[str, int]:
         """Per sender, the highest counter taken on the path ``via``: what a new proc must not take."""
-        out: dict[str, int] = {}
-        with self._windows_lock:
-            for key, w in self._windows.items():
-                if key[1] == via:
-                    out[key[0]] = max(out.get(key[0], 0), w.top)
-        return out
+        return self._replays.floors(via)
 
     # -- sending --------------------------------------------------------------------------------------
     def _client_socket(self, address: str) -> zmq.Socket[Any]:
