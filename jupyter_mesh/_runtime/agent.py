@@ -619,7 +619,8 @@ def _refuse(cfg: dict[str, Any]) -> None:
     """A controller of another version started us: send it our hello anyway (it names both versions
     to its user at once, instead of waiting out the start timeout), then the caller exits."""
     try:
-        transport = Transport(bytes.fromhex(cfg["key"]), cfg.get("bind", "tcp://127.0.0.1"))
+        curve = CurveKeys.from_wire(cfg["curve"]) if cfg.get("curve") else None  # a TCP session needs them
+        transport = Transport(bytes.fromhex(cfg["key"]), cfg.get("bind", "tcp://127.0.0.1"), curve)
         try:
             transport.send(cfg["controller"], Message(_hello(cfg, "")))
         finally:

@@ -88,7 +88,6 @@ class Transport:
         self._keyed: Any = _hmac_state(key)
         self.shm_prefix = _shm.session_prefix(key)  # data plane: same-host segments of this session
         self._ctx = zmq.Context()
-        self._bind = bind
         self.bind = bind  # where this process's sockets listen: what processes it starts bind too
         # replay-proof headers: who sent it (this incarnation: new per process, so per respawn), a
         # counter of ours, and where it was meant to go (see ``decode``)
@@ -130,9 +129,9 @@ class Transport:
         sock = self._ctx.socket(zmq.PULL)
         sock.setsockopt(zmq.RCVHWM, 0)
         sock.setsockopt(zmq.LINGER, 0)
-        if self._bind.startswith("ipc://"):  # only this user can connect: the directory is 0700
+        if self.bind.startswith("ipc://"):  # only this user can connect: the directory is 0700
             sock.setsockopt(zmq.MAXMSGSIZE, -1)
-            address = f"{self._bind}/{secrets.token_hex(6)}"
+            address = f"{self.bind}/{secrets.token_hex(6)}"
             sock.bind(address)
         else:  # a peer must pass CURVE first; and no frame above the bound is ever buffered
             sock.setsockopt(zmq.MAXMSGSIZE, max_frame())
@@ -144,7 +143,7 @@ class Transport:
                 sock.curve_server = True
                 sock.curve_publickey = self.curve.server_public
                 sock.curve_secretkey = self.curve.server_secret
-            address = f"{self._bind}:{sock.bind_to_random_port(self._bind)}"
+            address = f"{self.bind}:{sock.bind_to_random_port(self.bind)}"
         self._replays.add_inbox(address)
         if inproc is not None:
             sock.bind(inproc)
