@@ -35,7 +35,7 @@ from .errors import (
     SerializationError,
     SupervisionError,
 )
-from .jobs import LocalJob, this_host
+from .jobs import AttachJob, LocalJob, attach_to_workers, this_host
 
 
 def _render(mesh: ProcMesh) -> dict[str, Any]:
@@ -70,6 +70,7 @@ __all__ = [
     "Actor",
     "ActorError",
     "ActorMesh",
+    "AttachJob",
     "DeliveryError",
     "Endpoint",
     "Extent",
@@ -98,6 +99,7 @@ __all__ = [
     "Slice",
     "SupervisionError",
     "ValueMesh",
+    "attach_to_workers",
     "current_rank",
     "endpoint",
     "get_rdma_backend",

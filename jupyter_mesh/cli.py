@@ -1,6 +1,8 @@
 """``jupyter-mesh``: the command line.
 
-jupyter-mesh agent      run a host agent (configuration as one JSON line on stdin)
+jupyter-mesh agent      run a host agent: --controller ADDR --key-file F (dial back, under a scheduler),
+                        --listen tcp://IP:PORT (wait for attach_to_workers), or a JSON line on stdin
+jupyter-mesh keygen     make the mesh key (~/.jupyter_mesh/mesh.key) agents started by hand admit
 jupyter-mesh demo       run the local 4-proc demo
 jupyter-mesh status     the meshes of the running Jupyter kernels, rendered with rich
 jupyter-mesh install-kernel [--user | --sys-prefix | --prefix P]   install the `mesh` kernelspec
@@ -16,7 +18,25 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="jupyter-mesh", description="Drive meshes of processes from one program.")
     sub = parser.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("agent", help="run a host agent; reads its JSON configuration (with the session key) on stdin")
+    ag = sub.add_parser(
+        "agent",
+        help="run a host agent: dial back to a controller, listen to be attached, or (no options) read a "
+        "JSON configuration line on stdin",
+    )
+    mode = ag.add_mutually_exclusive_group()
+    mode.add_argument("--controller", help="dial back to this controller (tcp://IP:PORT); needs --key-file")
+    mode.add_argument("--listen", help="wait at tcp://IP:PORT for a controller holding the mesh key to attach")
+    ag.add_argument(
+        "--key-file",
+        help="the job's key file (--controller) or the mesh key (--listen; default "
+        "~/.jupyter_mesh/mesh.key); mode 0600",
+    )
+    ag.add_argument("--bind", help="the IP to listen on and advertise (default: the one routing to the controller)")
+    ag.add_argument("--host-index", type=int, help="this host's index in its job (default: $SLURM_PROCID)")
+    ag.add_argument("--once", action="store_true", help="--listen: exit after one session")
+    kg = sub.add_parser("keygen", help="make the mesh key that agents started with --listen admit")
+    kg.add_argument("path", nargs="?", help="where (default ~/.jupyter_mesh/mesh.key)")
+    kg.add_argument("--force", action="store_true", help="replace an existing key")
     sub.add_parser("demo", help="run the local 4-proc demo")
     st = sub.add_parser("status", help="show the meshes of running Jupyter kernels (or of given connection files)")
     st.add_argument("connection_file", nargs="*", help="kernel connection files (default: every running kernel)")
@@ -29,9 +49,19 @@ def main(argv: list[str] | None = None) -> int:
     where.add_argument("--prefix", help="under another prefix")
     args = parser.parse_args(argv)
     if args.cmd == "agent":
-        from ._runtime.agent import main as agent_main
+        from ._runtime import agent_boot
 
-        agent_main()
+        if args.listen:
+            return agent_boot.listen(args.listen, args.key_file, once=args.once)
+        if args.controller or args.key_file:
+            if not args.key_file:
+                parser.error("--controller needs --key-file (the key never goes on a command line)")
+            agent_boot.dial_back(args.controller, args.key_file, args.bind, args.host_index)
+        agent_boot.main()
+    elif args.cmd == "keygen":
+        from ._wire.keyfile import new_mesh_key
+
+        print(new_mesh_key(args.path, overwrite=args.force))
     elif args.cmd == "demo":
         from .demo import main as demo_main
 

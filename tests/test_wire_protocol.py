@@ -123,7 +123,7 @@ def test_any_other_message_of_another_version_is_dropped_and_counted(caplog):
 def test_an_agent_refuses_a_controller_of_another_version():
     cfg = {"v": VERSION + 1, "key": "00" * 32, "controller": "tcp://127.0.0.1:9"}
     p = subprocess.run(
-        [sys.executable, "-m", "jupyter_mesh._runtime.agent"],
+        [sys.executable, "-m", "jupyter_mesh._runtime.agent_boot"],
         input=json.dumps(cfg).encode() + b"\n",
         capture_output=True,
         timeout=60,
@@ -137,8 +137,12 @@ def test_an_agent_refuses_a_controller_of_another_version():
 _AGENT_SITECUSTOMIZE = """
 import os
 if os.environ.get("TEST_AGENT_VERSION"):  # this interpreter speaks another wire protocol
+    import sys
     import jupyter_mesh._wire.protocol as p
-    p.VERSION = int(os.environ["TEST_AGENT_VERSION"])
+    old = p.VERSION
+    for m in [m for name, m in sys.modules.items() if name.startswith("jupyter_mesh")]:
+        if getattr(m, "VERSION", None) == old:  # every module that took the name already
+            m.VERSION = int(os.environ["TEST_AGENT_VERSION"])
 if os.environ.get("TEST_AGENT_CRASH"):  # this interpreter dies before it can say hello
     os._exit(3)
 """

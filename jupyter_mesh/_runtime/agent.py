@@ -1,9 +1,9 @@
 """The host agent: one per host. Starts and watches the procs of its host; relays and gathers calls.
 
-Started by a job (``LocalJob`` starts it as a child of the controller; on other hosts a scheduler or a
-person runs ``jupyter-mesh agent``). It reads its configuration, session key included, as one JSON line
-on stdin — never from argv or the environment — and treats EOF on stdin as the controller's death: it
-then kills its procs and exits, so nothing outlives the program that started it.
+How it is started and configured (a local job's stdin pipe, a key file under a scheduler, a listen
+address where a controller attaches) is ``agent_boot``. A local agent treats EOF on its stdin as the
+controller's death; a remote one, heartbeats that stop coming: either way it kills its procs and
+exits, so nothing outlives the program that started it.
 
 Threads: the receive thread handles control-plane messages (relaying a cast to the local procs and
 gathering their replies is on the latency path, so it happens right there); the I/O thread watches the
@@ -13,7 +13,6 @@ template's socket (fork results, child exits) and every proc's stdout/stderr pip
 from __future__ import annotations
 
 import collections
-import json
 import os
 import selectors
 import signal
@@ -22,20 +21,19 @@ import threading
 import time
 from typing import Any
 
-from .._core.context import host_key
 from .._core.shape import Point, Shape
 from .._wire.channels import CurveKeys
-from .._wire.protocol import BROKEN, OK, RAISED, VERSION, Dispatch, Kind, check_version, reply_header
+from .._wire.protocol import BROKEN, OK, RAISED, Dispatch, Kind, check_version, reply_header
 from .._wire.serialize import dumps
 from .._wire.transport import Message, Transport
-from ..errors import Failure, MeshValueError, ProtocolError, SupervisionError
+from ..errors import Failure, MeshValueError, SupervisionError
 from .agent_state import HostedMesh, ProcEntry, alive, describe_exit, kill, read_lines
 from .forkserver import ForkServer
 from .inboxes import ActorInboxes
 from .liveness import NOTE_EVERY
 from .relay import Relay
 
-__all__ = ["Agent", "main"]
+__all__ = ["Agent"]
 
 
 class Agent:
@@ -585,69 +583,3 @@ class Agent:
                 sys.stderr.flush()
             finally:
                 os._exit(0)
-
-
-def _watch_stdin(agent: Agent) -> None:
-    """EOF on stdin: the controller is gone (or closed us). Clean up and exit.
-
-    Reads the raw descriptor: a thread blocked in ``sys.stdin``'s buffered reader holds its lock,
-    and an interpreter that finalizes meanwhile aborts ("could not acquire lock ... at interpreter
-    shutdown")."""
-    try:
-        while os.read(0, 1 << 12):
-            pass
-    except OSError:
-        pass
-    agent.shutdown()
-
-
-def _hello(cfg: dict[str, Any], addr: str) -> dict[str, Any]:
-    """``agent_up``: its keys never change between versions, so a controller of another version can
-    read it and refuse this agent by name."""
-    return {
-        "k": Kind.AGENT_UP,
-        "v": VERSION,
-        "h": cfg.get("host_index", 0),
-        "addr": addr,
-        "pid": os.getpid(),
-        "hk": host_key(),
-        "nonce": cfg.get("nonce", ""),
-    }
-
-
-def _refuse(cfg: dict[str, Any]) -> None:
-    """A controller of another version started us: send it our hello anyway (it names both versions
-    to its user at once, instead of waiting out the start timeout), then the caller exits."""
-    try:
-        curve = CurveKeys.from_wire(cfg["curve"]) if cfg.get("curve") else None  # a TCP session needs them
-        transport = Transport(bytes.fromhex(cfg["key"]), cfg.get("bind", "tcp://127.0.0.1"), curve)
-        try:
-            transport.send(cfg["controller"], Message(_hello(cfg, "")))
-        finally:
-            transport.close(linger_ms=2000)  # the hello must leave before we exit
-    except Exception:  # noqa: BLE001 - a config too odd to answer: the job sees our exit code
-        pass
-
-
-def main() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the kernel's interrupts are not for us
-    line = sys.stdin.buffer.readline()
-    if not line:
-        sys.exit("jupyter-mesh agent: expected a JSON configuration line on stdin")
-    cfg = json.loads(line)
-    try:
-        agent = Agent(cfg)
-    except ProtocolError as e:  # another version: say why on stderr rather than a traceback, and
-        _refuse(cfg)  # tell the controller (its job waits for our hello): it fails the start naming both
-        sys.exit(f"jupyter-mesh agent: {e}")
-    threading.Thread(target=agent.transport.serve, args=(agent.handle,), name="recv", daemon=True).start()
-    threading.Thread(target=_watch_stdin, args=(agent,), name="lifeline", daemon=True).start()
-    agent._event(_hello(cfg, agent.transport.address))
-    try:
-        agent.io_loop()
-    finally:
-        agent.shutdown()
-
-
-if __name__ == "__main__":
-    main()

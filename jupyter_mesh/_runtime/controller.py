@@ -27,7 +27,8 @@ from .._core.shape import Shape
 from .._core.state import StateTracker
 from .._data.owner import handle_message as handle_rdma
 from .._wire import protocol
-from .._wire.channels import CurveKeys, curve_wanted, default_bind, remove_session_dir
+from .._wire.addresses import host_of, local_ip_towards
+from .._wire.channels import CurveKeys, curve_wanted, default_bind, is_loopback, remove_session_dir
 from .._wire.protocol import Dispatch, Kind, check_version
 from .._wire.serialize import dumps, loads
 from .._wire.transport import Message, Transport
@@ -36,6 +37,7 @@ from ..errors import (
     MeshClosedError,
     MeshError,
     MeshTimeoutError,
+    MeshValueError,
     ProtocolError,
     SupervisionError,
 )
@@ -85,7 +87,42 @@ class Controller:
                     hooks.hold_faults_with(inst._hold_fault)
         return inst
 
-    def __init__(self, bind: str | None = None, embedded: Embedding | None = None):
+    @classmethod
+    def reachable_from(cls, peer_ip: str) -> Controller:
+        """The controller, listening where a host at ``peer_ip`` can reach it (jobs on other hosts).
+
+        A session listens on private unix sockets unless ``JUPYTER_MESH_BIND`` said TCP. An idle one
+        (no job running, no mesh) is replaced by one bound to our IP on the route to that host, with
+        CURVE; its state tracker and output sink carry over, so widgets and the notebook's output
+        routing keep working. A busy one cannot move its running meshes: that is a clear error."""
+        inst = cls.get()
+        bind = inst.transport.bind
+        if bind.startswith("tcp://"):
+            if is_loopback(bind) and not is_loopback(f"tcp://{peer_ip}"):
+                raise MeshValueError(
+                    f"this session listens on {bind} (loopback): a host at {peer_ip} cannot reach it; "
+                    f"set JUPYTER_MESH_BIND=tcp://<this host's IP on that network>"
+                )
+            return inst
+        if inst.embedded:
+            raise MeshValueError("an actor cannot start jobs on other hosts; create them in the controller")
+        busy = [j for j in inst._jobs if j.running()]
+        live = [r.ref.name for r in inst.meshes.values() if not r.stopped]
+        if busy or live:
+            raise MeshValueError(
+                f"this session listens on private unix sockets (this host only) and already runs "
+                f"{', '.join(live) or busy[0]!r}: it cannot move them to the network. Stop them first "
+                f"(%mesh down), create jobs on other hosts before local meshes, or start with "
+                f"JUPYTER_MESH_BIND=tcp://<this host's IP>"
+            )
+        ip = local_ip_towards(peer_ip)
+        inst.shutdown()  # takes the instance lock itself
+        with cls._instance_lock:
+            new = cls._instance = Controller(bind=f"tcp://{ip}", carry=inst)
+            hooks.hold_faults_with(new._hold_fault)
+        return new
+
+    def __init__(self, bind: str | None = None, embedded: Embedding | None = None, carry: Controller | None = None):
         """``embedded``: inside a proc, an actor that spawns meshes makes the proc a controller too;
         it then shares the proc's key, transport, client and receive thread instead of its own."""
         self.embedded = embedded is not None
@@ -99,12 +136,14 @@ class Controller:
             self.client = Client(self.transport, reply_boxes=True)
         self.address = self.transport.address
         self.client.calls.stopped.update(Controller._shut_down_meshes)
-        self.state = StateTracker()
+        # ``carry``: the idle controller this one replaces (``reachable_from``): who watches state and
+        # where output goes stay as they were
+        self.state: StateTracker = carry.state if carry is not None else StateTracker()
         self.client.hooks.activity = self.state.activity
         self.client.hooks.on_spawn = self._record_spawn
         self.inits = Inits(self)  # actor constructors that take long
         self.client.hooks.constructed = self.inits.constructed
-        self.output: OutputSink = print_output
+        self.output: OutputSink = print_output if carry is None else carry.output
         self._agent_waiters: dict[str, Future[dict[str, Any]]] = {}
         self.meshes = MeshRecords()
         self.worker_logs = WorkerLogs()  # for ProcMesh.logs(): bounded in bytes, trimmed when a mesh stops
@@ -181,6 +220,12 @@ class Controller:
         """An agent's hello: it listens at ``addr``; the job that started it waits on its nonce."""
         h = msg.header
         w = self._agent_waiters.pop(h.get("nonce", ""), None)
+        refused = h.get("refused")
+        if refused:  # a listening agent that serves another session, or speaks another version
+            err = MeshError(f"the agent at {str(h.get('addr'))[:80]} refused this controller: {str(refused)[:300]}")
+            if w is not None:
+                w._set_exception(err)
+            return
         try:
             check_version(h.get("v"), f"the agent of host {h.get('h')} (pid {h.get('pid')})")
         except ProtocolError as e:
@@ -306,13 +351,21 @@ class Controller:
             if addr in self._agents_lost:
                 continue
             if now - seen > self.hb_timeout:
-                self.agent_lost(addr, f"it stopped answering heartbeats for {now - seen:.1f} s")
+                self.agent_lost(addr, self._silence(addr, now - seen))
                 continue
             try:
                 self.transport.send(addr, Message({"k": Kind.HEARTBEAT, "hr": reply_to}))
             except Exception:  # noqa: BLE001 - closing down
                 return False
         return True
+
+    def _silence(self, addr: str, for_s: float) -> str:
+        """Why an agent is lost when it stops answering: on another host, most likely the network."""
+        if addr.startswith("tcp://") and not is_loopback(addr.rsplit(":", 1)[0]):
+            ip = host_of(addr)
+            if ip != host_of(self.transport.address):
+                return f"host {ip} unreachable for {for_s:.1f} s (no answer to heartbeats)"
+        return f"it stopped answering heartbeats for {for_s:.1f} s"
 
     def _forgive(self, stall: float) -> None:
         for addr, seen in list(self._agent_seen.items()):
@@ -558,7 +611,8 @@ class Controller:
             self._thread.join(2.0)
             if self.client.boxes is not None:
                 self.client.boxes.close()
-            self.transport.close()
+            # TCP peers (agents on other hosts) must still get what we queued last: their SHUTDOWN
+            self.transport.close(linger_ms=500 if self.transport.bind.startswith("tcp://") else 0)
             from .._wire import shm as _shm
 
             _shm.sweep(self.transport.shm_prefix)  # segments no receiver claimed (it died first)

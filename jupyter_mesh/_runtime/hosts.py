@@ -34,6 +34,10 @@ class Job(abc.ABC):
     def stop(self) -> None:
         """Stop every agent of the job (and so every proc on its hosts)."""
 
+    def running(self) -> bool:
+        """Whether the job still has (or is starting) agents; a stopped job says False."""
+        return True
+
     def add_hosts(self, n: int, timeout: float) -> list[AgentHandle]:
         """``n`` more hosts for a proc mesh that grows along ``hosts``; their agents."""
         raise MeshValueError(f"{self!r} cannot add hosts; spawn a new proc mesh on a larger host mesh")

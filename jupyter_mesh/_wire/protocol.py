@@ -85,7 +85,8 @@ class Kind:
     NOTICE = "notice"  # controller -> agents -> procs: a rank failed, stopped or moved
     OUT = "out"  # agent -> controller: lines a proc printed
     # agents and the controller
-    AGENT_UP = "agent_up"  # agent -> controller: the hello (address, host key, version)
+    AGENT_UP = "agent_up"  # agent -> controller: the hello (address, host key, version), or why it refuses
+    ATTACH = "attach"  # controller -> a listening agent (under the mesh key): serve this session
     HEARTBEAT = "hb"  # controller -> agent: alive?
     HEARTBEAT_ACK = "hb_ack"  # agent -> controller's heartbeat socket
     SPAWN_PROCS = "spawn_procs"  # controller -> agent: fork the procs of a mesh on this host

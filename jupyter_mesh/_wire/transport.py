@@ -78,10 +78,12 @@ class Transport:
     on one thread that calls ``handler(message)`` for each authentic message (see :meth:`serve`).
     """
 
-    def __init__(self, key: bytes, bind: str = "tcp://127.0.0.1", curve: CurveKeys | None = None):
+    def __init__(self, key: bytes, bind: str = "tcp://127.0.0.1", curve: CurveKeys | None = None, inbox_port: int = 0):
         """``curve``: the session's CURVE keys, for a TCP bind (required off loopback unless CURVE is
         opted out of: ``channels.curve_wanted``); outgoing TCP connections use them too. The runtime
-        always passes them for TCP; a keyless loopback transport is for tools and tests."""
+        always passes them for TCP; a keyless loopback transport is for tools and tests.
+        ``inbox_port``: the main inbox's TCP port (an agent waiting to be attached listens where it
+        was told); 0 picks a free one."""
         if len(key) < 16:
             raise ValueError("the session key must be at least 16 bytes")
         check_bind(bind)  # a private directory, loopback, or a network interface the user opted into
@@ -106,7 +108,7 @@ class Transport:
             self._auth.configure_curve_callback("*", credentials_provider=_OnlyKey(self.curve.client_public))
         self._more: weakref.WeakSet[zmq.Socket[Any]] = weakref.WeakSet()  # closed by close(), if still open
         self._wake_name = f"inproc://jupyter-mesh-wake-{id(self):x}"
-        self._inbox, self.address = self.bind_inbox(self._wake_name)
+        self._inbox, self.address = self.bind_inbox(self._wake_name, inbox_port)
         self._wake_token = secrets.token_bytes(16)
         self._wake_bell: zmq.Socket[Any] | None = None
         self._wake_lock = threading.Lock()
@@ -118,7 +120,7 @@ class Transport:
         self.stats = TransportStats()
         self._closed = False
 
-    def bind_inbox(self, inproc: str | None = None) -> tuple[zmq.Socket[Any], str]:
+    def bind_inbox(self, inproc: str | None = None, port: int = 0) -> tuple[zmq.Socket[Any], str]:
         """A receiving socket bound like the main inbox, with its address.
 
         The main inbox is one; an actor's own inbox (direct calls reach the actor's thread with no
@@ -143,7 +145,11 @@ class Transport:
                 sock.curve_server = True
                 sock.curve_publickey = self.curve.server_public
                 sock.curve_secretkey = self.curve.server_secret
-            address = f"{self.bind}:{sock.bind_to_random_port(self.bind)}"
+            if port:
+                sock.bind(f"{self.bind}:{port}")
+                address = f"{self.bind}:{port}"
+            else:
+                address = f"{self.bind}:{sock.bind_to_random_port(self.bind)}"
         self._replays.add_inbox(address)
         if inproc is not None:
             sock.bind(inproc)

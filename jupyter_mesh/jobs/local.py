@@ -66,7 +66,7 @@ class LocalJob(Job):
             "stdin_lifeline": True,  # our death closes its stdin: a silent (busy) controller is alive
         }
         p = subprocess.Popen(
-            [sys.executable, "-m", "jupyter_mesh._runtime.agent"],
+            [sys.executable, "-m", "jupyter_mesh._runtime.agent_boot"],
             stdin=subprocess.PIPE,
             start_new_session=True,  # a notebook interrupt (SIGINT to the kernel's group) must not reach it
         )
@@ -174,6 +174,9 @@ class LocalJob(Job):
                 p.wait(3.0)
         if ctl is not None and not ctl.is_closed:
             ctl.forget_agents([a.addr for a in self._agents or []])
+
+    def running(self) -> bool:
+        return not self._stopped
 
     def pids(self) -> list[int]:
         return [p.pid for p in self._procs]

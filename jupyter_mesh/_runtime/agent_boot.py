@@ -1,0 +1,255 @@
+"""How a host agent starts: where its configuration (session key included) comes from.
+
+Three ways, one agent (``agent.Agent``):
+
+* **a local job** (``LocalJob``) starts ``python -m jupyter_mesh._runtime.agent_boot`` and writes its
+  configuration as one JSON line on the agent's stdin, a private pipe; the pipe stays open, and its
+  EOF means the controller died (a silent controller is only busy).
+* **dial back** (``jupyter-mesh agent --controller ADDR --key-file F``): what a scheduler runs on each
+  node. The key file is a *job key* the controller wrote (0600) with that session's keys and the
+  job's nonce; the agent advertises the IP its route to the controller leaves by, and exits when the
+  controller's heartbeats stop.
+* **listen** (``jupyter-mesh agent --listen tcp://IP:PORT [--key-file F]``): started by hand or by
+  another launcher; it waits for a controller holding the *mesh key* (``jupyter-mesh keygen``) to
+  attach (``attach_to_workers``). The attach message, inside CURVE, carries the session's own keys;
+  a session agent is started for it as a child, and when that session ends the listener waits for
+  the next controller. One session at a time: a second controller is refused, and told why.
+
+Never from argv or the environment: a key there is readable by every user through ``ps`` or
+``/proc``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import IO, Any
+
+from .._core.context import host_key
+from .._wire.addresses import local_ip_towards, parse_tcp
+from .._wire.channels import CurveKeys
+from .._wire.keyfile import default_key_path, read_key_file
+from .._wire.protocol import VERSION, Kind, check_version
+from .._wire.transport import Message, Transport
+from ..errors import ProtocolError
+from .agent import Agent
+
+__all__ = ["dial_back", "listen", "main", "run_agent"]
+
+
+def _watch_stdin(agent: Agent) -> None:
+    """EOF on stdin: the controller is gone (or closed us). Clean up and exit.
+
+    Reads the raw descriptor: a thread blocked in ``sys.stdin``'s buffered reader holds its lock,
+    and an interpreter that finalizes meanwhile aborts ("could not acquire lock ... at interpreter
+    shutdown")."""
+    try:
+        while os.read(0, 1 << 12):
+            pass
+    except OSError:
+        pass
+    agent.shutdown()
+
+
+def _hello(cfg: dict[str, Any], addr: str, refused: str = "") -> dict[str, Any]:
+    """``agent_up``: its keys never change between versions, so a controller of another version can
+    read it and refuse this agent by name."""
+    h = {
+        "k": Kind.AGENT_UP,
+        "v": VERSION,
+        "h": cfg.get("host_index", 0),
+        "addr": addr,
+        "pid": os.getpid(),
+        "hk": host_key(),
+        "nonce": cfg.get("nonce", ""),
+    }
+    if refused:
+        h["refused"] = refused
+    return h
+
+
+def _answer_once(cfg: dict[str, Any], refused: str = "") -> None:
+    """Send the controller a hello from a throwaway transport: a refusal (another protocol version,
+    or a listener already serving another session), so it fails the start naming why at once instead
+    of waiting out its timeout."""
+    try:
+        curve = CurveKeys.from_wire(cfg["curve"]) if cfg.get("curve") else None  # a TCP session needs them
+        transport = Transport(bytes.fromhex(cfg["key"]), cfg.get("bind", "tcp://127.0.0.1"), curve)
+        try:
+            transport.send(cfg["controller"], Message(_hello(cfg, cfg.get("listen", ""), refused)))
+        finally:
+            transport.close(linger_ms=2000)  # the hello must leave before we exit
+    except Exception:  # noqa: BLE001 - a config too odd to answer: the job sees our exit code
+        pass
+
+
+def run_agent(cfg: dict[str, Any], watch_stdin: bool) -> None:
+    """Run an agent with ``cfg`` until it shuts down (never returns: the agent ends the process)."""
+    try:
+        agent = Agent(cfg)
+    except ProtocolError as e:  # another version: say why on stderr rather than a traceback, and
+        _answer_once(cfg)  # tell the controller (its job waits for our hello): it fails naming both
+        sys.exit(f"jupyter-mesh agent: {e}")
+    threading.Thread(target=agent.transport.serve, args=(agent.handle,), name="recv", daemon=True).start()
+    if watch_stdin:
+        threading.Thread(target=_watch_stdin, args=(agent,), name="lifeline", daemon=True).start()
+    agent._event(_hello(cfg, agent.transport.address))
+    try:
+        agent.io_loop()
+    finally:
+        agent.shutdown()
+
+
+def dial_back(controller: str | None, key_file: str, bind_ip: str | None, host_index: int | None) -> None:
+    """An agent under a scheduler: read the job key, reach the controller, serve until it goes."""
+    kf = read_key_file(key_file)
+    controller = controller or kf.extra.get("controller")
+    if not controller:
+        sys.exit(f"jupyter-mesh agent: --controller is needed ({key_file} names no controller)")
+    ctl_ip, _ = parse_tcp(controller)
+    ip = bind_ip or local_ip_towards(ctl_ip)
+    if host_index is None:  # one agent per node under srun: its task rank is its host index
+        host_index = int(os.environ.get("SLURM_PROCID", os.environ.get("JUPYTER_MESH_HOST_INDEX", "0")))
+    cfg = {
+        "v": kf.extra.get("v", VERSION),
+        "key": kf.key.hex(),
+        "curve": kf.curve.to_wire(),
+        "controller": controller,
+        "bind": f"tcp://{ip}",
+        "host_index": host_index,
+        "nonce": f"{kf.extra.get('nonce', '')}/{host_index}",
+        "preload": list(kf.extra.get("preload") or []),
+        "hb_timeout": float(kf.extra.get("hb_timeout", 3.0)),
+        "stdin_lifeline": False,  # a scheduler's stdin is not ours: the controller's heartbeats are
+    }
+    run_agent(cfg, watch_stdin=False)
+
+
+# -- listen: wait to be attached ---------------------------------------------------------------------
+def _session_cfg(h: dict[str, Any], ip: str, listen_addr: str) -> dict[str, Any]:
+    """The session an attach message asks for, checked field by field: it verified under the mesh
+    key, but a name, a size or a number off the wire is still never trusted as it is."""
+    s = h.get("cfg")
+    if not isinstance(s, dict):
+        raise ValueError("an attach without a session")
+    key, curve, controller = s.get("key"), s.get("curve"), s.get("controller")
+    if not (isinstance(key, str) and 32 <= len(key) <= 256):
+        raise ValueError("a bad session key")
+    bytes.fromhex(key)
+    if not (isinstance(curve, list) and len(curve) == 4 and all(isinstance(k, str) and len(k) == 40 for k in curve)):
+        raise ValueError("bad CURVE keys")
+    parse_tcp(str(controller))
+    nonce, index, hb = s.get("nonce"), s.get("host_index"), s.get("hb_timeout", 3.0)
+    preload = s.get("preload") or []
+    if not (isinstance(nonce, str) and len(nonce) <= 128):
+        raise ValueError("a bad nonce")
+    if not (isinstance(index, int) and 0 <= index < 1 << 20):
+        raise ValueError("a bad host index")
+    if not (isinstance(hb, (int, float)) and 0.1 <= hb <= 600):
+        raise ValueError("a bad heartbeat timeout")
+    if not (isinstance(preload, list) and all(isinstance(m, str) and len(m) < 200 for m in preload)):
+        raise ValueError("a bad preload list")
+    return {
+        "v": s.get("v"),
+        "key": key,
+        "curve": curve,
+        "controller": controller,
+        "bind": f"tcp://{ip}",
+        "host_index": index,
+        "nonce": nonce,
+        "preload": preload,
+        "hb_timeout": float(hb),
+        "stdin_lifeline": False,  # our pipe ends it if we die; a silent controller is gone
+        "listen": listen_addr,
+    }
+
+
+def listen(address: str, key_file: str | None, once: bool = False) -> int:
+    """Wait at ``address`` for controllers holding the mesh key; serve one session at a time."""
+    ip, port = parse_tcp(address)
+    kf = read_key_file(key_file or default_key_path())
+    transport = Transport(kf.key, f"tcp://{ip}", kf.curve, inbox_port=port)
+    asks: queue.Queue[Message] = queue.Queue()
+
+    def on_message(msg: Message, frames: list[Any]) -> None:
+        if msg.header.get("k") == Kind.ATTACH:
+            asks.put(msg)
+
+    threading.Thread(target=transport.serve, args=(on_message,), name="listen", daemon=True).start()
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda *_: stop.set())
+    print(f"jupyter-mesh agent: waiting to be attached at {transport.address} (pid {os.getpid()})", flush=True)
+    child: subprocess.Popen[bytes] | None = None
+    served = 0
+    try:
+        while not stop.is_set():
+            if child is not None and child.poll() is not None:
+                print(f"jupyter-mesh agent: session ended (exit {child.returncode}); waiting again", flush=True)
+                child = None
+                if once and served:
+                    return 0
+            try:
+                msg = asks.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            try:
+                cfg = _session_cfg(msg.header, ip, transport.address)
+            except (ValueError, TypeError) as e:
+                print(f"jupyter-mesh agent: ignored an attach: {e}", file=sys.stderr, flush=True)
+                continue
+            try:
+                check_version(cfg.get("v"), "the controller that attaches")
+            except ProtocolError as e:
+                _answer_once(cfg, refused=str(e))
+                continue
+            if child is not None:
+                _answer_once(cfg, refused=f"this agent already serves another controller (agent pid {child.pid})")
+                continue
+            child = _start_session(cfg)
+            served += 1
+            print(f"jupyter-mesh agent: attached by {cfg['controller']} (session pid {child.pid})", flush=True)
+    finally:
+        if child is not None and child.poll() is None:
+            _end_session(child)
+        transport.close()
+    return 0
+
+
+def _start_session(cfg: dict[str, Any]) -> subprocess.Popen[bytes]:
+    p = subprocess.Popen([sys.executable, "-m", "jupyter_mesh._runtime.agent_boot"], stdin=subprocess.PIPE)
+    stdin: IO[bytes] = p.stdin  # type: ignore[assignment]
+    stdin.write(json.dumps(cfg).encode() + b"\n")
+    stdin.flush()  # stays open: when the listener dies, so does its session
+    return p
+
+
+def _end_session(p: subprocess.Popen[bytes]) -> None:
+    """Our session's agent goes with us: EOF on its stdin, then a kill if it lingers."""
+    if p.stdin is not None:
+        p.stdin.close()
+    deadline = time.monotonic() + 5.0
+    while p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if p.poll() is None:
+        p.kill()
+        p.wait(5.0)
+
+
+def main() -> None:
+    """A local agent: its configuration is one JSON line on stdin (``LocalJob``, the listener)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the kernel's interrupts are not for us
+    line = sys.stdin.buffer.readline()
+    if not line:
+        sys.exit("jupyter-mesh agent: expected a JSON configuration line on stdin")
+    run_agent(json.loads(line), watch_stdin=True)
+
+
+if __name__ == "__main__":
+    main()
