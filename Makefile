@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # the sidebar's build runs `jupyter labextension build` from the venv
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: demo test test-core test-ui bench lint setup clean chromium
+.PHONY: demo test test-core test-ui test-cluster bench lint setup clean chromium cluster
 
 $(STAMP): pyproject.toml package.json package-lock.json
 	$(PY) -m venv $(VENV)
@@ -30,6 +30,12 @@ chromium:
 	@command -v chromium >/dev/null || { apt-get update -q && \
 		apt-get install -y -q -o DPkg::Lock::Timeout=300 chromium >/dev/null; }
 
+# multi-host tests (tests/cluster) run a real SLURM over network-namespace hosts: Debian's slurm-wlm and
+# munge; the tests start their own daemons from a temp dir (nothing in /etc/slurm, no system service used)
+cluster:
+	@command -v slurmctld >/dev/null || { apt-get update -q && \
+		apt-get install -y -q -o DPkg::Lock::Timeout=300 slurm-wlm munge >/dev/null; }
+
 demo: $(STAMP)
 	$(BIN)/python -m jupyter_mesh.demo
 	$(BIN)/python -m jupyter_mesh.notebook.headless notebooks/quickstart.ipynb
@@ -42,7 +48,7 @@ UCX_TEST_ENV := UCX_TLS=tcp,self UCXPY_PROGRESS_MODE=blocking UCX_WARN_UNUSED_EN
 TS_LINT := { test -d node_modules/typescript || npm ci --no-audit --no-fund; } && npm run --silent lint
 
 # two pytest runs (the browser tests keep their own event loop); fails if either fails
-test: $(STAMP) chromium
+test: $(STAMP) chromium cluster
 	$(BIN)/ruff check jupyter_mesh tests benchmarks
 	$(BIN)/ruff format --check jupyter_mesh tests benchmarks
 	$(BIN)/python -m mypy jupyter_mesh
@@ -51,8 +57,12 @@ test: $(STAMP) chromium
 	$(UCX_TEST_ENV) $(BIN)/python -m pytest -q -p no:cacheprovider tests/ui; ui=$$?; \
 	test $$core -eq 0 -a $$ui -eq 0
 
-test-core: $(STAMP)
+test-core: $(STAMP) cluster
 	$(UCX_TEST_ENV) $(BIN)/python -m pytest -q -p no:cacheprovider --ignore=tests/ui
+
+# the multi-host tests alone (root; 4 namespace hosts and a local SLURM, set up in about a second)
+test-cluster: $(STAMP) cluster
+	$(UCX_TEST_ENV) $(BIN)/python -m pytest -q -p no:cacheprovider -m cluster tests/cluster
 
 test-ui: $(STAMP) chromium
 	$(UCX_TEST_ENV) $(BIN)/python -m pytest -q -p no:cacheprovider tests/ui
