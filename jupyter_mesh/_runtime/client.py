@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, cast
 from .._core.context import context
 from .._core.future import Future
 from .._wire.protocol import BROKEN, DIRECT, GATHER, NO_REPLY, Kind
-from .._wire.serialize import describe_unpicklable, dumps
+from .._wire.serialize import UNPICKLABLE_HINT, describe_unpicklable, dumps
 from .._wire.transport import Message, Transport
 from ..errors import (
     DeliveryError,
@@ -93,10 +93,9 @@ class Client:
         try:
             return dumps((args, kwargs))
         except SerializationError:
-            which = describe_unpicklable(args, kwargs)
+            which = describe_unpicklable(args, kwargs) or "an argument does not pickle"
             raise SerializationError(
-                f"cannot send {which} to {mesh._class_name}.{endpoint}: it does not pickle. "
-                "Pass plain data, tensors or arrays; open files, locks and sockets cannot travel."
+                f"{mesh._class_name}.{endpoint} was not called: {which}. {UNPICKLABLE_HINT}"
             ) from None
 
     def _check_targets(self, ref: ProcMeshRef, ranks: list[int], context: str) -> None:
@@ -212,7 +211,9 @@ class Client:
         try:
             payload, bufs = dumps((cls, args, kwargs))
         except SerializationError as e:
-            raise SerializationError(f"cannot send {cls.__qualname__} and its arguments to the procs: {e}") from None
+            # the arguments pickle, or the class itself does not
+            which = describe_unpicklable(args, kwargs) or f"the class does not pickle ({e.__cause__})"
+            raise SerializationError(f"{cls.__qualname__} was not spawned: {which}. {UNPICKLABLE_HINT}") from None
         fut: Future[None] = Future(f"spawn of {mesh._name}")
         p = Pending(
             fut, mesh._ref.mesh_id, "spawn", mesh._name, "__init__", mesh._shape, ranks, set(ranks), ref=mesh._ref

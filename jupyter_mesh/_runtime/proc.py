@@ -34,7 +34,7 @@ from .._core.shape import Point, Shape, Slice
 from .._data.owner import handle_message as handle_rdma
 from .._wire.channels import CurveKeys
 from .._wire.protocol import BROKEN, DIRECT, NO_REPLY, OK, RAISED, Dispatch, Kind, reply_header
-from .._wire.serialize import dumps, loads
+from .._wire.serialize import UNPICKLABLE_HINT, dumps, loads
 from .._wire.transport import Message, Transport
 from ..errors import Failure, SerializationError, SupervisionError
 from . import cancel_signal, interrupts
@@ -378,7 +378,10 @@ class ActorHost:
         try:
             payload, bufs = dumps(result)
         except SerializationError as e:
-            err = SerializationError(f"the return value of {h['ep']} does not pickle: {e}")
+            err = SerializationError(
+                f"{type(self.instance).__qualname__}.{h['ep']} ran, but its return value "
+                f"({type(result).__name__}) does not pickle ({e.__cause__ or e}). {UNPICKLABLE_HINT}"
+            )
             self.runtime.reply(h, RAISED, dumps(error_info(err, h["ep"], 0))[0], [])
             return
         self.runtime.reply(h, OK, payload, bufs)
