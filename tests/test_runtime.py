@@ -103,9 +103,9 @@ def test_unpicklable_argument_and_result(procs):
         "(cannot pickle '_thread.lock' object). Arguments and results travel pickled: pass plain data"
     ), str(ei.value)
     assert "create locks, open files, sockets and threads inside the actor" in str(ei.value)
-    with pytest.raises(SerializationError, match="keyword argument 'x' \\(lock\\) does not pickle"):
+    with pytest.raises(SerializationError, match=r"keyword argument 'x' \(lock\) does not pickle"):
         f.echo.call(x=threading.Lock())
-    with pytest.raises(SerializationError, match="^Faulty was not spawned: positional argument 0 \\(lock\\)"):
+    with pytest.raises(SerializationError, match=r"^Faulty was not spawned: positional argument 0 \(lock\)"):
         procs.spawn("faulty2", Faulty, threading.Lock())
     with pytest.raises(
         ActorError, match=r"Faulty.unpicklable_result ran, but its return value \(\w+\) does not pickle"
