@@ -193,6 +193,48 @@ def test_interrupt_returns_promptly_and_cancels_the_remote_call(kernel, endpoint
     assert kernel.ok("w.ping.call().get(5)").result == pids
 
 
+@pytest.mark.parametrize(
+    ("code", "what", "where"),
+    [
+        ("w.spin.call(30).get()", "w.spin", "4 ranks (gpus 0-3)"),
+        ("await w.nap.call(30)", "w.nap", "4 ranks (gpus 0-3)"),  # ipykernel alone waits the 30 s (#881)
+        ("await w.spin.call(30)", "w.spin", "4 ranks (gpus 0-3)"),
+        ("import asyncio\nawait asyncio.sleep(0)\nw.spin.call(30).get()", "w.spin", "4 ranks (gpus 0-3)"),
+        ("[f.get() for f in w.spin.stream(30)]", "w.spin", "4 ranks (gpus 0-3)"),
+        ("w.slice(gpus=2).spin.call_one(30).get()", "w.spin", "1 rank (gpus=2)"),
+        ("%%mesh\nimport time\ntime.sleep(30)", "mesh_exec.run", "4 ranks (gpus 0-3)"),
+    ],
+    ids=["get", "await-async", "await-sync", "get-in-async-cell", "stream", "call_one", "mesh-cell"],
+)
+def test_interrupt_shows_one_short_message(kernel, code, what, where):
+    """Whatever way the cell waits, ■ gives one line: what was cancelled, where, how it went; no
+    frames of jupyter_mesh, asyncio or pyzmq (the cell's timeout is below the call's 30 s)."""
+    t = threading.Timer(1.0, kernel.km.interrupt_kernel)
+    t.start()
+    cell = kernel.run(code, timeout=20)
+    t.join()
+    assert cell.status == "error" and cell.error["ename"] == "MeshInterrupted", cell.error
+    assert len(cell.error["traceback"]) == 1, cell.error["traceback"]
+    line = cell.error["traceback"][0]
+    assert re.fullmatch(
+        rf"Interrupted: cancelled {re.escape(what)} on {re.escape(where)}; all stopped in \d+\.\d\d s", line
+    )
+    assert "Traceback" not in cell.stream() and "File " not in line
+    kernel.ok("w.ping.call().get(5)")  # the actors answer again: the work was cancelled
+    assert "gpus=3: 3" in kernel.ok("%%mesh --timeout 5\ncurrent_rank()['gpus']").result
+
+
+def test_interrupt_while_awaiting_something_else_shows_the_cell_only(kernel):
+    t = threading.Timer(1.0, kernel.km.interrupt_kernel)
+    t.start()
+    cell = kernel.run("import asyncio\nawait asyncio.sleep(30)", timeout=20)
+    t.join()
+    assert cell.status == "error" and cell.error["ename"] == "CancelledError"
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(cell.error["traceback"]))
+    assert "await asyncio.sleep(30)" in plain and plain.rstrip().endswith("the cell was cancelled while it awaited")
+    assert "tasks.py" not in plain  # asyncio's own frames are left out
+
+
 def test_interrupt_during_a_mesh_cell(kernel):
     t = threading.Timer(1.0, kernel.km.interrupt_kernel)
     t.start()

@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 import pickle
 import queue
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
 from .._core.context import context
@@ -192,13 +192,15 @@ class Client:
             except Exception:  # noqa: BLE001 - the proc may be gone; nothing left to cancel there
                 pass
 
-    def _interrupt(self, p: Pending) -> BaseException:
-        """Ctrl-C in ``get()``: cancel, wait a moment for the ranks to stop, say how it went."""
-        assert p.future is not None
-        fut, ref, kill = p.future, p.ref, self.hooks.kill_ranks
+    def _interrupt(self, p: Pending, cancel: Callable[[], object] | None = None) -> BaseException:
+        """Ctrl-C in ``get()`` (or in a stream): cancel, wait a moment for the ranks to stop, say how it went."""
+        if cancel is None:
+            assert p.future is not None
+            cancel = p.future.cancel
+        ref, kill = p.ref, self.hooks.kill_ranks
         return cancels.report(
             p,
-            fut.cancel,
+            cancel,
             self.cancel_acks,
             lambda r: (p.mesh_id, r) in self.calls.failed,
             (lambda ranks: kill(ref, ranks)) if kill is not None and ref is not None else None,
@@ -473,7 +475,7 @@ class Client:
         return self.call_rank(mesh, rank, endpoint, args, kwargs)
 
     def _iter_stream(self, p: Pending, actor_id: str) -> Iterator[Future[Any]]:
-        return Stream(p, actor_id, self._cancel, self.defer_cancel)
+        return Stream(p, actor_id, self._cancel, self.defer_cancel, self._interrupt if self.boxes is not None else None)
 
     def request(self, address: str, header: dict[str, Any], obj: Any = None, what: str = "request") -> Future[Any]:
         """A control request (to an agent): the reply's payload is the future's value."""

@@ -18,9 +18,11 @@ import collections
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from ..errors import fold_coords
 
 __all__ = ["LogLine", "OutputRouter", "fold_label", "group_by_rank", "parse_label"]
 
@@ -50,42 +52,12 @@ def parse_label(label: str) -> dict[str, int]:
     return out
 
 
-def _ranges(values: Iterable[int]) -> str:
-    vs = sorted(set(values))
-    out, start, prev = [], vs[0], vs[0]
-    for v in [*vs[1:], None]:
-        if v is not None and v == prev + 1:
-            prev = v
-            continue
-        out.append(f"{start}" if start == prev else f"{start}-{prev}")
-        if v is not None:
-            start = prev = v
-    return ",".join(out)
-
-
 def fold_label(labels: list[str]) -> str:
-    """One prefix for the ranks that printed the same line: ``gpus 0-3``, ``hosts=1 gpus=2``.
-
-    A dim that is 0 for all of them is left out (``hosts=0`` on one machine says nothing), except the
-    last one. If the ranks do not form a box (every combination of the per-dim values), list them.
-    """
-    coords = [parse_label(lb) for lb in labels]
-    if not coords or not coords[0]:
-        return "rank 0" if len(labels) <= 1 else f"{len(labels)} ranks"
-    dims = list(coords[0])
-    per_dim = {d: sorted({c.get(d, 0) for c in coords}) for d in dims}
-    box = 1
-    for vs in per_dim.values():
-        box *= len(vs)
-    if box != len({tuple(c.items()) for c in coords}):
-        return "; ".join(lb for lb in labels[:8]) + (f" (+{len(labels) - 8})" if len(labels) > 8 else "")
-    parts = []
-    for i, d in enumerate(dims):
-        vs = per_dim[d]
-        if vs == [0] and i < len(dims) - 1:
-            continue
-        parts.append(f"{d}={vs[0]}" if len(vs) == 1 else f"{d} {_ranges(vs)}")
-    return " ".join(parts)
+    """One prefix for the ranks that printed the same line: ``gpus 0-3``, ``hosts=1 gpus=2``
+    (:func:`~jupyter_mesh.errors.fold_coords` of their coordinates)."""
+    if len(labels) > 1 and not parse_label(labels[0]):
+        return f"{len(labels)} ranks"
+    return fold_coords([parse_label(lb) for lb in labels]) if labels else "rank 0"
 
 
 @dataclass
