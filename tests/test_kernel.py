@@ -150,16 +150,59 @@ def test_actor_error_renders_remote_frames_first_with_rank_and_actor(kernel):
     assert "magics.py" not in plain and "client.py" not in plain  # no internals
 
 
-def test_output_goes_to_the_cell_that_runs_when_it_arrives(kernel):
+def _run_and_watch(kernel, code: str, until, timeout: float = 20.0) -> tuple[str, list[dict]]:
+    """Run ``code`` and return its msg_id with every IOPub message seen, whichever cell it is for,
+    until the cell is idle and ``until(messages)`` holds (at most ``timeout`` seconds)."""
+    msg_id = kernel.kc.execute(code)
+    seen: list[dict] = []
+    idle = False
+    deadline = time.monotonic() + timeout
+    while not (idle and until(seen)) and (left := deadline - time.monotonic()) > 0:
+        try:
+            m = kernel.kc.get_iopub_msg(timeout=left)
+        except Exception:  # noqa: BLE001 - queue.Empty: the deadline passed
+            break
+        seen.append(m)
+        idle = idle or (
+            m["msg_type"] == "status"
+            and m["content"]["execution_state"] == "idle"
+            and m["parent_header"].get("msg_id") == msg_id
+        )
+    kernel.kc.get_shell_msg(timeout=10)  # the execute_reply
+    return msg_id, seen
+
+
+def _lines(msgs: list[dict], text: str) -> list[dict]:
+    return [m for m in msgs if m["msg_type"] == "stream" and text in m["content"]["text"]]
+
+
+def test_output_goes_to_the_cell_whose_call_caused_it_even_after_it_finished(kernel):
     first = kernel.ok("w.slice(gpus=0).say_later.broadcast(0.0, 'early line')\nimport time; time.sleep(0.5)")
     assert "[gpus=0] early line" in first.stream("stdout")
-    kernel.ok("w.slice(gpus=1).say_later.broadcast(0.6, 'late line')")  # returns before the print
-    second = kernel.ok("time.sleep(1.5)")
-    assert "[gpus=1] late line" in second.stream("stdout")
-    for m in second.msgs:
-        if m["msg_type"] == "stream" and "late line" in m["content"]["text"]:
-            assert m["parent_header"]["msg_id"] == second.msg_id
+    # cell A starts a call that prints after A returned, while cell B runs: the line is A's
+    a = kernel.ok("late = w.slice(gpus=1).say_later.call(1.0, 'late line')")
+    b_id, msgs = _run_and_watch(kernel, "time.sleep(2.0)", lambda seen: _lines(seen, "late line"))
+    late = _lines(msgs, "late line")
+    assert late, "the late line never came"
+    assert all(m["parent_header"]["msg_id"] == a.msg_id for m in late), [m["parent_header"] for m in late]
+    assert "[gpus=1] late line" in late[0]["content"]["text"]
+    assert not [m for m in msgs if m["parent_header"].get("msg_id") == b_id and m["msg_type"] == "stream"]
     assert "late line" in kernel.ok("%mesh logs --rank 1 --tail 5").stream()
+
+
+def test_prints_come_before_the_result_they_led_to(kernel):
+    """The stream and the reply travel apart (pipe -> agent -> kernel; proc -> agent -> kernel): the
+    cell waits for its ranks' output before it shows the ValueMesh."""
+    for i in range(5):
+        cell = kernel.ok(f"w.say_later.call(0.0, 'printed {i}').get(10)")
+        kinds = [
+            "print" if m["msg_type"] == "stream" and f"printed {i}" in m["content"]["text"] else m["msg_type"]
+            for m in cell.msgs
+            if m["msg_type"] in ("stream", "execute_result")
+        ]
+        assert "print" in kinds and "execute_result" in kinds, kinds
+        assert kinds.index("execute_result") > max(j for j, k in enumerate(kinds) if k == "print"), kinds
+        assert f"[gpus 0-3] printed {i}" in cell.stream("stdout") or cell.stream("stdout").count(f"printed {i}") == 4
 
 
 def test_flood_is_limited_in_the_cell_and_kept_for_logs(kernel):

@@ -13,7 +13,7 @@ from ..errors import MeshValueError, SupervisionError
 if TYPE_CHECKING:
     from .mesh import ProcMesh
 
-__all__ = ["mesh_states", "proc_mesh", "set_fault_hook", "shutdown", "subscribe"]
+__all__ = ["mesh_states", "on_send", "proc_mesh", "set_fault_hook", "shutdown", "subscribe", "sync_output"]
 
 
 def mesh_states(include_stopped: bool = False) -> list[MeshState]:
@@ -45,6 +45,28 @@ def proc_mesh(mesh_id: str) -> ProcMesh:
             f"no proc mesh with id '{mesh_id}' in this program; see jupyter_mesh.lowlevel.mesh_states()"
         )
     return ProcMesh(ctl, rec.ref)
+
+
+def on_send(observer: Callable[[str, str, list[int]], None] | None) -> None:
+    """Call ``observer(mesh_id, mesh_name, ranks)`` on the sending thread each time a call or
+    broadcast goes to ranks of a proc mesh (None: stop). A notebook tells by it which cell caused
+    the output a rank prints later."""
+    from .._runtime.controller import Controller
+
+    Controller.get().client.hooks.sent = observer
+
+
+def sync_output(mesh_id: str, ranks: list[int], token: str) -> int:
+    """Ask ``ranks`` of a proc mesh to print a marker line (``_wire.protocol.OUT_SYNC_PREFIX`` +
+    ``token``) on stdout and on stderr after what they printed so far; returns how many procs were
+    asked (each prints two markers). When the markers arrived, so did the output before them."""
+    from .._runtime.controller import Controller
+
+    ctl = Controller.get()
+    rec = ctl.meshes.get(mesh_id)
+    if rec is None:
+        return 0
+    return ctl.client.sync_output(rec.ref, ranks, token)
 
 
 def shutdown() -> None:

@@ -206,6 +206,20 @@ class Client:
             (lambda ranks: kill(ref, ranks)) if kill is not None and ref is not None else None,
         )
 
+    def sync_output(self, ref: ProcMeshRef, ranks: list[int], token: str) -> int:
+        """Ask ``ranks`` to print an ``OUT_SYNC`` marker after their output so far; returns how many
+        were asked (failed and unreachable ranks are skipped: nothing more comes from them)."""
+        asked = 0
+        for r in ranks:
+            if (ref.mesh_id, r) in self.calls.failed or ref.mesh_id in self.calls.stopped:
+                continue
+            try:
+                self.transport.send(self._proc_addr(ref, r), Message({"k": Kind.OUT_SYNC, "t": token}))
+                asked += 1
+            except Exception:  # noqa: BLE001 - the proc is gone: it prints nothing more
+                pass
+        return asked
+
     # -- calls -----------------------------------------------------------------------------------------
     def spawn_actors(self, mesh: ActorMeshRef, cls: type, args: Any, kwargs: Any) -> Future[None]:
         ranks = mesh._shape.ranks()
@@ -368,6 +382,8 @@ class Client:
             self.transport.wait_sent(tracker)
         if p is not None and self.hooks.activity is not None:
             self.hooks.activity(ref.mesh_id, ranks, 1)
+        if self.hooks.sent is not None:
+            self.hooks.sent(ref.mesh_id, ref.name, ranks)
         if undelivered and p is not None:
             for r, f in undelivered:
                 self.outcomes.add(p, p.call_id, r, BROKEN, pickle.dumps(f), [])
@@ -392,6 +408,8 @@ class Client:
         # to the message's way there and back (on 2 cores that is measurable)
         if self.hooks.activity is not None:
             self.hooks.activity(ref.mesh_id, [rank], 1)
+        if self.hooks.sent is not None:
+            self.hooks.sent(ref.mesh_id, ref.name, [rank])
         box = self.boxes.for_call() if self.boxes is not None else None
         tracker = None
         held = interrupts.hold()  # Ctrl-C waits until the call is sent and counted, or known unsent

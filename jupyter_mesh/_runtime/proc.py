@@ -33,7 +33,7 @@ from .._core.context import ProcIdentity, context
 from .._core.shape import Point, Shape, Slice
 from .._data.owner import handle_message as handle_rdma
 from .._wire.channels import CurveKeys
-from .._wire.protocol import BROKEN, DIRECT, NO_REPLY, OK, RAISED, Dispatch, Kind, reply_header
+from .._wire.protocol import BROKEN, DIRECT, NO_REPLY, OK, OUT_SYNC_PREFIX, RAISED, Dispatch, Kind, reply_header
 from .._wire.serialize import UNPICKLABLE_HINT, dumps, loads
 from .._wire.transport import Message, Transport
 from ..errors import Failure, SerializationError, SupervisionError
@@ -387,6 +387,17 @@ class ActorHost:
         self.runtime.reply(h, OK, payload, bufs)
 
 
+def print_sync_marker(token: str) -> None:
+    """After what this proc printed so far, a marker on stdout and on stderr: the controller waits
+    for both to know that the output before them has reached it (the pipes keep their order)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.write(f"{OUT_SYNC_PREFIX}{token}\n")
+            stream.flush()
+        except (OSError, ValueError):  # closed by the user's code: nothing more will come from it
+            pass
+
+
 class ProcRuntime:
     """Receive loop, per-sender ordering and actor registry of one proc."""
 
@@ -470,6 +481,7 @@ class ProcRuntime:
                     msg.header["s"], Message(reply_header(msg.header["i"], OK), dumps(vars(self.transport.stats))[0])
                 ),
                 Kind.STOP: lambda msg, _: _exit(0),
+                Kind.OUT_SYNC: lambda msg, _: print_sync_marker(msg.header["t"]),
             },
         )
 
