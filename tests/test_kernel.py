@@ -370,3 +370,48 @@ def test_hard_kill_leaves_no_orphans():
     k.kc.stop_channels()
     k.km.shutdown_kernel(now=True)  # SIGKILL: do_shutdown never runs, the lifelines must do it
     assert not wait_dead(workers, 10.0), "workers outlived a hard-killed kernel"
+
+
+GREETER = """
+class Greeter(Actor):
+    def __init__(self, who{extra}):
+        self.who = who
+        self.n = 0
+
+    @endpoint
+    def hello(self):
+        self.n += 1
+        return f"{version} {{self.who}} {{self.n}}"
+{more}"""
+
+
+def test_redefined_class_warns_once_and_reload_updates_live_actors(kernel):
+    v1 = kernel.ok(GREETER.format(extra="", version="v1", more=""))
+    v1_cell = v1.reply["content"]["execution_count"]
+    kernel.ok("greeters = procs.spawn('greeters', Greeter, 'ann')\ngreeters.initialized.get(30)")
+    assert "gpus=2: 'v1 ann 1'" in kernel.ok("greeters.hello.call().get(10)").result
+
+    bye = "\n    @endpoint\n    def bye(self):\n        return f'bye {self.who}'\n"
+    v2 = kernel.ok(GREETER.format(extra="", version="v2", more=bye))
+    v2_cell = v2.reply["content"]["execution_count"]
+    called = kernel.ok("greeters.hello.call().get(10)")
+    assert "gpus=2: 'v1 ann 2'" in called.result  # the live actors still run the old code, and say so:
+    assert (
+        f"actors of 'greeters' run Greeter from cell [{v1_cell}], not the one defined since in cell [{v2_cell}]; "
+        "spawn them again, or `%mesh reload`"
+    ) in called.stream("stderr")
+    assert "actors of" not in kernel.ok("greeters.hello.call().get(10)").stream("stderr")  # once
+
+    reloaded = kernel.ok("%mesh reload greeters")
+    assert "reloaded 'greeters' (Greeter): bye, hello changed" in reloaded.stream(), reloaded.stream()
+    again = kernel.ok("greeters.hello.call().get(10)")
+    assert "gpus=2: 'v2 ann 4'" in again.result and "actors of" not in again.stream()  # state kept
+    assert "gpus=1: 'bye ann'" in kernel.ok("greeters.bye.call().get(10)").result  # a new endpoint, same mesh
+
+    kernel.ok(GREETER.format(extra=", loud=False", version="v3", more=""))
+    refused = kernel.run("%mesh reload")
+    text = json.dumps(refused.error or {}) + refused.stream()
+    assert refused.status == "error" and "UsageError" in text, text
+    assert "cannot reload 'greeters' in place: __init__(self, who) became __init__(self, who, loud=False)" in text
+    assert "Spawn them again" in text and "Traceback" not in text
+    assert "gpus=2: 'v2 ann 5'" in kernel.ok("greeters.hello.call().get(10)").result  # untouched

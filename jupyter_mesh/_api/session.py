@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 from .._core import context as _context
 from .._core.context import Requester
@@ -11,7 +11,8 @@ from .._core.state import MeshEvent, MeshState
 from ..errors import MeshValueError, SupervisionError
 
 if TYPE_CHECKING:
-    from .mesh import ProcMesh
+    from .._core.refs import ActorMeshRef
+    from .mesh import ActorMesh, ProcMesh
 
 __all__ = ["mesh_states", "on_send", "proc_mesh", "set_fault_hook", "shutdown", "subscribe", "sync_output"]
 
@@ -47,13 +48,19 @@ def proc_mesh(mesh_id: str) -> ProcMesh:
     return ProcMesh(ctl, rec.ref)
 
 
-def on_send(observer: Callable[[str, str, list[int]], None] | None) -> None:
-    """Call ``observer(mesh_id, mesh_name, ranks)`` on the sending thread each time a call or
-    broadcast goes to ranks of a proc mesh (None: stop). A notebook tells by it which cell caused
-    the output a rank prints later."""
+def on_send(
+    sent: Callable[[ActorMesh[Any], list[int]], None] | None,
+    spawned: Callable[[ActorMesh[Any], type], None] | None = None,
+) -> None:
+    """Call ``sent(actor_mesh, ranks)`` on the sending thread each time a call or broadcast goes to
+    ranks of an actor mesh, and ``spawned(actor_mesh, cls)`` when actors are spawned (None: stop). A
+    notebook tells by them which cell caused the output a rank prints later, and which class
+    definition live actors run."""
     from .._runtime.controller import Controller
 
-    Controller.get().client.hooks.sent = observer
+    hooks = Controller.get().client.hooks
+    hooks.sent = cast("Callable[[ActorMeshRef, list[int]], None] | None", sent)
+    hooks.spawned = cast("Callable[[ActorMeshRef, type], None] | None", spawned)
 
 
 def sync_output(mesh_id: str, ranks: list[int], token: str) -> int:

@@ -230,6 +230,8 @@ class Client:
             # the arguments pickle, or the class itself does not
             which = describe_unpicklable(args, kwargs) or f"the class does not pickle ({e.__cause__})"
             raise SerializationError(f"{cls.__qualname__} was not spawned: {which}. {UNPICKLABLE_HINT}") from None
+        if self.hooks.spawned is not None:
+            self.hooks.spawned(mesh, cls)
         fut: Future[None] = Future(f"spawn of {mesh._name}")
         p = Pending(
             fut, mesh._ref.mesh_id, "spawn", mesh._name, "__init__", mesh._shape, ranks, set(ranks), ref=mesh._ref
@@ -330,6 +332,8 @@ class Client:
         p: Pending | None,
     ) -> None:
         ref = mesh._ref
+        if self.hooks.sent is not None:  # before the send: the ranks' first output may beat the return
+            self.hooks.sent(mesh, ranks)
         hosts = sorted({ref.rank_host[r] for r in ranks})
         trackers: list[Any] = []
         undelivered: list[tuple[int, Failure]] = []
@@ -382,8 +386,6 @@ class Client:
             self.transport.wait_sent(tracker)
         if p is not None and self.hooks.activity is not None:
             self.hooks.activity(ref.mesh_id, ranks, 1)
-        if self.hooks.sent is not None:
-            self.hooks.sent(ref.mesh_id, ref.name, ranks)
         if undelivered and p is not None:
             for r, f in undelivered:
                 self.outcomes.add(p, p.call_id, r, BROKEN, pickle.dumps(f), [])
@@ -409,7 +411,7 @@ class Client:
         if self.hooks.activity is not None:
             self.hooks.activity(ref.mesh_id, [rank], 1)
         if self.hooks.sent is not None:
-            self.hooks.sent(ref.mesh_id, ref.name, [rank])
+            self.hooks.sent(mesh, [rank])
         box = self.boxes.for_call() if self.boxes is not None else None
         tracker = None
         held = interrupts.hold()  # Ctrl-C waits until the call is sent and counted, or known unsent

@@ -43,7 +43,17 @@ from .hooks import Embedding, embed
 from .rank_env import set_rank_env
 from .remote_errors import error_info, safe_str
 
-__all__ = ["ProcRuntime", "main"]
+__all__ = ["ProcRuntime", "live_actor", "main"]
+
+_runtime: ProcRuntime | None = None  # this proc's, once it runs
+
+
+def live_actor(actor_id: str) -> ActorHost:
+    """The actor ``actor_id`` of this proc (``KeyError`` if there is none): for code that must touch
+    a live actor from beside it, like the notebook's ``%mesh reload``."""
+    if _runtime is None:
+        raise KeyError(actor_id)
+    return _runtime.actors[actor_id]
 
 
 class ActorHost:
@@ -402,6 +412,8 @@ class ProcRuntime:
     """Receive loop, per-sender ordering and actor registry of one proc."""
 
     def __init__(self, cfg: dict[str, Any], key: bytes):
+        global _runtime
+        _runtime = self
         self.rank: int = cfg["rank"]
         self.mesh_id: str = cfg["mesh_id"]
         self.mesh_name: str = cfg["mesh_name"]

@@ -15,6 +15,7 @@ from ..lowlevel import on_send, set_fault_hook, sync_output
 from . import tracebacks
 from .magics import MeshMagics
 from .output import OutputRouter
+from .reload import Redefinitions
 
 __all__ = ["Front", "front_of", "load", "unload"]
 
@@ -33,7 +34,9 @@ class Front:
         shell.events.register("post_execute", self.post_execute)
         # the kernel hosts the controller for its whole life: start it now, with output routed here
         Controller.get().output = self.router.sink
-        on_send(self.router.sent)  # which cell called which ranks: their output goes to that cell
+        self.redefinitions = Redefinitions(shell, self.router.notify)
+        self.magics.redefinitions = self.redefinitions
+        on_send(self._sent, self.redefinitions.spawned)
         self.router.sync_output = sync_output
         self._displayhook_start = self._wait_output_before_results()
         # a failure nobody waits on is shown, never raised later: the kernel must live on
@@ -48,6 +51,12 @@ class Front:
             "\n".join(lines) + "\n(calls to it raise SupervisionError; `%mesh respawn` or "
             "ProcMesh.respawn() brings it back)\n"
         )
+
+    def _sent(self, mesh: Any, ranks: list[int]) -> None:
+        """A call went to ``ranks`` (on the sending thread): their output goes to the running cell;
+        actors of a class redefined since their spawn say so."""
+        self.router.sent(mesh._ref.mesh_id, mesh._ref.name, ranks)
+        self.redefinitions.sent(mesh, ranks)
 
     def _wait_output_before_results(self) -> Any:
         """A cell's result (``Out[n]``) is shown after what the ranks it called printed before it:

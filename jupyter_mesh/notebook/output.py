@@ -109,7 +109,7 @@ class OutputRouter:
         self._thread.start()
 
     # -- the calling thread ----------------------------------------------------------------------
-    def sent(self, mesh_id: str, mesh: str, ranks: list[int]) -> None:
+    def sent(self, mesh_id: str, mesh: str, ranks: list[int]) -> None:  # (proc mesh id and name)
         """A call or broadcast went to ``ranks`` (on the thread that sent it): their output is the
         running cell's from now on, until another cell calls them."""
         cell = self._cell
@@ -124,11 +124,11 @@ class OutputRouter:
         now = time.time()
         if mesh not in self._meshes:
             self._meshes.append(mesh)
-        batch = []
+        batch, tokens = [], []
         for text in lines:
             if SYNC_PREFIX in text:  # the sync line may end a line the user left unterminated
                 text, _, token = text.partition(SYNC_PREFIX)
-                self._sync_seen(token)
+                tokens.append(token)
                 if not text:
                     continue
             batch.append(LogLine(now, mesh, rank, label, fd, text))
@@ -137,6 +137,8 @@ class OutputRouter:
             with self._cond:
                 self._queue.extend((cell, ln) for ln in batch)
                 self._cond.notify()
+        for token in tokens:  # after the lines before them are queued: a flush then includes them
+            self._sync_seen(token)
 
     def _sync_seen(self, token: str) -> None:
         with self._cond:
