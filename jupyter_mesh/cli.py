@@ -4,7 +4,7 @@ jupyter-mesh agent      run a host agent: --controller ADDR --key-file F (dial b
                         --listen tcp://IP:PORT (wait for attach_to_workers), or a JSON line on stdin
 jupyter-mesh keygen     make the mesh key (~/.jupyter_mesh/mesh.key) agents started by hand admit
 jupyter-mesh demo       run the local 4-proc demo
-jupyter-mesh status     the meshes of the running Jupyter kernels, rendered with rich
+jupyter-mesh status     the meshes of the running Jupyter kernels (named by notebook), even busy ones; --all
 jupyter-mesh install-kernel [--user | --sys-prefix | --prefix P]   install the `mesh` kernelspec
 jupyter-mesh version
 """
@@ -41,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     st = sub.add_parser("status", help="show the meshes of running Jupyter kernels (or of given connection files)")
     st.add_argument("connection_file", nargs="*", help="kernel connection files (default: every running kernel)")
     st.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for each kernel (default 3)")
+    st.add_argument(
+        "--all", action="store_true", help="also list kernels without a mesh (and those that do not answer)"
+    )
     sub.add_parser("version", help="print the version")
     ik = sub.add_parser("install-kernel", help="install the `mesh` Jupyter kernelspec (pip install already does)")
     where = ik.add_mutually_exclusive_group()
@@ -73,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.cmd == "status":
         from .ui.remote import status_main
 
-        return status_main(args.connection_file or None, args.timeout)
+        return status_main(args.connection_file or None, args.timeout, show_all=args.all)
     elif args.cmd == "version":
         from ._version import __version__
 

@@ -51,6 +51,45 @@ def format_coords(coords: Mapping[str, int]) -> str:
     return ",".join(f"{k}={v}" for k, v in coords.items()) or "rank 0"
 
 
+def fold_coords(coords: Sequence[Mapping[str, int]]) -> str:
+    """Several ranks in a few words: ``gpus 0-3``, ``hosts=1 gpus 0,2``.
+
+    A dim that is 0 for all of them is left out (``hosts=0`` on one machine says nothing), except the
+    last one. If the ranks do not form a box (every combination of the per-dim values), they are
+    listed, at most 8 of them.
+    """
+    if not coords or not coords[0]:
+        return "rank 0" if len(coords) <= 1 else f"{len(coords)} ranks"
+    dims = list(coords[0])
+    per_dim = {d: sorted({c.get(d, 0) for c in coords}) for d in dims}
+    box = 1
+    for vs in per_dim.values():
+        box *= len(vs)
+    if box != len({tuple(c.items()) for c in coords}):
+        shown = "; ".join(format_coords(c) for c in coords[:8])
+        return shown + (f" (+{len(coords) - 8})" if len(coords) > 8 else "")
+    parts = []
+    for i, d in enumerate(dims):
+        vs = per_dim[d]
+        if vs == [0] and i < len(dims) - 1:
+            continue
+        parts.append(f"{d}={vs[0]}" if len(vs) == 1 else f"{d} {_ranges(vs)}")
+    return " ".join(parts)
+
+
+def _ranges(values: Sequence[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``0-2,5``."""
+    out, start, prev = [], values[0], values[0]
+    for v in [*values[1:], None]:
+        if v is not None and v == prev + 1:
+            prev = v
+            continue
+        out.append(f"{start}" if start == prev else f"{start}-{prev}")
+        if v is not None:
+            start = prev = v
+    return ",".join(out)
+
+
 class MeshError(Exception):
     """Base class of all jupyter_mesh errors."""
 

@@ -7,6 +7,6 @@ failures go. Programs that only drive meshes need none of it: they use ``jupyter
     lowlevel.set_fault_hook(my_display)         # failures no call was told about (default: fail fast)
 """
 
-from ._api.session import mesh_states, proc_mesh, set_fault_hook, subscribe
+from ._api.session import mesh_states, on_send, proc_mesh, set_fault_hook, subscribe, sync_output
 
-__all__ = ["mesh_states", "proc_mesh", "set_fault_hook", "subscribe"]
+__all__ = ["mesh_states", "on_send", "proc_mesh", "set_fault_hook", "subscribe", "sync_output"]

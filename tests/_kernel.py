@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -75,4 +76,7 @@ class Kernel:
         before = self.workers()
         self.kc.stop_channels()
         self.km.shutdown_kernel(now=now)
+        # jupyter_client leaves private event loops and sockets to the garbage collector: collect
+        # them now, inside the test (whose marks say which warnings to ignore), not at the session's end
+        gc.collect()
         return wait_dead(before, 5.0)

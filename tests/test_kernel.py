@@ -150,16 +150,59 @@ def test_actor_error_renders_remote_frames_first_with_rank_and_actor(kernel):
     assert "magics.py" not in plain and "client.py" not in plain  # no internals
 
 
-def test_output_goes_to_the_cell_that_runs_when_it_arrives(kernel):
+def _run_and_watch(kernel, code: str, until, timeout: float = 20.0) -> tuple[str, list[dict]]:
+    """Run ``code`` and return its msg_id with every IOPub message seen, whichever cell it is for,
+    until the cell is idle and ``until(messages)`` holds (at most ``timeout`` seconds)."""
+    msg_id = kernel.kc.execute(code)
+    seen: list[dict] = []
+    idle = False
+    deadline = time.monotonic() + timeout
+    while not (idle and until(seen)) and (left := deadline - time.monotonic()) > 0:
+        try:
+            m = kernel.kc.get_iopub_msg(timeout=left)
+        except Exception:  # noqa: BLE001 - queue.Empty: the deadline passed
+            break
+        seen.append(m)
+        idle = idle or (
+            m["msg_type"] == "status"
+            and m["content"]["execution_state"] == "idle"
+            and m["parent_header"].get("msg_id") == msg_id
+        )
+    kernel.kc.get_shell_msg(timeout=10)  # the execute_reply
+    return msg_id, seen
+
+
+def _lines(msgs: list[dict], text: str) -> list[dict]:
+    return [m for m in msgs if m["msg_type"] == "stream" and text in m["content"]["text"]]
+
+
+def test_output_goes_to_the_cell_whose_call_caused_it_even_after_it_finished(kernel):
     first = kernel.ok("w.slice(gpus=0).say_later.broadcast(0.0, 'early line')\nimport time; time.sleep(0.5)")
     assert "[gpus=0] early line" in first.stream("stdout")
-    kernel.ok("w.slice(gpus=1).say_later.broadcast(0.6, 'late line')")  # returns before the print
-    second = kernel.ok("time.sleep(1.5)")
-    assert "[gpus=1] late line" in second.stream("stdout")
-    for m in second.msgs:
-        if m["msg_type"] == "stream" and "late line" in m["content"]["text"]:
-            assert m["parent_header"]["msg_id"] == second.msg_id
+    # cell A starts a call that prints after A returned, while cell B runs: the line is A's
+    a = kernel.ok("late = w.slice(gpus=1).say_later.call(1.0, 'late line')")
+    b_id, msgs = _run_and_watch(kernel, "time.sleep(2.0)", lambda seen: _lines(seen, "late line"))
+    late = _lines(msgs, "late line")
+    assert late, "the late line never came"
+    assert all(m["parent_header"]["msg_id"] == a.msg_id for m in late), [m["parent_header"] for m in late]
+    assert "[gpus=1] late line" in late[0]["content"]["text"]
+    assert not [m for m in msgs if m["parent_header"].get("msg_id") == b_id and m["msg_type"] == "stream"]
     assert "late line" in kernel.ok("%mesh logs --rank 1 --tail 5").stream()
+
+
+def test_prints_come_before_the_result_they_led_to(kernel):
+    """The stream and the reply travel apart (pipe -> agent -> kernel; proc -> agent -> kernel): the
+    cell waits for its ranks' output before it shows the ValueMesh."""
+    for i in range(5):
+        cell = kernel.ok(f"w.say_later.call(0.0, 'printed {i}').get(10)")
+        kinds = [
+            "print" if m["msg_type"] == "stream" and f"printed {i}" in m["content"]["text"] else m["msg_type"]
+            for m in cell.msgs
+            if m["msg_type"] in ("stream", "execute_result")
+        ]
+        assert "print" in kinds and "execute_result" in kinds, kinds
+        assert kinds.index("execute_result") > max(j for j, k in enumerate(kinds) if k == "print"), kinds
+        assert f"[gpus 0-3] printed {i}" in cell.stream("stdout") or cell.stream("stdout").count(f"printed {i}") == 4
 
 
 def test_flood_is_limited_in_the_cell_and_kept_for_logs(kernel):
@@ -191,6 +234,48 @@ def test_interrupt_returns_promptly_and_cancels_the_remote_call(kernel, endpoint
     # the remote work was cancelled (else the actors stay busy for 30 s): they answer at once,
     # from the same procs
     assert kernel.ok("w.ping.call().get(5)").result == pids
+
+
+@pytest.mark.parametrize(
+    ("code", "what", "where"),
+    [
+        ("w.spin.call(30).get()", "w.spin", "4 ranks (gpus 0-3)"),
+        ("await w.nap.call(30)", "w.nap", "4 ranks (gpus 0-3)"),  # ipykernel alone waits the 30 s (#881)
+        ("await w.spin.call(30)", "w.spin", "4 ranks (gpus 0-3)"),
+        ("import asyncio\nawait asyncio.sleep(0)\nw.spin.call(30).get()", "w.spin", "4 ranks (gpus 0-3)"),
+        ("[f.get() for f in w.spin.stream(30)]", "w.spin", "4 ranks (gpus 0-3)"),
+        ("w.slice(gpus=2).spin.call_one(30).get()", "w.spin", "1 rank (gpus=2)"),
+        ("%%mesh\nimport time\ntime.sleep(30)", "mesh_exec.run", "4 ranks (gpus 0-3)"),
+    ],
+    ids=["get", "await-async", "await-sync", "get-in-async-cell", "stream", "call_one", "mesh-cell"],
+)
+def test_interrupt_shows_one_short_message(kernel, code, what, where):
+    """Whatever way the cell waits, ■ gives one line: what was cancelled, where, how it went; no
+    frames of jupyter_mesh, asyncio or pyzmq (the cell's timeout is below the call's 30 s)."""
+    t = threading.Timer(1.0, kernel.km.interrupt_kernel)
+    t.start()
+    cell = kernel.run(code, timeout=20)
+    t.join()
+    assert cell.status == "error" and cell.error["ename"] == "MeshInterrupted", cell.error
+    assert len(cell.error["traceback"]) == 1, cell.error["traceback"]
+    line = cell.error["traceback"][0]
+    assert re.fullmatch(
+        rf"Interrupted: cancelled {re.escape(what)} on {re.escape(where)}; all stopped in \d+\.\d\d s", line
+    )
+    assert "Traceback" not in cell.stream() and "File " not in line
+    kernel.ok("w.ping.call().get(5)")  # the actors answer again: the work was cancelled
+    assert "gpus=3: 3" in kernel.ok("%%mesh --timeout 5\ncurrent_rank()['gpus']").result
+
+
+def test_interrupt_while_awaiting_something_else_shows_the_cell_only(kernel):
+    t = threading.Timer(1.0, kernel.km.interrupt_kernel)
+    t.start()
+    cell = kernel.run("import asyncio\nawait asyncio.sleep(30)", timeout=20)
+    t.join()
+    assert cell.status == "error" and cell.error["ename"] == "CancelledError"
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(cell.error["traceback"]))
+    assert "await asyncio.sleep(30)" in plain and plain.rstrip().endswith("the cell was cancelled while it awaited")
+    assert "tasks.py" not in plain  # asyncio's own frames are left out
 
 
 def test_interrupt_during_a_mesh_cell(kernel):
@@ -285,3 +370,48 @@ def test_hard_kill_leaves_no_orphans():
     k.kc.stop_channels()
     k.km.shutdown_kernel(now=True)  # SIGKILL: do_shutdown never runs, the lifelines must do it
     assert not wait_dead(workers, 10.0), "workers outlived a hard-killed kernel"
+
+
+GREETER = """
+class Greeter(Actor):
+    def __init__(self, who{extra}):
+        self.who = who
+        self.n = 0
+
+    @endpoint
+    def hello(self):
+        self.n += 1
+        return f"{version} {{self.who}} {{self.n}}"
+{more}"""
+
+
+def test_redefined_class_warns_once_and_reload_updates_live_actors(kernel):
+    v1 = kernel.ok(GREETER.format(extra="", version="v1", more=""))
+    v1_cell = v1.reply["content"]["execution_count"]
+    kernel.ok("greeters = procs.spawn('greeters', Greeter, 'ann')\ngreeters.initialized.get(30)")
+    assert "gpus=2: 'v1 ann 1'" in kernel.ok("greeters.hello.call().get(10)").result
+
+    bye = "\n    @endpoint\n    def bye(self):\n        return f'bye {self.who}'\n"
+    v2 = kernel.ok(GREETER.format(extra="", version="v2", more=bye))
+    v2_cell = v2.reply["content"]["execution_count"]
+    called = kernel.ok("greeters.hello.call().get(10)")
+    assert "gpus=2: 'v1 ann 2'" in called.result  # the live actors still run the old code, and say so:
+    assert (
+        f"actors of 'greeters' run Greeter from cell [{v1_cell}], not the one defined since in cell [{v2_cell}]; "
+        "spawn them again, or `%mesh reload`"
+    ) in called.stream("stderr")
+    assert "actors of" not in kernel.ok("greeters.hello.call().get(10)").stream("stderr")  # once
+
+    reloaded = kernel.ok("%mesh reload greeters")
+    assert "reloaded 'greeters' (Greeter): bye, hello changed" in reloaded.stream(), reloaded.stream()
+    again = kernel.ok("greeters.hello.call().get(10)")
+    assert "gpus=2: 'v2 ann 4'" in again.result and "actors of" not in again.stream()  # state kept
+    assert "gpus=1: 'bye ann'" in kernel.ok("greeters.bye.call().get(10)").result  # a new endpoint, same mesh
+
+    kernel.ok(GREETER.format(extra=", loud=False", version="v3", more=""))
+    refused = kernel.run("%mesh reload")
+    text = json.dumps(refused.error or {}) + refused.stream()
+    assert refused.status == "error" and "UsageError" in text, text
+    assert "cannot reload 'greeters' in place: __init__(self, who) became __init__(self, who, loud=False)" in text
+    assert "Spawn them again" in text and "Traceback" not in text
+    assert "gpus=2: 'v2 ann 5'" in kernel.ok("greeters.hello.call().get(10)").result  # untouched

@@ -139,7 +139,14 @@ def test_the_facade_names_itself_and_keeps_plumbing_in_lowlevel():
         if inspect.isclass(obj) or inspect.isfunction(obj):
             assert inspect.getsource(obj)
     typing.get_type_hints(jupyter_mesh.Failure)
-    assert set(jupyter_mesh.lowlevel.__all__) == {"mesh_states", "proc_mesh", "set_fault_hook", "subscribe"}
+    assert set(jupyter_mesh.lowlevel.__all__) == {
+        "mesh_states",
+        "on_send",
+        "proc_mesh",
+        "set_fault_hook",
+        "subscribe",
+        "sync_output",
+    }
     for name in jupyter_mesh.lowlevel.__all__:
         assert name not in jupyter_mesh.__all__ and not hasattr(jupyter_mesh, name), name
     # and the error tree's names pickle through the facade (what a proc sends back)

@@ -94,10 +94,22 @@ def test_stream_reports_errors_per_rank(procs):
 
 
 def test_unpicklable_argument_and_result(procs):
+    """The message names the call, the argument and why, in one sentence, then says what to do."""
     f = procs.spawn("faulty", Faulty)
-    with pytest.raises(SerializationError, match="positional argument 0 \\(lock\\)"):
+    with pytest.raises(SerializationError) as ei:
         f.echo.call(threading.Lock())
-    with pytest.raises(ActorError, match="does not pickle"):
+    assert str(ei.value).startswith(
+        "Faulty.echo was not called: positional argument 0 (lock) does not pickle "
+        "(cannot pickle '_thread.lock' object). Arguments and results travel pickled: pass plain data"
+    ), str(ei.value)
+    assert "create locks, open files, sockets and threads inside the actor" in str(ei.value)
+    with pytest.raises(SerializationError, match=r"keyword argument 'x' \(lock\) does not pickle"):
+        f.echo.call(x=threading.Lock())
+    with pytest.raises(SerializationError, match=r"^Faulty was not spawned: positional argument 0 \(lock\)"):
+        procs.spawn("faulty2", Faulty, threading.Lock())
+    with pytest.raises(
+        ActorError, match=r"Faulty.unpicklable_result ran, but its return value \(\w+\) does not pickle"
+    ):
         f.slice(gpus=0).unpicklable_result.call_one().get(timeout=10)
 
 

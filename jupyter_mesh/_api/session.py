@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 from .._core import context as _context
 from .._core.context import Requester
@@ -11,9 +11,10 @@ from .._core.state import MeshEvent, MeshState
 from ..errors import MeshValueError, SupervisionError
 
 if TYPE_CHECKING:
-    from .mesh import ProcMesh
+    from .._core.refs import ActorMeshRef
+    from .mesh import ActorMesh, ProcMesh
 
-__all__ = ["mesh_states", "proc_mesh", "set_fault_hook", "shutdown", "subscribe"]
+__all__ = ["mesh_states", "on_send", "proc_mesh", "set_fault_hook", "shutdown", "subscribe", "sync_output"]
 
 
 def mesh_states(include_stopped: bool = False) -> list[MeshState]:
@@ -45,6 +46,34 @@ def proc_mesh(mesh_id: str) -> ProcMesh:
             f"no proc mesh with id '{mesh_id}' in this program; see jupyter_mesh.lowlevel.mesh_states()"
         )
     return ProcMesh(ctl, rec.ref)
+
+
+def on_send(
+    sent: Callable[[ActorMesh[Any], list[int]], None] | None,
+    spawned: Callable[[ActorMesh[Any], type], None] | None = None,
+) -> None:
+    """Call ``sent(actor_mesh, ranks)`` on the sending thread each time a call or broadcast goes to
+    ranks of an actor mesh, and ``spawned(actor_mesh, cls)`` when actors are spawned (None: stop). A
+    notebook tells by them which cell caused the output a rank prints later, and which class
+    definition live actors run."""
+    from .._runtime.controller import Controller
+
+    hooks = Controller.get().client.hooks
+    hooks.sent = cast("Callable[[ActorMeshRef, list[int]], None] | None", sent)
+    hooks.spawned = cast("Callable[[ActorMeshRef, type], None] | None", spawned)
+
+
+def sync_output(mesh_id: str, ranks: list[int], token: str) -> int:
+    """Ask ``ranks`` of a proc mesh to print a marker line (``_wire.protocol.OUT_SYNC_PREFIX`` +
+    ``token``) on stdout and on stderr after what they printed so far; returns how many procs were
+    asked (each prints two markers). When the markers arrived, so did the output before them."""
+    from .._runtime.controller import Controller
+
+    ctl = Controller.get()
+    rec = ctl.meshes.get(mesh_id)
+    if rec is None:
+        return 0
+    return ctl.client.sync_output(rec.ref, ranks, token)
 
 
 def shutdown() -> None:

@@ -16,7 +16,12 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from ..errors import MeshCancelledError, MeshTimeoutError
 
-__all__ = ["Future"]
+__all__ = ["INTERRUPTED", "Future"]
+
+INTERRUPTED = "jupyter_mesh: interrupted"
+"""The message of a task cancelled for Ctrl-C / the notebook's ■ (the ``mesh`` kernel cancels the
+cell's task with it): a future awaited there reports the interrupt as ``get()`` would
+(``MeshInterrupted``: where the call stopped), not as a bare ``CancelledError``."""
 
 T = TypeVar("T")
 log = logging.getLogger("jupyter_mesh.future")
@@ -210,13 +215,19 @@ class Future(Generic[T]):
             except RuntimeError:  # the loop is closed: nobody is waiting any more
                 pass
 
-        def on_waiter_done(f: asyncio.Future[T]) -> None:
-            if f.cancelled():  # the awaiting task was cancelled (notebook interrupt, timeout): stop remote work
-                self.cancel()
-
-        waiter.add_done_callback(on_waiter_done)
         self.add_done_callback(on_done)
-        return waiter.__await__()
+        try:
+            return (yield from waiter.__await__())
+        except asyncio.CancelledError as e:
+            # the awaiting task was cancelled: stop the remote work too. An interrupt is reported
+            # like one in get(): where the call stopped, how fast (MeshInterrupted)
+            if e.args == (INTERRUPTED,) and self._on_interrupt is not None and self._state == _PENDING:
+                raise self._on_interrupt() from None
+            self.cancel()
+            raise
+        finally:
+            if not waiter.done():  # closed without a throw (the task was dropped): nobody waits
+                self.cancel()
 
     def __repr__(self) -> str:
         state = "pending" if self._state == _PENDING else "done"

@@ -36,6 +36,11 @@ class ClientHooks:
     before_call: Callable[[], None] | None = None
     # (mesh_id, ranks, actor id): those ranks' constructors of that actor returned (or failed)
     constructed: Callable[[str, list[int], str], None] | None = None
+    # (actor mesh, ranks): a call or broadcast to those ranks was just sent, from this thread; the
+    # notebook tells by it which cell's output a rank prints, and warns of actors of a redefined class
+    sent: Callable[[ActorMeshRef, list[int]], None] | None = None
+    # (actor mesh, class): actors of that class are being spawned (the notebook's %mesh reload)
+    spawned: Callable[[ActorMeshRef, type], None] | None = None
     # a second interrupt kills the procs still running a cancelled call
     kill_ranks: Callable[[ProcMeshRef, list[int]], list[int]] | None = None
 

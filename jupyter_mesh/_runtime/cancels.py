@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..errors import MeshInterrupted, format_coords
+from ..errors import MeshInterrupted, fold_coords
 from . import interrupts
 
 if TYPE_CHECKING:
@@ -113,6 +113,5 @@ def report(
 
 
 def _ranks(coords: dict[int, dict[str, int]], ranks: list[int]) -> str:
-    shown = ", ".join(f"[{format_coords(coords.get(r, {}))}]" for r in ranks[:8])
-    more = f" and {len(ranks) - 8} more" if len(ranks) > 8 else ""
-    return f"{len(ranks)} rank{'s' if len(ranks) != 1 else ''} ({shown}{more})"
+    """``4 ranks (gpus 0-3)``, ``1 rank (gpus=2)``."""
+    return f"{len(ranks)} rank{'s' if len(ranks) != 1 else ''} ({fold_coords([coords.get(r, {}) for r in ranks])})"

@@ -17,13 +17,13 @@ from __future__ import annotations
 import itertools
 import pickle
 import queue
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
 from .._core.context import context
 from .._core.future import Future
 from .._wire.protocol import BROKEN, DIRECT, GATHER, NO_REPLY, Kind
-from .._wire.serialize import describe_unpicklable, dumps
+from .._wire.serialize import UNPICKLABLE_HINT, describe_unpicklable, dumps
 from .._wire.transport import Message, Transport
 from ..errors import (
     DeliveryError,
@@ -93,10 +93,9 @@ class Client:
         try:
             return dumps((args, kwargs))
         except SerializationError:
-            which = describe_unpicklable(args, kwargs)
+            which = describe_unpicklable(args, kwargs) or "an argument does not pickle"
             raise SerializationError(
-                f"cannot send {which} to {mesh._class_name}.{endpoint}: it does not pickle. "
-                "Pass plain data, tensors or arrays; open files, locks and sockets cannot travel."
+                f"{mesh._class_name}.{endpoint} was not called: {which}. {UNPICKLABLE_HINT}"
             ) from None
 
     def _check_targets(self, ref: ProcMeshRef, ranks: list[int], context: str) -> None:
@@ -193,17 +192,33 @@ class Client:
             except Exception:  # noqa: BLE001 - the proc may be gone; nothing left to cancel there
                 pass
 
-    def _interrupt(self, p: Pending) -> BaseException:
-        """Ctrl-C in ``get()``: cancel, wait a moment for the ranks to stop, say how it went."""
-        assert p.future is not None
-        fut, ref, kill = p.future, p.ref, self.hooks.kill_ranks
+    def _interrupt(self, p: Pending, cancel: Callable[[], object] | None = None) -> BaseException:
+        """Ctrl-C in ``get()`` (or in a stream): cancel, wait a moment for the ranks to stop, say how it went."""
+        if cancel is None:
+            assert p.future is not None
+            cancel = p.future.cancel
+        ref, kill = p.ref, self.hooks.kill_ranks
         return cancels.report(
             p,
-            fut.cancel,
+            cancel,
             self.cancel_acks,
             lambda r: (p.mesh_id, r) in self.calls.failed,
             (lambda ranks: kill(ref, ranks)) if kill is not None and ref is not None else None,
         )
+
+    def sync_output(self, ref: ProcMeshRef, ranks: list[int], token: str) -> int:
+        """Ask ``ranks`` to print an ``OUT_SYNC`` marker after their output so far; returns how many
+        were asked (failed and unreachable ranks are skipped: nothing more comes from them)."""
+        asked = 0
+        for r in ranks:
+            if (ref.mesh_id, r) in self.calls.failed or ref.mesh_id in self.calls.stopped:
+                continue
+            try:
+                self.transport.send(self._proc_addr(ref, r), Message({"k": Kind.OUT_SYNC, "t": token}))
+                asked += 1
+            except Exception:  # noqa: BLE001 - the proc is gone: it prints nothing more
+                pass
+        return asked
 
     # -- calls -----------------------------------------------------------------------------------------
     def spawn_actors(self, mesh: ActorMeshRef, cls: type, args: Any, kwargs: Any) -> Future[None]:
@@ -212,7 +227,11 @@ class Client:
         try:
             payload, bufs = dumps((cls, args, kwargs))
         except SerializationError as e:
-            raise SerializationError(f"cannot send {cls.__qualname__} and its arguments to the procs: {e}") from None
+            # the arguments pickle, or the class itself does not
+            which = describe_unpicklable(args, kwargs) or f"the class does not pickle ({e.__cause__})"
+            raise SerializationError(f"{cls.__qualname__} was not spawned: {which}. {UNPICKLABLE_HINT}") from None
+        if self.hooks.spawned is not None:
+            self.hooks.spawned(mesh, cls)
         fut: Future[None] = Future(f"spawn of {mesh._name}")
         p = Pending(
             fut, mesh._ref.mesh_id, "spawn", mesh._name, "__init__", mesh._shape, ranks, set(ranks), ref=mesh._ref
@@ -313,6 +332,8 @@ class Client:
         p: Pending | None,
     ) -> None:
         ref = mesh._ref
+        if self.hooks.sent is not None:  # before the send: the ranks' first output may beat the return
+            self.hooks.sent(mesh, ranks)
         hosts = sorted({ref.rank_host[r] for r in ranks})
         trackers: list[Any] = []
         undelivered: list[tuple[int, Failure]] = []
@@ -389,6 +410,8 @@ class Client:
         # to the message's way there and back (on 2 cores that is measurable)
         if self.hooks.activity is not None:
             self.hooks.activity(ref.mesh_id, [rank], 1)
+        if self.hooks.sent is not None:
+            self.hooks.sent(mesh, [rank])
         box = self.boxes.for_call() if self.boxes is not None else None
         tracker = None
         held = interrupts.hold()  # Ctrl-C waits until the call is sent and counted, or known unsent
@@ -472,7 +495,7 @@ class Client:
         return self.call_rank(mesh, rank, endpoint, args, kwargs)
 
     def _iter_stream(self, p: Pending, actor_id: str) -> Iterator[Future[Any]]:
-        return Stream(p, actor_id, self._cancel, self.defer_cancel)
+        return Stream(p, actor_id, self._cancel, self.defer_cancel, self._interrupt if self.boxes is not None else None)
 
     def request(self, address: str, header: dict[str, Any], obj: Any = None, what: str = "request") -> Future[Any]:
         """A control request (to an agent): the reply's payload is the future's value."""

@@ -16,6 +16,8 @@ import heapq
 import os
 import threading
 
+from .._wire.protocol import OUT_SYNC_PREFIX
+
 __all__ = ["LINE_MAX", "WorkerLogs", "cut_line"]
 
 LINE_MAX = 8 << 10  # characters of one line kept and printed
@@ -75,6 +77,10 @@ class WorkerLogs:
                 log = ranks[rank] = _RankLog()
             cap = STOPPED_TAIL if mesh_id in self._stopped else self.per_rank
             for line in lines:
+                if OUT_SYNC_PREFIX in line:  # a marker the notebook waits for, not the user's output
+                    line, _, _token = line.partition(OUT_SYNC_PREFIX)
+                    if not line:
+                        continue
                 log.lines.append((now, rank, fd, line))
                 n = len(line) + LINE_OVERHEAD
                 log.size += n

@@ -108,7 +108,8 @@ class PendingTable(dict[int, Pending]):
 
 class Stream(Iterator[Future[Any]]):
     """Completed futures in arrival order. Leaving early (``break``, Ctrl-C, an exception, or just
-    dropping the iterator) cancels the calls still running, so nothing keeps working for nobody."""
+    dropping the iterator) cancels the calls still running, so nothing keeps working for nobody.
+    Ctrl-C while waiting raises what ``interrupt`` reports (``MeshInterrupted``: where it stopped)."""
 
     def __init__(
         self,
@@ -116,9 +117,10 @@ class Stream(Iterator[Future[Any]]):
         actor_id: str,
         cancel: Callable[[Pending, str], None],
         defer_cancel: Callable[[Pending, str], None],
+        interrupt: Callable[[Pending, Callable[[], object]], BaseException] | None = None,
     ):
         self._p, self._actor_id = p, actor_id
-        self._cancel, self._defer_cancel = cancel, defer_cancel
+        self._cancel, self._defer_cancel, self._interrupt = cancel, defer_cancel, interrupt
         self._left = len(p.ranks)
 
     def __iter__(self) -> Stream:
@@ -130,6 +132,12 @@ class Stream(Iterator[Future[Any]]):
         assert self._p.stream_q is not None
         try:
             item = self._p.stream_q.get()
+        except KeyboardInterrupt:
+            if self._interrupt is None or not self._left:
+                self.close()
+                raise
+            self._left = 0
+            raise self._interrupt(self._p, lambda: self._cancel(self._p, self._actor_id)) from None
         except BaseException:
             self.close()
             raise

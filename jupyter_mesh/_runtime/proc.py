@@ -33,8 +33,8 @@ from .._core.context import ProcIdentity, context
 from .._core.shape import Point, Shape, Slice
 from .._data.owner import handle_message as handle_rdma
 from .._wire.channels import CurveKeys
-from .._wire.protocol import BROKEN, DIRECT, NO_REPLY, OK, RAISED, Dispatch, Kind, reply_header
-from .._wire.serialize import dumps, loads
+from .._wire.protocol import BROKEN, DIRECT, NO_REPLY, OK, OUT_SYNC_PREFIX, RAISED, Dispatch, Kind, reply_header
+from .._wire.serialize import UNPICKLABLE_HINT, dumps, loads
 from .._wire.transport import Message, Transport
 from ..errors import Failure, SerializationError, SupervisionError
 from . import cancel_signal, interrupts
@@ -43,7 +43,17 @@ from .hooks import Embedding, embed
 from .rank_env import set_rank_env
 from .remote_errors import error_info, safe_str
 
-__all__ = ["ProcRuntime", "main"]
+__all__ = ["ProcRuntime", "live_actor", "main"]
+
+_runtime: ProcRuntime | None = None  # this proc's, once it runs
+
+
+def live_actor(actor_id: str) -> ActorHost:
+    """The actor ``actor_id`` of this proc (``KeyError`` if there is none): for code that must touch
+    a live actor from beside it, like the notebook's ``%mesh reload``."""
+    if _runtime is None:
+        raise KeyError(actor_id)
+    return _runtime.actors[actor_id]
 
 
 class ActorHost:
@@ -378,16 +388,32 @@ class ActorHost:
         try:
             payload, bufs = dumps(result)
         except SerializationError as e:
-            err = SerializationError(f"the return value of {h['ep']} does not pickle: {e}")
+            err = SerializationError(
+                f"{type(self.instance).__qualname__}.{h['ep']} ran, but its return value "
+                f"({type(result).__name__}) does not pickle ({e.__cause__ or e}). {UNPICKLABLE_HINT}"
+            )
             self.runtime.reply(h, RAISED, dumps(error_info(err, h["ep"], 0))[0], [])
             return
         self.runtime.reply(h, OK, payload, bufs)
+
+
+def print_sync_marker(token: str) -> None:
+    """After what this proc printed so far, a marker on stdout and on stderr: the controller waits
+    for both to know that the output before them has reached it (the pipes keep their order)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.write(f"{OUT_SYNC_PREFIX}{token}\n")
+            stream.flush()
+        except (OSError, ValueError):  # closed by the user's code: nothing more will come from it
+            pass
 
 
 class ProcRuntime:
     """Receive loop, per-sender ordering and actor registry of one proc."""
 
     def __init__(self, cfg: dict[str, Any], key: bytes):
+        global _runtime
+        _runtime = self
         self.rank: int = cfg["rank"]
         self.mesh_id: str = cfg["mesh_id"]
         self.mesh_name: str = cfg["mesh_name"]
@@ -467,6 +493,7 @@ class ProcRuntime:
                     msg.header["s"], Message(reply_header(msg.header["i"], OK), dumps(vars(self.transport.stats))[0])
                 ),
                 Kind.STOP: lambda msg, _: _exit(0),
+                Kind.OUT_SYNC: lambda msg, _: print_sync_marker(msg.header["t"]),
             },
         )
 

@@ -44,6 +44,7 @@ __all__ = [
     "GATHER",
     "NO_REPLY",
     "OK",
+    "OUT_SYNC_PREFIX",
     "RAISED",
     "VERSION",
     "Dispatch",
@@ -57,6 +58,10 @@ VERSION = 2
 
 # reply modes a call header carries ("rm")
 NO_REPLY, DIRECT, GATHER = 0, 1, 2
+
+OUT_SYNC_PREFIX = "\x00jupyter-mesh-sync "
+"""Starts a marker line a proc prints on stdout and stderr (``OUT_SYNC``, or a ``%%mesh`` cell's end):
+once both arrived, everything the proc printed before has too. Never shown, never kept in the logs."""
 # a reply's per-rank status ("ok")
 RAISED, OK, BROKEN = 0, 1, 2
 
@@ -75,6 +80,7 @@ class Kind:
     SUPERVISE = "supervise"  # proc runtime -> actor: a mesh this actor spawned failed
     RDMA = "rdma"  # reader -> buffer owner: a data-plane request (get, put, drop, ucx)
     STATS = "stats"  # any -> agent / proc: transport counters, as a reply
+    OUT_SYNC = "out_sync"  # controller -> proc: print a marker (``t``) after what it printed so far
     # procs and their agent
     PROC_UP = "proc_up"  # proc -> agent: the proc runs and listens at ``addr``
     ACTOR_UP = "actor_up"  # proc -> agent: an actor's inbox and thread id

@@ -20,7 +20,7 @@ import cloudpickle
 
 from ..errors import SerializationError
 
-__all__ = ["INBAND_LIMIT", "dumps", "loads"]
+__all__ = ["INBAND_LIMIT", "UNPICKLABLE_HINT", "describe_unpicklable", "dumps", "loads"]
 
 # Buffers smaller than this stay inside the pickle: a frame of its own costs more than a copy.
 INBAND_LIMIT = 32 * 1024
@@ -152,15 +152,22 @@ def loads(payload: bytes | memoryview, buffers: Sequence[Any] = ()) -> Any:
 
 
 def describe_unpicklable(args: Sequence[Any], kwargs: dict[str, Any]) -> str:
-    """Name the first argument that does not pickle, for an error at the call site."""
+    """Name the first argument that does not pickle and why, for an error at the call site:
+    ``positional argument 0 (lock) does not pickle (cannot pickle '_thread.lock' object)``."""
     for i, a in enumerate(args):
         try:
             dumps(a)
         except SerializationError as e:
-            return f"positional argument {i} ({type(a).__name__}): {e.__cause__}"
+            return f"positional argument {i} ({type(a).__name__}) does not pickle ({e.__cause__})"
     for k, v in kwargs.items():
         try:
             dumps(v)
         except SerializationError as e:
-            return f"keyword argument '{k}' ({type(v).__name__}): {e.__cause__}"
-    return "an argument"
+            return f"keyword argument '{k}' ({type(v).__name__}) does not pickle ({e.__cause__})"
+    return ""
+
+
+UNPICKLABLE_HINT = (
+    "Arguments and results travel pickled: pass plain data, tensors or arrays, and create locks, "
+    "open files, sockets and threads inside the actor instead."
+)

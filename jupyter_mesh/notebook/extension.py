@@ -11,10 +11,11 @@ from typing import Any
 
 from .._runtime.controller import Controller
 from ..errors import SupervisionError
-from ..lowlevel import set_fault_hook
+from ..lowlevel import on_send, set_fault_hook, sync_output
 from . import tracebacks
 from .magics import MeshMagics
 from .output import OutputRouter
+from .reload import Redefinitions
 
 __all__ = ["Front", "front_of", "load", "unload"]
 
@@ -33,6 +34,11 @@ class Front:
         shell.events.register("post_execute", self.post_execute)
         # the kernel hosts the controller for its whole life: start it now, with output routed here
         Controller.get().output = self.router.sink
+        self.redefinitions = Redefinitions(shell, self.router.notify)
+        self.magics.redefinitions = self.redefinitions
+        on_send(self._sent, self.redefinitions.spawned)
+        self.router.sync_output = sync_output
+        self._displayhook_start = self._wait_output_before_results()
         # a failure nobody waits on is shown, never raised later: the kernel must live on
         self._prev_fault_hook = set_fault_hook(self._on_fault)
 
@@ -45,6 +51,27 @@ class Front:
             "\n".join(lines) + "\n(calls to it raise SupervisionError; `%mesh respawn` or "
             "ProcMesh.respawn() brings it back)\n"
         )
+
+    def _sent(self, mesh: Any, ranks: list[int]) -> None:
+        """A call went to ``ranks`` (on the sending thread): their output goes to the running cell;
+        actors of a class redefined since their spawn say so."""
+        self.router.sent(mesh._ref.mesh_id, mesh._ref.name, ranks)
+        self.redefinitions.sent(mesh, ranks)
+
+    def _wait_output_before_results(self) -> Any:
+        """A cell's result (``Out[n]``) is shown after what the ranks it called printed before it:
+        the displayhook waits for their output first (the stream and the result travel apart)."""
+        hook = getattr(self.shell, "displayhook", None)
+        start = getattr(hook, "start_displayhook", None)
+        if start is None:
+            return None
+
+        def start_displayhook() -> Any:
+            self.router.barrier()
+            return start()
+
+        hook.start_displayhook = start_displayhook
+        return start
 
     def _publish(self, parent: Any, name: str, text: str) -> None:
         if not parent:
@@ -74,6 +101,9 @@ class Front:
         self.shell.events.unregister("post_execute", self.post_execute)
         self.shell.set_custom_exc((), None)
         set_fault_hook(self._prev_fault_hook)
+        on_send(None)
+        if self._displayhook_start is not None:
+            del self.shell.displayhook.start_displayhook  # the class's method again
         self.shutdown()
 
 

@@ -5,16 +5,23 @@
 Shut Down and Restart stop every mesh, agent and proc before the kernel goes. A hard kill skips that:
 then the agents see their stdin (the lifeline from this process) close and take their procs with them.
 Interrupt (SIGINT to the kernel's process group) never reaches agents or procs: they run in sessions
-of their own; the cell waiting on a call gets KeyboardInterrupt and the call is cancelled.
+of their own; the cell waiting on a call gets KeyboardInterrupt and the call is cancelled. A cell that
+``await``s a call is interrupted at once too (plain ipykernel only cancels an awaiting cell once what it
+awaits is done: ipython/ipykernel#881), and says where the call stopped, as ``get()`` does.
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from ipykernel.ipkernel import IPythonKernel
 
+from .._core.future import INTERRUPTED
 from .._version import __version__
 from .extension import front_of, load
 
@@ -32,6 +39,33 @@ class MeshKernel(IPythonKernel):
         from ..ui import install
 
         install(self)  # serve the JupyterLab sidebar over a comm (kernel kind "mesh")
+
+    @contextmanager
+    def _cancel_on_sigint(self, future: asyncio.Future[Any]) -> Iterator[None]:
+        """While a cell runs as a coroutine (it has a top-level ``await``): Ctrl-C / ■ cancels it.
+
+        ipykernel's own version schedules the cancel with ``call_soon`` from the signal handler,
+        which does not wake the event loop: the cancel waits until whatever the cell awaits is
+        done (ipykernel#881). ``call_soon_threadsafe`` wakes it. When the signal lands while the
+        cell's own code runs (a blocking ``.get()`` inside an async cell) the loop cannot run the
+        cancel at all, so the cell gets ``KeyboardInterrupt`` there, as a plain cell would.
+        """
+        loop = asyncio.get_running_loop()
+
+        def cancel() -> None:
+            if not future.done():
+                future.cancel(msg=INTERRUPTED)
+
+        def on_sigint(signum: int, frame: Any) -> None:
+            if asyncio.current_task(loop) is future:
+                raise KeyboardInterrupt
+            loop.call_soon_threadsafe(cancel)
+
+        saved = signal.signal(signal.SIGINT, on_sigint)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, saved)
 
     async def do_shutdown(self, restart: bool) -> Any:
         front = front_of(self.shell)

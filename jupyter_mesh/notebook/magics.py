@@ -1,4 +1,4 @@
-"""``%mesh`` (up, status, down, scale, kill, logs, push, pull) and ``%%mesh`` (run a cell on every proc).
+"""``%mesh`` (up, status, down, scale, kill, logs, push, pull, reload) and ``%%mesh`` (run a cell on every proc).
 
 Arguments are parsed with argparse from ``shlex.split(line)`` and never evaluated; a bad argument is an
 IPython ``UsageError`` that ends with the usage line. Errors from the meshes themselves (a rank that
@@ -23,6 +23,7 @@ from .._core.value_mesh import ValueMesh
 from ..errors import MeshError, MeshValueError
 from .meshes import MeshRegistry
 from .output import SYNC_PREFIX, OutputRouter, fold_label, group_by_rank
+from .reload import Redefinitions
 from .remote_exec import CellError
 
 __all__ = ["MeshMagics", "parse_slice"]
@@ -101,7 +102,7 @@ def _rank_or_coords(text: str) -> int | dict[str, int]:
 def _build_parsers() -> tuple[_Parser, _Parser]:
     line = _Parser(prog="%mesh", description="Bring meshes of procs up and down, look at them, move data.")
     sub = line.add_subparsers(
-        dest="cmd", metavar="{up,status,down,scale,kill,respawn,logs,push,pull}", parser_class=_Parser
+        dest="cmd", metavar="{up,status,down,scale,kill,respawn,logs,push,pull,reload}", parser_class=_Parser
     )
     sub.required = True
 
@@ -151,6 +152,11 @@ def _build_parsers() -> tuple[_Parser, _Parser]:
     pull.add_argument("var", metavar="NAME")
     pull.add_argument("--name", dest="mesh", type=_name)
 
+    reload = sub.add_parser(
+        "reload", help="update live actors' methods to their class's new definition (a class redefined in a cell)"
+    )
+    reload.add_argument("names", nargs="*", metavar="NAME", help="actor mesh names (default: every redefined one)")
+
     cell = _Parser(prog="%%mesh", description="Run the cell on every proc of a mesh (or a slice of it).")
     cell.add_argument("--on", metavar="SLICE", help="e.g. gpus=0:2 or hosts=0,gpus=1")
     cell.add_argument("--name", type=_name)
@@ -167,11 +173,12 @@ class MeshMagics(Magics):
         super().__init__(shell)
         self.router = router
         self.meshes = MeshRegistry()
+        self.redefinitions: Redefinitions | None = None  # set by the front
         self._line_parser, self._cell_parser = _build_parsers()
 
     @line_cell_magic
     def mesh(self, line: str, cell: str | None = None) -> Any:
-        """%mesh up|status|down|scale|kill|respawn|logs|push|pull ...   %%mesh [--on SLICE] [--name NAME] [--no-stream]
+        """%mesh up|status|down|scale|kill|respawn|logs|push|pull|reload ...   %%mesh [--on SLICE] [--name NAME] [--no-stream]
 
         `%mesh -h` and `%mesh up -h` explain each command.
         """
@@ -290,6 +297,15 @@ class MeshMagics(Magics):
             print("no worker output kept yet")
         else:
             print(text, end="")
+
+    def _cmd_reload(self, args: argparse.Namespace) -> None:
+        if self.redefinitions is None:
+            raise UsageError("%mesh reload needs the notebook front (%load_ext jupyter_mesh)")
+        try:
+            lines = self.redefinitions.reload(args.names)
+        except TypeError as e:
+            raise UsageError(str(e)) from None
+        print("\n".join(lines))
 
     def _cmd_push(self, args: argparse.Namespace) -> None:
         entry = self.meshes.get(args.mesh)

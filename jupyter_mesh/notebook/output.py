@@ -4,9 +4,14 @@ The controller calls :meth:`OutputRouter.sink` on its receive thread with each b
 wrote. The sink only stores and enqueues; a thread of its own does the rest, so a flood never delays
 replies. Rules:
 
-* Output belongs to the cell that is running when it arrives (the cell that made the call, or, if that
-  one already returned, the one running now). Between cells nothing is shown; everything is kept for
-  ``%mesh logs``.
+* Output belongs to the cell whose execution caused it: a rank's lines go to the cell that last sent
+  it a call or broadcast (:meth:`OutputRouter.sent`), even once that cell finished (ipykernel writes
+  into an earlier cell's output area when a message carries that cell's parent header). A rank no
+  cell called yet (an actor's ``__init__`` printing as a spawn starts) prints into the running cell;
+  between cells such lines are only kept for ``%mesh logs``.
+* Before a cell shows its result, and before it ends, it waits (:meth:`OutputRouter.barrier`, at most
+  a second) until the ranks it called confirm that their output so far has arrived: a marker each
+  proc prints after it (``OUT_SYNC``), so prints come before the ``ValueMesh`` they led to.
 * Identical lines from several ranks within ``window`` seconds fold into one: ``[gpus 0-3] loss 0.42``.
 * A cell shows at most ``cell_lines`` lines (and lines of at most ``line_chars`` characters); past that
   it says how many it held back. The controller keeps the lines for ``ProcMesh.logs()`` / ``%mesh logs``.
@@ -18,16 +23,20 @@ import collections
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from .._wire.protocol import OUT_SYNC_PREFIX
+from ..errors import fold_coords
 
 __all__ = ["LogLine", "OutputRouter", "fold_label", "group_by_rank", "parse_label"]
 
 Publish = Callable[[Any, str, str], None]
 """(parent header of the cell or None, "stdout" | "stderr", text) -> None"""
 
-SYNC_PREFIX = "\x00jupyter-mesh-sync "
+SYNC_PREFIX = OUT_SYNC_PREFIX
 
 
 @dataclass(frozen=True)
@@ -50,51 +59,26 @@ def parse_label(label: str) -> dict[str, int]:
     return out
 
 
-def _ranges(values: Iterable[int]) -> str:
-    vs = sorted(set(values))
-    out, start, prev = [], vs[0], vs[0]
-    for v in [*vs[1:], None]:
-        if v is not None and v == prev + 1:
-            prev = v
-            continue
-        out.append(f"{start}" if start == prev else f"{start}-{prev}")
-        if v is not None:
-            start = prev = v
-    return ",".join(out)
-
-
 def fold_label(labels: list[str]) -> str:
-    """One prefix for the ranks that printed the same line: ``gpus 0-3``, ``hosts=1 gpus=2``.
-
-    A dim that is 0 for all of them is left out (``hosts=0`` on one machine says nothing), except the
-    last one. If the ranks do not form a box (every combination of the per-dim values), list them.
-    """
-    coords = [parse_label(lb) for lb in labels]
-    if not coords or not coords[0]:
-        return "rank 0" if len(labels) <= 1 else f"{len(labels)} ranks"
-    dims = list(coords[0])
-    per_dim = {d: sorted({c.get(d, 0) for c in coords}) for d in dims}
-    box = 1
-    for vs in per_dim.values():
-        box *= len(vs)
-    if box != len({tuple(c.items()) for c in coords}):
-        return "; ".join(lb for lb in labels[:8]) + (f" (+{len(labels) - 8})" if len(labels) > 8 else "")
-    parts = []
-    for i, d in enumerate(dims):
-        vs = per_dim[d]
-        if vs == [0] and i < len(dims) - 1:
-            continue
-        parts.append(f"{d}={vs[0]}" if len(vs) == 1 else f"{d} {_ranges(vs)}")
-    return " ".join(parts)
+    """One prefix for the ranks that printed the same line: ``gpus 0-3``, ``hosts=1 gpus=2``
+    (:func:`~jupyter_mesh.errors.fold_coords` of their coordinates)."""
+    if len(labels) > 1 and not parse_label(labels[0]):
+        return f"{len(labels)} ranks"
+    return fold_coords([parse_label(lb) for lb in labels]) if labels else "rank 0"
 
 
-@dataclass
+@dataclass(eq=False)
 class _Cell:
     parent: Any
     collect: bool = False  # --no-stream: hold lines, show them grouped by rank at the end
     shown: int = 0
     held_back: int = 0
     collected: list[LogLine] = field(default_factory=list)
+    called: dict[str, set[int]] = field(default_factory=dict)  # mesh id -> ranks it sent calls to
+
+
+SyncOutput = Callable[[str, list[int], str], int]
+"""(mesh id, ranks, token) -> how many procs were asked to print the token's markers"""
 
 
 class OutputRouter:
@@ -109,9 +93,11 @@ class OutputRouter:
         line_chars: int = 2000,
     ):
         self._publish = publish
+        self.sync_output: SyncOutput | None = None  # set by the kernel's front (lowlevel.sync_output)
         self.window, self.cell_lines, self.line_chars = window, cell_lines, line_chars
+        self._owner: dict[tuple[str, int], _Cell] = {}  # (mesh name, rank) -> the cell that last called it
         self._meshes: list[str] = []  # names seen, in order: the prefix names the mesh once there are several
-        self._queue: collections.deque[LogLine] = collections.deque()
+        self._queue: collections.deque[tuple[_Cell, LogLine]] = collections.deque()
         self._cond = threading.Condition()
         self._cell: _Cell | None = None
         self._flush_req = 0
@@ -122,23 +108,37 @@ class OutputRouter:
         self._thread = threading.Thread(target=self._run, name="jupyter-mesh-output", daemon=True)
         self._thread.start()
 
+    # -- the calling thread ----------------------------------------------------------------------
+    def sent(self, mesh_id: str, mesh: str, ranks: list[int]) -> None:  # (proc mesh id and name)
+        """A call or broadcast went to ``ranks`` (on the thread that sent it): their output is the
+        running cell's from now on, until another cell calls them."""
+        cell = self._cell
+        if cell is None:
+            return  # sent between cells (a sidebar action): the rank keeps its cell
+        for r in ranks:
+            self._owner[(mesh, r)] = cell
+        cell.called.setdefault(mesh_id, set()).update(ranks)
+
     # -- receive thread ------------------------------------------------------------------------
     def sink(self, mesh: str, rank: int, label: str, fd: int, lines: list[str]) -> None:
         now = time.time()
         if mesh not in self._meshes:
             self._meshes.append(mesh)
-        batch = []
+        batch, tokens = [], []
         for text in lines:
             if SYNC_PREFIX in text:  # the sync line may end a line the user left unterminated
                 text, _, token = text.partition(SYNC_PREFIX)
-                self._sync_seen(token)
+                tokens.append(token)
                 if not text:
                     continue
             batch.append(LogLine(now, mesh, rank, label, fd, text))
-        if batch and self._cell is not None:  # between cells: only the controller's log keeps it
+        cell = self._owner.get((mesh, rank)) or self._cell
+        if batch and cell is not None:  # nobody's: only the controller's log keeps it
             with self._cond:
-                self._queue.extend(batch)
+                self._queue.extend((cell, ln) for ln in batch)
                 self._cond.notify()
+        for token in tokens:  # after the lines before them are queued: a flush then includes them
+            self._sync_seen(token)
 
     def _sync_seen(self, token: str) -> None:
         with self._cond:
@@ -168,7 +168,9 @@ class OutputRouter:
         self._publish(cell.parent, "stderr", text)
 
     def end_cell(self, timeout: float = 2.0) -> None:
-        """The cell finished: show what is pending (before the kernel reports idle), then detach."""
+        """The cell finished: show what its ranks printed so far (before the kernel reports idle),
+        then detach. Their later lines still go to it."""
+        self.barrier()
         self.flush(timeout)
         with self._cond:
             cell, self._cell = self._cell, None
@@ -212,6 +214,30 @@ class OutputRouter:
         with self._cond:
             self._syncs.pop(token, None)
 
+    def barrier(self, timeout: float = 1.0) -> None:
+        """Return once what the ranks this cell called printed so far is shown (or ``timeout``
+        passed: a proc busy in native code holding its GIL cannot answer; its lines come later)."""
+        cell, sync = self._cell, self.sync_output
+        if cell is None or sync is None or not cell.called or threading.current_thread() is self._thread:
+            return
+        token = uuid.uuid4().hex
+        done = self.expect_sync(token, 0)
+        asked = 0
+        try:
+            for mesh_id, ranks in list(cell.called.items()):
+                asked += sync(mesh_id, sorted(ranks), token)
+            with self._cond:
+                st = self._syncs[token]
+                st[0] += 2 * asked  # markers on stdout and stderr; some may have come already
+                if st[0] <= 0:
+                    done.set()
+                else:  # set by a marker that came before the count was known
+                    done.clear()
+            done.wait(timeout)
+        finally:
+            self.forget_sync(token)
+        self.flush(timeout)
+
     def flush(self, timeout: float = 2.0) -> None:
         """Return once every line received so far has been published (or ``timeout`` passed)."""
         if threading.current_thread() is self._thread:
@@ -230,7 +256,7 @@ class OutputRouter:
 
     # -- the output thread ---------------------------------------------------------------------
     def _run(self) -> None:
-        pending: list[LogLine] = []
+        pending: list[tuple[_Cell, LogLine]] = []
         first = 0.0
         while True:
             with self._cond:
@@ -246,21 +272,22 @@ class OutputRouter:
                 pending.extend(self._queue)
                 self._queue.clear()
                 flush_to = self._flush_req
-                cell = self._cell
             if pending and (flush_to != self._flush_done or time.monotonic() >= first + self.window):
-                try:
-                    self._emit(cell, pending)
-                except Exception as e:  # noqa: BLE001 - never let the output thread die
-                    print(f"jupyter_mesh: output routing failed: {e!r}", file=sys.__stderr__)
+                by_cell: dict[_Cell, list[LogLine]] = {}
+                for cell, ln in pending:
+                    by_cell.setdefault(cell, []).append(ln)
+                for cell, lines in by_cell.items():
+                    try:
+                        self._emit(cell, lines)
+                    except Exception as e:  # noqa: BLE001 - never let the output thread die
+                        print(f"jupyter_mesh: output routing failed: {e!r}", file=sys.__stderr__)
                 pending = []
             if flush_to != self._flush_done:
                 with self._cond:
                     self._flush_done = flush_to
                     self._cond.notify_all()
 
-    def _emit(self, cell: _Cell | None, lines: list[LogLine]) -> None:
-        if cell is None:
-            return  # between cells: kept for %mesh logs only
+    def _emit(self, cell: _Cell, lines: list[LogLine]) -> None:
         if cell.collect:
             cell.collected.extend(lines)
             return

@@ -9,10 +9,12 @@ any notion of IPython.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import types
 from typing import Any
 
+from .._core.future import INTERRUPTED
 from ..errors import ActorError, SupervisionError, format_coords
 from .output import SYNC_PREFIX
 
@@ -21,6 +23,7 @@ __all__ = ["install", "remote_blocks"]
 _RED, _CYAN, _BOLD, _RESET = "\x1b[0;31m", "\x1b[0;36m", "\x1b[1m", "\x1b[0m"
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_ASYNCIO_DIR = os.path.dirname(os.path.abspath(asyncio.__file__)) + os.sep
 
 _HINT = {
     ActorError: "The actors are still alive: fix the input or the endpoint and call again.",
@@ -76,10 +79,10 @@ def _summary(e: BaseException) -> str:
     return f"{_RED}{_BOLD}SupervisionError{_RESET}: {len(e.failures)} rank(s) of mesh '{e.failures[0].mesh}' failed\n{last}"
 
 
-def _user_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
-    """The traceback up to where it enters jupyter_mesh: our internals are no help to the user."""
+def _user_frames(tb: types.TracebackType | None, stop: tuple[str, ...] = (_PACKAGE_DIR,)) -> types.TracebackType | None:
+    """The traceback up to where it enters jupyter_mesh (or ``stop``): our internals are no help to the user."""
     kept = []
-    while tb is not None and not tb.tb_frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+    while tb is not None and not tb.tb_frame.f_code.co_filename.startswith(stop):
         kept.append(tb)
         tb = tb.tb_next
     out = None
@@ -97,5 +100,25 @@ def _handler(shell: Any, etype: type, value: BaseException, tb: Any, tb_offset: 
     return stb
 
 
+def _interrupted_await(shell: Any, etype: type, value: BaseException, tb: Any, tb_offset: int | None) -> list[str]:
+    """A cell cancelled by Ctrl-C / ■ while it awaited something other than a mesh call (those say
+    more: ``MeshInterrupted``): the cell's own frames and one line, not asyncio's internals."""
+    user = _user_frames(tb, (_PACKAGE_DIR, _ASYNCIO_DIR))
+    local = shell.InteractiveTB.structured_traceback(etype, value, user, tb_offset=tb_offset)
+    frames = local[:-1] if len(local) > 1 else []
+    stb = [*frames, f"{_RED}{_BOLD}Interrupted{_RESET}: the cell was cancelled while it awaited"]
+    shell._showtraceback(etype, value, stb)
+    return stb
+
+
+def _dispatch(shell: Any, etype: type, value: BaseException, tb: Any, tb_offset: int | None = None) -> list[str]:
+    if isinstance(value, asyncio.CancelledError):
+        if value.args != (INTERRUPTED,):  # someone else's cancel: IPython's usual traceback
+            shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
+            return []
+        return _interrupted_await(shell, etype, value, tb, tb_offset)
+    return _handler(shell, etype, value, tb, tb_offset)
+
+
 def install(shell: Any) -> None:
-    shell.set_custom_exc((ActorError, SupervisionError), _handler)
+    shell.set_custom_exc((ActorError, SupervisionError, asyncio.CancelledError), _dispatch)

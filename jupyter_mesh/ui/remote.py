@@ -1,33 +1,65 @@
-"""``jupyter-mesh status``: ask running kernels for their meshes, over the sidebar's comm.
+"""``jupyter-mesh status``: the meshes of the running kernels, asked over each kernel's control channel.
 
-The meshes live in a kernel's controller, not in the terminal's process, so the command connects
-to each kernel (its connection file in Jupyter's runtime dir, like ``jupyter console --existing``),
-opens a ``jupyter_mesh.sidebar`` comm and renders the snapshot it gets. A kernel without the target
-closes the comm at once: it is reported as "not a mesh kernel". A kernel busy with a cell answers
-when the cell ends, so each kernel gets a bounded wait.
+The meshes live in a kernel's controller, not in the terminal's process, so the command connects to
+each kernel (its connection file in Jupyter's runtime dir, like ``jupyter console --existing``) and
+sends a ``jupyter_mesh_status_request`` on the **control** channel. ipykernel serves that channel on a
+thread of its own, so a kernel busy running a cell answers at once (the shell channel, which comms
+use, waits for the cell to end). Why not a state file the controller keeps current, or a socket of
+our own: the control channel is there already, and only a holder of the kernel's key (its 0600
+connection file) can sign a request; nothing new listens, nothing is written that could go stale.
+
+A kernel that does not know the request (no ``jupyter_mesh`` loaded) sends no reply; the command
+follows it with a ``kernel_info_request`` on the same channel, which every kernel answers, in order:
+when that answer comes first, the kernel has no meshes to tell. Kernels are named by their notebook
+when a Jupyter server of this user (its ``jpserver-*.json`` in the runtime dir) knows them.
 """
 
 from __future__ import annotations
 
 import glob
+import json
 import os
-import time
-import uuid
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from .sidebar_comm import TARGET
 from .wire import MeshWire
 
-__all__ = ["KernelMeshes", "connection_files", "query_kernel", "status_main"]
+__all__ = ["REQUEST", "KernelMeshes", "connection_files", "notebook_names", "query_kernel", "serve", "status_main"]
+
+REQUEST = "jupyter_mesh_status_request"
+REPLY = "jupyter_mesh_status_reply"
 
 
+# -- the kernel's end ------------------------------------------------------------------------------
+def serve(kernel: Any, name: str) -> None:
+    """Answer ``jupyter-mesh status`` on ``kernel``'s control channel (its thread, not the shell's)."""
+
+    def handle(stream: Any, ident: Any, parent: dict[str, Any]) -> None:
+        from .hub import hub
+
+        try:
+            content: dict[str, Any] = {"status": "ok", "kernel": name, "meshes": hub().meshes()}
+        except Exception as e:  # noqa: BLE001 - say it to the asker, keep the kernel
+            content = {"status": "error", "kernel": name, "meshes": [], "error": f"{type(e).__name__}: {e}"}
+        kernel.session.send(stream, REPLY, content, parent, ident)
+
+    kernel.control_handlers[REQUEST] = handle
+
+
+# -- the command's end -----------------------------------------------------------------------------
 @dataclass
 class KernelMeshes:
     connection_file: str
     kernel: str = ""  # what the kernel says it is ("mesh", "python"); "" when it did not answer
     meshes: list[MeshWire] = field(default_factory=list)
     error: str = ""
+    notebook: str = ""  # the notebook's path, when a Jupyter server says which one runs this kernel
+
+    @property
+    def title(self) -> str:
+        return self.notebook or os.path.basename(self.connection_file)
 
 
 def connection_files() -> list[str]:
@@ -36,6 +68,35 @@ def connection_files() -> list[str]:
 
     files = glob.glob(os.path.join(jupyter_runtime_dir(), "kernel-*.json"))
     return sorted(files, key=os.path.getmtime, reverse=True)
+
+
+def _kernel_id(connection_file: str) -> str:
+    base = os.path.basename(connection_file)
+    return base[len("kernel-") : -len(".json")] if base.startswith("kernel-") and base.endswith(".json") else ""
+
+
+def notebook_names(timeout: float = 1.0) -> dict[str, str]:
+    """Kernel id -> notebook path, from every Jupyter server of this user that answers (``/api/sessions``)."""
+    from jupyter_core.paths import jupyter_runtime_dir
+
+    names: dict[str, str] = {}
+    for info_file in glob.glob(os.path.join(jupyter_runtime_dir(), "jpserver-*.json")):
+        try:
+            with open(info_file) as f:
+                info = json.load(f)
+            os.kill(int(info["pid"]), 0)  # a file left by a server that is gone
+            req = urllib.request.Request(
+                info["url"].rstrip("/") + "/api/sessions", headers={"Authorization": f"token {info.get('token', '')}"}
+            )
+            with urllib.request.urlopen(req, timeout=timeout) as resp:  # the user's own server, from its own file
+                sessions = json.load(resp)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # not running, not reachable, or it wants a password: name by connection file
+        for s in sessions:
+            kid, path = (s.get("kernel") or {}).get("id"), s.get("path") or s.get("name")
+            if kid and path:
+                names[kid] = path
+    return names
 
 
 def query_kernel(connection_file: str, timeout: float = 3.0) -> KernelMeshes:
@@ -49,36 +110,38 @@ def query_kernel(connection_file: str, timeout: float = 3.0) -> KernelMeshes:
     except (OSError, ValueError) as e:
         out.error = f"cannot read the connection file: {e}"
         return out
-    kc.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
-    comm_id = uuid.uuid4().hex
+    kc.start_channels(shell=False, iopub=False, stdin=False, hb=False, control=True)
     try:
-        time.sleep(0.2)  # let the IOPub subscription settle, or the snapshot may go by unseen
-        kc.shell_channel.send(kc.session.msg("comm_open", {"comm_id": comm_id, "target_name": TARGET, "data": {}}))
-        deadline = time.monotonic() + timeout
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                msg: dict[str, Any] = kc.get_iopub_msg(timeout=left)
-            except Exception:  # noqa: BLE001 - queue.Empty: no answer in time
-                break
-            content = msg.get("content", {})
-            if content.get("comm_id") != comm_id:
-                continue
-            if msg["msg_type"] == "comm_close":
-                out.error = "not a mesh kernel (start the 'Python 3 (mesh)' kernel or run %load_ext jupyter_mesh.ui)"
-                return out
-            data = content.get("data", {})
-            if msg["msg_type"] == "comm_msg" and data.get("type") == "snapshot":
-                out.kernel, out.meshes = data["kernel"], data["meshes"]
-                return out
-        out.error = f"no answer within {timeout:g} s (the kernel may be busy running a cell)"
-        return out
+        ask = kc.session.msg(REQUEST, {})
+        kc.control_channel.send(ask)
+        info = kc.session.msg("kernel_info_request", {})
+        kc.control_channel.send(info)  # answered after ours: if it comes first, ours is unknown there
+        try:
+            while True:
+                msg: dict[str, Any] = kc.control_channel.get_msg(timeout=timeout)
+                parent = msg.get("parent_header", {}).get("msg_id")
+                if parent == ask["header"]["msg_id"] and msg["msg_type"] == REPLY:
+                    content = msg["content"]
+                    out.kernel, out.meshes, out.error = (
+                        content.get("kernel", ""),
+                        content["meshes"],
+                        content.get("error", ""),
+                    )
+                    return out
+                if parent == info["header"]["msg_id"]:
+                    out.kernel = msg["content"].get("implementation", "")
+                    out.error = "no jupyter_mesh in this kernel (the 'Python 3 (mesh)' kernel has it; or %load_ext jupyter_mesh)"
+                    return out
+        except Exception:  # noqa: BLE001 - queue.Empty: no answer in time
+            out.error = f"no answer within {timeout:g} s (the kernel may be gone: its connection file is left over)"
+            return out
     finally:
-        kc.shell_channel.send(kc.session.msg("comm_close", {"comm_id": comm_id, "data": {}}))
         kc.stop_channels()
 
 
-def status_main(files: list[str] | None = None, timeout: float = 3.0) -> int:
-    """Print the meshes of every running kernel (or of ``files``); exit status 0 if any answered."""
+def status_main(files: list[str] | None = None, timeout: float = 3.0, show_all: bool = False) -> int:
+    """Print the meshes of every running kernel (or of ``files``); exit status 0 if any has a mesh
+    (with ``show_all``: if any answered). Kernels without a mesh are counted, listed with ``show_all``."""
     from rich.console import Console
     from rich.text import Text
 
@@ -89,14 +152,23 @@ def status_main(files: list[str] | None = None, timeout: float = 3.0) -> int:
     if not files:
         console.print("no running Jupyter kernel found (looked in the Jupyter runtime dir)", style="yellow")
         return 1
-    answered = 0
-    for f in files:
-        res = query_kernel(f, timeout)
-        name = os.path.basename(f)
-        if res.error:
-            console.print(Text(f"{name}: {res.error}", style="dim"))
+    with ThreadPoolExecutor(max_workers=min(8, len(files))) as pool:
+        names = pool.submit(notebook_names)
+        results = list(pool.map(lambda f: query_kernel(f, timeout), files))
+        by_id = names.result()
+    for res in results:
+        res.notebook = by_id.get(_kernel_id(res.connection_file), "")
+    shown = [r for r in results if r.meshes or (show_all and (r.kernel or r.error))]
+    for res in shown:
+        if not res.meshes:
+            console.print(Text(f"{res.title}: {res.error or 'no mesh'}", style="dim"))
             continue
-        answered += 1
-        console.print(Text(f"{name} ({res.kernel} kernel): {len(res.meshes)} mesh(es)", style="bold"))
+        kind = f" ({res.kernel} kernel)" if res.kernel else ""
+        console.print(Text(f"{res.title}{kind}: {len(res.meshes)} mesh(es)", style="bold"))
         console.print(render(res.meshes))
-    return 0 if answered else 1
+    hidden = len(results) - len(shown)
+    if hidden:
+        console.print(Text(f"{hidden} kernel(s) without a mesh not shown (--all lists them)", style="dim"))
+    if not any(r.meshes for r in results) and not show_all:
+        console.print("no kernel has a mesh", style="yellow")
+    return 0 if any(r.meshes for r in results) or (show_all and any(r.kernel for r in results)) else 1

@@ -21,6 +21,7 @@ from typing import Any, cast
 
 from ..errors import MeshError
 from .hub import hub
+from .remote import serve as serve_status
 from .wire import ActionRequest, ActionResult, FrontMessage, MeshWire, SnapshotMessage, UpdateMessage
 
 __all__ = ["TARGET", "SidebarChannel", "install", "run_action"]
@@ -105,12 +106,14 @@ def install(kernel: Any, name: str = "mesh", announce: bool = False) -> None:
 
     The ``mesh`` kernel calls ``install(self)`` once it is set up; ``%load_ext jupyter_mesh.ui``
     calls it with ``announce=True``, which also opens a channel towards front ends already
-    connected. Calling it again for the same kernel does nothing.
+    connected. It also answers ``jupyter-mesh status`` (:mod:`.remote`). Calling it again for the
+    same kernel does nothing.
     """
     if kernel in _installed:
         return
     _installed[kernel] = name
     kernel.comm_manager.register_target(TARGET, lambda comm, _msg: SidebarChannel(comm, name))
+    serve_status(kernel, name)  # `jupyter-mesh status`, answered on the control channel
     if announce:
         from comm import create_comm
 
