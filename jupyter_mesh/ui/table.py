@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 from .wire import STATES, MeshWire, RankWire
 
-__all__ = ["COLOURS", "TIMES", "grid_slices", "html_table", "shape_label", "text_table"]
+__all__ = ["COLOURS", "TIMES", "calls_line", "grid_slices", "html_table", "shape_label", "text_table"]
 
 TIMES = "\u00d7"  # the x between dims: "hosts=2 x gpus=4"
 
@@ -49,6 +49,15 @@ def shape_label(mesh: MeshWire) -> str:
     return f" {TIMES} ".join(f"{d}={s}" for d, s in zip(mesh["dims"], mesh["sizes"], strict=True)) or "1 proc"
 
 
+def calls_line(mesh: MeshWire) -> str:
+    """ "3/8 done, left: 3, 5 (12.0 s)" while calls are out, else ""."""
+    g = mesh["gather"]
+    if g is None:
+        return ""
+    left = ", ".join(map(str, g["left"])) + (", ..." if g["total"] - g["done"] > len(g["left"]) else "")
+    return f"{g['done']}/{g['total']} done, left: {left or '-'} ({g['elapsed']:.1f} s)"
+
+
 def _counts(mesh: MeshWire) -> str:
     return ", ".join(f"{mesh['counts'][s]} {s}" for s in STATES if mesh["counts"].get(s))
 
@@ -65,6 +74,8 @@ def html_table(meshes: list[MeshWire]) -> str:
             f"<div><b>{esc(m['name'])}</b> {esc(shape_label(m))}{stopped} &mdash; {esc(_counts(m))}; "
             f"{m['inflight']} call(s) in flight</div>"
         )
+        if m["gather"]:
+            parts.append(f"<div data-calls='{m['gather']['done']}/{m['gather']['total']}'>{esc(calls_line(m))}</div>")
         for label, rows in grid_slices(m):
             if label:
                 parts.append(f"<div style='font-size:90%'>{esc(label)}</div>")
@@ -117,6 +128,8 @@ def text_table(meshes: list[MeshWire]) -> str:
             f"{m['name']} [{shape_label(m)}]{' stopped' if m['stopped'] else ''}: {_counts(m)}; "
             f"{m['inflight']} call(s) in flight"
         )
+        if m["gather"]:
+            out.append("  " + calls_line(m))
         for label, rows in grid_slices(m):
             if label:
                 out.append(f"  {label}")

@@ -18,6 +18,7 @@ __all__ = [
     "ActionName",
     "ActionRequest",
     "ActionResult",
+    "CallsWire",
     "FailureWire",
     "FrontMessage",
     "KernelMessage",
@@ -50,6 +51,7 @@ class RankWire(TypedDict):
     pid: int | None
     failure: FailureWire | None
     note: str  # why it is slow to answer: "initializing 'trainer' (42 s)", "busy in native code"; or ""
+    busy_s: float  # how long it has been busy, at the snapshot (0 unless busy)
 
 
 class RecentFailure(TypedDict):
@@ -65,6 +67,18 @@ class Progress(TypedDict):
     total: int
 
 
+class CallsWire(TypedDict):
+    """The calls out on a mesh: ranks done / ranks busy since none was, and which are left."""
+
+    done: int
+    total: int
+    left: list[int]  # the first LEFT_MAX of them
+    elapsed: float  # seconds since the first of them got busy, at the snapshot
+
+
+LEFT_MAX = 64
+
+
 class MeshWire(TypedDict):
     mesh_id: str
     name: str
@@ -75,7 +89,7 @@ class MeshWire(TypedDict):
     counts: dict[str, int]  # every state, in ProcState order: the views draw their chips in this order
     inflight: int  # calls in flight from this controller, summed over ranks
     spawn: Progress  # procs up / procs (done == total once every proc reported in)
-    gather: Progress | None  # ranks that replied / ranks busy, while calls are out; None when idle
+    gather: CallsWire | None  # ranks done / ranks busy, while calls are out (live); None when idle
     failures: list[RecentFailure]  # newest last, a few only
 
 
@@ -85,10 +99,9 @@ def failure_wire(f: Failure | None) -> FailureWire | None:
     return FailureWire(kind=f.kind, detail=f.detail, traceback=f.traceback, exit_code=f.exit_code, signal=f.signal)
 
 
-def mesh_wire(
-    state: MeshState, gather: Progress | None = None, failures: list[RecentFailure] | None = None
-) -> MeshWire:
+def mesh_wire(state: MeshState, failures: list[RecentFailure] | None = None) -> MeshWire:
     dims = list(state.sizes)
+    pr = state.progress
     counts = state.counts()
     ranks = [
         RankWire(
@@ -99,6 +112,7 @@ def mesh_wire(
             pid=r.pid,
             failure=failure_wire(r.failure),
             note=r.note,
+            busy_s=round(r.busy_s, 1),
         )
         for r in state.ranks
     ]
@@ -112,7 +126,14 @@ def mesh_wire(
         counts=counts,
         inflight=sum(r.inflight for r in state.ranks),
         spawn=Progress(done=len(ranks) - counts[ProcState.STARTING.value], total=len(ranks)),
-        gather=gather,
+        gather=None
+        if pr is None
+        else CallsWire(
+            done=len(pr.done),
+            total=len(pr.done) + len(pr.left),
+            left=list(pr.left[:LEFT_MAX]),
+            elapsed=round(pr.elapsed, 1),
+        ),
         failures=list(failures) if failures is not None else _current_failures(state, dims),
     )
 
