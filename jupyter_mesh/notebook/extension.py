@@ -12,6 +12,7 @@ from typing import Any
 from .._runtime.controller import Controller
 from ..errors import SupervisionError
 from ..lowlevel import set_fault_hook
+from ..ui.sidebar_comm import set_stopper
 from . import tracebacks
 from .magics import MeshMagics
 from .output import OutputRouter
@@ -35,6 +36,8 @@ class Front:
         Controller.get().output = self.router.sink
         # a failure nobody waits on is shown, never raised later: the kernel must live on
         self._prev_fault_hook = set_fault_hook(self._on_fault)
+        # the sidebar's Stop mesh is `%mesh down` for the meshes the magics brought up
+        self._prev_stopper = set_stopper(self.magics.down_mesh_id)
 
     def _on_fault(self, err: SupervisionError) -> None:
         lines = [
@@ -74,6 +77,7 @@ class Front:
         self.shell.events.unregister("post_execute", self.post_execute)
         self.shell.set_custom_exc((), None)
         set_fault_hook(self._prev_fault_hook)
+        set_stopper(self._prev_stopper)
         self.shutdown()
 
 
