@@ -71,7 +71,8 @@ def html_table(meshes: list[MeshWire]) -> str:
         esc = html.escape
         stopped = " (stopped)" if m["stopped"] else ""
         parts.append(
-            f"<div><b>{esc(m['name'])}</b> {esc(shape_label(m))}{stopped} &mdash; {esc(_counts(m))}; "
+            f"<div data-mesh='{esc(m['name'])}'><b>{esc(m['name'])}</b> {esc(shape_label(m))}{stopped} &mdash; "
+            f"{esc(_counts(m))}; "
             f"{m['inflight']} call(s) in flight</div>"
         )
         if m["gather"]:
@@ -82,7 +83,8 @@ def html_table(meshes: list[MeshWire]) -> str:
             parts.append("<table style='border-collapse:collapse'>")
             for row in rows:
                 cells = "".join(
-                    f"<td title='{esc(_rank_title(m, r))}' style='background:{COLOURS[r['state']]};color:#fff;"
+                    f"<td data-rank='{r['rank']}' data-state='{r['state']}' title='{esc(_rank_title(m, r))}' "
+                    f"style='background:{COLOURS[r['state']]};color:#fff;"
                     f"padding:2px 6px;border:1px solid #fff;font-family:monospace'>{r['rank']}</td>"
                     for r in row
                 )
