@@ -7,6 +7,7 @@ import io
 import subprocess
 import sys
 import threading
+import time
 
 from _procs import wait_for
 from rich.console import Console
@@ -116,7 +117,8 @@ def test_hub_coalesces_bursts_and_tracks_calls_and_failures():
         t.activity("m", list(range(8)), 1)  # a call to 8 ranks; 3 reply
         t.activity("m", [0, 1, 2], -1)
         assert wait_for(lambda: _calls(batches[-1][0][0]) == (3, 8, [3, 4, 5, 6, 7]), 3)
-        assert batches[-1][0][0]["ranks"][3]["busy_s"] >= 0 and batches[-1][0][0]["ranks"][0]["busy_s"] == 0
+        ranks = batches[-1][0][0]["ranks"]
+        assert ranks[3]["busy_since"] <= time.time() and ranks[0]["busy_since"] is None
         progress = t.snapshot("m").progress
         assert progress is not None and progress.done == (0, 1, 2) and progress.left == (3, 4, 5, 6, 7)
         assert str(progress).startswith("3/8 done, left: 3, 4, 5, 6, 7 (")

@@ -24,7 +24,7 @@ from typing import Any, cast
 
 from ..errors import MeshError
 from .hub import hub
-from .wire import ActionRequest, ActionResult, FrontMessage, MeshWire, SnapshotMessage, UpdateMessage
+from .wire import ActionRequest, ActionResult, FrontMessage, MeshWire, SnapshotMessage, UpdateMessage, user_lines
 
 __all__ = ["TARGET", "SidebarChannel", "install", "run_action", "set_stopper"]
 
@@ -63,7 +63,7 @@ def run_action(req: ActionRequest) -> ActionResult:
             if stopper is None or not stopper(req["mesh_id"]):
                 pm.stop()
         elif action == "logs":
-            out["lines"] = pm.logs(None if rank is None else int(rank), tail=200)
+            out["lines"] = user_lines(pm.logs(None if rank is None else int(rank), tail=200))
         else:
             raise MeshError(f"unknown action {action!r}; expected kill, respawn, stop or logs")
     except MeshError as e:

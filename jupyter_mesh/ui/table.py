@@ -7,6 +7,7 @@ Renders the same :class:`~jupyter_mesh.ui.wire.MeshWire` snapshots as the widget
 from __future__ import annotations
 
 import html
+import time
 from collections.abc import Iterator
 
 from .wire import STATES, MeshWire, RankWire
@@ -55,7 +56,7 @@ def calls_line(mesh: MeshWire) -> str:
     if g is None:
         return ""
     left = ", ".join(map(str, g["left"])) + (", ..." if g["total"] - g["done"] > len(g["left"]) else "")
-    return f"{g['done']}/{g['total']} done, left: {left or '-'} ({g['elapsed']:.1f} s)"
+    return f"{g['done']}/{g['total']} done, left: {left or '-'} ({max(0.0, time.time() - g['since']):.1f} s)"
 
 
 def _counts(mesh: MeshWire) -> str:

@@ -8,10 +8,12 @@ The TypeScript twins of these types live in ``labextension/src/wire.ts``; keep t
 
 from __future__ import annotations
 
+import time
 from typing import Literal, TypedDict, Union
 
 from .._core.state import MeshState, ProcState
 from ..errors import Failure
+from ..notebook.output import SYNC_PREFIX
 
 __all__ = [
     "STATES",
@@ -30,6 +32,7 @@ __all__ = [
     "UpdateMessage",
     "failure_wire",
     "mesh_wire",
+    "user_lines",
 ]
 
 STATES: tuple[str, ...] = tuple(s.value for s in ProcState)
@@ -51,7 +54,7 @@ class RankWire(TypedDict):
     pid: int | None
     failure: FailureWire | None
     note: str  # why it is slow to answer: "initializing 'trainer' (42 s)", "busy in native code"; or ""
-    busy_s: float  # how long it has been busy, at the snapshot (0 unless busy)
+    busy_since: float | None  # since when it is busy (epoch seconds: views show a time that stays true)
 
 
 class RecentFailure(TypedDict):
@@ -73,7 +76,7 @@ class CallsWire(TypedDict):
     done: int
     total: int
     left: list[int]  # the first LEFT_MAX of them
-    elapsed: float  # seconds since the first of them got busy, at the snapshot
+    since: float  # when the first of them got busy (epoch seconds)
 
 
 LEFT_MAX = 64
@@ -93,15 +96,22 @@ class MeshWire(TypedDict):
     failures: list[RecentFailure]  # newest last, a few only
 
 
+def user_lines(lines: list[str]) -> list[str]:
+    """A rank's output as its user wrote it: without the sync markers ``%%mesh`` prints after a cell
+    (the notebook front reads them; in a failed rank's tail they would hide its last real lines)."""
+    return [ln for ln in lines if SYNC_PREFIX not in ln]
+
+
 def failure_wire(f: Failure | None) -> FailureWire | None:
     if f is None:
         return None
-    return FailureWire(kind=f.kind, detail=f.detail, traceback=f.traceback, exit_code=f.exit_code, signal=f.signal)
+    tail = f.traceback if SYNC_PREFIX not in f.traceback else "".join(user_lines(f.traceback.splitlines(True)))
+    return FailureWire(kind=f.kind, detail=f.detail, traceback=tail, exit_code=f.exit_code, signal=f.signal)
 
 
 def mesh_wire(state: MeshState, failures: list[RecentFailure] | None = None) -> MeshWire:
     dims = list(state.sizes)
-    pr = state.progress
+    pr, now = state.progress, time.time()
     counts = state.counts()
     ranks = [
         RankWire(
@@ -112,7 +122,7 @@ def mesh_wire(state: MeshState, failures: list[RecentFailure] | None = None) -> 
             pid=r.pid,
             failure=failure_wire(r.failure),
             note=r.note,
-            busy_s=round(r.busy_s, 1),
+            busy_since=round(now - r.busy_s, 2) if r.state is ProcState.BUSY else None,
         )
         for r in state.ranks
     ]
@@ -132,7 +142,7 @@ def mesh_wire(state: MeshState, failures: list[RecentFailure] | None = None) -> 
             done=len(pr.done),
             total=len(pr.done) + len(pr.left),
             left=list(pr.left[:LEFT_MAX]),
-            elapsed=round(pr.elapsed, 1),
+            since=round(now - pr.elapsed, 2),
         ),
         failures=list(failures) if failures is not None else _current_failures(state, dims),
     )

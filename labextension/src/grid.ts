@@ -102,13 +102,18 @@ function progress(label: string, p: IProgress): HTMLElement {
     h('progress', { max: String(p.total), value: String(p.done) }), h('span', {}, `${p.done} / ${p.total}`));
 }
 
+/** A time of day (epoch seconds): "since 14:03:07" stays true between updates, "for 2 s" would not. */
+function clock(epoch: number): string {
+  return new Date(epoch * 1000).toLocaleTimeString([], { hour12: false });
+}
+
 /** "3/8 done", live while a call runs (agents report ranks as they finish), with the ranks left. */
 function calls(g: ICalls): HTMLElement {
   const bar = progress('calls', g);
   bar.lastElementChild!.textContent = `${g.done}/${g.total} done`;
   const more = g.total - g.done > g.left.length ? ', …' : '';
   bar.append(h('span', { class: 'jm-dim jm-left', 'data-left': g.left.join(',') },
-    `left: ${g.left.join(', ')}${more} · ${g.elapsed.toFixed(1)} s`));
+    `left: ${g.left.join(', ')}${more} · since ${clock(g.since)}`));
   return bar;
 }
 
@@ -131,7 +136,7 @@ function grids(mesh: IMesh, opts: IMeshOptions): HTMLElement {
         class: `jm-cell jm-${r.state}` + (opts.selected === r.rank ? ' jm-selected' : ''),
         title:
           `rank ${r.rank} [${coordLabel(mesh, r.coords)}] ${r.state}` +
-          (r.state === 'busy' ? ` for ${r.busy_s.toFixed(1)} s` : '') +
+          (r.busy_since !== null ? ` since ${clock(r.busy_since)}` : '') +
           (r.failure ? `: ${r.failure.detail}` : '') +
           (r.note ? ` (${r.note})` : ''),
         'data-rank': String(r.rank),
@@ -151,7 +156,7 @@ function grids(mesh: IMesh, opts: IMeshOptions): HTMLElement {
 function detail(mesh: IMesh, r: IRank, opts: IMeshOptions): HTMLElement {
   const box = h('div', { class: 'jm-detail', 'data-testid': 'jm-detail', 'data-rank': String(r.rank) },
     h('div', {}, h('b', {}, `rank ${r.rank} [${coordLabel(mesh, r.coords)}]`),
-      ` ${r.state}` + (r.state === 'busy' ? ` for ${r.busy_s.toFixed(1)} s` : '') + (r.pid ? ` · pid ${r.pid}` : '') +
+      ` ${r.state}` + (r.busy_since !== null ? ` since ${clock(r.busy_since)}` : '') + (r.pid ? ` · pid ${r.pid}` : '') +
       (r.inflight ? ` · ${r.inflight} call(s) in flight` : '')));
   if (r.note) {
     box.append(h('div', { class: 'jm-note' }, r.note));

@@ -22,7 +22,7 @@ export interface IRank {
   pid: number | null;
   failure: IFailure | null;
   note: string; // why it is slow to answer: "initializing 'trainer' (42 s)", "busy in native code"; or ""
-  busy_s: number; // how long it has been busy, at the snapshot (0 unless busy)
+  busy_since: number | null; // since when it is busy (epoch seconds), null unless busy
 }
 
 export interface IRecentFailure {
@@ -41,7 +41,7 @@ export interface IProgress {
 /** The calls out on a mesh: ranks done / ranks busy since none was, and (the first of) those left. */
 export interface ICalls extends IProgress {
   left: number[];
-  elapsed: number; // seconds since the first of them got busy, at the snapshot
+  since: number; // when the first of them got busy (epoch seconds)
 }
 
 export interface IMesh {

@@ -74,12 +74,16 @@ export function renderMesh(mesh, opts) {
 function progress(label, p) {
     return h('div', { class: 'jm-progress', 'data-progress': label }, h('span', {}, label), h('progress', { max: String(p.total), value: String(p.done) }), h('span', {}, `${p.done} / ${p.total}`));
 }
+/** A time of day (epoch seconds): "since 14:03:07" stays true between updates, "for 2 s" would not. */
+function clock(epoch) {
+    return new Date(epoch * 1000).toLocaleTimeString([], { hour12: false });
+}
 /** "3/8 done", live while a call runs (agents report ranks as they finish), with the ranks left. */
 function calls(g) {
     const bar = progress('calls', g);
     bar.lastElementChild.textContent = `${g.done}/${g.total} done`;
     const more = g.total - g.done > g.left.length ? ', …' : '';
-    bar.append(h('span', { class: 'jm-dim jm-left', 'data-left': g.left.join(',') }, `left: ${g.left.join(', ')}${more} · ${g.elapsed.toFixed(1)} s`));
+    bar.append(h('span', { class: 'jm-dim jm-left', 'data-left': g.left.join(',') }, `left: ${g.left.join(', ')}${more} · since ${clock(g.since)}`));
     return bar;
 }
 function grids(mesh, opts) {
@@ -100,7 +104,7 @@ function grids(mesh, opts) {
             const cell = h('div', {
                 class: `jm-cell jm-${r.state}` + (opts.selected === r.rank ? ' jm-selected' : ''),
                 title: `rank ${r.rank} [${coordLabel(mesh, r.coords)}] ${r.state}` +
-                    (r.state === 'busy' ? ` for ${r.busy_s.toFixed(1)} s` : '') +
+                    (r.busy_since !== null ? ` since ${clock(r.busy_since)}` : '') +
                     (r.failure ? `: ${r.failure.detail}` : '') +
                     (r.note ? ` (${r.note})` : ''),
                 'data-rank': String(r.rank),
@@ -118,7 +122,7 @@ function grids(mesh, opts) {
 }
 function detail(mesh, r, opts) {
     var _a, _b;
-    const box = h('div', { class: 'jm-detail', 'data-testid': 'jm-detail', 'data-rank': String(r.rank) }, h('div', {}, h('b', {}, `rank ${r.rank} [${coordLabel(mesh, r.coords)}]`), ` ${r.state}` + (r.state === 'busy' ? ` for ${r.busy_s.toFixed(1)} s` : '') + (r.pid ? ` · pid ${r.pid}` : '') +
+    const box = h('div', { class: 'jm-detail', 'data-testid': 'jm-detail', 'data-rank': String(r.rank) }, h('div', {}, h('b', {}, `rank ${r.rank} [${coordLabel(mesh, r.coords)}]`), ` ${r.state}` + (r.busy_since !== null ? ` since ${clock(r.busy_since)}` : '') + (r.pid ? ` · pid ${r.pid}` : '') +
         (r.inflight ? ` · ${r.inflight} call(s) in flight` : '')));
     if (r.note) {
         box.append(h('div', { class: 'jm-note' }, r.note));
