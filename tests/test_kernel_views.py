@@ -126,8 +126,8 @@ def test_progress_of_a_running_call_reaches_the_sidebar_and_status(kernel, tmp_p
     opened = tmp_path / "open"
     _run(k, f"fut = g.wait.call({str(opened)!r}, [0])")  # rank 0 answers, rank 1 waits for the file
     try:
-        assert k.wait(lambda: ((_mesh(k, comm_id, "prog") or {}).get("gather") or {}).get("done") == 1, 30), (
-            _mesh(k, comm_id, "prog")
+        assert k.wait(lambda: ((_mesh(k, comm_id, "prog") or {}).get("gather") or {}).get("done") == 1, 30), _mesh(
+            k, comm_id, "prog"
         )
         m = _mesh(k, comm_id, "prog")
         assert m is not None and m["gather"]["total"] == 2 and m["gather"]["left"] == [1]
