@@ -3,6 +3,7 @@ yet the controller learns which ranks are done as they finish, from small rate-l
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
@@ -79,3 +80,30 @@ def test_state_shows_which_ranks_are_done_before_the_call_ends(procs, tmp_path):
         opened.touch()
     assert list(fut.get(timeout=60).values()) == [0, 1, 2, 3]
     assert [r.inflight for r in procs.state().ranks] == [0] * 4
+
+
+@pytest.mark.integration
+def test_each_host_agent_reports_its_own_ranks(tmp_path):
+    """Two hosts, one rank done on each: both agents' reports reach the state before either gather ends."""
+    from _procs import descendants, wait_dead
+
+    from jupyter_mesh import LocalJob
+
+    before = descendants(os.getpid())
+    job = LocalJob(hosts=2)
+    opened = tmp_path / "open"
+    try:
+        pm = job.host_mesh().spawn_procs(per_host={"gpus": 2})
+        gate = pm.spawn("gate", Gate)
+        gate.initialized.get(timeout=30)
+        fut = gate.wait.call(str(opened), [0, 3])  # rank 0 on host 0, rank 3 on host 1
+        try:
+            assert wait_for(lambda: (p := pm.state().progress) is not None and p.done == (0, 3), 30), pm.state()
+            assert [str(r.state) for r in pm.state().ranks] == ["idle", "busy", "busy", "idle"]
+        finally:
+            opened.touch()
+        assert list(fut.get(timeout=60).values()) == [0, 1, 2, 3]
+        pm.stop(timeout=5)
+    finally:
+        job.stop()
+    assert not wait_dead(descendants(os.getpid()) - before, 10), "the job's agents or procs outlived it"
