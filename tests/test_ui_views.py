@@ -7,6 +7,7 @@ import io
 import subprocess
 import sys
 import threading
+import time
 
 from _procs import wait_for
 from rich.console import Console
@@ -90,6 +91,11 @@ def test_zero_and_one_dim_meshes_render():
     assert "no proc mesh" in text_table([])
 
 
+def _calls(wire):
+    g = wire["gather"]
+    return g and (g["done"], g["total"], g["left"])
+
+
 def test_hub_coalesces_bursts_and_tracks_calls_and_failures():
     t = StateTracker()
     hub = Hub(interval=0.1, source=TrackerSource(t))
@@ -110,7 +116,12 @@ def test_hub_coalesces_bursts_and_tracks_calls_and_failures():
         assert hub.flushes <= 3, f"{n + 1} events took {hub.flushes} updates"
         t.activity("m", list(range(8)), 1)  # a call to 8 ranks; 3 reply
         t.activity("m", [0, 1, 2], -1)
-        assert wait_for(lambda: batches[-1][0][0]["gather"] == {"done": 3, "total": 8}, 3)
+        assert wait_for(lambda: _calls(batches[-1][0][0]) == (3, 8, [3, 4, 5, 6, 7]), 3)
+        ranks = batches[-1][0][0]["ranks"]
+        assert ranks[3]["busy_since"] <= time.time() and ranks[0]["busy_since"] is None
+        progress = t.snapshot("m").progress
+        assert progress is not None and progress.done == (0, 1, 2) and progress.left == (3, 4, 5, 6, 7)
+        assert str(progress).startswith("3/8 done, left: 3, 4, 5, 6, 7 (")
         t.failed("m", 5, Failure("burst", {"gpus": 5}, "exit", "proc exited with code 3", exit_code=3))
         t.activity("m", [3, 4, 6, 7], -1)
         assert wait_for(lambda: batches[-1][0][0]["gather"] is None, 3)  # every busy rank answered (or died)

@@ -5,6 +5,10 @@ A rank is *starting* until its proc reports in, then *idle* or *busy* (calls fro
 flight), *failed* (with a :class:`~jupyter_mesh.errors.Failure`), or *stopped*.
 A rank's ``note`` says what a state alone cannot: an actor still in its ``__init__`` ("initializing
 'trainer' (42 s)"), or a proc that does not answer because it is busy in native code.
+
+While calls are out, a mesh's :class:`CallProgress` says which ranks are done and which are left,
+from the moment a rank gets busy until none is: ranks answer as they finish (their agents report
+them before a host's gathered reply), so "3/8 done" shows while the call runs, not after it.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from dataclasses import dataclass, field
 
 from ..errors import Failure
 
-__all__ = ["MeshEvent", "MeshState", "ProcState", "RankState", "StateTracker"]
+__all__ = ["CallProgress", "MeshEvent", "MeshState", "ProcState", "RankState", "StateTracker"]
 
 
 class ProcState(str, enum.Enum):
@@ -41,6 +45,20 @@ class RankState:
     pid: int | None = None
     failure: Failure | None = None
     note: str = ""  # e.g. "initializing 'trainer' (42 s)", "no answer for 12 s, busy in native code ..."
+    busy_s: float = 0.0  # how long it has been busy (0 unless busy)
+
+
+@dataclass(frozen=True)
+class CallProgress:
+    """The calls out on a mesh, since a rank got busy while none was: ranks that finished, ranks left."""
+
+    done: tuple[int, ...]
+    left: tuple[int, ...]
+    elapsed: float  # seconds since the first of these ranks got busy
+
+    def __str__(self) -> str:
+        left = ", ".join(map(str, self.left[:16])) + (", ..." if len(self.left) > 16 else "")
+        return f"{len(self.done)}/{len(self.done) + len(self.left)} done, left: {left or '-'} ({self.elapsed:.1f} s)"
 
 
 @dataclass(frozen=True)
@@ -52,6 +70,7 @@ class MeshState:
     sizes: Mapping[str, int]
     ranks: tuple[RankState, ...]
     stopped: bool = False
+    progress: CallProgress | None = None  # None while no call is out
 
     def counts(self) -> dict[str, int]:
         out = {s.value: 0 for s in ProcState}
@@ -83,6 +102,17 @@ class MeshEvent:
 Listener = Callable[[MeshEvent], None]
 
 
+class _Wave:
+    """Calls out on one mesh, from the moment a rank gets busy until every rank is done again."""
+
+    __slots__ = ("done", "left", "since")
+
+    def __init__(self, since: float):
+        self.done: set[int] = set()
+        self.left: set[int] = set()
+        self.since = since
+
+
 class _TrackedMesh:
     def __init__(self, mesh_id: str, name: str, sizes: dict[str, int], coords: list[dict[str, int]]):
         self.mesh_id, self.name, self.sizes, self.coords = mesh_id, name, sizes, coords
@@ -93,7 +123,33 @@ class _TrackedMesh:
         self.failures: list[Failure | None] = [None] * n
         self.notes = [""] * n  # from the agent: why the proc does not answer (busy)
         self.inits: list[dict[str, tuple[str, float]]] = [{} for _ in range(n)]  # actor id -> (name, since)
+        self.busy_since: list[float | None] = [None] * n
+        self.wave: _Wave | None = None
         self.stopped = False
+
+    def moved(self, rank: int, old: ProcState, new: ProcState) -> None:
+        """Keep the busy clocks and the current wave in step with a rank's state change."""
+        if new == ProcState.BUSY and old != ProcState.BUSY:
+            now = time.monotonic()
+            self.busy_since[rank] = now
+            if self.wave is None:
+                self.wave = _Wave(now)
+            self.wave.left.add(rank)
+            self.wave.done.discard(rank)
+        elif old == ProcState.BUSY and new != ProcState.BUSY:
+            self.busy_since[rank] = None
+            w = self.wave
+            if w is not None and rank in w.left:
+                w.left.discard(rank)
+                w.done.add(rank)
+                if not w.left:
+                    self.wave = None
+
+    def progress(self, now: float) -> CallProgress | None:
+        w = self.wave
+        if w is None:
+            return None
+        return CallProgress(tuple(sorted(w.done)), tuple(sorted(w.left)), now - w.since)
 
     def forget_notes(self, rank: int) -> None:
         self.notes[rank] = ""
@@ -156,6 +212,7 @@ class StateTracker:
         if old == new and failure is None:
             return
         e.state[rank] = new
+        e.moved(rank, old, new)
         if self._listeners:  # on the call path: build the event only for someone
             self._emit(MeshEvent(kind, e.mesh_id, e.name, rank, e.coords[rank], new, old, failure))
 
@@ -240,9 +297,11 @@ class StateTracker:
             e.failures += [None] * (n_new - n_old)
             e.notes += [""] * (n_new - n_old)
             e.inits += [{} for _ in range(n_new - n_old)]
+            e.busy_since += [None] * (n_new - n_old)
         else:
             del e.state[n_new:], e.inflight[n_new:], e.pids[n_new:], e.failures[n_new:]
-            del e.notes[n_new:], e.inits[n_new:]
+            del e.notes[n_new:], e.inits[n_new:], e.busy_since[n_new:]
+        e.wave = None  # its ranks are renumbered: start counting again
         self._emit(MeshEvent("resized", e.mesh_id, e.name))
 
     def stopped(self, mesh_id: str) -> None:
@@ -250,9 +309,11 @@ class StateTracker:
         if e is None or e.stopped:
             return
         e.stopped = True
+        e.wave = None
         for r in range(len(e.state)):
             e.state[r] = ProcState.STOPPED
             e.inflight[r] = 0
+            e.busy_since[r] = None
             e.forget_notes(r)
         self._emit(MeshEvent("stopped", e.mesh_id, e.name, state=ProcState.STOPPED))
 
@@ -261,10 +322,13 @@ class StateTracker:
         e = self._meshes[mesh_id]
         now = time.monotonic()
         ranks = tuple(
-            RankState(r, e.coords[r], e.state[r], e.inflight[r], e.pids[r], e.failures[r], e.note(r, now))
+            RankState(
+                r, e.coords[r], e.state[r], e.inflight[r], e.pids[r], e.failures[r], e.note(r, now),
+                0.0 if (t := e.busy_since[r]) is None else now - t,
+            )
             for r in range(len(e.state))
-        )
-        return MeshState(e.mesh_id, e.name, dict(e.sizes), ranks, e.stopped)
+        )  # fmt: skip
+        return MeshState(e.mesh_id, e.name, dict(e.sizes), ranks, e.stopped, e.progress(now))
 
     def mesh_ids(self) -> list[str]:
         return list(self._meshes)

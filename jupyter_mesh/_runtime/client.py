@@ -74,6 +74,7 @@ class Client:
         self.cancel_acks = cancels.CancelAcks()  # interrupted calls' ranks that have not stopped yet
         # what the runtime around the client calls: replies in, rank events in
         self.on_reply = self.outcomes.on_reply
+        self.on_progress = self.outcomes.on_progress
         self.mark_failed = self.supervision.mark_failed
         self.mark_removed = self.supervision.mark_removed
         self.mark_stopped = self.supervision.mark_stopped
@@ -175,9 +176,10 @@ class Client:
             if self.calls.pending.pop(p.call_id, None) is None:
                 return
             ranks = sorted(p.outstanding)
+            busy = [r for r in ranks if r not in p.progressed]  # the others are idle already
             p.outstanding.clear()
-        if self.hooks.activity is not None and ranks:
-            self.hooks.activity(p.mesh_id, ranks, -1)
+        if self.hooks.activity is not None and busy:
+            self.hooks.activity(p.mesh_id, busy, -1)
         if p.stream_q is not None:  # the future itself was already cancelled by Future.cancel
             p.fail(MeshCancelledError(f"{p.actor}.{p.endpoint} was cancelled"), len(ranks))
         assert p.ref is not None

@@ -187,6 +187,7 @@ class Controller:
             {
                 Kind.REPLY: lambda msg, _: self.client.on_reply(msg),
                 Kind.GATHERED: lambda msg, _: self.client.on_reply(msg),
+                Kind.PROGRESS: lambda msg, _: self.client.on_progress(msg),  # ranks done, reply held
                 Kind.OUT: self._on_output,
                 Kind.CANCELLED: lambda msg, _: self.client.cancel_acks.acked(msg.header["i"], msg.header["rk"]),
                 Kind.PROC_READY: lambda msg, _: self.state.ready(msg.header["m"], msg.header["rk"], msg.header["pid"]),

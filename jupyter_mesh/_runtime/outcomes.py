@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._core.future import Future
 from .._core.value_mesh import ValueMesh
-from .._wire.protocol import BROKEN, OK, Kind
+from .._wire.protocol import BROKEN, OK, Kind, progress_calls
 from .._wire.serialize import loads
 from .._wire.transport import Message
 from ..errors import (
@@ -82,6 +82,21 @@ class Outcomes:
         self._record_outcomes(
             p, h["i"], [(rank, self._decode_outcome(p, rank, ok, part, bufs)) for rank, ok, part, bufs in parts]
         )
+
+    def on_progress(self, msg: Message) -> None:
+        """An agent holds the replies of these ranks until its gather is complete: they are done, so
+        they stop counting as busy now (``state()``, widget and sidebar show it), not at the end.
+        Only ranks that a call of ours still waits for count: ids and ranks off the wire select,
+        never create."""
+        for call_id, ranks in progress_calls(msg.header):
+            with self.calls.lock:
+                p = self.calls.pending.get(call_id)
+                if p is None or p.mode == "request":
+                    continue
+                new = [r for r in ranks if r in p.outstanding and r not in p.progressed]
+                p.progressed.update(new)
+            if new and self.hooks.activity is not None:
+                self.hooks.activity(p.mesh_id, new, -1)
 
     def add(self, p: Pending, call_id: int, rank: int, ok: int, payload: Any, bufs: list[Any]) -> None:
         if p.mode == "request":
@@ -152,8 +167,9 @@ class Outcomes:
                 p.broken = [known[r] for r in sorted(known)]
                 finished += sorted(p.outstanding)
                 p.outstanding.clear()
-        if self.hooks.activity is not None:
-            self.hooks.activity(p.mesh_id, finished, -1)
+            busy = [r for r in finished if r not in p.progressed] if p.progressed else finished
+        if self.hooks.activity is not None and busy:
+            self.hooks.activity(p.mesh_id, busy, -1)
         if p.mode == "spawn" and self.hooks.constructed is not None:
             self.hooks.constructed(p.mesh_id, finished, p.actor_id)
         if done:

@@ -40,6 +40,7 @@ class Pending:
     shape: Shape | None = None
     ranks: list[int] = field(default_factory=list)
     outstanding: set[int] = field(default_factory=set)
+    progressed: set[int] = field(default_factory=set)  # outstanding, but their agent holds their reply
     values: dict[int, Any] = field(default_factory=dict)
     raised: list[RemoteFailure] = field(default_factory=list)
     broken: list[Failure] = field(default_factory=list)

@@ -480,6 +480,7 @@ class ProcRuntime:
                 Kind.SKIP: lambda msg, _: self._deliver(msg),
                 Kind.REPLY: lambda msg, _: self.client.on_reply(msg),
                 Kind.GATHERED: lambda msg, _: self.client.on_reply(msg),
+                Kind.PROGRESS: lambda msg, _: self.client.on_progress(msg),  # ranks done, reply held
                 Kind.NOTICE: self._on_notice,
                 Kind.RESHAPE: self._on_reshape,
                 Kind.PING: lambda msg, _: self.transport.send(

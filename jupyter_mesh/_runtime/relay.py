@@ -1,6 +1,6 @@
 """The agent's half of a cast: relay a signed call (or spawn) to the targeted procs of its host, and
 gather their replies into one message back to the caller (``call``: O(hosts) messages for the
-controller, not O(procs)). A relay that fails is reported as undelivered, never as a death, and the
+controller, not O(procs)), telling the caller meanwhile which ranks answered (``progress``). A relay that fails is reported as undelivered, never as a death, and the
 rank's sequence number is released there so no later call waits for it."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from .._wire.transport import Message
 from ..errors import Failure
 from .agent_state import Gather, ProcEntry, kill
 from .pending import pack_gathered
+from .progress import ProgressSender
 
 if TYPE_CHECKING:
     import threading
@@ -47,6 +48,9 @@ class Relay:
     def __init__(self, agent: RelayHost):
         self.agent = agent
         self.gathers: dict[tuple[str, int], Gather] = {}  # (caller, call id) -> replies so far
+        # ranks that answered a gather still open, batched to their callers (to the inbox its
+        # receive thread reads, not a reply box: the caller's state, not its waiting thread, wants them)
+        self.progress = ProgressSender(lambda to, header: self.agent.transport.send(to, Message(header)))
         # fault injection, for tests of the undelivered path: "c:2,spawn:1" fails the next two relays of
         # calls and the next one of a spawn, as a send error would
         self._failing = {
@@ -153,8 +157,10 @@ class Relay:
             g.outstanding.discard(rank)
             g.entries.append((rank, ok, payload, bufs))
             if g.outstanding:
+                self.progress.done(key[0], key[1], rank)
                 return
             del self.gathers[key]
+        self.progress.forget(key[0], key[1])
         table, payload_all, bufs_all = pack_gathered(g.entries)
         self.agent.transport.send(
             g.sender, Message({"k": Kind.GATHERED, "i": g.call_id, "n": table}, payload_all, bufs_all)

@@ -50,10 +50,12 @@ __all__ = [
     "Dispatch",
     "Kind",
     "check_version",
+    "progress",
+    "progress_calls",
     "reply_header",
 ]
 
-VERSION = 2
+VERSION = 3
 """Bump on any change a peer of the previous version would misread (a kind, a key, a code)."""
 
 # reply modes a call header carries ("rm")
@@ -75,6 +77,7 @@ class Kind:
     SKIP = "skip"  # agent -> proc: a call it could not relay; its sequence number is released
     REPLY = "r"  # any -> requester: the answer to a call or request (``reply_header``)
     GATHERED = "g"  # agent -> caller: the replies of one host's ranks to a cast, in one message
+    PROGRESS = "progress"  # agent -> caller: ranks whose replies it holds for a gather, at most ~20 a second
     CANCEL = "cancel"  # client -> proc: cancel a running call of one actor
     CANCELLED = "cancelled"  # proc -> caller: a rank stopped working on a cancelled call
     SUPERVISE = "supervise"  # proc runtime -> actor: a mesh this actor spawned failed
@@ -144,6 +147,22 @@ def notice(what: str, mesh_id: str, rank: int | None = None, addr: str | None = 
     if addr is not None:
         h["addr"] = addr
     return h
+
+
+def progress(calls: dict[int, list[int]]) -> dict[str, Any]:
+    """Ranks that answered casts whose gathered reply is not complete yet: {call id: ranks}."""
+    return {"k": Kind.PROGRESS, "p": [[i, ranks] for i, ranks in calls.items()]}
+
+
+def progress_calls(header: dict[str, Any]) -> list[tuple[int, list[int]]]:
+    """A ``progress`` header's (call id, ranks), its malformed entries left out: a receiver then
+    looks each id up among its own calls and keeps only ranks that call still waits for."""
+    out = []
+    entries = header.get("p")
+    for e in entries if isinstance(entries, list) else ():
+        if isinstance(e, list) and len(e) == 2 and type(e[0]) is int and isinstance(e[1], list):
+            out.append((e[0], [r for r in e[1] if type(r) is int]))
+    return out
 
 
 def reply_header(req_id: int, ok: int, rank: int | None = None) -> dict[str, Any]:

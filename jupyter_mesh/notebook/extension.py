@@ -12,6 +12,7 @@ from typing import Any
 from .._runtime.controller import Controller
 from ..errors import SupervisionError
 from ..lowlevel import on_send, set_fault_hook, sync_output
+from ..ui.sidebar_comm import set_stopper
 from . import tracebacks
 from .magics import MeshMagics
 from .output import OutputRouter
@@ -41,6 +42,8 @@ class Front:
         self._displayhook_start = self._wait_output_before_results()
         # a failure nobody waits on is shown, never raised later: the kernel must live on
         self._prev_fault_hook = set_fault_hook(self._on_fault)
+        # the sidebar's Stop mesh is `%mesh down` for the meshes the magics brought up
+        self._prev_stopper = set_stopper(self.magics.down_mesh_id)
 
     def _on_fault(self, err: SupervisionError) -> None:
         lines = [
@@ -104,6 +107,7 @@ class Front:
         on_send(None)
         if self._displayhook_start is not None:
             del self.shell.displayhook.start_displayhook  # the class's method again
+        set_stopper(self._prev_stopper)
         self.shutdown()
 
 

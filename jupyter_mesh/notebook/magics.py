@@ -21,7 +21,7 @@ from .._core.future import Future
 from .._core.shape import Shape
 from .._core.value_mesh import ValueMesh
 from ..errors import MeshError, MeshValueError
-from .meshes import MeshRegistry
+from .meshes import MeshRegistry, NamedMesh
 from .output import SYNC_PREFIX, OutputRouter, fold_label, group_by_rank
 from .reload import Redefinitions
 from .remote_exec import CellError
@@ -200,6 +200,8 @@ class MeshMagics(Magics):
 
     # -- %mesh commands -------------------------------------------------------------------------
     def _cmd_up(self, args: argparse.Namespace) -> None:
+        if args.name in self.meshes and self.meshes.get(args.name).procs.stopped:
+            self.down([args.name])  # its procs were stopped (procs.stop()): its agents go too, then up again
         if args.name in self.meshes:
             raise UsageError(f"mesh '{args.name}' is already up: `%mesh down {args.name}` first, or pick --name")
         dim, n = ("gpus", args.gpus) if args.gpus else ("procs", args.procs or 2)
@@ -219,19 +221,36 @@ class MeshMagics(Magics):
         for r in rows:
             print("  ".join(str(r[c]).ljust(width[c]) for c in cols))
         print("(* = the default mesh of %%mesh and %mesh commands)")
-        if getattr(self.shell, "kernel", None) is not None:  # and the live grid, in a notebook
+        if getattr(self.shell, "kernel", None) is not None:  # and the grid, in a notebook
             from IPython.display import display
 
-            from ..ui import widget
+            from ..ui import snapshot
 
-            display(widget())
+            display(snapshot())  # as it is now: a finished cell keeps its own state (ui.widget() is live)
 
     def _cmd_down(self, args: argparse.Namespace) -> None:
-        entries = self.meshes.down_all() if args.all else [self.meshes.down(self.meshes.get(args.name).name)]
+        entries = self.down(None if args.all else [self.meshes.get(args.name).name])
+        print(f"stopped: {', '.join(e.name for e in entries) or 'nothing was up'}")
+
+    def down(self, names: list[str] | None) -> list[NamedMesh]:
+        """Stop meshes (``None``: all) with their agents and templates, and unbind their variables:
+        ``%mesh down``, and the sidebar's Stop mesh (:meth:`down_mesh_id`), so both leave one truth."""
+        entries = self.meshes.down_all() if names is None else [self.meshes.down(n) for n in names]
         for e in entries:
             if self.shell.user_ns.get(e.name) is e.procs:
                 del self.shell.user_ns[e.name]
-        print(f"stopped: {', '.join(e.name for e in entries) or 'nothing was up'}")
+        return entries
+
+    def down_mesh_id(self, mesh_id: str) -> bool:
+        """``%mesh down`` for the mesh of that id, if ``%mesh up`` brought it up (else False)."""
+        for e in self.meshes.entries():
+            if e.procs.state().mesh_id == mesh_id:
+                try:
+                    self.down([e.name])
+                except KeyError:  # taken down meanwhile (a %mesh down in a cell): the same outcome
+                    pass
+                return True
+        return False
 
     def _cmd_scale(self, args: argparse.Namespace) -> None:
         old = self.meshes.get(args.name)

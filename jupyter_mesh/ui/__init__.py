@@ -2,6 +2,7 @@
 
     from jupyter_mesh import ui
     ui.widget(procs)            # live grid of one proc mesh (or ui.widget() for all of them)
+    ui.snapshot(procs)          # the same, as it is now, a table that stays so (what %mesh status shows)
     %load_ext jupyter_mesh.ui   # any IPython kernel: serve the JupyterLab sidebar
     ui.install(kernel)          # what the ``mesh`` kernel calls at start for the same
 
@@ -14,9 +15,9 @@ from __future__ import annotations
 from typing import Any
 
 from .sidebar_comm import TARGET, install
-from .widget import MeshTable, widget
+from .widget import MeshTable, snapshot, widget
 
-__all__ = ["TARGET", "MeshTable", "install", "load_ipython_extension", "widget"]
+__all__ = ["TARGET", "MeshTable", "install", "load_ipython_extension", "snapshot", "widget"]
 
 
 def load_ipython_extension(ip: Any) -> None:

@@ -7,9 +7,9 @@ and that thread hands every view the snapshots of the meshes that changed, at mo
 ``interval`` (0.1 s: ten frames a second). When nothing changes the thread sleeps on an event with
 no timeout: no polling, here or in the browser.
 
-Besides the runtime's own state the hub keeps two derived things per mesh: the recent failures
-(with their cause, newest last) and the progress of calls in flight (ranks that replied / ranks
-that were busy since the mesh was last idle) -- the "long gather" bar.
+Besides the runtime's own state (which includes the progress of calls in flight: ranks done and
+left, ``MeshState.progress``) the hub keeps the recent failures of each mesh, with their cause,
+newest last.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from .._core.state import MeshEvent, MeshState, ProcState
+from .._core.state import MeshEvent, MeshState
 from ..errors import format_coords
-from .wire import MeshWire, Progress, RecentFailure, mesh_wire
+from .wire import MeshWire, RecentFailure, mesh_wire
 
 __all__ = ["Hub", "View", "hub"]
 
@@ -63,16 +63,6 @@ class _RuntimeSource:
         return mesh_states(include_stopped=include_stopped)
 
 
-class _Wave:
-    """Calls in flight on one mesh, from the moment a rank gets busy until every rank is idle again."""
-
-    __slots__ = ("done", "total")
-
-    def __init__(self) -> None:
-        self.done = 0
-        self.total = 0
-
-
 class Hub:
     def __init__(self, interval: float = 0.1, source: Source | None = None):
         self.interval = interval
@@ -83,7 +73,6 @@ class Hub:
         self._wake = threading.Event()
         self._stop: threading.Event | None = None  # the running thread's own stop flag
         self._unsubscribe: Callable[[], None] | None = None
-        self._waves: dict[str, _Wave] = {}
         self._failures: dict[str, collections.deque[RecentFailure]] = {}
         self.flushes = 0  # how many batches went out (tests check that events are coalesced)
 
@@ -133,29 +122,13 @@ class Hub:
                         time=ev.time,
                     )
                 )
-            self._track_calls(ev)
             self._dirty.add(ev.mesh_id)
         self._wake.set()
 
-    def _track_calls(self, ev: MeshEvent) -> None:
-        if ev.kind in ("stopped", "respawned", "resized", "created"):
-            self._waves.pop(ev.mesh_id, None)
-            return
-        if ev.state == ProcState.BUSY and ev.previous != ProcState.BUSY:
-            self._waves.setdefault(ev.mesh_id, _Wave()).total += 1
-        elif ev.previous == ProcState.BUSY:
-            wave = self._waves.get(ev.mesh_id)
-            if wave is not None:
-                wave.done += 1
-                if wave.done >= wave.total:
-                    del self._waves[ev.mesh_id]
-
     def _wire(self, state: MeshState) -> MeshWire:
         with self._lock:
-            wave = self._waves.get(state.mesh_id)
-            gather = Progress(done=wave.done, total=wave.total) if wave else None
             failures = list(self._failures.get(state.mesh_id, ())) or None
-        return mesh_wire(state, gather, failures)
+        return mesh_wire(state, failures)
 
     # -- the hub's thread -------------------------------------------------------------------------
     def _run(self, stop: threading.Event) -> None:

@@ -6,6 +6,8 @@ opens one towards the front ends so a sidebar already showing that kernel comes 
 the kernel sends a snapshot, then updates from the hub (at most ten a second, no polling on either
 side); the front end sends actions, which run on a worker thread through the public API the magics
 use (``proc_mesh(id).kill/respawn/stop/logs``), so a respawn's seconds never block the kernel.
+Stop mesh is ``%mesh down`` for a mesh that ``%mesh up`` brought up (the notebook front registers it,
+:func:`set_stopper`): its agents go too and the magics see it gone, so the two never disagree.
 
 While a cell runs, the kernel's shell is busy: updates still flow (they go out on IOPub from the
 hub's thread) but actions wait until the cell ends, as every comm message does.
@@ -17,18 +19,30 @@ import logging
 import threading
 import uuid
 import weakref
+from collections.abc import Callable
 from typing import Any, cast
 
 from ..errors import MeshError
 from .hub import hub
 from .remote import serve as serve_status
-from .wire import ActionRequest, ActionResult, FrontMessage, MeshWire, SnapshotMessage, UpdateMessage
+from .wire import ActionRequest, ActionResult, FrontMessage, MeshWire, SnapshotMessage, UpdateMessage, user_lines
 
-__all__ = ["TARGET", "SidebarChannel", "install", "run_action"]
+__all__ = ["TARGET", "SidebarChannel", "install", "run_action", "set_stopper"]
 
 TARGET = "jupyter_mesh.sidebar"
 log = logging.getLogger("jupyter_mesh.ui")
 _installed: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+
+Stopper = Callable[[str], bool]
+"""mesh id -> True when it stopped that mesh its own way (``%mesh down``), False if not one of its."""
+_stopper: Stopper | None = None
+
+
+def set_stopper(fn: Stopper | None) -> Stopper | None:
+    """Have Stop mesh go through ``fn`` first (the notebook front: ``%mesh down``); returns the previous one."""
+    global _stopper
+    prev, _stopper = _stopper, fn
+    return prev
 
 
 def run_action(req: ActionRequest) -> ActionResult:
@@ -46,9 +60,11 @@ def run_action(req: ActionRequest) -> ActionResult:
         elif action == "respawn":
             out["lines"] = [str(r) for r in pm.respawn(None if rank is None else [int(rank)])]
         elif action == "stop":
-            pm.stop()
+            stopper = _stopper
+            if stopper is None or not stopper(req["mesh_id"]):
+                pm.stop()
         elif action == "logs":
-            out["lines"] = pm.logs(None if rank is None else int(rank), tail=200)
+            out["lines"] = user_lines(pm.logs(None if rank is None else int(rank), tail=200))
         else:
             raise MeshError(f"unknown action {action!r}; expected kill, respawn, stop or logs")
     except MeshError as e:

@@ -7,11 +7,12 @@ Renders the same :class:`~jupyter_mesh.ui.wire.MeshWire` snapshots as the widget
 from __future__ import annotations
 
 import html
+import time
 from collections.abc import Iterator
 
 from .wire import STATES, MeshWire, RankWire
 
-__all__ = ["COLOURS", "TIMES", "grid_slices", "html_table", "shape_label", "text_table"]
+__all__ = ["COLOURS", "TIMES", "calls_line", "grid_slices", "html_table", "shape_label", "text_table"]
 
 TIMES = "\u00d7"  # the x between dims: "hosts=2 x gpus=4"
 
@@ -49,6 +50,15 @@ def shape_label(mesh: MeshWire) -> str:
     return f" {TIMES} ".join(f"{d}={s}" for d, s in zip(mesh["dims"], mesh["sizes"], strict=True)) or "1 proc"
 
 
+def calls_line(mesh: MeshWire) -> str:
+    """ "3/8 done, left: 3, 5 (12.0 s)" while calls are out, else ""."""
+    g = mesh["gather"]
+    if g is None:
+        return ""
+    left = ", ".join(map(str, g["left"])) + (", ..." if g["total"] - g["done"] > len(g["left"]) else "")
+    return f"{g['done']}/{g['total']} done, left: {left or '-'} ({max(0.0, time.time() - g['since']):.1f} s)"
+
+
 def _counts(mesh: MeshWire) -> str:
     return ", ".join(f"{mesh['counts'][s]} {s}" for s in STATES if mesh["counts"].get(s))
 
@@ -62,16 +72,20 @@ def html_table(meshes: list[MeshWire]) -> str:
         esc = html.escape
         stopped = " (stopped)" if m["stopped"] else ""
         parts.append(
-            f"<div><b>{esc(m['name'])}</b> {esc(shape_label(m))}{stopped} &mdash; {esc(_counts(m))}; "
+            f"<div data-mesh='{esc(m['name'])}'><b>{esc(m['name'])}</b> {esc(shape_label(m))}{stopped} &mdash; "
+            f"{esc(_counts(m))}; "
             f"{m['inflight']} call(s) in flight</div>"
         )
+        if m["gather"]:
+            parts.append(f"<div data-calls='{m['gather']['done']}/{m['gather']['total']}'>{esc(calls_line(m))}</div>")
         for label, rows in grid_slices(m):
             if label:
                 parts.append(f"<div style='font-size:90%'>{esc(label)}</div>")
             parts.append("<table style='border-collapse:collapse'>")
             for row in rows:
                 cells = "".join(
-                    f"<td title='{esc(_rank_title(m, r))}' style='background:{COLOURS[r['state']]};color:#fff;"
+                    f"<td data-rank='{r['rank']}' data-state='{r['state']}' title='{esc(_rank_title(m, r))}' "
+                    f"style='background:{COLOURS[r['state']]};color:#fff;"
                     f"padding:2px 6px;border:1px solid #fff;font-family:monospace'>{r['rank']}</td>"
                     for r in row
                 )
@@ -117,6 +131,8 @@ def text_table(meshes: list[MeshWire]) -> str:
             f"{m['name']} [{shape_label(m)}]{' stopped' if m['stopped'] else ''}: {_counts(m)}; "
             f"{m['inflight']} call(s) in flight"
         )
+        if m["gather"]:
+            out.append("  " + calls_line(m))
         for label, rows in grid_slices(m):
             if label:
                 out.append(f"  {label}")

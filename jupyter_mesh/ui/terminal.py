@@ -20,7 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .._core.state import MeshEvent, ProcState
-from .table import COLOURS, grid_slices, shape_label
+from .table import COLOURS, calls_line, grid_slices, shape_label
 from .wire import STATES, MeshWire
 
 __all__ = ["mesh_renderable", "print_status", "render", "spawn_progress"]
@@ -44,7 +44,7 @@ def mesh_renderable(m: MeshWire) -> RenderableType:
     if m["spawn"]["done"] < m["spawn"]["total"] and not m["stopped"]:
         parts.append(Text(f"spawning: {m['spawn']['done']}/{m['spawn']['total']} procs up", style="yellow"))
     if m["gather"]:
-        parts.append(Text(f"replies: {m['gather']['done']}/{m['gather']['total']}", style="cyan"))
+        parts.append(Text(calls_line(m), style="cyan"))
     for label, rows in grid_slices(m):
         grid = Table.grid(padding=(0, 1))
         if label:

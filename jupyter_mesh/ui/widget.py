@@ -3,11 +3,16 @@ flight, spawn and call progress bars, and a failed proc's cause and traceback on
 
 The browser never polls: the kernel pushes a new ``meshes`` trait value when the hub flushes (at
 most ten times a second). Where widgets cannot render, the same state shows as an HTML table.
+
+Live only when asked for (``ui.widget()``, which shows a "live" badge): the output of a finished
+cell -- ``%mesh status``, a ``ProcMesh`` as a cell's value -- is a :func:`snapshot` of that moment,
+so a saved notebook, or one run top to bottom, shows each cell's own state, not the last one.
 """
 
 from __future__ import annotations
 
 import pathlib
+import time
 from typing import TYPE_CHECKING, Any
 
 from .hub import hub
@@ -17,19 +22,25 @@ from .wire import MeshWire
 if TYPE_CHECKING:
     from .._api.mesh import ProcMesh
 
-__all__ = ["MeshTable", "mimebundle", "widget"]  # and MeshWidget, built on first access
+__all__ = ["MeshTable", "mimebundle", "snapshot", "widget"]  # and MeshWidget, built on first access
 
 _STATIC = pathlib.Path(__file__).parent / "static"
 
 
 class MeshTable:
-    """The fallback view: a snapshot rendered as HTML (notebooks) or text (terminals, logs)."""
+    """A snapshot rendered as HTML (notebooks) or text (terminals, logs); it says when it was taken."""
 
-    def __init__(self, meshes: list[MeshWire]):
+    def __init__(self, meshes: list[MeshWire], taken: float | None = None):
         self.meshes = meshes
+        self.taken = time.time() if taken is None else taken
+
+    def caption(self) -> str:
+        return f"snapshot at {time.strftime('%H:%M:%S', time.localtime(self.taken))}; ui.widget() shows it live"
 
     def _repr_html_(self) -> str:
-        return html_table(self.meshes)
+        return f"<div class='jm-snapshot' style='font-size:90%;color:#666'>{self.caption()}</div>\n" + html_table(
+            self.meshes
+        )
 
     def __repr__(self) -> str:
         return text_table(self.meshes)
@@ -119,12 +130,14 @@ def widget(mesh: ProcMesh | str | None = None) -> Any:
     return MeshTable(hub().meshes(mesh_id))
 
 
+def snapshot(mesh: ProcMesh | str | None = None) -> MeshTable:
+    """The state of ``mesh`` (or of every running mesh) now, as a table that stays as it is: what a
+    finished cell shows (``%mesh status``, a ProcMesh as a cell's value)."""
+    mesh_id = mesh if isinstance(mesh, str) or mesh is None else mesh.state().mesh_id
+    return MeshTable(hub().meshes(mesh_id))
+
+
 def mimebundle(mesh: ProcMesh) -> dict[str, Any]:
-    """A ProcMesh's rich repr: the live widget in a kernel, else its table; its repr as plain text."""
-    view = widget(mesh)
-    if isinstance(view, MeshTable):
-        return {"text/html": view._repr_html_(), "text/plain": f"{mesh!r}\n{view!r}"}
-    data = view._repr_mimebundle_()
-    data = data[0] if isinstance(data, tuple) else data
-    data["text/plain"] = f"{mesh!r}\n{data['text/plain']}"
-    return data
+    """A ProcMesh's rich repr: a snapshot (``ui.widget(procs)`` is the live view); its repr as plain text."""
+    view = snapshot(mesh)
+    return {"text/html": view._repr_html_(), "text/plain": f"{mesh!r}\n{view!r}"}

@@ -8,16 +8,19 @@ The TypeScript twins of these types live in ``labextension/src/wire.ts``; keep t
 
 from __future__ import annotations
 
+import time
 from typing import Literal, TypedDict, Union
 
 from .._core.state import MeshState, ProcState
 from ..errors import Failure
+from ..notebook.output import SYNC_PREFIX
 
 __all__ = [
     "STATES",
     "ActionName",
     "ActionRequest",
     "ActionResult",
+    "CallsWire",
     "FailureWire",
     "FrontMessage",
     "KernelMessage",
@@ -29,6 +32,7 @@ __all__ = [
     "UpdateMessage",
     "failure_wire",
     "mesh_wire",
+    "user_lines",
 ]
 
 STATES: tuple[str, ...] = tuple(s.value for s in ProcState)
@@ -50,6 +54,7 @@ class RankWire(TypedDict):
     pid: int | None
     failure: FailureWire | None
     note: str  # why it is slow to answer: "initializing 'trainer' (42 s)", "busy in native code"; or ""
+    busy_since: float | None  # since when it is busy (epoch seconds: views show a time that stays true)
 
 
 class RecentFailure(TypedDict):
@@ -65,6 +70,18 @@ class Progress(TypedDict):
     total: int
 
 
+class CallsWire(TypedDict):
+    """The calls out on a mesh: ranks done / ranks busy since none was, and which are left."""
+
+    done: int
+    total: int
+    left: list[int]  # the first LEFT_MAX of them
+    since: float  # when the first of them got busy (epoch seconds)
+
+
+LEFT_MAX = 64
+
+
 class MeshWire(TypedDict):
     mesh_id: str
     name: str
@@ -75,20 +92,26 @@ class MeshWire(TypedDict):
     counts: dict[str, int]  # every state, in ProcState order: the views draw their chips in this order
     inflight: int  # calls in flight from this controller, summed over ranks
     spawn: Progress  # procs up / procs (done == total once every proc reported in)
-    gather: Progress | None  # ranks that replied / ranks busy, while calls are out; None when idle
+    gather: CallsWire | None  # ranks done / ranks busy, while calls are out (live); None when idle
     failures: list[RecentFailure]  # newest last, a few only
+
+
+def user_lines(lines: list[str]) -> list[str]:
+    """A rank's output as its user wrote it: without the sync markers ``%%mesh`` prints after a cell
+    (the notebook front reads them; in a failed rank's tail they would hide its last real lines)."""
+    return [ln for ln in lines if SYNC_PREFIX not in ln]
 
 
 def failure_wire(f: Failure | None) -> FailureWire | None:
     if f is None:
         return None
-    return FailureWire(kind=f.kind, detail=f.detail, traceback=f.traceback, exit_code=f.exit_code, signal=f.signal)
+    tail = f.traceback if SYNC_PREFIX not in f.traceback else "".join(user_lines(f.traceback.splitlines(True)))
+    return FailureWire(kind=f.kind, detail=f.detail, traceback=tail, exit_code=f.exit_code, signal=f.signal)
 
 
-def mesh_wire(
-    state: MeshState, gather: Progress | None = None, failures: list[RecentFailure] | None = None
-) -> MeshWire:
+def mesh_wire(state: MeshState, failures: list[RecentFailure] | None = None) -> MeshWire:
     dims = list(state.sizes)
+    pr, now = state.progress, time.time()
     counts = state.counts()
     ranks = [
         RankWire(
@@ -99,6 +122,7 @@ def mesh_wire(
             pid=r.pid,
             failure=failure_wire(r.failure),
             note=r.note,
+            busy_since=round(now - r.busy_s, 2) if r.state is ProcState.BUSY else None,
         )
         for r in state.ranks
     ]
@@ -112,7 +136,14 @@ def mesh_wire(
         counts=counts,
         inflight=sum(r.inflight for r in state.ranks),
         spawn=Progress(done=len(ranks) - counts[ProcState.STARTING.value], total=len(ranks)),
-        gather=gather,
+        gather=None
+        if pr is None
+        else CallsWire(
+            done=len(pr.done),
+            total=len(pr.done) + len(pr.left),
+            left=list(pr.left[:LEFT_MAX]),
+            since=round(now - pr.elapsed, 2),
+        ),
         failures=list(failures) if failures is not None else _current_failures(state, dims),
     )
 

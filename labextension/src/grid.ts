@@ -8,7 +8,7 @@
 // (`npm run build:lib` runs labextension/build-widget.mjs). anywidget loads one self-contained file,
 // so this module imports types only; the build fails if the output imports anything.
 
-import type { IMesh, IProgress, IRank, ProcState } from './wire';
+import type { ICalls, IMesh, IProgress, IRank, ProcState } from './wire';
 
 type Child = Node | string | null;
 
@@ -75,8 +75,8 @@ export function renderMesh(mesh: IMesh, opts: IMeshOptions): HTMLElement {
   if (mesh.spawn.done < mesh.spawn.total && !mesh.stopped) {
     box.append(progress('spawn', mesh.spawn));
   }
-  if (mesh.gather && mesh.gather.total > 1) {
-    box.append(progress('replies', mesh.gather));
+  if (mesh.gather) {
+    box.append(calls(mesh.gather));
   }
   box.append(grids(mesh, opts));
   const actions = opts.actions?.(mesh) ?? null;
@@ -102,6 +102,21 @@ function progress(label: string, p: IProgress): HTMLElement {
     h('progress', { max: String(p.total), value: String(p.done) }), h('span', {}, `${p.done} / ${p.total}`));
 }
 
+/** A time of day (epoch seconds): "since 14:03:07" stays true between updates, "for 2 s" would not. */
+function clock(epoch: number): string {
+  return new Date(epoch * 1000).toLocaleTimeString([], { hour12: false });
+}
+
+/** "3/8 done", live while a call runs (agents report ranks as they finish), with the ranks left. */
+function calls(g: ICalls): HTMLElement {
+  const bar = progress('calls', g);
+  bar.lastElementChild!.textContent = `${g.done}/${g.total} done`;
+  const more = g.total - g.done > g.left.length ? ', …' : '';
+  bar.append(h('span', { class: 'jm-dim jm-left', 'data-left': g.left.join(',') },
+    `left: ${g.left.join(', ')}${more} · since ${clock(g.since)}`));
+  return bar;
+}
+
 function grids(mesh: IMesh, opts: IMeshOptions): HTMLElement {
   const out = h('div', { class: 'jm-grids' });
   const n = mesh.dims.length;
@@ -121,6 +136,7 @@ function grids(mesh: IMesh, opts: IMeshOptions): HTMLElement {
         class: `jm-cell jm-${r.state}` + (opts.selected === r.rank ? ' jm-selected' : ''),
         title:
           `rank ${r.rank} [${coordLabel(mesh, r.coords)}] ${r.state}` +
+          (r.busy_since !== null ? ` since ${clock(r.busy_since)}` : '') +
           (r.failure ? `: ${r.failure.detail}` : '') +
           (r.note ? ` (${r.note})` : ''),
         'data-rank': String(r.rank),
@@ -140,14 +156,16 @@ function grids(mesh: IMesh, opts: IMeshOptions): HTMLElement {
 function detail(mesh: IMesh, r: IRank, opts: IMeshOptions): HTMLElement {
   const box = h('div', { class: 'jm-detail', 'data-testid': 'jm-detail', 'data-rank': String(r.rank) },
     h('div', {}, h('b', {}, `rank ${r.rank} [${coordLabel(mesh, r.coords)}]`),
-      ` ${r.state}` + (r.pid ? ` · pid ${r.pid}` : '') + (r.inflight ? ` · ${r.inflight} call(s) in flight` : '')));
+      ` ${r.state}` + (r.busy_since !== null ? ` since ${clock(r.busy_since)}` : '') + (r.pid ? ` · pid ${r.pid}` : '') +
+      (r.inflight ? ` · ${r.inflight} call(s) in flight` : '')));
   if (r.note) {
     box.append(h('div', { class: 'jm-note' }, r.note));
   }
   if (r.failure) {
     box.append(h('div', { class: 'jm-cause' }, `${r.failure.kind}: ${r.failure.detail}`));
     if (r.failure.traceback) {
-      box.append(h('pre', {}, r.failure.traceback));
+      // the newest lines are at the end: replaceKeepingScroll opens it there
+      box.append(h('pre', { 'data-scroll': `${mesh.mesh_id}/${r.rank}` }, r.failure.traceback));
     }
   }
   const actions = opts.rankActions?.(mesh, r) ?? null;
@@ -155,6 +173,23 @@ function detail(mesh: IMesh, r: IRank, opts: IMeshOptions): HTMLElement {
     box.append(actions);
   }
   return box;
+}
+
+/**
+ * Put `nodes` in `root` in place of what it held, keeping the scroll of each `pre[data-scroll]` (a failed
+ * rank's output tail): one seen for the first time opens at its end, where the newest lines are; one the
+ * user scrolled up stays where it was, and one left at its end follows new lines.
+ */
+export function replaceKeepingScroll(root: HTMLElement, ...nodes: Node[]): void {
+  const fromEnd = new Map<string, number>();
+  for (const pre of Array.from(root.querySelectorAll<HTMLElement>('pre[data-scroll]'))) {
+    fromEnd.set(pre.dataset.scroll ?? '', pre.scrollHeight - pre.scrollTop - pre.clientHeight);
+  }
+  root.replaceChildren(...nodes);
+  for (const pre of Array.from(root.querySelectorAll<HTMLElement>('pre[data-scroll]'))) {
+    const back = fromEnd.get(pre.dataset.scroll ?? '') ?? 0;
+    pre.scrollTop = pre.scrollHeight - pre.clientHeight - (back > 2 ? back : 0);
+  }
 }
 
 // -- the notebook widget (anywidget): renders the `meshes` trait, which the kernel pushes ------------
@@ -167,26 +202,27 @@ interface IWidgetModel {
 }
 
 function render({ model, el }: { model: IWidgetModel; el: HTMLElement }): () => void {
-  const root = h('div', { class: 'jm-widget' });
+  // the widget is the live view (a cell's %mesh status or ProcMesh output is a snapshot): it says so
+  const live = h('div', { class: 'jm-widget-head' },
+    h('span', { class: 'jm-live', 'data-testid': 'jm-live', title: 'updates as the meshes change' }, 'live'));
+  const body = h('div', {});
+  const root = h('div', { class: 'jm-widget' }, live, body);
   el.append(root);
   const selected = new Map<string, number | null>(); // mesh_id -> selected rank (this view's own)
   const draw = (): void => {
     const meshes = model.get('meshes') ?? [];
-    root.replaceChildren();
     if (!meshes.length) {
-      root.append(h('div', { class: 'jm-empty' },
+      body.replaceChildren(h('div', { class: 'jm-empty' },
         'No proc mesh yet: spawn one (this_host().spawn_procs(...) or %mesh up).'));
       return;
     }
-    for (const m of meshes) {
-      root.append(renderMesh(m, {
-        selected: selected.get(m.mesh_id) ?? null,
-        select: rank => {
-          selected.set(m.mesh_id, rank);
-          draw();
-        }
-      }));
-    }
+    replaceKeepingScroll(body, ...meshes.map(m => renderMesh(m, {
+      selected: selected.get(m.mesh_id) ?? null,
+      select: rank => {
+        selected.set(m.mesh_id, rank);
+        draw();
+      }
+    })));
   };
   model.on('change:meshes', draw);
   draw();

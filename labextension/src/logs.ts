@@ -1,4 +1,4 @@
-// A rank's (or a mesh's) output in the main area, fetched through the model's `logs` action.
+// A rank's (or a mesh's) output in the bottom panel, fetched through the model's `logs` action.
 
 import { Widget } from '@lumino/widgets';
 
@@ -28,6 +28,7 @@ export class LogView extends Widget {
   async refresh(): Promise<void> {
     const res = await this._model.act('logs', this._meshId, this._rank);
     this._pre.textContent = res.ok ? res.lines.join('\n') || '(no output yet)' : res.error;
+    this.node.scrollTop = this.node.scrollHeight; // the newest lines are at the end
   }
 
   private _model: MeshModel;

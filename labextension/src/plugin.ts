@@ -31,7 +31,8 @@ export const sidebarPlugin: JupyterFrontEndPlugin<void> = {
     const model = new MeshModel();
     const openLogs = (mesh: IMesh, rank: number | null): void => {
       const content = new LogView(model, mesh, rank);
-      const existing = Array.from(app.shell.widgets('main')).find(w => w.id === `${content.id}-area`);
+      // a tab in the bottom panel: beside the notebook, not squeezing it (a split halves its width)
+      const existing = Array.from(app.shell.widgets('down')).find(w => w.id === `${content.id}-area`);
       if (existing) {
         content.dispose();
         app.shell.activateById(existing.id);
@@ -41,7 +42,8 @@ export const sidebarPlugin: JupyterFrontEndPlugin<void> = {
       area.id = `${content.id}-area`;
       area.title.label = content.title.label;
       area.title.icon = meshIcon;
-      app.shell.add(area, 'main', { mode: 'split-right' });
+      app.shell.add(area, 'down');
+      app.shell.activateById(area.id);
     };
     const sidebar = new MeshSidebar(model, openLogs);
     sidebar.title.icon = meshIcon;

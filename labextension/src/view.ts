@@ -4,7 +4,7 @@
 
 import { Widget } from '@lumino/widgets';
 
-import { h, renderMesh } from './grid';
+import { h, renderMesh, replaceKeepingScroll } from './grid';
 import { MeshModel } from './model';
 import { ActionName, IMesh } from './wire';
 
@@ -73,7 +73,7 @@ export class MeshSidebar extends Widget {
     if (this._message) {
       root.append(h('div', { class: 'jm-message' }, this._message));
     }
-    this.node.replaceChildren(root);
+    replaceKeepingScroll(this.node, root);
   }
 
   private _mesh(mesh: IMesh): HTMLElement {

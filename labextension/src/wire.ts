@@ -22,6 +22,7 @@ export interface IRank {
   pid: number | null;
   failure: IFailure | null;
   note: string; // why it is slow to answer: "initializing 'trainer' (42 s)", "busy in native code"; or ""
+  busy_since: number | null; // since when it is busy (epoch seconds), null unless busy
 }
 
 export interface IRecentFailure {
@@ -37,6 +38,12 @@ export interface IProgress {
   total: number;
 }
 
+/** The calls out on a mesh: ranks done / ranks busy since none was, and (the first of) those left. */
+export interface ICalls extends IProgress {
+  left: number[];
+  since: number; // when the first of them got busy (epoch seconds)
+}
+
 export interface IMesh {
   mesh_id: string;
   name: string;
@@ -47,7 +54,7 @@ export interface IMesh {
   counts: Record<ProcState, number>; // every state, in ProcState order (the order chips are drawn in)
   inflight: number;
   spawn: IProgress;
-  gather: IProgress | null;
+  gather: ICalls | null; // while calls are out (live: ranks report as they finish), else null
   failures: IRecentFailure[];
 }
 

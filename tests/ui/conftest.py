@@ -2,6 +2,10 @@
 
 Runs in its own pytest invocation (``make test`` does both). Every wait is bounded; the server, its
 kernels and their meshes, and the browser are gone when the session ends.
+
+The sidebar is the one built in the checkout under test (``jupyter_mesh/labextension``, from ``npm run
+build:labextension``) when there is one: an editable install copies the built extension into the
+environment once, so without this a test would drive whatever was built when the venv was made.
 """
 
 from __future__ import annotations
@@ -61,10 +65,15 @@ def lab(tmp_path_factory):
     root.mkdir()
     settings.mkdir(parents=True)
     (settings / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
+    data = base / "data"  # first on JupyterLab's extension path: the checkout's build wins over the installed one
+    built = Path(__file__).resolve().parents[2] / "jupyter_mesh" / "labextension"
+    if (built / "package.json").is_file():
+        shutil.copytree(built, data / "labextensions" / "jupyter-mesh")
     port, token = _free_port(), secrets.token_hex(16)
     env = {
         **os.environ,
         "JUPYTER_CONFIG_DIR": str(base / "config"),
+        "JUPYTER_PATH": str(data),  # searched first (JUPYTER_DATA_DIR comes after the venv's own)
         "JUPYTER_RUNTIME_DIR": str(base / "runtime"),
         "JUPYTERLAB_SETTINGS_DIR": str(base / "settings"),
         "JUPYTERLAB_WORKSPACES_DIR": str(base / "ws"),

@@ -141,7 +141,7 @@ def test_widget_in_notebook_7(page, lab):
         lab.root / "nb7.ipynb",
         [
             "from jupyter_mesh import this_host\nprocs = this_host().spawn_procs(per_host={'gpus': 2}, name='nb7')",
-            "procs",
+            "from jupyter_mesh import ui\nui.widget(procs)",  # the live view (a ProcMesh as a value is a snapshot)
         ],
     )
     page.goto(f"{lab.url}/notebooks/nb7.ipynb?token={lab.token}")

@@ -50,8 +50,8 @@ export function renderMesh(mesh, opts) {
     if (mesh.spawn.done < mesh.spawn.total && !mesh.stopped) {
         box.append(progress('spawn', mesh.spawn));
     }
-    if (mesh.gather && mesh.gather.total > 1) {
-        box.append(progress('replies', mesh.gather));
+    if (mesh.gather) {
+        box.append(calls(mesh.gather));
     }
     box.append(grids(mesh, opts));
     const actions = (_b = (_a = opts.actions) === null || _a === void 0 ? void 0 : _a.call(opts, mesh)) !== null && _b !== void 0 ? _b : null;
@@ -74,6 +74,18 @@ export function renderMesh(mesh, opts) {
 function progress(label, p) {
     return h('div', { class: 'jm-progress', 'data-progress': label }, h('span', {}, label), h('progress', { max: String(p.total), value: String(p.done) }), h('span', {}, `${p.done} / ${p.total}`));
 }
+/** A time of day (epoch seconds): "since 14:03:07" stays true between updates, "for 2 s" would not. */
+function clock(epoch) {
+    return new Date(epoch * 1000).toLocaleTimeString([], { hour12: false });
+}
+/** "3/8 done", live while a call runs (agents report ranks as they finish), with the ranks left. */
+function calls(g) {
+    const bar = progress('calls', g);
+    bar.lastElementChild.textContent = `${g.done}/${g.total} done`;
+    const more = g.total - g.done > g.left.length ? ', …' : '';
+    bar.append(h('span', { class: 'jm-dim jm-left', 'data-left': g.left.join(',') }, `left: ${g.left.join(', ')}${more} · since ${clock(g.since)}`));
+    return bar;
+}
 function grids(mesh, opts) {
     const out = h('div', { class: 'jm-grids' });
     const n = mesh.dims.length;
@@ -92,6 +104,7 @@ function grids(mesh, opts) {
             const cell = h('div', {
                 class: `jm-cell jm-${r.state}` + (opts.selected === r.rank ? ' jm-selected' : ''),
                 title: `rank ${r.rank} [${coordLabel(mesh, r.coords)}] ${r.state}` +
+                    (r.busy_since !== null ? ` since ${clock(r.busy_since)}` : '') +
                     (r.failure ? `: ${r.failure.detail}` : '') +
                     (r.note ? ` (${r.note})` : ''),
                 'data-rank': String(r.rank),
@@ -109,14 +122,16 @@ function grids(mesh, opts) {
 }
 function detail(mesh, r, opts) {
     var _a, _b;
-    const box = h('div', { class: 'jm-detail', 'data-testid': 'jm-detail', 'data-rank': String(r.rank) }, h('div', {}, h('b', {}, `rank ${r.rank} [${coordLabel(mesh, r.coords)}]`), ` ${r.state}` + (r.pid ? ` · pid ${r.pid}` : '') + (r.inflight ? ` · ${r.inflight} call(s) in flight` : '')));
+    const box = h('div', { class: 'jm-detail', 'data-testid': 'jm-detail', 'data-rank': String(r.rank) }, h('div', {}, h('b', {}, `rank ${r.rank} [${coordLabel(mesh, r.coords)}]`), ` ${r.state}` + (r.busy_since !== null ? ` since ${clock(r.busy_since)}` : '') + (r.pid ? ` · pid ${r.pid}` : '') +
+        (r.inflight ? ` · ${r.inflight} call(s) in flight` : '')));
     if (r.note) {
         box.append(h('div', { class: 'jm-note' }, r.note));
     }
     if (r.failure) {
         box.append(h('div', { class: 'jm-cause' }, `${r.failure.kind}: ${r.failure.detail}`));
         if (r.failure.traceback) {
-            box.append(h('pre', {}, r.failure.traceback));
+            // the newest lines are at the end: replaceKeepingScroll opens it there
+            box.append(h('pre', { 'data-scroll': `${mesh.mesh_id}/${r.rank}` }, r.failure.traceback));
         }
     }
     const actions = (_b = (_a = opts.rankActions) === null || _a === void 0 ? void 0 : _a.call(opts, mesh, r)) !== null && _b !== void 0 ? _b : null;
@@ -125,27 +140,47 @@ function detail(mesh, r, opts) {
     }
     return box;
 }
+/**
+ * Put `nodes` in `root` in place of what it held, keeping the scroll of each `pre[data-scroll]` (a failed
+ * rank's output tail): one seen for the first time opens at its end, where the newest lines are; one the
+ * user scrolled up stays where it was, and one left at its end follows new lines.
+ */
+export function replaceKeepingScroll(root, ...nodes) {
+    var _a, _b, _c;
+    const fromEnd = new Map();
+    for (const pre of Array.from(root.querySelectorAll('pre[data-scroll]'))) {
+        fromEnd.set((_a = pre.dataset.scroll) !== null && _a !== void 0 ? _a : '', pre.scrollHeight - pre.scrollTop - pre.clientHeight);
+    }
+    root.replaceChildren(...nodes);
+    for (const pre of Array.from(root.querySelectorAll('pre[data-scroll]'))) {
+        const back = (_c = fromEnd.get((_b = pre.dataset.scroll) !== null && _b !== void 0 ? _b : '')) !== null && _c !== void 0 ? _c : 0;
+        pre.scrollTop = pre.scrollHeight - pre.clientHeight - (back > 2 ? back : 0);
+    }
+}
 function render({ model, el }) {
-    const root = h('div', { class: 'jm-widget' });
+    // the widget is the live view (a cell's %mesh status or ProcMesh output is a snapshot): it says so
+    const live = h('div', { class: 'jm-widget-head' }, h('span', { class: 'jm-live', 'data-testid': 'jm-live', title: 'updates as the meshes change' }, 'live'));
+    const body = h('div', {});
+    const root = h('div', { class: 'jm-widget' }, live, body);
     el.append(root);
     const selected = new Map(); // mesh_id -> selected rank (this view's own)
     const draw = () => {
-        var _a, _b;
+        var _a;
         const meshes = (_a = model.get('meshes')) !== null && _a !== void 0 ? _a : [];
-        root.replaceChildren();
         if (!meshes.length) {
-            root.append(h('div', { class: 'jm-empty' }, 'No proc mesh yet: spawn one (this_host().spawn_procs(...) or %mesh up).'));
+            body.replaceChildren(h('div', { class: 'jm-empty' }, 'No proc mesh yet: spawn one (this_host().spawn_procs(...) or %mesh up).'));
             return;
         }
-        for (const m of meshes) {
-            root.append(renderMesh(m, {
-                selected: (_b = selected.get(m.mesh_id)) !== null && _b !== void 0 ? _b : null,
+        replaceKeepingScroll(body, ...meshes.map(m => {
+            var _a;
+            return renderMesh(m, {
+                selected: (_a = selected.get(m.mesh_id)) !== null && _a !== void 0 ? _a : null,
                 select: rank => {
                     selected.set(m.mesh_id, rank);
                     draw();
                 }
-            }));
-        }
+            });
+        }));
     };
     model.on('change:meshes', draw);
     draw();
