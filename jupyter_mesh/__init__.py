@@ -35,7 +35,7 @@ from .errors import (
     SerializationError,
     SupervisionError,
 )
-from .jobs import AttachJob, LocalJob, attach_to_workers, this_host
+from .jobs import AttachJob, LocalJob, SlurmJob, attach_to_workers, this_host
 
 
 def _render(mesh: ProcMesh) -> dict[str, Any]:
@@ -97,6 +97,7 @@ __all__ = [
     "SerializationError",
     "Shape",
     "Slice",
+    "SlurmJob",
     "SupervisionError",
     "ValueMesh",
     "attach_to_workers",

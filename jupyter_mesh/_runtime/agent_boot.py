@@ -99,6 +99,14 @@ def run_agent(cfg: dict[str, Any], watch_stdin: bool) -> None:
     threading.Thread(target=agent.transport.serve, args=(agent.handle,), name="recv", daemon=True).start()
     if watch_stdin:
         threading.Thread(target=_watch_stdin, args=(agent,), name="lifeline", daemon=True).start()
+
+    def on_term(signum: int, frame: Any) -> None:  # a scheduler ends us (scancel, time limit, node drain)
+        agent._event(
+            {"k": Kind.AGENT_GONE, "addr": agent.transport.address, "why": f"it got {signal.Signals(signum).name}"}
+        )
+        threading.Thread(target=agent.shutdown, args=(False,), name="shutdown", daemon=True).start()
+
+    signal.signal(signal.SIGTERM, on_term)
     agent._event(_hello(cfg, agent.transport.address))
     try:
         agent.io_loop()

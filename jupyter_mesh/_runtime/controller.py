@@ -199,6 +199,7 @@ class Controller:
                 ),
                 Kind.HEARTBEAT_ACK: self._on_heartbeat_ack,
                 Kind.AGENT_UP: self._on_agent_up,
+                Kind.AGENT_GONE: self._on_agent_gone,
             },
         )
 
@@ -238,6 +239,13 @@ class Controller:
         self._agent_seen[h["addr"]] = time.monotonic()
         if w is not None:
             w._set_result(h)
+
+    def _on_agent_gone(self, msg: Message, frames: list[Any]) -> None:
+        """An agent says it is exiting (a scheduler's SIGTERM: scancel, a time limit): lost now,
+        not after the heartbeat timeout."""
+        addr = msg.header.get("addr")
+        if isinstance(addr, str) and addr in self._agent_seen:
+            self.agent_lost(addr, f"it is exiting: {str(msg.header.get('why'))[:200]}")
 
     def proc_exit(self, mesh_id: str, rank: int, failure: Failure) -> None:
         rec = self.meshes.get(mesh_id)
@@ -399,6 +407,13 @@ class Controller:
             if addr in self._agents_lost or self._closed:
                 return
             self._agents_lost[addr] = why
+        for job in list(self._jobs):
+            try:
+                said = job.explain_loss(addr)
+            except Exception:  # noqa: BLE001 - the cause we have is enough
+                said = None
+            if said:
+                why = f"{why}; {said}"
         detail = f"the host agent at {addr} is lost: {why}"
         try:
             self.transport.send(addr, Message({"k": Kind.SHUTDOWN}))

@@ -38,6 +38,11 @@ class Job(abc.ABC):
         """Whether the job still has (or is starting) agents; a stopped job says False."""
         return True
 
+    def explain_loss(self, addr: str) -> str | None:
+        """What the scheduler knows about a lost agent of this job (e.g. "SLURM job 12 is CANCELLED"),
+        added to the cause its ranks fail with; None when it is not ours or there is nothing to add."""
+        return None
+
     def add_hosts(self, n: int, timeout: float) -> list[AgentHandle]:
         """``n`` more hosts for a proc mesh that grows along ``hosts``; their agents."""
         raise MeshValueError(f"{self!r} cannot add hosts; spawn a new proc mesh on a larger host mesh")

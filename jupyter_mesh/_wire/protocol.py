@@ -95,6 +95,7 @@ class Kind:
     OUT = "out"  # agent -> controller: lines a proc printed
     # agents and the controller
     AGENT_UP = "agent_up"  # agent -> controller: the hello (address, host key, version), or why it refuses
+    AGENT_GONE = "agent_gone"  # agent -> controller: it exits now (``why``: a scheduler's SIGTERM)
     ATTACH = "attach"  # controller -> a listening agent (under the mesh key): serve this session
     HEARTBEAT = "hb"  # controller -> agent: alive?
     HEARTBEAT_ACK = "hb_ack"  # agent -> controller's heartbeat socket

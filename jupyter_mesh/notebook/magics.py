@@ -21,7 +21,7 @@ from .._core.future import Future
 from .._core.shape import Shape
 from .._core.value_mesh import ValueMesh
 from ..errors import MeshError, MeshValueError
-from .meshes import MeshRegistry, NamedMesh
+from .meshes import JobSpec, MeshRegistry, NamedMesh
 from .output import SYNC_PREFIX, OutputRouter, fold_label, group_by_rank
 from .reload import Redefinitions
 from .remote_exec import CellError
@@ -72,6 +72,20 @@ def _modules(text: str) -> list[str]:
     return mods
 
 
+def _agent_list(text: str) -> list[str]:
+    from .._wire.addresses import parse_tcp
+
+    addrs = [a.strip() for a in text.split(",") if a.strip()]
+    try:
+        return [f"tcp://{ip}:{port}" for ip, port in (parse_tcp(a) for a in addrs)] or _no_agents(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"--attach: {e}") from None
+
+
+def _no_agents(text: str) -> list[str]:
+    raise argparse.ArgumentTypeError(f"--attach takes tcp://IP:PORT,... got {text!r}")
+
+
 def parse_slice(text: str) -> dict[str, int | slice]:
     """``gpus=0:2,hosts=0`` -> ``{"gpus": slice(0, 2), "hosts": 0}`` (no eval)."""
     out: dict[str, int | slice] = {}
@@ -106,8 +120,18 @@ def _build_parsers() -> tuple[_Parser, _Parser]:
     )
     sub.required = True
 
-    up = sub.add_parser("up", help="start a local mesh of procs (one host agent per --hosts)")
-    up.add_argument("--hosts", type=_positive, default=1)
+    up = sub.add_parser("up", help="start a mesh of procs: local (one host agent per --hosts), on SLURM, or attached")
+    up.add_argument("--hosts", "--nodes", dest="hosts", type=_positive, default=None, help="hosts (SLURM nodes)")
+    where = up.add_mutually_exclusive_group()
+    where.add_argument("--slurm", action="store_true", help="hosts from SLURM (sbatch; srun inside an allocation)")
+    where.add_argument(
+        "--attach",
+        type=_agent_list,
+        metavar="ADDRS",
+        help="agents started with `jupyter-mesh agent --listen`: tcp://IP:PORT,tcp://IP:PORT",
+    )
+    up.add_argument("--partition", type=_name, help="SLURM partition")
+    up.add_argument("--time", help="SLURM time limit (HH:MM:SS; default 01:00:00)")
     size = up.add_mutually_exclusive_group()
     size.add_argument("--procs", type=_positive, help="procs per host (dim 'procs'; default 2)")
     size.add_argument("--gpus", type=_positive, help="procs per host, one per GPU (dim 'gpus')")
@@ -206,7 +230,18 @@ class MeshMagics(Magics):
             raise UsageError(f"mesh '{args.name}' is already up: `%mesh down {args.name}` first, or pick --name")
         dim, n = ("gpus", args.gpus) if args.gpus else ("procs", args.procs or 2)
         preload = [m for group in args.preload for m in group]
-        entry = self.meshes.up(args.name, args.hosts, dim, n, preload)
+        if (args.partition or args.time) and not args.slurm:
+            raise UsageError("--partition and --time are for --slurm")
+        if args.attach and args.hosts not in (None, len(args.attach)):
+            raise UsageError(f"--attach names {len(args.attach)} agents, --hosts says {args.hosts}")
+        where = JobSpec(
+            "slurm" if args.slurm else "attach" if args.attach else "local",
+            args.attach or [],
+            args.partition,
+            args.time,
+        )
+        hosts = len(args.attach) if args.attach else (args.hosts or 1)
+        entry = self.meshes.up(args.name, hosts, dim, n, preload, where=where)
         self.shell.user_ns[args.name] = entry.procs
         print(f"mesh '{args.name}' is up: {entry.procs.sizes} (bound to the variable `{args.name}`)")
 
@@ -276,7 +311,7 @@ class MeshMagics(Magics):
         self.meshes.down(old.name)
         if self.shell.user_ns.get(old.name) is old.procs:
             del self.shell.user_ns[old.name]
-        entry = self.meshes.up(old.name, hosts, dim, n, old.preload)
+        entry = self.meshes.up(old.name, hosts, dim, n, old.preload, where=old.where)
         self.shell.user_ns[old.name] = entry.procs
         print(
             f"mesh '{old.name}' restarted at {entry.procs.sizes} (procs restart: actors and %%mesh variables start fresh)"

@@ -1,7 +1,7 @@
 """The meshes a notebook brought up with ``%mesh up``: each is a job, its proc mesh and a ``%%mesh`` executor.
 
-Only the public API is used: a ``LocalJob`` per mesh (so ``%mesh down`` stops its agents too), its
-``spawn_procs``, and a :class:`~.remote_exec.RemoteExec` actor on every proc.
+Only the public API is used: a job per mesh (``LocalJob``, ``SlurmJob`` or ``AttachJob``: ``%mesh down``
+stops its agents too), its ``spawn_procs``, and a :class:`~.remote_exec.RemoteExec` actor on every proc.
 """
 
 from __future__ import annotations
@@ -10,22 +10,40 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._api.mesh import ActorMesh, ProcMesh
-from ..jobs import LocalJob
+from ..jobs import AttachJob, Job, LocalJob, SlurmJob
 from .remote_exec import RemoteExec
 
-__all__ = ["MeshRegistry", "NamedMesh"]
+__all__ = ["JobSpec", "MeshRegistry", "NamedMesh"]
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """Where a ``%mesh up`` mesh's hosts come from: ``local``, ``slurm`` or ``attach`` (agents' addresses)."""
+
+    kind: str = "local"
+    agents: list[str] = field(default_factory=list)
+    partition: str | None = None
+    time: str | None = None
+
+    def job(self, hosts: int, preload: list[str]) -> LocalJob | SlurmJob | AttachJob:
+        if self.kind == "slurm":
+            return SlurmJob(nodes=hosts, partition=self.partition, time=self.time or "01:00:00", preload=preload)
+        if self.kind == "attach":
+            return AttachJob(self.agents, preload=preload)
+        return LocalJob(hosts=hosts, preload=preload)
 
 
 @dataclass
 class NamedMesh:
     name: str
-    job: LocalJob
+    job: Job
     procs: ProcMesh
     executor: ActorMesh[RemoteExec]
     hosts: int
     dim: str
     per_host: int
     preload: list[str] = field(default_factory=list)
+    where: JobSpec = field(default_factory=JobSpec)
 
 
 class MeshRegistry:
@@ -57,9 +75,18 @@ class MeshRegistry:
         return entry
 
     def up(
-        self, name: str, hosts: int, dim: str, per_host: int, preload: list[str], timeout: float = 60.0
+        self,
+        name: str,
+        hosts: int,
+        dim: str,
+        per_host: int,
+        preload: list[str],
+        timeout: float | None = None,
+        where: JobSpec | None = None,
     ) -> NamedMesh:
-        job = LocalJob(hosts=hosts, preload=preload)
+        where = where or JobSpec()
+        timeout = timeout or (60.0 if where.kind == "local" else 300.0)  # a scheduler may queue the job
+        job = where.job(hosts, preload)
         try:
             procs = job.host_mesh().spawn_procs(per_host={dim: per_host}, name=name, timeout=timeout)
             executor = procs.spawn("mesh_exec", RemoteExec)
@@ -68,7 +95,7 @@ class MeshRegistry:
         except BaseException:
             job.stop()
             raise
-        entry = self._entries[name] = NamedMesh(name, job, procs, executor, hosts, dim, per_host, list(preload))
+        entry = self._entries[name] = NamedMesh(name, job, procs, executor, hosts, dim, per_host, list(preload), where)
         self.default = name
         return entry
 

@@ -1,0 +1,315 @@
+"""``SlurmJob``: hosts from a real SLURM allocation, one agent per node.
+
+SLURM places the hosts; we only start our agent on each (``srun``), and the agent starts procs on the
+node it runs on. The agents dial back: each reads a *job key* (``_wire.keyfile``: this session's keys,
+0600, deleted when the job stops) from the user's config directory, which a cluster shares with its
+nodes like the home directory it lives in, and advertises the IP its route to the controller leaves
+by. Outside an allocation the job is one ``sbatch``; inside one (``SLURM_JOB_ID`` set) it is a step
+of it (``srun --overlap``), and stopping ends the step, not the user's allocation.
+
+By default nothing outlives the controller: its agents exit when its heartbeats stop, their
+``srun`` then ends, and so does the batch job. ``scancel`` from outside, a node that dies or is cut
+off: the ranks on it fail with what SLURM says (``squeue``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from .._api.mesh import HostMesh
+from .._core.future import Future
+from .._core.shape import Shape
+from .._runtime.hosts import AgentHandle, Job
+from .._wire.addresses import host_of, parse_tcp
+from .._wire.keyfile import KeyFile, config_dir, write_key_file
+from .._wire.protocol import VERSION, Kind
+from .._wire.transport import Message
+from ..errors import MeshClosedError, MeshError, MeshTimeoutError, MeshValueError
+
+__all__ = ["SlurmJob"]
+
+_ENDED = ("CANCELLED", "COMPLETED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL")
+_TIME = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$")
+
+
+class SlurmJob(Job):
+    """``nodes`` hosts from SLURM, one jupyter_mesh agent on each.
+
+    ``partition``, ``time`` (``"HH:MM:SS"``), ``account`` and ``slurm_args`` (more ``sbatch``
+    options, e.g. ``["--gres=gpu:4"]``) go to ``sbatch``. ``bind``: this host's IP the nodes reach
+    (default: the one on the route to ``slurmctld``). ``python``: the interpreter on the nodes
+    (default: this one; a cluster shares it through the file system). Inside an allocation
+    (``SLURM_JOB_ID`` set) the agents are a step of it unless ``use_allocation=False``."""
+
+    def __init__(
+        self,
+        nodes: int = 1,
+        partition: str | None = None,
+        time: str | None = "01:00:00",
+        account: str | None = None,
+        slurm_args: Sequence[str] = (),
+        preload: Sequence[str] = (),
+        bind: str | None = None,
+        python: str | None = None,
+        name: str = "jupyter-mesh",
+        use_allocation: bool | None = None,
+    ):
+        from .._runtime.controller import Controller
+
+        if not isinstance(nodes, int) or nodes < 1:
+            raise MeshValueError(f"SlurmJob needs nodes >= 1, got {nodes!r}")
+        if time is not None and not _TIME.match(time):
+            raise MeshValueError(f"time={time!r}: give SLURM's form, e.g. '00:30:00' or '1-00:00:00'")
+        for label, value in (("partition", partition), ("account", account), ("name", name)):
+            if value is not None and not re.fullmatch(r"[\w.@+-]{1,64}", value):
+                raise MeshValueError(f"{label}={value!r} is not a SLURM {label} name")
+        self.nodes = nodes
+        self.job_id: str | None = None
+        self._in_allocation = os.environ.get("SLURM_JOB_ID") if use_allocation is not False else None
+        if use_allocation and not self._in_allocation:
+            raise MeshValueError("use_allocation=True but SLURM_JOB_ID is not set: not inside an allocation")
+        ip = bind or _slurmctld_ip()
+        self._controller = Controller.reachable_from(ip)
+        self._controller.register_job(self)
+        self._token = secrets.token_hex(8)
+        self._dir = os.path.join(config_dir(), "jobs")
+        os.makedirs(self._dir, mode=0o700, exist_ok=True)
+        self._key_path = os.path.join(self._dir, f"{self._token}.key")
+        self._log_path = os.path.join(self._dir, f"{self._token}.log")
+        self._state_path = os.path.join(self._dir, f"{self._token}.json")
+        self._lock = threading.Lock()
+        self._agents: list[AgentHandle] | None = None
+        self._stopped = False
+        self._step: subprocess.Popen[bytes] | None = None  # srun inside an allocation
+        ctl = self._controller
+        if ctl.transport.curve is None:
+            raise MeshValueError("SlurmJob needs a CURVE session (JUPYTER_MESH_INSECURE is set): refused")
+        write_key_file(
+            self._key_path,
+            KeyFile(
+                ctl.key,
+                ctl.transport.curve,
+                {
+                    "v": VERSION,
+                    "controller": ctl.address,
+                    "nonce": self._token,
+                    "hb_timeout": ctl.hb_timeout,
+                    "preload": list(preload),
+                },
+            ),
+        )
+        self._waiters: list[Future[dict[str, Any]]] = [ctl.expect_agent(f"{self._token}/{i}") for i in range(nodes)]
+        agent = [python or sys.executable, "-m", "jupyter_mesh.cli", "agent", "--key-file", self._key_path]
+        srun = ["srun", "--ntasks-per-node=1", f"--nodes={nodes}", f"--ntasks={nodes}", "--kill-on-bad-exit=0"]
+        try:
+            if self._in_allocation:
+                self.job_id = self._in_allocation
+                self._step = subprocess.Popen(
+                    [*srun, f"--jobid={self.job_id}", "--overlap", *agent],
+                    stdin=subprocess.DEVNULL,
+                    stdout=open(self._log_path, "ab"),
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,  # a notebook interrupt must not reach it
+                )
+            else:
+                script = "#!/bin/sh\n" + "exec " + shlex.join([*srun, *agent]) + "\n"
+                sbatch = ["sbatch", "--parsable", f"--nodes={nodes}", "--ntasks-per-node=1", f"--job-name={name}"]
+                sbatch += [f"--output={self._log_path}"]
+                sbatch += [f"--time={time}"] if time else []
+                sbatch += [f"--partition={partition}"] if partition else []
+                sbatch += [f"--account={account}"] if account else []
+                sbatch += list(slurm_args)
+                out = _run(sbatch, input=script)
+                self.job_id = out.strip().split(";")[0]
+        except BaseException:
+            self._cleanup_files()
+            raise
+        self._save_state()
+
+    # -- the Job interface --------------------------------------------------------------------------
+    def agents(self, timeout: float = 300.0) -> list[AgentHandle]:
+        """Wait until every node's agent reported in; fail at once if SLURM ended the job."""
+        with self._lock:
+            if self._stopped:
+                raise MeshClosedError(f"SLURM job {self.job_id} was stopped; create a new SlurmJob")
+            if self._agents is not None:
+                return self._agents
+            deadline = time.monotonic() + timeout
+            out = []
+            for i, w in enumerate(self._waiters):
+                while True:
+                    try:
+                        h = w.get(min(0.5, max(0.01, deadline - time.monotonic())))
+                        break
+                    except MeshTimeoutError:
+                        pass
+                    state, reason = self.state()
+                    if state in _ENDED or (state == "" and self._step is None) or self._step_ended():
+                        raise MeshError(
+                            f"SLURM job {self.job_id} ended ({state or 'gone'}) before the agent of node {i} "
+                            f"reported in; its output ({self._log_path}):\n{self._log_tail()}"
+                        )
+                    if time.monotonic() >= deadline:
+                        raise MeshTimeoutError(
+                            "spawn",
+                            timeout,
+                            f"SLURM job {self.job_id} is {state or 'unknown'}"
+                            f"{f' ({reason})' if reason else ''}; {i} of {self.nodes} agents reported in. "
+                            f"Its output ({self._log_path}):\n{self._log_tail()}",
+                        )
+                out.append(AgentHandle(i, h["addr"], h["pid"], h["hk"]))
+            self._agents = out
+            self._save_state()
+            return out
+
+    def running(self) -> bool:
+        return not self._stopped
+
+    def explain_loss(self, addr: str) -> str | None:
+        """What SLURM says about a lost host: the job's state when it is no longer running."""
+        if not any(a.addr == addr for a in self._agents or []):
+            return None
+        state, reason = self.state()
+        if state and state != "RUNNING":
+            return f"SLURM job {self.job_id} is {state}{f' ({reason})' if reason else ''}"
+        if not state:
+            return f"SLURM job {self.job_id} is no longer in the queue (cancelled or ended)"
+        return None
+
+    def host_mesh(self) -> HostMesh:
+        return HostMesh(self._controller, self, Shape.from_sizes({"hosts": self.nodes}))
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Our agents stop their procs; the job (or our step of an allocation) is cancelled and
+        waited for, so no SLURM job and no process of ours is left."""
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+        ctl = self._controller
+        agents = self._agents or []
+        for a in agents:
+            try:
+                if not ctl.is_closed:
+                    ctl.transport.send(a.addr, Message({"k": Kind.SHUTDOWN}))
+            except Exception:  # noqa: BLE001 - scancel below ends it anyway
+                pass
+        if not ctl.is_closed:
+            ctl.forget_agents([a.addr for a in agents])
+        deadline = time.monotonic() + timeout
+        if self._step is not None:  # our step only: the user's allocation lives on
+            while self._step.poll() is None and time.monotonic() < deadline - timeout / 2:
+                time.sleep(0.05)
+            if self._step.poll() is None:
+                self._step.terminate()
+                try:
+                    self._step.wait(max(1.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    self._step.kill()
+                    self._step.wait(5.0)
+        elif self.job_id:
+            try:
+                _run(["scancel", self.job_id])
+            except MeshError as e:
+                print(f"jupyter_mesh: {e}", file=sys.stderr)
+            while time.monotonic() < deadline and self.state()[0] not in ("", *_ENDED):
+                time.sleep(0.1)
+            state = self.state()[0]
+            if state not in ("", *_ENDED):
+                print(f"jupyter_mesh: SLURM job {self.job_id} is still {state} after scancel", file=sys.stderr)
+        self._cleanup_files()
+
+    # -- SLURM's view -------------------------------------------------------------------------------
+    def state(self) -> tuple[str, str]:
+        """(state, reason) from ``squeue``; ("", "") once the job left the queue."""
+        if self.job_id is None:
+            return "", ""
+        try:
+            out = _run(["squeue", "-h", "-j", self.job_id, "-o", "%T|%r"], check=False)
+        except MeshError:
+            return "", ""
+        line = out.strip().splitlines()[0] if out.strip() else ""
+        state, _, reason = line.partition("|")
+        return state.strip(), "" if reason.strip() in ("None", "") else reason.strip()
+
+    def node_names(self) -> list[str]:
+        """The allocation's nodes, in SLURM's order (``scontrol show hostnames``)."""
+        if self.job_id is None:
+            return []
+        out = _run(["squeue", "-h", "-j", self.job_id, "-o", "%N"], check=False).strip()
+        return _run(["scontrol", "show", "hostnames", out]).split() if out else []
+
+    def _step_ended(self) -> bool:
+        return self._step is not None and self._step.poll() is not None
+
+    def _log_tail(self, n: int = 15) -> str:
+        try:
+            with open(self._log_path, errors="replace") as f:
+                return "".join(f.readlines()[-n:]) or "(empty)"
+        except OSError:
+            return "(no output yet)"
+
+    def _save_state(self) -> None:
+        """A small record under the config dir: which SLURM job, where the controller was; what
+        ``jupyter-mesh status`` and a later kernel read."""
+        record = {
+            "scheduler": "slurm",
+            "job_id": self.job_id,
+            "nodes": self.nodes,
+            "controller": self._controller.address,
+            "controller_pid": os.getpid(),
+            "agents": [a.addr for a in self._agents or []],
+            "hosts": [host_of(a.addr) for a in self._agents or []],
+            "created": time.time(),
+        }
+        tmp = f"{self._state_path}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(record, f)
+        os.replace(tmp, self._state_path)
+
+    def _cleanup_files(self) -> None:
+        for p in (self._key_path, self._state_path):
+            try:
+                os.unlink(p)
+            except OSError:
+                pass
+
+    def __repr__(self) -> str:
+        return f"<SlurmJob {self.job_id} nodes={self.nodes}>"
+
+
+def _run(argv: list[str], input: str | None = None, check: bool = True, timeout: float = 30.0) -> str:
+    try:
+        p = subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError:
+        raise MeshError(f"`{argv[0]}` is not installed here: SlurmJob needs the SLURM client commands") from None
+    except subprocess.TimeoutExpired:
+        raise MeshError(f"`{shlex.join(argv)}` did not answer within {timeout:.0f} s: is slurmctld up?") from None
+    if check and p.returncode != 0:
+        raise MeshError(f"`{shlex.join(argv)}` failed (exit {p.returncode}): {p.stderr.strip()[:500]}")
+    return p.stdout
+
+
+def _slurmctld_ip() -> str:
+    """The address of slurmctld (``scontrol show config``): the nodes reach it, so they most likely
+    reach us on the interface whose route leads there."""
+    out = _run(["scontrol", "show", "config"])
+    m = re.search(r"^SlurmctldHost\[0\]\s*=\s*([^\s(]+)(?:\(([^)]+)\))?", out, re.M)
+    if not m:
+        raise MeshError("cannot find SlurmctldHost in `scontrol show config`; pass bind='<this host's IP>'")
+    addr = m.group(2) or m.group(1)
+    try:
+        return parse_tcp(f"tcp://{addr}:1")[0]  # an IP, or the name resolved
+    except ValueError as e:
+        raise MeshError(f"cannot resolve slurmctld's host {addr!r} ({e}); pass bind='<this host's IP>'") from None
