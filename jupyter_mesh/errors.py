@@ -169,7 +169,7 @@ _KIND_HINTS = {
     "signal": "the proc was killed by a signal (OOM killer? kill -9?); respawn the rank or re-create the mesh",
     "heartbeat": "the proc or its host stopped answering; check the host, then respawn",
     "agent": "the host's agent is gone (with every proc of that host); spawn a new proc mesh: "
-    "this_host() and LocalJob start a fresh agent for it",
+    "this_host(), LocalJob and attached hosts bring a fresh agent up for it; a SLURM job that ended needs a new SlurmJob",
     "init": "the actor's __init__ raised or overran its init_timeout; fix the constructor and spawn the actor mesh "
     "again (or respawn the ranks whose proc was killed)",
     "start": "the proc failed to start; check the preload modules and the environment",

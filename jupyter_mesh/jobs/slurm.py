@@ -180,6 +180,8 @@ class SlurmJob(Job):
         if not any(a.addr == addr for a in self._agents or []):
             return None
         state, reason = self.state()
+        if state == "COMPLETING":  # what SLURM says of a job it is ending, whatever the cause
+            return f"SLURM job {self.job_id} is ending (COMPLETING: scancel, its time limit, or a node failed)"
         if state and state != "RUNNING":
             return f"SLURM job {self.job_id} is {state}{f' ({reason})' if reason else ''}"
         if not state:
@@ -231,9 +233,18 @@ class SlurmJob(Job):
 
     # -- SLURM's view -------------------------------------------------------------------------------
     def state(self) -> tuple[str, str]:
-        """(state, reason) from ``squeue``; ("", "") once the job left the queue."""
+        """(state, reason): ``scontrol``'s (it says CANCELLED while ``squeue`` still says COMPLETING),
+        else ``squeue``'s; ("", "") once SLURM forgot the job."""
         if self.job_id is None:
             return "", ""
+        try:
+            out = _run(["scontrol", "-o", "show", "job", self.job_id], check=False)
+            fields = dict(f.split("=", 1) for f in out.split() if "=" in f)
+            if fields.get("JobId") == self.job_id and fields.get("JobState"):
+                reason = fields.get("Reason", "")
+                return fields["JobState"], "" if reason in ("None", "") else reason
+        except MeshError:
+            pass
         try:
             out = _run(["squeue", "-h", "-j", self.job_id, "-o", "%T|%r"], check=False)
         except MeshError:

@@ -1,7 +1,9 @@
 """Fixtures for multi-host tests: 4 namespace hosts (`netns_hosts`) and a real SLURM over them (`slurm`).
 
-Both are session-scoped (set-up is well under a second, but SLURM state carries across tests, so each
-test must leave no job behind: checked after every test that uses `slurm`). Everything under
+Both are module-scoped: set-up is well under a second, and the daemons (children of pytest) must not
+outlive the cluster tests into tests that count this process's children or sockets. SLURM state carries
+across the tests of a module, so each test must leave no job behind (checked after every test that uses
+`slurm`). Everything under
 tests/cluster is marked ``cluster``: ``pytest -m cluster`` runs them alone, ``-m "not cluster"`` skips.
 
 Outside CI the tests skip with the reason when the machine cannot run them (not root, no `ip netns`, no
@@ -65,7 +67,7 @@ def pytest_terminal_summary(terminalreporter) -> None:
             terminalreporter.write_line(f"{what}: {seconds:.2f} s")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def netns_hosts():
     """4 namespace hosts jmh0..jmh3 at 10.213.0.2..5 on bridge jmbr0 (10.213.0.1, the root namespace)."""
     _require(need_slurm=False)
@@ -81,7 +83,7 @@ def netns_hosts():
     assert not left["namespaces"] and not left["links"], f"namespace hosts left after teardown: {left}"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def slurm(netns_hosts):
     """A real SLURM: nodes n0..n3 (n<i> on jmh<i>), partition debug; use `.run([...])` or `.environ()`."""
     _require(need_slurm=True)

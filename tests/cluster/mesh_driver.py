@@ -91,13 +91,13 @@ def exercise(hosts_mesh, per_host: int) -> None:
         got = probes.echo.call(value).get(timeout=60)
         if not all(same(value, v) for _, v in got.items()):
             bad.append(f"call {name}")
-        one = probes.slice(hosts=len(where.items()) // per_host - 1, gpus=per_host - 1)
+        one = probes.slice(hosts=len(where) // per_host - 1, gpus=per_host - 1)
         if not same(value, one.echo.call_one(value).get(timeout=60)):
             bad.append(f"call_one {name}")
         if not same(value, probes.echo.choose(value).get(timeout=60)):
             bad.append(f"choose {name}")
         streamed = [f.get(timeout=60) for f in probes.echo.stream(value)]
-        if len(streamed) != len(where.items()) or not all(same(value, v) for v in streamed):
+        if len(streamed) != len(where) or not all(same(value, v) for v in streamed):
             bad.append(f"stream {name}")
         probes.echo.broadcast(value)
     t = torch.randn(1 << 20)
