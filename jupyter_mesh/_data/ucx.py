@@ -11,14 +11,19 @@ a UCX context), and only when ``ucxx`` is installed: ``pip install 'jupyter_mesh
 
 Security: UCX's tcp transport emulates remote memory access in software and does not check keys on the
 target, so a UCX port must not be reachable by strangers. Unless ``UCX_NET_DEVICES`` says otherwise,
-UCX only uses the loopback interface when the control plane is bound to loopback (the default).
+UCX uses only the interface this process's control plane is bound to (``follow_bind``): loopback for a
+one-host session, the interface of its IP on a multi-host one.
 """
 
 from __future__ import annotations
 
 import atexit
+import fcntl
 import importlib.util
+import ipaddress
 import os
+import socket
+import struct
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,7 +32,9 @@ from typing import Any
 from ..errors import MeshError
 from . import ucx_ffi as _ucx_ffi
 
-__all__ = ["UcxDesc", "UcxNode", "available", "node"]
+__all__ = ["UcxDesc", "UcxNode", "available", "follow_bind", "node"]
+
+_bind: str | None = None  # this process's control-plane bind (``follow_bind``)
 
 _FAILURE_HINT = "the owner may have died or be unreachable over UCX"
 
@@ -55,15 +62,41 @@ def _configure_env() -> dict[str, str]:
     os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
     os.environ.setdefault("UCXPY_PROGRESS_MODE", "blocking")
     config: dict[str, str] = {}
-    bind = os.environ.get("JUPYTER_MESH_BIND", "tcp://127.0.0.1")
-    if "UCX_NET_DEVICES" not in os.environ and ("127.0.0.1" in bind or "localhost" in bind):
-        config["NET_DEVICES"] = "lo"
+    bind = _bind or os.environ.get("JUPYTER_MESH_BIND", "tcp://127.0.0.1")
+    if "UCX_NET_DEVICES" not in os.environ:
+        config["NET_DEVICES"] = _device_of(bind)
     # tcp moves one-sided get/put as active-message fragments: 8 KiB by default, which halves the
     # bandwidth of a 64 MiB put here; 256 KiB fragments reach UCX's tcp ceiling (W7)
     for var in ("TCP_TX_SEG_SIZE", "TCP_RX_SEG_SIZE"):
         if "UCX_" + var not in os.environ:
             config[var] = "256k"
     return config
+
+
+def follow_bind(bind: str) -> None:
+    """Use the interface of ``bind`` (the process's control-plane bind) for UCX, from its first use on."""
+    global _bind
+    _bind = bind
+
+
+def _device_of(bind: str) -> str:
+    """The network interface UCX may use: the one holding the bind's IP; loopback for anything local."""
+    host = bind[len("tcp://") :].rsplit(":", 1)[0].strip("[]") if bind.startswith("tcp://") else ""
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return "lo"
+    if ip.is_loopback or ip.version != 4:
+        return "lo"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:  # SIOCGIFADDR: the interface's IPv4 address
+                raw = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
+            except OSError:
+                continue
+            if socket.inet_ntoa(raw[20:24]) == str(ip):
+                return name
+    return "lo"
 
 
 class UcxNode:

@@ -25,6 +25,7 @@ from .._core.context import context
 from .._core.future import Future
 from .._core.shape import Shape
 from .._core.state import StateTracker
+from .._data import ucx as _ucx
 from .._data.owner import handle_message as handle_rdma
 from .._wire import protocol
 from .._wire.addresses import host_of, local_ip_towards
@@ -133,6 +134,7 @@ class Controller:
             # private unix sockets unless the user asked for TCP, which then speaks CURVE (_wire/channels)
             bind = bind or default_bind()
             self.transport = Transport(self.key, bind, CurveKeys.new() if curve_wanted(bind) else None)
+            _ucx.follow_bind(bind)
             self.client = Client(self.transport, reply_boxes=True)
         self.address = self.transport.address
         self.client.calls.stopped.update(Controller._shut_down_meshes)

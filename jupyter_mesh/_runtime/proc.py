@@ -31,6 +31,7 @@ import zmq
 from .._core.actor import Endpoint, endpoints_of
 from .._core.context import ProcIdentity, context
 from .._core.shape import Point, Shape, Slice
+from .._data import ucx as _ucx
 from .._data.owner import handle_message as handle_rdma
 from .._wire.channels import CurveKeys
 from .._wire.protocol import BROKEN, DIRECT, NO_REPLY, OK, OUT_SYNC_PREFIX, RAISED, Dispatch, Kind, reply_header
@@ -422,6 +423,7 @@ class ProcRuntime:
         self.coords = dict(self.point)
         self.agent_addr: str = cfg["agent"]
         self.transport = Transport(key, cfg["bind"], CurveKeys.from_wire(cfg["curve"]) if cfg.get("curve") else None)
+        _ucx.follow_bind(cfg["bind"])  # UCX, if used, on the interface our host's peers reach us by
         # casts come through our agent as their sender signed them; none it relayed before we existed
         self.transport.accept_via(cfg["agent"], cfg.get("floors"))
         self.client = Client(self.transport)

@@ -17,7 +17,16 @@ import time
 import numpy as np
 import torch
 
-from jupyter_mesh import Actor, AttachJob, SlurmJob, SupervisionError, current_rank, endpoint
+from jupyter_mesh import (
+    Actor,
+    AttachJob,
+    RDMABuffer,
+    SlurmJob,
+    SupervisionError,
+    current_rank,
+    endpoint,
+    get_rdma_backend,
+)
 
 
 def say(step: str, **kw) -> None:
@@ -46,6 +55,25 @@ class Probe(Actor):
     def nap(self, s: float) -> int:
         time.sleep(s)
         return os.getpid()
+
+
+class Holder(Actor):
+    """Owns a tensor and hands out an RDMABuffer to it; reads others' buffers."""
+
+    def __init__(self, n: int):
+        self.t = torch.arange(n, dtype=torch.float32) + current_rank().rank
+        self.buf = RDMABuffer(self.t)
+
+    @endpoint
+    def handle(self) -> RDMABuffer:
+        return self.buf
+
+    @endpoint
+    def pull(self, buf: RDMABuffer, n: int) -> dict:
+        dst = torch.empty(n, dtype=torch.float32)
+        t0 = time.monotonic()
+        buf.read_into(dst).get(timeout=60)
+        return {"backend": get_rdma_backend(buf), "sum": float(dst.double().sum()), "seconds": time.monotonic() - t0}
 
 
 def payloads() -> dict:
@@ -150,6 +178,27 @@ def run_attach_wrong_key(addrs: list[str]) -> None:
     job.stop()
 
 
+def run_attach_rdma(addrs: list[str]) -> None:
+    """RDMABuffers between procs on two hosts and on one host: which backend, right bytes, how fast."""
+    n = 16 << 20  # 64 MiB of float32
+    job = AttachJob(addrs)
+    procs = job.host_mesh().spawn_procs(per_host={"gpus": 2})
+    holders = procs.spawn("holders", Holder, n)
+    h00, h01, h10 = (holders.slice(hosts=h, gpus=g) for h, g in ((0, 0), (0, 1), (1, 0)))
+    buf = h00.handle.call_one().get(timeout=60)
+    want = float((torch.arange(n, dtype=torch.float32)).double().sum())
+    for label, reader in (("same_host", h01), ("other_host", h10)):
+        results = [reader.pull.call_one(buf, n).get(timeout=120) for _ in range(3)]
+        say(
+            label,
+            backends=[r["backend"] for r in results],
+            ok=all(r["sum"] == want for r in results),
+            gbps=[n * 4 / r["seconds"] / 1e9 for r in results],
+        )
+    procs.stop()
+    job.stop()
+
+
 def run_slurm(nodes: int, per_host: int) -> None:
     job = SlurmJob(nodes=nodes, partition="debug", time="00:10:00")
     say("submitted", job_id=job.job_id)
@@ -200,6 +249,8 @@ def main() -> None:
     try:
         if scenario == "attach":
             run_attach(args[1:], int(args[0]))
+        elif scenario == "attach_rdma":
+            run_attach_rdma(args)
         elif scenario == "attach_refused":
             run_attach_refused(args)
         elif scenario == "attach_hold":

@@ -120,6 +120,22 @@ def test_attach_to_agents_started_by_hand_runs_every_adverb_across_hosts(netns_h
     assert _no_mesh_processes_in(hosts) == []
 
 
+def test_rdma_buffers_across_hosts_never_use_shared_memory(netns_hosts, config_dir):
+    """Namespace hosts share /dev/shm, so shared memory would *work* between them: the runtime must
+    still pick it only within a host (same boot and network namespace), and move the bytes right."""
+    hosts = [netns_hosts[2], netns_hosts[3]]
+    ls = Listeners(hosts, port=6002)
+    try:
+        steps = drive("attach_rdma", *ls.addrs)
+    finally:
+        ls.stop()
+    same, other = step(steps, "same_host"), step(steps, "other_host")
+    assert same["ok"] and other["ok"], steps
+    assert set(same["backends"]) == {"shm"}, same
+    assert "shm" not in other["backends"] and set(other["backends"]) <= {"ucx", "zmq"}, other
+    assert _no_mesh_processes_in(hosts) == []
+
+
 def test_a_second_controller_is_refused_and_a_wrong_key_never_gets_in(netns_hosts, config_dir, tmp_path):
     hosts = [netns_hosts[2]]
     ls = Listeners(hosts, port=6001)
