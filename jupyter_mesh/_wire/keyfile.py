@@ -14,6 +14,7 @@ never in clear on the wire. Two kinds:
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import secrets
@@ -82,6 +83,13 @@ def read_key_file(path: str) -> KeyFile:
             f"no key file at {path}: make one with `jupyter-mesh keygen {path}` (for agents you start by "
             f"hand), or pass the job's key file"
         ) from None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise PermissionError(
+                f"{path} is a symbolic link: jupyter_mesh reads keys only from a regular file of this user "
+                f"(whoever controls the link controls the key); point at the file itself"
+            ) from None
+        raise
     with os.fdopen(fd) as f:
         _check_private(path, want_dir=False, st=os.fstat(f.fileno()))
         _check_private(os.path.dirname(path), want_dir=True)

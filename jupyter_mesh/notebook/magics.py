@@ -224,16 +224,16 @@ class MeshMagics(Magics):
 
     # -- %mesh commands -------------------------------------------------------------------------
     def _cmd_up(self, args: argparse.Namespace) -> None:
+        if (args.partition or args.time) and not args.slurm:
+            raise UsageError("--partition and --time are for --slurm")
+        if args.attach and args.hosts not in (None, len(args.attach)):
+            raise UsageError(f"--attach names {len(args.attach)} agents, --hosts says {args.hosts}")
         if args.name in self.meshes and self.meshes.get(args.name).procs.stopped:
             self.down([args.name])  # its procs were stopped (procs.stop()): its agents go too, then up again
         if args.name in self.meshes:
             raise UsageError(f"mesh '{args.name}' is already up: `%mesh down {args.name}` first, or pick --name")
         dim, n = ("gpus", args.gpus) if args.gpus else ("procs", args.procs or 2)
         preload = [m for group in args.preload for m in group]
-        if (args.partition or args.time) and not args.slurm:
-            raise UsageError("--partition and --time are for --slurm")
-        if args.attach and args.hosts not in (None, len(args.attach)):
-            raise UsageError(f"--attach names {len(args.attach)} agents, --hosts says {args.hosts}")
         where = JobSpec(
             "slurm" if args.slurm else "attach" if args.attach else "local",
             args.attach or [],
