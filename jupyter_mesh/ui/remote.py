@@ -139,6 +139,48 @@ def query_kernel(connection_file: str, timeout: float = 3.0) -> KernelMeshes:
         kc.stop_channels()
 
 
+def scheduler_jobs() -> list[str]:
+    """One line per scheduler job a controller of this user holds (``SlurmJob`` keeps a record under
+    the config dir while it runs): its id, hosts, the controller's pid, and what the scheduler says."""
+    import glob
+    import json
+    import shutil
+    import subprocess
+
+    from .._wire.keyfile import config_dir
+
+    lines = []
+    for path in sorted(glob.glob(os.path.join(config_dir(), "jobs", "*.json"))):
+        try:
+            with open(path) as f:
+                rec = json.load(f)
+            job_id, pid = str(rec["job_id"]), int(rec["controller_pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        try:
+            os.kill(pid, 0)
+            owner = f"controller pid {pid}"
+        except ProcessLookupError:
+            owner = f"controller pid {pid} is gone: the job ends when its agents notice"
+        except PermissionError:
+            owner = f"controller pid {pid}"
+        state = ""
+        if shutil.which("squeue"):
+            try:
+                out = subprocess.run(
+                    ["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=5
+                ).stdout.strip()
+                state = out or "not in the queue"
+            except (OSError, subprocess.TimeoutExpired):
+                state = ""
+        hosts = ", ".join(rec.get("hosts") or []) or "agents not up yet"
+        lines.append(
+            f"{rec.get('scheduler', 'job')} job {job_id}: {rec.get('nodes')} host(s) ({hosts}); {owner}"
+            + (f"; {state}" if state else "")
+        )
+    return lines
+
+
 def status_main(files: list[str] | None = None, timeout: float = 3.0, show_all: bool = False) -> int:
     """Print the meshes of every running kernel (or of ``files``); exit status 0 if any has a mesh
     (with ``show_all``: if any answered). Kernels without a mesh are counted, listed with ``show_all``."""
@@ -148,6 +190,8 @@ def status_main(files: list[str] | None = None, timeout: float = 3.0, show_all: 
     from .terminal import render
 
     console = Console()
+    for line in scheduler_jobs():
+        console.print(Text(line, style="bold"))
     files = files if files is not None else connection_files()
     if not files:
         console.print("no running Jupyter kernel found (looked in the Jupyter runtime dir)", style="yellow")

@@ -204,9 +204,12 @@ def run_slurm(nodes: int, per_host: int) -> None:
     say("submitted", job_id=job.job_id)
     job.agents(120)
     say("agents", nodes=job.node_names(), state=job.state()[0])
+    from jupyter_mesh.ui.remote import scheduler_jobs
+
+    say("status", lines=scheduler_jobs())  # what `jupyter-mesh status` prints of it
     exercise(job.host_mesh(), per_host)
     job.stop()
-    say("job_stopped", job_id=job.job_id)
+    say("job_stopped", job_id=job.job_id, status=scheduler_jobs())
 
 
 def run_slurm_fault(nodes: int, fault: str, arg: str) -> None:

@@ -170,7 +170,11 @@ def test_slurm_job_places_agents_on_its_nodes_and_leaves_nothing(netns_hosts, sl
     assert {w["node"] for w in where} == set(agents["nodes"])  # each agent runs on its own node
     assert len({w["netns"] for w in where}) == 2
     assert step(steps, "adverbs")["bad"] == []
-    job_id = step(steps, "job_stopped")["job_id"]
+    stopped = step(steps, "job_stopped")
+    job_id = stopped["job_id"]
+    status = step(steps, "status")["lines"]
+    assert len(status) == 1 and f"slurm job {job_id}: 2 host(s)" in status[0] and "RUNNING" in status[0], status
+    assert stopped["status"] == []  # the record goes with the job
     assert slurm.job_state(job_id)[0] in ("", "CANCELLED", "COMPLETED")
     assert slurm.job_ids() == []
     assert _no_mesh_processes_in(list(netns_hosts)) == []
