@@ -146,8 +146,8 @@ class AttachJob(Job):
                 pass
         if not ctl.is_closed:
             ctl.forget_agents([a.addr for a in agents])
-        if self._door is not None:
-            self._door.close(linger_ms=500)
+        if self._door is not None:  # an attach still queued for a host that never answered is
+            self._door.close(linger_ms=0)  # dropped: it must not start a session for us later
             self._door = None
 
     def __repr__(self) -> str:
