@@ -46,3 +46,12 @@ def test_outer_dims_get_a_grid_each_and_big_meshes_are_cut():
     assert f"{10} more values" in (big._repr_html_() or "")
     one = ValueMesh(Shape.from_sizes({}), [42])
     assert "42" in (one._repr_html_() or "")
+
+
+def test_what_a_rank_raised_in_mesh_cell_is_red():
+    from jupyter_mesh.notebook.remote_exec import CellError
+
+    vm = _vm([1, CellError("ZeroDivisionError", "division by zero", "Traceback ...")], gpus=2)
+    out = vm._repr_html_() or ""
+    err = out.split("<td")[2]
+    assert "color:#c62828" in err and "&lt;CellError ZeroDivisionError: division by zero&gt;" in err

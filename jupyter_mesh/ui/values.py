@@ -24,12 +24,19 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
+def _is_error(v: Any) -> bool:
+    """An exception, a rank's failure, or what a rank raised as text (``%%mesh``'s CellError)."""
+    if isinstance(v, (BaseException, Failure, RemoteFailure)):
+        return True
+    return isinstance(getattr(v, "exc_type", None), str) and isinstance(getattr(v, "traceback", None), str)
+
+
 def _cell(v: Any, lo: float, hi: float) -> str:
     text = v if isinstance(v, str) else repr(v)
     title = html.escape(text[:1000], quote=True)
     shown = html.escape(text if len(text) <= MAX_TEXT else text[: MAX_TEXT - 1] + "…")
     style = _CELL
-    if isinstance(v, (BaseException, Failure, RemoteFailure)):
+    if _is_error(v):
         style += ";color:#c62828;font-weight:bold"
     elif _is_number(v) and hi > lo:
         share = (float(v) - lo) / (hi - lo)  # light to saturated blue
