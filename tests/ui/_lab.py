@@ -45,13 +45,24 @@ def notebook(path: Path, cells: list[str], kernel: tuple[str, str] | None = None
 
 def start(page, lab, path: str) -> None:
     """A fresh workspace (named after the notebook) with the notebook ``path`` open, its kernel idle."""
+    from playwright.sync_api import Error
+
     page.goto(f"{lab.url}/lab/workspaces/{path.split('.')[0]}?reset&token={lab.token}")
-    page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=60_000)
-    deadline = time.monotonic() + 60  # plugins register their commands after the splash goes
-    while not page.evaluate("() => window.jupyterapp.commands.hasCommand('docmanager:open')"):
-        assert time.monotonic() < deadline, "JupyterLab's document manager never started"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=60_000)
+            # plugins register their commands after the splash goes
+            if page.evaluate("() => !!window.jupyterapp && window.jupyterapp.commands.hasCommand('docmanager:open')"):
+                open_notebook(page, path)
+                return
+        except Error as e:
+            # while the workspace resets, a request can be cut short ("Failed to fetch") or the page
+            # reloaded under the call ("Execution context was destroyed"): try again
+            if "Failed to fetch" not in str(e) and "context was destroyed" not in str(e):
+                raise
+        assert time.monotonic() < deadline, "JupyterLab never opened " + path
         time.sleep(0.2)
-    open_notebook(page, path)
 
 
 def open_notebook(page, path: str) -> None:
@@ -120,9 +131,9 @@ def sidebar_parts(page) -> tuple:
     return (*notebook_parts(page), page.locator("#jupyter-mesh-sidebar .jm-sidebar-body"))
 
 
-def shot(page, lab, name: str, *parts, pad: int = 6) -> Path:
+def shot(page, lab, name: str, *parts, within=None, pad: int = 6) -> Path:
     """A screenshot of the page cropped to the box around ``parts`` (locators, each of one or more
-    elements; the whole page if none)."""
+    elements; the whole page if none), and to ``within``'s box (a locator) when given."""
     d = Path(os.environ.get("JUPYTER_MESH_SCREENSHOTS") or lab.root)
     d.mkdir(parents=True, exist_ok=True)
     clip = None
@@ -130,10 +141,13 @@ def shot(page, lab, name: str, *parts, pad: int = 6) -> Path:
         boxes = [b for p in parts for e in p.all() if (b := e.bounding_box(timeout=5_000))]
         assert boxes, f"nothing to show in {name}"
         view = page.viewport_size or {"width": 1440, "height": 900}
-        x0 = max(0, min(b["x"] for b in boxes) - pad)
-        y0 = max(0, min(b["y"] for b in boxes) - pad)
-        x1 = min(view["width"], max(b["x"] + b["width"] for b in boxes) + pad)
-        y1 = min(view["height"], max(b["y"] + b["height"] for b in boxes) + pad)
+        frame = {"x": 0, "y": 0, **view}
+        if within is not None:
+            frame = within.bounding_box(timeout=5_000) or frame
+        x0 = max(0, frame["x"], min(b["x"] for b in boxes) - pad)
+        y0 = max(0, frame["y"], min(b["y"] for b in boxes) - pad)
+        x1 = min(view["width"], frame["x"] + frame["width"], max(b["x"] + b["width"] for b in boxes) + pad)
+        y1 = min(view["height"], frame["y"] + frame["height"], max(b["y"] + b["height"] for b in boxes) + pad)
         clip = {"x": x0, "y": y0, "width": x1 - x0, "height": y1 - y0}
     page.screenshot(path=str(d / name), clip=clip)
     assert (d / name).stat().st_size > 3_000
