@@ -8,7 +8,7 @@ Screenshots: see _lab.shot."""
 from __future__ import annotations
 
 import pytest
-from _lab import notebook, notebook_parts, output, run_cell, shot, sidebar_parts, start
+from _lab import notebook, notebook_panel, notebook_parts, output, run_cell, shot, sidebar_parts, start
 
 pytestmark = [pytest.mark.ui, pytest.mark.timeout(240)]
 
@@ -52,9 +52,9 @@ def test_progress_live_and_stop_mesh_is_mesh_down(page, lab):
     # point 3: ranks 0 and 2 answered, 1 and 3 wait for the marker: "2/4 done" while the call runs
     run_cell(page, 3)
     for view in (side, widget):
-        bar = view.locator("[data-progress='calls']")
+        # a locator, not an element handle: the view redraws the bar as ranks report ("1/4 done" first)
+        bar = view.locator("[data-progress='calls']", has_text="2/4 done")
         bar.wait_for(timeout=20_000)
-        page.wait_for_function("el => el.innerText.includes('2/4 done')", arg=bar.element_handle(), timeout=20_000)
         assert "left: 1, 3" in bar.inner_text()
         view.locator(".jm-cell[data-rank='1'][data-state='busy']").wait_for(timeout=5_000)
         view.locator(".jm-cell[data-rank='2'][data-state='idle']").wait_for(timeout=5_000)
@@ -114,7 +114,7 @@ def test_after_run_all_each_status_cell_keeps_its_state(page, lab):
     widget.locator(".jm-mesh.jm-stopped-mesh[data-mesh='rs']").wait_for(timeout=10_000)  # live: it went on
     assert output(page, 1) == first and output(page, 3) == later  # the snapshots did not
     page.locator(".jp-Notebook .jp-Cell").nth(1).scroll_into_view_if_needed()
-    shot(page, lab, "run-all-snapshots.png", *notebook_parts(page))
+    shot(page, lab, "run-all-snapshots.png", *notebook_parts(page), within=notebook_panel(page))
     page.evaluate("() => window.__jmNb.sessionContext.session.kernel.shutdown()")
 
 
