@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # the sidebar's build runs `jupyter labextension build` from the venv
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: demo test test-core test-ui test-cluster bench lint setup clean chromium cluster
+.PHONY: demo test test-core test-ui test-cluster bench lint setup clean chromium cluster screenshots
 
 $(STAMP): pyproject.toml package.json package-lock.json
 	$(PY) -m venv $(VENV)
@@ -66,6 +66,10 @@ test-cluster: $(STAMP) cluster
 
 test-ui: $(STAMP) chromium
 	$(UCX_TEST_ENV) $(BIN)/python -m pytest -q -p no:cacheprovider tests/ui
+
+# the README's pictures (docs/*.png), refreshed from the current UI by the browser tests
+screenshots: $(STAMP) chromium
+	PYTHON=$(BIN)/python sh docs/screenshots.sh
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_core.py

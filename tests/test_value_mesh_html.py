@@ -46,3 +46,17 @@ def test_outer_dims_get_a_grid_each_and_big_meshes_are_cut():
     assert f"{10} more values" in (big._repr_html_() or "")
     one = ValueMesh(Shape.from_sizes({}), [42])
     assert "42" in (one._repr_html_() or "")
+
+
+def test_what_a_rank_raised_in_mesh_cell_is_red_its_traceback_on_hover():
+    from jupyter_mesh.notebook.remote_exec import CellError
+
+    tb = 'Traceback (most recent call last):\n  File "<cell>", line 1\nZeroDivisionError: division by zero\n'
+    vm = _vm([1, CellError("ZeroDivisionError", "division by zero", tb)], gpus=2)
+    out = vm._repr_html_() or ""
+    err = out.split("<td")[2]
+    assert "color:#c62828" in err and ">ZeroDivisionError: division by zero</td>" in err
+    assert (
+        'title="ZeroDivisionError: division by zero\n\nTraceback (most recent call last):\n  File &quot;&lt;cell&gt;&quot;'
+        in err
+    )

@@ -24,12 +24,32 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
+def _is_error(v: Any) -> bool:
+    """An exception, a rank's failure, or what a rank raised as text (``%%mesh``'s CellError)."""
+    if isinstance(v, (BaseException, Failure, RemoteFailure)):
+        return True
+    return isinstance(getattr(v, "exc_type", None), str) and isinstance(getattr(v, "traceback", None), str)
+
+
+def _text(v: Any) -> tuple[str, str]:
+    """What a cell shows, and what its hover adds (a remote traceback, for what a rank raised)."""
+    if isinstance(v, str):
+        return v, ""
+    if isinstance(v, Failure):
+        return f"{v.kind}: {v.detail}", v.traceback
+    if isinstance(v, BaseException):
+        return f"{type(v).__name__}: {v}" if str(v) else type(v).__name__, ""
+    if _is_error(v):  # RemoteFailure, %%mesh's CellError
+        return f"{v.exc_type}: {v.message}" if v.message else v.exc_type, v.traceback
+    return repr(v), ""
+
+
 def _cell(v: Any, lo: float, hi: float) -> str:
-    text = v if isinstance(v, str) else repr(v)
-    title = html.escape(text[:1000], quote=True)
+    text, more = _text(v)
+    title = html.escape(text[:1000] + (f"\n\n{more.rstrip()[-2000:]}" if more.strip() else ""), quote=True)
     shown = html.escape(text if len(text) <= MAX_TEXT else text[: MAX_TEXT - 1] + "…")
     style = _CELL
-    if isinstance(v, (BaseException, Failure, RemoteFailure)):
+    if _is_error(v):
         style += ";color:#c62828;font-weight:bold"
     elif _is_number(v) and hi > lo:
         share = (float(v) - lo) / (hi - lo)  # light to saturated blue

@@ -1,78 +1,19 @@
 """The views in a real JupyterLab in Chromium: a notebook brings a mesh up, the sidebar lists it and
 the widget draws it; a killed proc turns failed in both within 2 s; the sidebar respawns it; the
-sidebar follows the focus between notebooks. Leaves docs/sidebar-widget.png for the README."""
+sidebar follows the focus between notebooks. Leaves sidebar-widget.png (the README's first picture)."""
 
 from __future__ import annotations
 
-import json
-import os
 import time
-from pathlib import Path
 
 import pytest
+from _lab import kernel_name, notebook, open_notebook, run_cell, shot, sidebar_parts, start
 
 pytestmark = [pytest.mark.ui, pytest.mark.timeout(180)]
 
-DOCS = Path(__file__).resolve().parents[2] / "docs"
-
-
-def _kernel_name() -> tuple[str, str]:
-    from jupyter_client.kernelspec import KernelSpecManager
-
-    specs = KernelSpecManager().find_kernel_specs()
-    return ("mesh", "Python 3 (mesh)") if "mesh" in specs else ("python3", "Python 3 (ipykernel)")
-
-
-def _notebook(path: Path, cells: list[str], kernel: tuple[str, str] | None = None) -> None:
-    name, display = kernel or _kernel_name()
-    path.write_text(
-        json.dumps(
-            {
-                "cells": [
-                    {"cell_type": "code", "metadata": {}, "source": c, "outputs": [], "execution_count": None}
-                    for c in cells
-                ],
-                "metadata": {"kernelspec": {"name": name, "display_name": display, "language": "python"}},
-                "nbformat": 4,
-                "nbformat_minor": 5,
-            }
-        )
-    )
-
-
-def _open(page, path: str) -> None:
-    page.evaluate("p => window.jupyterapp.commands.execute('docmanager:open', {path: p})", path)
-    page.wait_for_function(
-        """p => { const w = window.jupyterapp.shell.currentWidget;
-                  return w && w.context && w.context.path === p
-                    && w.sessionContext.session && w.sessionContext.session.kernel
-                    && w.sessionContext.session.kernel.status === 'idle'; }""",
-        arg=path,
-        timeout=60_000,
-    )
-
-
-def _run(page, index: int, timeout: float = 60_000) -> None:
-    """Run cell ``index`` of the notebook in focus and wait until the kernel is idle again."""
-    page.evaluate(
-        """i => { const nb = window.jupyterapp.shell.currentWidget;
-                            nb.content.activeCellIndex = i;
-                            return window.jupyterapp.commands.execute('notebook:run-cell'); }""",
-        index,
-    )
-    page.wait_for_function(
-        """i => { const nb = window.jupyterapp.shell.currentWidget;
-                  const cell = nb.content.widgets[i];
-                  return cell.model.executionCount !== null && nb.sessionContext.session.kernel.status === 'idle'; }""",
-        arg=index,
-        timeout=timeout,
-    )
-    errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']").all_inner_texts()
-    assert not [e for e in errors if "Traceback" in e], errors
-
 
 def test_sidebar_and_widget_follow_a_live_mesh(page, lab):
-    _notebook(
+    notebook(
         lab.root / "mesh.ipynb",
         [
             "%load_ext jupyter_mesh.ui\nfrom jupyter_mesh import LocalJob, ui\nui.widget()",
@@ -80,18 +21,15 @@ def test_sidebar_and_widget_follow_a_live_mesh(page, lab):
             "import os, signal\nos.kill(procs.pids()[5], signal.SIGKILL)",
         ],
     )
-    _notebook(lab.root / "plain.ipynb", ["1 + 1"], kernel=("python3", "Python 3 (ipykernel)"))
-    page.goto(f"{lab.url}/lab?token={lab.token}")
-    page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=60_000)
-    page.click("li[data-id='jupyter-mesh-sidebar']")
+    notebook(lab.root / "plain.ipynb", ["1 + 1"], kernel=("python3", "Python 3 (ipykernel)"))
+    start(page, lab, "mesh.ipynb")  # the sidebar is open
     sidebar = page.locator("#jupyter-mesh-sidebar")
-    _open(page, "mesh.ipynb")
-    if _kernel_name()[0] == "python3":
+    if kernel_name()[0] == "python3":
         sidebar.locator("[data-phase='not-mesh']").wait_for(timeout=10_000)
 
-    _run(page, 0)  # %load_ext announces the sidebar channel
+    run_cell(page, 0, allow_tracebacks=False)  # %load_ext announces the sidebar channel
     sidebar.locator("[data-phase='empty']").wait_for(timeout=10_000)
-    _run(page, 1)
+    run_cell(page, 1, allow_tracebacks=False)
     side_mesh = sidebar.locator("section.jm-mesh[data-mesh='trainers']")
     widget = page.locator(".jp-OutputArea .jm-widget")
     side_mesh.locator(".jm-cell[data-state='idle']").nth(7).wait_for(timeout=10_000)
@@ -100,15 +38,16 @@ def test_sidebar_and_widget_follow_a_live_mesh(page, lab):
     widget.locator(".jm-mesh[data-mesh='trainers'] .jm-cell[data-state='idle']").nth(7).wait_for(timeout=10_000)
 
     # the sidebar follows the focus: a plain kernel is "not a mesh kernel", and back again
-    _open(page, "plain.ipynb")
+    open_notebook(page, "plain.ipynb")
     sidebar.locator("[data-phase='not-mesh']").wait_for(timeout=10_000)
     assert "not a mesh kernel" in sidebar.inner_text()
-    _open(page, "mesh.ipynb")
+    open_notebook(page, "mesh.ipynb")
     side_mesh.locator(".jm-cell[data-state='idle']").nth(7).wait_for(timeout=10_000)
 
     # kill a proc: failed within 2 s in both views
     t0 = time.monotonic()
-    page.evaluate("""() => { const nb = window.jupyterapp.shell.currentWidget; nb.content.activeCellIndex = 2;
+    page.evaluate("""() => { const nb = window.__jmNb; window.jupyterapp.shell.activateById(nb.id);
+                             nb.content.activeCellIndex = 2;
                              return window.jupyterapp.commands.execute('notebook:run-cell'); }""")
     side_failed = side_mesh.locator(".jm-cell[data-rank='5'][data-state='failed']")
     widget_failed = widget.locator(".jm-cell[data-rank='5'][data-state='failed']")
@@ -122,22 +61,21 @@ def test_sidebar_and_widget_follow_a_live_mesh(page, lab):
     side_failed.click()
     detail = side_mesh.locator(".jm-detail")
     assert "SIGKILL" in detail.inner_text()
-    # the README's picture: refreshed only on request, so a test run leaves the tree clean
-    shot = DOCS / "sidebar-widget.png" if os.environ.get("JUPYTER_MESH_UPDATE_SCREENSHOT") else lab.root / "shot.png"
-    shot.parent.mkdir(exist_ok=True)
-    page.screenshot(path=str(shot))
-    assert shot.stat().st_size > 10_000
+    # the README's picture: the notebook (its kernel, "Python 3 (mesh)", in the toolbar) and the sidebar
+    page.wait_for_function("() => window.__jmNb.sessionContext.session.kernel.status === 'idle'", timeout=30_000)
+    shot(page, lab, "sidebar-widget.png", *sidebar_parts(page))
 
     # respawn it from the sidebar
     detail.locator("button[data-action='respawn']").click()
     side_mesh.locator(".jm-cell[data-rank='5'][data-state='idle']").wait_for(timeout=20_000)
     widget.locator(".jm-cell[data-rank='5'][data-state='idle']").wait_for(timeout=5_000)
     assert side_mesh.locator(".jm-cell[data-state='idle']").count() == 8
+    page.evaluate("() => window.__jmNb.sessionContext.session.kernel.shutdown()")
 
 
 def test_widget_in_notebook_7(page, lab):
     """The same widget in Notebook 7 (the classic-notebook UI served beside JupyterLab)."""
-    _notebook(
+    notebook(
         lab.root / "nb7.ipynb",
         [
             "from jupyter_mesh import this_host\nprocs = this_host().spawn_procs(per_host={'gpus': 2}, name='nb7')",

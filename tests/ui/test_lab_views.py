@@ -3,16 +3,12 @@ widget (point 3); the sidebar's Stop mesh is `%mesh down` (point 5); after Run A
 keeps its own state and only the widget is live, and says so (point 6); a failed rank's output opens
 at its end and log panes open as a tab in the bottom panel (point 8).
 
-Screenshots go to $JUPYTER_MESH_SCREENSHOTS when set (else the server's temp root)."""
+Screenshots: see _lab.shot."""
 
 from __future__ import annotations
 
-import os
-import time
-from pathlib import Path
-
 import pytest
-from test_lab import _notebook
+from _lab import notebook, notebook_panel, notebook_parts, output, run_cell, shot, sidebar_parts, start
 
 pytestmark = [pytest.mark.ui, pytest.mark.timeout(240)]
 
@@ -32,64 +28,9 @@ g = {name}.spawn('g', Gate)
 g.initialized.get(30)"""
 
 
-def _shot(page, lab, name: str) -> Path:
-    d = Path(os.environ.get("JUPYTER_MESH_SCREENSHOTS") or lab.root)
-    d.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(d / name))
-    assert (d / name).stat().st_size > 10_000
-    return d / name
-
-
-def _start(page, lab, path: str) -> None:
-    # a workspace of its own: nothing restored from an earlier test (open notebooks, a toggled sidebar)
-    page.goto(f"{lab.url}/lab/workspaces/{path.split('.')[0]}?reset&token={lab.token}")
-    page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=60_000)
-    deadline = time.monotonic() + 60  # plugins register their commands after the splash goes
-    while not page.evaluate("() => window.jupyterapp.commands.hasCommand('docmanager:open')"):
-        assert time.monotonic() < deadline, "JupyterLab's document manager never started"
-        time.sleep(0.2)
-    # the notebook is kept in window.__jmNb: shell.currentWidget follows the focus, which a headless
-    # page does not always give the notebook it just opened
-    page.evaluate(
-        """async p => { const app = window.jupyterapp;
-                        const w = await app.commands.execute('docmanager:open', {path: p});
-                        window.__jmNb = w; app.shell.activateById('jupyter-mesh-sidebar'); app.shell.activateById(w.id); }""",
-        path,
-    )
-    page.wait_for_function(
-        """() => { const w = window.__jmNb; return w.sessionContext.session && w.sessionContext.session.kernel
-                     && w.sessionContext.session.kernel.status === 'idle'; }""",
-        timeout=60_000,
-    )
-
-
-def _run_cell(page, index: int, timeout: float = 60_000) -> None:
-    """Run cell ``index`` and wait until it has run (its execution count is a new one) and the kernel is idle."""
-    before = page.evaluate("i => window.__jmNb.content.widgets[i].model.executionCount", index)
-    page.evaluate(
-        """i => { const nb = window.__jmNb; window.jupyterapp.shell.activateById(nb.id);
-                  nb.content.activeCellIndex = i;
-                  return window.jupyterapp.commands.execute('notebook:run-cell'); }""",
-        index,
-    )
-    page.wait_for_function(
-        """([i, before]) => { const nb = window.__jmNb; const n = nb.content.widgets[i].model.executionCount;
-                  return n !== null && n !== before && nb.sessionContext.session.kernel.status === 'idle'; }""",
-        arg=[index, before],
-        timeout=timeout,
-    )
-
-
-def _output(page, index: int) -> str:
-    return page.evaluate(
-        "i => window.__jmNb.content.widgets[i].node.querySelector('.jp-OutputArea').innerText",
-        index,
-    )
-
-
 def test_progress_live_and_stop_mesh_is_mesh_down(page, lab):
     marker = lab.root / "open-gate"
-    _notebook(
+    notebook(
         lab.root / "progress.ipynb",
         [
             "%mesh up --gpus 4 --name lv",
@@ -100,40 +41,40 @@ def test_progress_live_and_stop_mesh_is_mesh_down(page, lab):
             "%mesh status",
         ],
     )
-    _start(page, lab, "progress.ipynb")
+    start(page, lab, "progress.ipynb")
     side = page.locator("#jupyter-mesh-sidebar section.jm-mesh[data-mesh='lv']")
     for i in range(3):
-        _run_cell(page, i)
+        run_cell(page, i)
     side.locator(".jm-cell[data-state='idle']").nth(3).wait_for(timeout=20_000)
     widget = page.locator(".jp-OutputArea .jm-widget")
     assert widget.locator("[data-testid='jm-live']").inner_text().strip().lower() == "live"
 
     # point 3: ranks 0 and 2 answered, 1 and 3 wait for the marker: "2/4 done" while the call runs
-    _run_cell(page, 3)
+    run_cell(page, 3)
     for view in (side, widget):
-        bar = view.locator("[data-progress='calls']")
+        # a locator, not an element handle: the view redraws the bar as ranks report ("1/4 done" first)
+        bar = view.locator("[data-progress='calls']", has_text="2/4 done")
         bar.wait_for(timeout=20_000)
-        page.wait_for_function("el => el.innerText.includes('2/4 done')", arg=bar.element_handle(), timeout=20_000)
         assert "left: 1, 3" in bar.inner_text()
         view.locator(".jm-cell[data-rank='1'][data-state='busy']").wait_for(timeout=5_000)
         view.locator(".jm-cell[data-rank='2'][data-state='idle']").wait_for(timeout=5_000)
-    _shot(page, lab, "progress-2-of-4.png")
-    _run_cell(page, 4)
-    assert "[0, 1, 2, 3]" in _output(page, 4)
+    shot(page, lab, "progress-2-of-4.png", *sidebar_parts(page))
+    run_cell(page, 4)
+    assert "[0, 1, 2, 3]" in output(page, 4)
     side.locator("[data-progress='calls']").wait_for(state="detached", timeout=10_000)
 
     # point 5: Stop mesh in the sidebar is %mesh down: the magics see it gone and bring it up again
     side.locator("button[data-action='stop']").click()
     page.locator("#jupyter-mesh-sidebar [data-phase='empty']").wait_for(timeout=30_000)
     widget.locator(".jm-mesh.jm-stopped-mesh[data-mesh='lv']").wait_for(timeout=10_000)  # the live view follows
-    _run_cell(page, 5)
-    assert "no mesh is up" in _output(page, 5)
-    _run_cell(page, 0)
-    assert "mesh 'lv' is up" in _output(page, 0)
+    run_cell(page, 5)
+    assert "no mesh is up" in output(page, 5)
+    run_cell(page, 0)
+    assert "mesh 'lv' is up" in output(page, 0)
     side.locator(".jm-cell[data-state='idle']").nth(3).wait_for(timeout=20_000)
-    _shot(page, lab, "stop-then-up-again.png")
-    _run_cell(page, 5)
-    assert "4 idle" in _output(page, 5)
+    shot(page, lab, "stop-then-up-again.png", *sidebar_parts(page))
+    run_cell(page, 5)
+    assert "4 idle" in output(page, 5)
     page.evaluate("() => window.__jmNb.sessionContext.session.kernel.shutdown()")
 
 
@@ -142,7 +83,7 @@ def test_after_run_all_each_status_cell_keeps_its_state(page, lab):
         "import time\nfor _ in range(200):\n    if rs.state().counts()['failed']:\n        break\n"
         "    time.sleep(0.05)\n%mesh status"
     )
-    _notebook(
+    notebook(
         lab.root / "runall.ipynb",
         [
             "%mesh up --gpus 2 --name rs",
@@ -153,7 +94,7 @@ def test_after_run_all_each_status_cell_keeps_its_state(page, lab):
             "%mesh down rs",
         ],
     )
-    _start(page, lab, "runall.ipynb")
+    start(page, lab, "runall.ipynb")
     page.evaluate(
         """() => { window.jupyterapp.shell.activateById(window.__jmNb.id);
                    return window.jupyterapp.commands.execute('notebook:run-all-cells'); }"""
@@ -164,21 +105,21 @@ def test_after_run_all_each_status_cell_keeps_its_state(page, lab):
                      && nb.sessionContext.session.kernel.status === 'idle'; }""",
         timeout=120_000,
     )
-    first, later = _output(page, 1), _output(page, 3)
+    first, later = output(page, 1), output(page, 3)
     assert "\u2014 2 idle;" in first and "1 failed" not in first and "stopped" not in first, first
     assert "\u2014 1 idle, 1 failed;" in later and "stopped" not in later, later
     assert "snapshot at" in first and "snapshot at" in later
     widget = page.locator(".jp-OutputArea .jm-widget")
     assert widget.locator("[data-testid='jm-live']").is_visible()
     widget.locator(".jm-mesh.jm-stopped-mesh[data-mesh='rs']").wait_for(timeout=10_000)  # live: it went on
-    assert _output(page, 1) == first and _output(page, 3) == later  # the snapshots did not
+    assert output(page, 1) == first and output(page, 3) == later  # the snapshots did not
     page.locator(".jp-Notebook .jp-Cell").nth(1).scroll_into_view_if_needed()
-    _shot(page, lab, "run-all-snapshots.png")
+    shot(page, lab, "run-all-snapshots.png", *notebook_parts(page), within=notebook_panel(page))
     page.evaluate("() => window.__jmNb.sessionContext.session.kernel.shutdown()")
 
 
 def test_failed_rank_output_opens_at_its_end_and_logs_open_in_the_bottom_panel(page, lab):
-    _notebook(
+    notebook(
         lab.root / "tail.ipynb",
         [
             "%mesh up --gpus 2 --name tl\nfrom jupyter_mesh import ui\nui.widget(tl)",
@@ -186,9 +127,9 @@ def test_failed_rank_output_opens_at_its_end_and_logs_open_in_the_bottom_panel(p
             "%mesh kill gpus=1",
         ],
     )
-    _start(page, lab, "tail.ipynb")
+    start(page, lab, "tail.ipynb")
     for i in range(3):
-        _run_cell(page, i)
+        run_cell(page, i)
     side = page.locator("#jupyter-mesh-sidebar section.jm-mesh[data-mesh='tl']")
     widget = page.locator(".jp-OutputArea .jm-widget")
     for view in (widget, side):
@@ -201,7 +142,7 @@ def test_failed_rank_output_opens_at_its_end_and_logs_open_in_the_bottom_panel(p
         geo = pre.evaluate("p => [p.scrollTop, p.clientHeight, p.scrollHeight]")
         assert geo[2] > geo[1], f"the tail fits: nothing to scroll {geo}"
         assert geo[0] + geo[1] >= geo[2] - 2, f"not scrolled to the end: {geo}"
-    _shot(page, lab, "failed-rank-tail.png")
+    shot(page, lab, "failed-rank-tail.png", *sidebar_parts(page))
 
     notebook_width = page.evaluate("() => window.__jmNb.node.clientWidth")
     side.locator(".jm-detail button", has_text="Open logs").click()
@@ -221,5 +162,5 @@ def test_failed_rank_output_opens_at_its_end_and_logs_open_in_the_bottom_panel(p
     assert page.evaluate("() => window.__jmNb.node.clientWidth") >= notebook_width - 2
     node = logs.evaluate("n => [n.scrollTop, n.clientHeight, n.scrollHeight]")
     assert node[0] + node[1] >= node[2] - 2, f"logs not scrolled to the end: {node}"
-    _shot(page, lab, "logs-in-bottom-panel.png")
+    shot(page, lab, "logs-in-bottom-panel.png")
     page.evaluate("() => window.__jmNb.sessionContext.session.kernel.shutdown()")
