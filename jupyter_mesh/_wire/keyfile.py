@@ -19,9 +19,10 @@ import json
 import os
 import secrets
 import stat
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .channels import CurveKeys
+if TYPE_CHECKING:  # the module itself stays free of zmq: importing jupyter_mesh is light
+    from .channels import CurveKeys
 
 __all__ = ["KeyFile", "config_dir", "default_key_path", "new_mesh_key", "read_key_file", "write_key_file"]
 
@@ -95,6 +96,8 @@ def read_key_file(path: str) -> KeyFile:
         _check_private(os.path.dirname(path), want_dir=True)
         try:
             raw = json.load(f)
+            from .channels import CurveKeys
+
             key = bytes.fromhex(raw.pop("key"))
             curve = CurveKeys.from_wire(raw.pop("curve"))
         except (ValueError, KeyError, TypeError, AttributeError) as e:
@@ -112,6 +115,8 @@ def new_mesh_key(path: str | None = None, overwrite: bool = False) -> str:
     if os.path.exists(path) and not overwrite:
         read_key_file(path)  # still check it is private and well formed
         return path
+    from .channels import CurveKeys
+
     return write_key_file(path, KeyFile(secrets.token_bytes(32), CurveKeys.new()))
 
 

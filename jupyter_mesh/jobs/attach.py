@@ -12,7 +12,7 @@ import secrets
 import sys
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._api.mesh import HostMesh
 from .._core.future import Future
@@ -21,8 +21,10 @@ from .._runtime.hosts import AgentHandle, Job
 from .._wire.addresses import local_ip_towards, parse_tcp
 from .._wire.keyfile import KeyFile, default_key_path, read_key_file
 from .._wire.protocol import VERSION, Kind
-from .._wire.transport import Message, Transport
 from ..errors import MeshClosedError, MeshError, MeshTimeoutError, MeshValueError
+
+if TYPE_CHECKING:  # zmq is imported when a job is made, not with the package
+    from .._wire.transport import Transport
 
 __all__ = ["AttachJob", "attach_to_workers"]
 
@@ -83,6 +85,8 @@ class AttachJob(Job):
             "hb_timeout": ctl.hb_timeout,
             "preload": self._preload,
         }
+        from .._wire.transport import Message, Transport
+
         if self._door is None:
             ip = local_ip_towards(parse_tcp(addr)[0])
             self._door = Transport(self._kf.key, f"tcp://{ip}", self._kf.curve)
@@ -136,6 +140,8 @@ class AttachJob(Job):
             if self._stopped:
                 return
             self._stopped = True
+        from .._wire.transport import Message
+
         ctl = self._controller
         agents = self._agents or []
         for a in agents:

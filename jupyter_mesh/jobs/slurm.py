@@ -33,7 +33,6 @@ from .._runtime.hosts import AgentHandle, Job
 from .._wire.addresses import host_of, parse_tcp
 from .._wire.keyfile import KeyFile, config_dir, write_key_file
 from .._wire.protocol import VERSION, Kind
-from .._wire.transport import Message
 from ..errors import MeshClosedError, MeshError, MeshTimeoutError, MeshValueError
 
 __all__ = ["SlurmJob"]
@@ -198,6 +197,8 @@ class SlurmJob(Job):
             if self._stopped:
                 return
             self._stopped = True
+        from .._wire.transport import Message  # zmq: imported with a job, not the package
+
         ctl = self._controller
         agents = self._agents or []
         for a in agents:
