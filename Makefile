@@ -75,6 +75,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_core.py
 	$(BIN)/python benchmarks/bench_failures.py
 	$(UCX_TEST_ENV) $(BIN)/python benchmarks/bench_dataplane.py
+	$(UCX_TEST_ENV) $(BIN)/python benchmarks/bench_multihost.py
 
 lint: $(STAMP)
 	$(BIN)/python -m mypy jupyter_mesh
