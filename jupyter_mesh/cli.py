@@ -54,12 +54,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "agent":
         from ._runtime import agent_boot
 
-        if args.listen:
-            return agent_boot.listen(args.listen, args.key_file, once=args.once)
-        if args.controller or args.key_file:
-            if not args.key_file:
-                parser.error("--controller needs --key-file (the key never goes on a command line)")
-            agent_boot.dial_back(args.controller, args.key_file, args.bind, args.host_index)
+        if args.controller and not args.key_file:
+            parser.error("--controller needs --key-file (the key never goes on a command line)")
+        try:
+            if args.listen:
+                return agent_boot.listen(args.listen, args.key_file, once=args.once)
+            if args.controller or args.key_file:
+                agent_boot.dial_back(args.controller, args.key_file, args.bind, args.host_index)
+        except (OSError, ValueError) as e:  # a key file refused, an address that is not ours: say why
+            sys.exit(f"jupyter-mesh agent: {e}")
+        except Exception as e:
+            if type(e).__module__.startswith("zmq"):
+                sys.exit(f"jupyter-mesh agent: {e}")
+            raise
         agent_boot.main()
     elif args.cmd == "keygen":
         from ._wire.keyfile import new_mesh_key

@@ -78,7 +78,9 @@ def read_key_file(path: str) -> KeyFile:
     """Read a key file, refusing one another user could have read or written."""
     path = os.path.abspath(os.path.expanduser(path))
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        # O_NONBLOCK: a FIFO (a stray pipe, ``<(cat key)``) would block the open until a writer came;
+        # it is then refused by the check below, which looks at what was opened, not at the name
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except FileNotFoundError:
         raise FileNotFoundError(
             f"no key file at {path}: make one with `jupyter-mesh keygen {path}` (for agents you start by "
@@ -99,7 +101,12 @@ def read_key_file(path: str) -> KeyFile:
             from .channels import CurveKeys
 
             key = bytes.fromhex(raw.pop("key"))
-            curve = CurveKeys.from_wire(raw.pop("curve"))
+            keys = raw.pop("curve")
+            if not (
+                isinstance(keys, list) and len(keys) == 4 and all(isinstance(k, str) and len(k) == 40 for k in keys)
+            ):
+                raise ValueError("its CURVE keys are not four 40-character Z85 keys")
+            curve = CurveKeys.from_wire(keys)
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise ValueError(
                 f"{path} is not a jupyter_mesh key file ({e!r}); make a new one with `jupyter-mesh keygen`"
@@ -123,8 +130,13 @@ def new_mesh_key(path: str | None = None, overwrite: bool = False) -> str:
 def _check_private(path: str, want_dir: bool, st: os.stat_result | None = None) -> None:
     st = st or os.lstat(path)
     kind_ok = stat.S_ISDIR(st.st_mode) if want_dir else stat.S_ISREG(st.st_mode)
-    if not kind_ok or st.st_uid != os.geteuid() or st.st_mode & 0o077:
-        what = "directory" if want_dir else "key file"
+    what = "directory" if want_dir else "key file"
+    if kind_ok and st.st_uid != os.geteuid():
+        raise PermissionError(
+            f"{path} is owned by uid {st.st_uid}, not by you (uid {os.geteuid()}): jupyter_mesh uses only keys "
+            f"of your own; make one with `jupyter-mesh keygen`"
+        )
+    if not kind_ok or st.st_mode & 0o077:
         raise PermissionError(
             f"{path} is not a private {what} of this user (mode {stat.S_IMODE(st.st_mode):o}, owner {st.st_uid}): "
             f"jupyter_mesh keeps keys only where nobody else can read or replace them; "

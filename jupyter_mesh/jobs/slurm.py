@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._api.mesh import HostMesh
+from .._core.context import host_key
 from .._core.future import Future
 from .._core.shape import Shape
 from .._runtime.hosts import AgentHandle, Job
@@ -37,6 +38,20 @@ from ..errors import MeshClosedError, MeshError, MeshTimeoutError, MeshValueErro
 
 __all__ = ["SlurmJob"]
 
+# PENDING for a reason it never leaves without an admin: fail at once, naming it, instead of at the timeout
+_NEVER = (
+    "PartitionNodeLimit",
+    "PartitionConfig",
+    "PartitionDown",
+    "PartitionInactive",
+    "BadConstraints",
+    "InvalidAccount",
+    "InvalidQOS",
+    "AssocMaxNodesPerJobLimit",
+    "AssocMaxCpuPerJobLimit",
+    "QOSMaxNodePerJobLimit",
+    "ReqNodeNotAvail, UnavailableNodes:",
+)
 _ENDED = ("CANCELLED", "COMPLETED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL")
 _TIME = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$")
 
@@ -83,6 +98,7 @@ class SlurmJob(Job):
         self._token = secrets.token_hex(8)
         self._dir = os.path.join(config_dir(), "jobs")
         os.makedirs(self._dir, mode=0o700, exist_ok=True)
+        _sweep_stale(self._dir)
         self._key_path = os.path.join(self._dir, f"{self._token}.key")
         self._log_path = os.path.join(self._dir, f"{self._token}.log")
         self._state_path = os.path.join(self._dir, f"{self._token}.json")
@@ -93,6 +109,7 @@ class SlurmJob(Job):
         ctl = self._controller
         if ctl.transport.curve is None:
             raise MeshValueError("SlurmJob needs a CURVE session (JUPYTER_MESH_INSECURE is set): refused")
+        self._save_state()  # first: a controller killed from here on leaves a record the next sweep finds
         write_key_file(
             self._key_path,
             KeyFile(
@@ -153,6 +170,11 @@ class SlurmJob(Job):
                     except MeshTimeoutError:
                         pass
                     state, reason = self.state()
+                    if state == "PENDING" and reason.startswith(_NEVER):
+                        raise MeshError(
+                            f"SLURM job {self.job_id} cannot start: it is PENDING ({reason}), which it does not "
+                            f"leave by waiting; ask for fewer nodes, another partition, or check the account"
+                        )
                     if state in _ENDED or (state == "" and self._step is None) or self._step_ended():
                         raise MeshError(
                             f"SLURM job {self.job_id} ended ({state or 'gone'}) before the agent of node {i} "
@@ -169,6 +191,7 @@ class SlurmJob(Job):
                 out.append(AgentHandle(i, h["addr"], h["pid"], h["hk"]))
             self._agents = out
             self._save_state()
+            _unlink(self._key_path)  # every agent has read it: the session's keys leave the disk
             return out
 
     def running(self) -> bool:
@@ -280,6 +303,7 @@ class SlurmJob(Job):
             "nodes": self.nodes,
             "controller": self._controller.address,
             "controller_pid": os.getpid(),
+            "controller_host": host_key(),  # a shared home may hold records of other login nodes' controllers
             "agents": [a.addr for a in self._agents or []],
             "hosts": [host_of(a.addr) for a in self._agents or []],
             "created": time.time(),
@@ -292,13 +316,41 @@ class SlurmJob(Job):
 
     def _cleanup_files(self) -> None:
         for p in (self._key_path, self._state_path):
-            try:
-                os.unlink(p)
-            except OSError:
-                pass
+            _unlink(p)
 
     def __repr__(self) -> str:
         return f"<SlurmJob {self.job_id} nodes={self.nodes}>"
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _sweep_stale(jobs_dir: str) -> None:
+    """Job keys and records of controllers of this host that died without stopping (``kill -9``):
+    their jobs end on their own (the agents stop hearing heartbeats), their keys must not stay."""
+    for name in os.listdir(jobs_dir):
+        token, ext = os.path.splitext(name)
+        if ext != ".json":
+            continue
+        path = os.path.join(jobs_dir, name)
+        try:
+            with open(path) as f:
+                rec = json.load(f)
+            pid = int(rec["controller_pid"])
+            if rec.get("controller_host") != host_key():
+                continue  # another machine's controller: its pid means nothing here
+            os.kill(pid, 0)
+            continue  # its controller lives
+        except ProcessLookupError:
+            pass
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # unreadable, or a pid we may not signal (alive): left alone
+        _unlink(os.path.join(jobs_dir, token + ".key"))
+        _unlink(path)
 
 
 def _run(argv: list[str], input: str | None = None, check: bool = True, timeout: float = 30.0) -> str:

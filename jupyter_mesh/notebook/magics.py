@@ -72,6 +72,12 @@ def _modules(text: str) -> list[str]:
     return mods
 
 
+def _slurm_name(text: str) -> str:
+    if not re.fullmatch(r"[\w.@+-]{1,64}", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a SLURM partition name")
+    return text
+
+
 def _agent_list(text: str) -> list[str]:
     from .._wire.addresses import parse_tcp
 
@@ -130,7 +136,7 @@ def _build_parsers() -> tuple[_Parser, _Parser]:
         metavar="ADDRS",
         help="agents started with `jupyter-mesh agent --listen`: tcp://IP:PORT,tcp://IP:PORT",
     )
-    up.add_argument("--partition", type=_name, help="SLURM partition")
+    up.add_argument("--partition", type=_slurm_name, help="SLURM partition")
     up.add_argument("--time", help="SLURM time limit (HH:MM:SS; default 01:00:00)")
     size = up.add_mutually_exclusive_group()
     size.add_argument("--procs", type=_positive, help="procs per host (dim 'procs'; default 2)")

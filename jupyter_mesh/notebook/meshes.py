@@ -85,7 +85,7 @@ class MeshRegistry:
         where: JobSpec | None = None,
     ) -> NamedMesh:
         where = where or JobSpec()
-        timeout = timeout or (60.0 if where.kind == "local" else 300.0)  # a scheduler may queue the job
+        timeout = timeout or (300.0 if where.kind == "slurm" else 60.0)  # a scheduler may queue the job
         job = where.job(hosts, preload)
         try:
             procs = job.host_mesh().spawn_procs(per_host={dim: per_host}, name=name, timeout=timeout)

@@ -154,6 +154,8 @@ def scheduler_jobs() -> list[str]:
         try:
             with open(path) as f:
                 rec = json.load(f)
+            if rec.get("job_id") is None:
+                continue  # being submitted
             job_id, pid = str(rec["job_id"]), int(rec["controller_pid"])
         except (OSError, ValueError, KeyError, TypeError):
             continue
