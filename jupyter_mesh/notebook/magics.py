@@ -64,6 +64,13 @@ def _name(text: str) -> str:
     return text
 
 
+def _slurm_name(text: str) -> str:
+    """A SLURM partition name (SlurmJob takes the same): "gpu-a100", "long.q"."""
+    if not re.fullmatch(r"[\w.@+-]{1,64}", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a SLURM partition name")
+    return text
+
+
 def _modules(text: str) -> list[str]:
     mods = [m.strip() for m in text.split(",") if m.strip()]
     bad = [m for m in mods if not all(p.isidentifier() for p in m.split("."))]
@@ -130,7 +137,7 @@ def _build_parsers() -> tuple[_Parser, _Parser]:
         metavar="ADDRS",
         help="agents started with `jupyter-mesh agent --listen`: tcp://IP:PORT,tcp://IP:PORT",
     )
-    up.add_argument("--partition", type=_name, help="SLURM partition")
+    up.add_argument("--partition", type=_slurm_name, help="SLURM partition")
     up.add_argument("--time", help="SLURM time limit (HH:MM:SS; default 01:00:00)")
     size = up.add_mutually_exclusive_group()
     size.add_argument("--procs", type=_positive, help="procs per host (dim 'procs'; default 2)")
