@@ -54,7 +54,8 @@ class Listener:
         first = self.p.stdout.readline().decode()
         assert "waiting to be attached" in first, first
         self.lines: list[str] = [first]
-        threading.Thread(target=self._pump, daemon=True).start()
+        self._pumper = threading.Thread(target=self._pump, daemon=True)
+        self._pumper.start()
 
     def _pump(self) -> None:
         for line in self.p.stdout:
@@ -88,6 +89,8 @@ class Listener:
         except subprocess.TimeoutExpired:
             os.killpg(self.p.pid, signal.SIGKILL)
             self.p.wait(5)
+        self._pumper.join(5)
+        self.p.stdout.close()
         return "".join(self.lines)
 
 
@@ -123,6 +126,11 @@ class Driver:
             except subprocess.TimeoutExpired:
                 self.p.kill()
                 self.p.wait(5)
+        for f in (self.p.stdin, self.p.stdout):
+            try:
+                f.close()
+            except (BrokenPipeError, OSError):
+                pass
 
 
 # -- finding 1: a refused attach is re-sent at once; its stale answer and a phantom session follow ------
