@@ -471,3 +471,41 @@ def test_a_key_file_with_malformed_curve_keys_is_refused_as_a_key_file(private_d
     r = _listen_with(str(bad))
     assert r is not None and r.returncode != 0
     assert "not a jupyter_mesh key file" in r.stderr, r.stderr
+
+
+# -- finding 9: --listen tcp://0.0.0.0:PORT starts, then silently drops every attach --------------------
+def test_listening_on_all_interfaces_works_or_is_refused_clearly(netns_hosts, config_dir):
+    """``jupyter-mesh agent --listen tcp://0.0.0.0:6000`` (what one types in a container) says
+    "waiting to be attached at tcp://0.0.0.0:6000", but every attach is signed for the address the
+    controller dialled (tcp://10.213.0.x:6000), so the listener drops it as misaddressed, logs
+    nothing, and the controller times out blaming the key or the network. The same happens behind
+    any port mapping (docker -p, NAT). Either refuse a wildcard/unspecified bind at start ("give the
+    IP controllers reach this host at") or accept an attach addressed to any of our IPs at our port
+    (and advertise the session on the interface the controller's packets came in by)."""
+    h = netns_hosts[2]
+    p = netns.run_in(
+        h,
+        [PY, "-m", "jupyter_mesh.cli", "agent", "--listen", "tcp://0.0.0.0:6105"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=_env(),
+        start_new_session=True,
+    )
+    d = Driver()
+    try:
+        try:
+            rc = p.wait(5)  # refused at start: fine, if it says why
+        except subprocess.TimeoutExpired:
+            rc = None
+        if rc is None:
+            d(f"job tcp://{h.ip}:6105")
+            r = d("agents 15")
+    finally:
+        d.close()
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGTERM)
+        out = p.communicate(timeout=20)[0].decode()
+    if rc is not None:
+        assert rc != 0 and "0.0.0.0" in out and "Traceback" not in out, out
+    else:
+        assert "error" not in r, (r, out)
