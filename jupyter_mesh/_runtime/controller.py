@@ -383,10 +383,13 @@ class Controller:
             self._agent_seen[addr] = seen + stall
 
     def forget_agents(self, addrs: list[str]) -> None:
-        """A job stopped these agents on purpose: no more heartbeats to them, no socket kept."""
+        """A job stopped these agents on purpose: no more heartbeats to them, no socket kept. The
+        SHUTDOWN the job just sent may not have left yet (no connection to that agent before it):
+        its socket lingers a moment instead of dropping it, else the agent lives on until its silence
+        timer (3 heartbeat timeouts) and a listener refuses every other controller meanwhile."""
         for addr in addrs:
             self._agent_seen.pop(addr, None)
-            self.transport.forget(addr)
+            self.transport.forget(addr, linger_ms=1000)
 
     def _read_acks(self, sock: zmq.Socket[Any]) -> None:
         while True:

@@ -327,13 +327,14 @@ class Transport:
                 del self._outs[address]
         sock.close(linger=0)
 
-    def forget(self, address: str) -> None:
-        """Close the outgoing socket to a peer that is gone, dropping what is still queued for it."""
+    def forget(self, address: str, linger_ms: int = 0) -> None:
+        """Close the outgoing socket to a peer that is gone, dropping what is still queued for it (or,
+        with ``linger_ms``, letting it leave for that long: a last SHUTDOWN to a peer we stop)."""
         with self._outs_lock:
             entry = self._outs.pop(address, None)
         if entry is not None:
             with entry[1]:
-                entry[0].close(linger=0)
+                entry[0].close(linger=linger_ms)
 
     # -- receiving ------------------------------------------------------------------------------------
     def serve(

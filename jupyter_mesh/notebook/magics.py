@@ -64,6 +64,13 @@ def _name(text: str) -> str:
     return text
 
 
+def _slurm_name(text: str) -> str:
+    """A SLURM partition name (SlurmJob takes the same): "gpu-a100", "long.q"."""
+    if not re.fullmatch(r"[\w.@+-]{1,64}", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a SLURM partition name")
+    return text
+
+
 def _modules(text: str) -> list[str]:
     mods = [m.strip() for m in text.split(",") if m.strip()]
     bad = [m for m in mods if not all(p.isidentifier() for p in m.split("."))]

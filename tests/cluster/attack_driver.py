@@ -1,0 +1,81 @@
+"""A controller for the attack tests (test_multihost_attacks.py), run as its own process and steered
+through stdin: one command a line, one JSON line out per command.
+
+    job ADDR...        AttachJob(ADDRS) (sends the attach; does not wait)
+    agents T           job.agents(T)
+    spawn              a proc mesh (1 per host) with an actor on it, then one call
+    call [T]           call that actor
+    nap S              a call that sleeps S seconds
+    stop_job           job.stop()
+    quit               stop everything and exit
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+from jupyter_mesh import Actor, AttachJob, endpoint
+
+
+def say(**kw) -> None:
+    print(json.dumps(kw), flush=True)
+
+
+class P(Actor):
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+    @endpoint
+    def nap(self, s: float) -> int:
+        time.sleep(s)
+        return os.getpid()
+
+
+def main() -> None:
+    job = procs = actor = None
+    for line in sys.stdin:
+        cmd, *args = line.split()
+        t0 = time.monotonic()
+        try:
+            if cmd == "job":
+                job = AttachJob(args)
+                say(step=cmd)
+            elif cmd == "agents":
+                ag = job.agents(float(args[0]))
+                say(step=cmd, agents=[[a.addr, a.pid] for a in ag], seconds=time.monotonic() - t0)
+            elif cmd == "spawn":
+                procs = job.host_mesh().spawn_procs(per_host={"gpus": 1}, timeout=30)
+                actor = procs.spawn("p", P)
+                got = actor.pid.call().get(timeout=30)
+                say(step=cmd, pids=[v for _, v in got.items()], seconds=time.monotonic() - t0)
+            elif cmd == "call":
+                got = actor.pid.call().get(timeout=float(args[0]) if args else 30)
+                say(step=cmd, pids=[v for _, v in got.items()], seconds=time.monotonic() - t0)
+            elif cmd == "nap":
+                got = actor.nap.call(float(args[0])).get(timeout=60)
+                say(step=cmd, pids=[v for _, v in got.items()], seconds=time.monotonic() - t0)
+            elif cmd == "stop_job":
+                job.stop()
+                say(step=cmd)
+            elif cmd == "quit":
+                break
+            else:
+                say(step=cmd, error=f"unknown command {cmd}")
+        except Exception as e:  # noqa: BLE001 - the test reads it
+            say(step=cmd, error=f"{type(e).__name__}: {e}", seconds=time.monotonic() - t0)
+    if procs is not None:
+        try:
+            procs.stop(timeout=10)
+        except Exception:  # noqa: BLE001
+            pass
+    if job is not None:
+        job.stop()
+    say(step="quit")
+
+
+if __name__ == "__main__":
+    main()
