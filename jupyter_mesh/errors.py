@@ -190,9 +190,14 @@ class SupervisionError(MeshError):
 
     def _message(self) -> str:
         first = self.failures[0]
-        what = f"{len(self.failures)} rank(s) of mesh '{first.mesh}'" if first.mesh else "a host agent"
+        meshes = list(dict.fromkeys(f.mesh for f in self.failures if f.mesh))
+        if len(meshes) > 1:  # failures held for later, of several meshes: each line names its mesh
+            what = f"{len(self.failures)} rank(s) of meshes " + ", ".join(f"'{m}'" for m in meshes)
+        else:
+            what = f"{len(self.failures)} rank(s) of mesh '{first.mesh}'" if first.mesh else "a host agent"
         lines = [f"{what} failed" + (f" {self.context}" if self.context else "") + ":"]
-        lines += [f"  {f.describe()}" for f in self.failures[:16]]
+        several = len(meshes) > 1
+        lines += [f"  {repr(f.mesh) + ' ' if several and f.mesh else ''}{f.describe()}" for f in self.failures[:16]]
         if len(self.failures) > 16:
             lines.append(f"  ... and {len(self.failures) - 16} more")
         with_tb = next((f for f in self.failures if f.traceback), None)

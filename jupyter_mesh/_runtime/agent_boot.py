@@ -21,6 +21,7 @@ Never from argv or the environment: a key there is readable by every user throug
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import queue
@@ -181,6 +182,12 @@ def _session_cfg(h: dict[str, Any], ip: str, listen_addr: str) -> dict[str, Any]
 def listen(address: str, key_file: str | None, once: bool = False) -> int:
     """Wait at ``address`` for controllers holding the mesh key; serve one session at a time."""
     ip, port = parse_tcp(address)
+    if ipaddress.ip_address(ip).is_unspecified:
+        raise ValueError(
+            f"--listen {address}: give this host's IP that controllers dial (e.g. tcp://10.0.0.2:{port}), not "
+            f"{ip}: the address a controller dials is part of what it signs, so attaches sent to another one "
+            f"would be dropped"
+        )
     kf = read_key_file(key_file or default_key_path())
     transport = Transport(kf.key, f"tcp://{ip}", kf.curve, inbox_port=port)
     asks: queue.Queue[Message] = queue.Queue()
@@ -195,6 +202,7 @@ def listen(address: str, key_file: str | None, once: bool = False) -> int:
         signal.signal(sig, lambda *_: stop.set())
     print(f"jupyter-mesh agent: waiting to be attached at {transport.address} (pid {os.getpid()})", flush=True)
     child: subprocess.Popen[bytes] | None = None
+    current = ""  # the controller of the running session
     served = 0
     try:
         while not stop.is_set():
@@ -217,10 +225,17 @@ def listen(address: str, key_file: str | None, once: bool = False) -> int:
             except ProtocolError as e:
                 _answer_once(cfg, refused=str(e))
                 continue
+            if child is not None and cfg["controller"] == current:
+                # the same controller again: it gave the old session up (a cut, a stall); so do we
+                print("jupyter-mesh agent: the same controller attaches again; ending its old session", flush=True)
+                _end_session(child)
+                child = None
             if child is not None:
                 _answer_once(cfg, refused=f"this agent already serves another controller (agent pid {child.pid})")
+                print(f"jupyter-mesh agent: refused {cfg['controller']}: busy with {current}", flush=True)
                 continue
             child = _start_session(cfg)
+            current = cfg["controller"]
             served += 1
             print(f"jupyter-mesh agent: attached by {cfg['controller']} (session pid {child.pid})", flush=True)
     finally:
@@ -239,7 +254,12 @@ def _start_session(cfg: dict[str, Any]) -> subprocess.Popen[bytes]:
 
 
 def _end_session(p: subprocess.Popen[bytes]) -> None:
-    """Our session's agent goes with us: EOF on its stdin, then a kill if it lingers."""
+    """Our session's agent goes with us: SIGTERM (it tells its controller why, at once), EOF on its
+    stdin, then a kill if it lingers."""
+    try:
+        p.terminate()
+    except OSError:
+        pass
     if p.stdin is not None:
         p.stdin.close()
     deadline = time.monotonic() + 5.0

@@ -238,9 +238,15 @@ class Controller:
             else:
                 print(f"jupyter_mesh: {e}", file=sys.stderr)
             return
+        if w is None:  # nobody waits for it (a job that gave up or stopped): it must not live on, unwatched
+            try:
+                self.transport.send(h["addr"], Message({"k": Kind.SHUTDOWN}))
+                self.transport.forget(h["addr"], linger_ms=1000)
+            except Exception:  # noqa: BLE001 - an address we cannot reach: it exits on our silence
+                pass
+            return
         self._agent_seen[h["addr"]] = time.monotonic()
-        if w is not None:
-            w._set_result(h)
+        w._set_result(h)
 
     def _on_agent_gone(self, msg: Message, frames: list[Any]) -> None:
         """An agent says it is exiting (a scheduler's SIGTERM: scancel, a time limit): lost now,
@@ -312,7 +318,9 @@ class Controller:
     def _hold_fault(self, err: SupervisionError) -> None:
         with self._lock:
             prev = self.pending_fault
-            self.pending_fault = SupervisionError([*(prev.failures if prev else []), *err.failures], err.context)
+            seen = {(f.mesh, tuple(sorted(f.coords.items())), f.kind) for f in (prev.failures if prev else [])}
+            new = [f for f in err.failures if (f.mesh, tuple(sorted(f.coords.items())), f.kind) not in seen]
+            self.pending_fault = SupervisionError([*(prev.failures if prev else []), *new], err.context)
 
     def raise_pending_fault(self) -> None:
         """Raise an unhandled failure at the next API call (once), as fail-fast promises."""
@@ -438,6 +446,10 @@ class Controller:
             ranks = [r for r, h in enumerate(rec.ref.rank_host) if h == host and r not in rec.failures]
             for r in ranks:
                 self.proc_exit(mesh_id, r, Failure(rec.ref.name, rec.ref.coords(r), "agent", detail))
+
+    def stop_expecting(self, nonce: str) -> None:
+        """A job no longer waits for this agent: its hello, should it still come, is told to shut down."""
+        self._agent_waiters.pop(nonce, None)
 
     def expect_agent(self, nonce: str) -> Future[dict[str, Any]]:
         fut: Future[dict[str, Any]] = Future("agent start")

@@ -64,6 +64,7 @@ class AttachJob(Job):
         self._lost: set[int] = set()
         self._stopped = False
         self._door: Transport | None = None  # speaks the mesh key: only to say "attach"
+        self._nonces: list[str] = [""] * len(parsed)
         for i in range(len(parsed)):
             self._waiters.append(self._attach(i))
 
@@ -72,6 +73,8 @@ class AttachJob(Job):
         addr = self.addresses[index]
         nonce = secrets.token_hex(8)
         waiter = ctl.expect_agent(nonce)
+        ctl.stop_expecting(self._nonces[index])  # an earlier attach to this host is not waited for now
+        self._nonces[index] = nonce
         curve = ctl.transport.curve
         if curve is None:
             raise MeshValueError("attaching needs a CURVE session (JUPYTER_MESH_INSECURE is set): refused")
@@ -99,7 +102,7 @@ class AttachJob(Job):
                 raise MeshClosedError("this job was stopped; attach again")
             for i in sorted(self._lost):  # its session agent is gone: the listener takes a new session
                 self._lost.discard(i)
-                print(f"jupyter_mesh: the agent at {self.addresses[i]} was lost; attaching again", file=sys.stderr)
+                print(f"jupyter_mesh: attaching {self.addresses[i]} again", file=sys.stderr)
                 self._waiters[i] = self._attach(i)
                 self._agents = None
             if self._agents is None:
@@ -117,8 +120,8 @@ class AttachJob(Job):
                             f"{self._controller.address}?",
                         ) from None
                     except MeshError:
-                        self._waiters[i] = self._attach(i)  # it may be free next time
-                        raise
+                        self._lost.add(i)  # refused (busy with another session): asked afresh next time,
+                        raise  # not now, so a refusal is never stale and no session starts unasked
                     out.append(AgentHandle(i, h["addr"], h["pid"], h["hk"]))
                 self._agents = out
             return self._agents
@@ -143,6 +146,8 @@ class AttachJob(Job):
         from .._wire.transport import Message
 
         ctl = self._controller
+        for nonce in self._nonces:  # a hello still on its way is told to shut down, not admitted
+            ctl.stop_expecting(nonce)
         agents = self._agents or []
         for a in agents:
             try:

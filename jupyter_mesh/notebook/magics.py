@@ -79,12 +79,6 @@ def _modules(text: str) -> list[str]:
     return mods
 
 
-def _slurm_name(text: str) -> str:
-    if not re.fullmatch(r"[\w.@+-]{1,64}", text):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a SLURM partition name")
-    return text
-
-
 def _agent_list(text: str) -> list[str]:
     from .._wire.addresses import parse_tcp
 

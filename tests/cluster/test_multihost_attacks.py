@@ -265,7 +265,9 @@ def test_a_lost_host_reports_each_failed_rank_once(netns_hosts, config_dir):
         ls.stop()
     err = after.get("error", "")
     assert err, after
-    assert err.count("[hosts=0,gpus=0]") == 1, err
+    # both meshes lost their rank while nothing waited: one held error names each mesh's rank once
+    assert err.count("'procs0' [hosts=0,gpus=0]") == 1 and err.count("'procs1' [hosts=0,gpus=0]") == 1, err
+    assert "of meshes 'procs0', 'procs1'" in err, err
 
 
 # -- finding 3: SIGTERM to a listener ends its session silently: the controller blames the network -----
@@ -362,8 +364,9 @@ def test_a_killed_controllers_job_key_does_not_outlive_it(netns_hosts, slurm, co
     )
     try:
         assert p.stdout.readline().strip() == "up"
-        keys = [n for n in os.listdir(config_dir / "jobs") if n.endswith(".key")]
-        assert len(keys) == 1
+        # every agent read its key: it left the disk already; the job's record stays while it runs
+        assert [n for n in os.listdir(config_dir / "jobs") if n.endswith(".key")] == []
+        assert len([n for n in os.listdir(config_dir / "jobs") if n.endswith(".json")]) == 1
         p.kill()
         p.wait(10)
         deadline = time.monotonic() + 30
@@ -380,6 +383,9 @@ def test_a_killed_controllers_job_key_does_not_outlive_it(netns_hosts, slurm, co
     finally:
         if p.poll() is None:
             p.kill()
+        p.wait(10)
+        p.stdin.close()
+        p.stdout.close()
     left = [n for n in os.listdir(config_dir / "jobs") if n.endswith((".key", ".json"))]
     assert left == [], f"a dead controller's job key is still there: {left}"
 
