@@ -147,3 +147,25 @@ def test_killed_template_is_restarted_and_its_procs_reported():
     finally:
         job.stop()
     assert not wait_dead(job.pids(), 5)
+
+
+def test_a_dead_procs_last_output_leaves_out_the_notebooks_markers(host):
+    """The notebook's output markers (a `%%mesh` cell's end, OUT_SYNC) are protocol, not the user's
+    output: the tail shown when a proc dies has the user's lines only."""
+    from jupyter_mesh._wire.protocol import OUT_SYNC_PREFIX
+
+    procs = host.spawn_procs(per_host={"gpus": 1})
+    try:
+        a = procs.spawn("marks", Faulty)
+        a.shout.call(f"user line\n{OUT_SYNC_PREFIX}abc123").get(timeout=30)
+        pid = a.pid.call_one().get(timeout=30)
+        time.sleep(0.3)  # the lines reach the agent before the proc dies
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(SupervisionError) as e:
+            for _ in range(100):
+                a.ok.call().get(timeout=30)
+                time.sleep(0.05)
+        text = str(e.value)
+        assert "user line" in text and "jupyter-mesh-sync" not in text, text
+    finally:
+        procs.stop()

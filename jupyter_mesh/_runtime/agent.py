@@ -23,7 +23,7 @@ from typing import Any
 
 from .._core.shape import Point, Shape
 from .._wire.channels import CurveKeys
-from .._wire.protocol import BROKEN, OK, RAISED, Dispatch, Kind, check_version, reply_header
+from .._wire.protocol import BROKEN, OK, OUT_SYNC_PREFIX, RAISED, Dispatch, Kind, check_version, reply_header
 from .._wire.serialize import dumps
 from .._wire.transport import Message, Transport
 from ..errors import Failure, MeshValueError, SupervisionError
@@ -536,7 +536,8 @@ class Agent:
             self.sel.unregister(fd)
             os.close(fd)
         if lines:
-            p.tail.extend(line + "\n" for line in lines)
+            # a proc's last output (shown when it dies) is the user's: the notebook's markers stay out
+            p.tail.extend(ln.partition(OUT_SYNC_PREFIX)[0] + "\n" for ln in lines if not ln.startswith(OUT_SYNC_PREFIX))
             self._event({"k": Kind.OUT, "m": p.mesh_id, "rk": p.rank, "fd": stream, "label": p.label, "lines": lines})
         return progressed
 

@@ -248,7 +248,12 @@ class MeshMagics(Magics):
             args.time,
         )
         hosts = len(args.attach) if args.attach else (args.hosts or 1)
-        entry = self.meshes.up(args.name, hosts, dim, n, preload, where=where)
+        try:
+            entry = self.meshes.up(args.name, hosts, dim, n, preload, where=where)
+        except KeyboardInterrupt:  # its job was stopped on the way out (MeshRegistry.up): say so in a line
+            raise UsageError(f"Interrupted: %mesh up {args.name} was cancelled; nothing of it runs") from None
+        except (OSError, ValueError) as e:  # a key file missing or refused, an address: what to do, no traceback
+            raise UsageError(str(e)) from None
         self.shell.user_ns[args.name] = entry.procs
         print(f"mesh '{args.name}' is up: {entry.procs.sizes} (bound to the variable `{args.name}`)")
 
