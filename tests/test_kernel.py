@@ -419,3 +419,21 @@ def test_redefined_class_warns_once_and_reload_updates_live_actors(kernel):
     assert "cannot reload 'greeters' in place: __init__(self, who) became __init__(self, who, loud=False)" in text
     assert "Spawn them again" in text and "Traceback" not in text
     assert "gpus=2: 'v2 ann 5'" in kernel.ok("greeters.hello.call().get(10)").result  # untouched
+
+    # the notebook's own actors are not the user's to reload, nor listed as if they were
+    internal = kernel.run("%mesh reload mesh_exec")
+    text = json.dumps(internal.error or {}) + internal.stream()
+    assert "no live actor mesh named mesh_exec (live ones: greeters" in text and "mesh_reload" not in text, text
+    # a new definition that uses a global that cannot travel: said in terms of the user's class
+    kernel.ok("import threading\nLOCK = threading.Lock()")
+    kernel.ok(
+        GREETER.format(
+            extra="",
+            version="v4",
+            more="\n    @endpoint\n    def locked(self):\n        with LOCK:\n            return 1\n",
+        )
+    )
+    unsendable = kernel.run("%mesh reload greeters")
+    text = json.dumps(unsendable.error or {}) + unsendable.stream()
+    assert "cannot send the new Greeter to 'greeters'" in text and "Reloader.patch" not in text, text
+    assert "Traceback" not in text

@@ -12,17 +12,22 @@ hold was built by it). Otherwise it refuses and says why: spawn the actors again
 from __future__ import annotations
 
 import inspect
+import re
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
 from .._core.actor import Actor, endpoint, endpoints_of
+from ..errors import MeshError
 
 __all__ = ["Redefinitions", "Reloader", "Spawned", "copy_class", "not_reloadable"]
 
 # what a class body leaves that is not the user's code, or cannot be assigned on a live class
 _KEEP = {"__dict__", "__weakref__", "__module__", "__qualname__", "__slots__", "__firstlineno__",
          "__static_attributes__", "__orig_bases__", "__parameters__", "__doc__"}  # fmt: skip
+
+
+_INTERNAL = frozenset({"mesh_exec", "mesh_reload"})  # actor meshes the notebook itself spawns
 
 
 @dataclass
@@ -44,8 +49,10 @@ def _code(fn: Any) -> Any:
 
 def not_reloadable(old: type, new: type) -> str:
     """Why ``new`` cannot replace ``old``'s methods in place ("" when it can)."""
-    if old.__module__ != "__main__" or new.__module__ != "__main__":
-        return f"{old.__qualname__} comes from module {old.__module__!r}, not from the notebook (__main__)"
+    for cls in (old, new):
+        if cls.__module__ != "__main__":
+            which = "the running" if cls is old else "the new"
+            return f"{which} {cls.__qualname__} comes from module {cls.__module__!r}, not from the notebook (__main__)"
     if [b.__qualname__ for b in old.__bases__] != [b.__qualname__ for b in new.__bases__]:
         return "its base classes changed"
     if getattr(old, "__slots__", None) != getattr(new, "__slots__", None):
@@ -148,7 +155,8 @@ class Redefinitions:
         from ..lowlevel import mesh_states, proc_mesh
 
         live = {s.mesh_id for s in mesh_states()}
-        records = [r for r in self._spawned.values() if r.proc_mesh_id in live]
+        # the notebook's own actors (the %%mesh executor, the reloader) are not the user's to reload
+        records = [r for r in self._spawned.values() if r.proc_mesh_id in live and r.name not in _INTERNAL]
         if names:
             unknown = sorted(set(names) - {r.name for r in records})
             if unknown:
@@ -173,7 +181,15 @@ class Redefinitions:
             if helper is None:
                 helper = self._helpers[rec.proc_mesh_id] = proc_mesh(rec.proc_mesh_id).spawn("mesh_reload", Reloader)
             actor_id = next(a for a, r in self._spawned.items() if r is rec)
-            helper.patch.call(actor_id, new).get(30)
+            try:
+                helper.patch.call(actor_id, new).get(30)
+            except MeshError as e:  # e.g. the class refers to a global that does not pickle (a lock)
+                cause = re.search(r"\((cannot pickle [^)]*)\)", str(e))
+                raise TypeError(
+                    f"cannot send the new {new.__qualname__} to '{rec.name}': "
+                    f"{cause.group(1) if cause else str(e).splitlines()[0]}. A class travels with the notebook "
+                    f"globals its methods use: keep locks, files and sockets out of them (create them in __init__)"
+                ) from None
             changed = copy_class(rec.cls, new)  # here too: the kernel's meshes look endpoints up on it
             names_now = frozenset(endpoints_of(rec.cls))
             for m in list(rec.meshes):
