@@ -145,8 +145,8 @@ def test_a_second_controller_is_refused_and_a_wrong_key_never_gets_in(netns_host
     try:
         assert json.loads(holder.stdout.readline())["step"] == "attached"
         refused = step(drive("attach_refused", *ls.addrs), "refused")
+        # the listener's own answer, not a start timeout ("no agent answered")
         assert "already serves another controller" in refused["error"], refused
-        assert refused["seconds"] < 10
         # another user's key (a fresh one) cannot even finish the CURVE handshake: a clear timeout
         other = tmp_path / "other"
         other.mkdir(mode=0o700)
@@ -187,8 +187,7 @@ def test_a_host_lost_under_slurm_fails_its_ranks_with_the_cause(netns_hosts, slu
     steps = drive("slurm_fault", "2", fault, veth, env={**_env(), **slurm.env})
     f = step(steps, "fault")
     assert f["error"], f"the call did not fail after {fault}: {steps}"
-    assert f["kind"] == "SupervisionError", f
-    assert f["seconds"] < 10, f  # within the heartbeat timeout (3 s) and its slack
+    assert f["kind"] == "SupervisionError", f  # a failure with its cause, not the call's 30 s timeout
     if fault == "scancel":
         assert "got SIGTERM" in f["error"], f  # the agent said so as it went: no heartbeat timeout
         assert any(w in f["error"] for w in ("is ending (COMPLETING", "is CANCELLED", "no longer in the queue")), f
@@ -196,6 +195,6 @@ def test_a_host_lost_under_slurm_fails_its_ranks_with_the_cause(netns_hosts, slu
         assert "is lost" in f["error"], f
     else:
         assert f"host {netns_hosts[1].ip} unreachable" in f["error"], f
-    assert step(steps, "job_stopped")["seconds"] < 30
+    step(steps, "job_stopped")  # stop() returned (it is bounded; the driver's own timeout catches a hang)
     assert slurm.job_ids() == []
     assert _no_mesh_processes_in(list(netns_hosts)) == []

@@ -190,14 +190,13 @@ def test_stopping_an_attach_job_frees_the_listener_at_once(netns_hosts, config_d
         d(f"job {ls.addr}")
         r = d("agents 30")
         assert "error" not in r, r
-        t0 = time.monotonic()
         d("stop_job")
         left = ls.wait_free(15)
-        took = time.monotonic() - t0
     finally:
         d.close()
         log = ls.stop()
-    assert left == [] and took < 3, (took, log)
+    # ended by our SHUTDOWN, not by its silence timer (which says so on its way out)
+    assert left == [] and "no heartbeat from the controller" not in log, log
 
 
 # -- finding 2: a cut host's session lingers after heal and blocks re-attach with a misleading refusal --
@@ -339,10 +338,10 @@ def test_a_slurm_job_that_can_never_start_fails_fast(netns_hosts, slurm, config_
     )
     p = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=120, env=_env(**slurm.env))
     assert p.returncode == 0 and p.stdout, p.stderr[-2000:]
-    seconds = int(p.stdout.split()[0])
+    # failed on SLURM's reason ("cannot start"), not at the end of its 60 s wait (a MeshTimeoutError)
+    assert "MeshError SLURM job" in p.stdout and "cannot start" in p.stdout, p.stdout
     # SLURM 22.05 names it PartitionConfig at first, PartitionNodeLimit a moment later: both never clear
     assert "PartitionNodeLimit" in p.stdout or "PartitionConfig" in p.stdout, p.stdout
-    assert seconds < 15, p.stdout
     assert slurm.job_ids() == []
 
 
