@@ -7,14 +7,21 @@ Public API (Monarch-compatible where they overlap)::
 Importing this package imports neither ZeroMQ, torch, IPython nor ucxx; the runtime starts on first use.
 """
 
+import sys as _sys
+import types as _types
+from collections.abc import Callable
 from typing import Any
 
+from . import config as config
+from ._api.adverbs import Accumulator, send
 from ._api.mesh import ActorMesh, HostMesh, MeshEndpoint, ProcMesh
 from ._api.mesh import set_renderer as _set_renderer
-from ._api.session import shutdown
+from ._api.session import shutdown, shutdown_context
 from ._core import value_mesh as _value_mesh_module
-from ._core.actor import Actor, Endpoint, current_rank, endpoint
+from ._core.actor import Actor, Endpoint, concurrent_endpoint, current_rank, endpoint
 from ._core.future import Future
+from ._core.instance import Context, context, current_actor_name, current_size
+from ._core.ports import Channel, Port, PortReceiver
 from ._core.shape import Extent, Point, Shape, Slice
 from ._core.state import MeshEvent, MeshState, ProcState, RankState
 from ._core.value_mesh import ValueMesh
@@ -27,6 +34,7 @@ from .errors import (
     MeshCancelledError,
     MeshClosedError,
     MeshError,
+    MeshFailure,
     MeshInterrupted,
     MeshTimeoutError,
     MeshValueError,
@@ -35,7 +43,18 @@ from .errors import (
     SerializationError,
     SupervisionError,
 )
-from .jobs import AttachJob, LocalJob, SlurmJob, attach_to_workers, this_host
+from .jobs import (
+    AttachJob,
+    JobState,
+    LocalJob,
+    ProcessJob,
+    SlurmJob,
+    attach_to_workers,
+    default_bootstrap_cmd,
+    get_or_spawn_controller,
+    this_host,
+    this_proc,
+)
 
 
 def _render(mesh: ProcMesh) -> dict[str, Any]:
@@ -54,6 +73,26 @@ _set_renderer(_render)
 _value_mesh_module.html_renderer = _render_values
 
 
+class _Facade(_types.ModuleType):
+    """``jupyter_mesh.unhandled_fault_hook = f`` (Monarch's way to handle failures nobody waited for)
+    installs ``f``: the runtime reads it when such a failure comes, not at import."""
+
+    @property
+    def unhandled_fault_hook(self) -> Callable[[MeshFailure], object]:
+        from ._runtime import hooks
+
+        return hooks.monarch_fault_hook()
+
+    @unhandled_fault_hook.setter
+    def unhandled_fault_hook(self, hook: Callable[[MeshFailure], object] | None) -> None:
+        from ._runtime import hooks
+
+        hooks.set_monarch_fault_hook(hook)
+
+
+_sys.modules[__name__].__class__ = _Facade
+
+
 def load_ipython_extension(ipython: object) -> None:
     """``%load_ext jupyter_mesh`` in any IPython kernel: the %mesh magics and notebook output routing."""
     from .notebook import load_ipython_extension as load
@@ -67,29 +106,37 @@ def load_ipython_extension(ipython: object) -> None:
 
 
 __all__ = [
+    "Accumulator",
     "Actor",
     "ActorError",
     "ActorMesh",
     "AttachJob",
+    "Channel",
+    "Context",
     "DeliveryError",
     "Endpoint",
     "Extent",
     "Failure",
     "Future",
     "HostMesh",
+    "JobState",
     "LocalJob",
     "MeshCancelledError",
     "MeshClosedError",
     "MeshEndpoint",
     "MeshError",
     "MeshEvent",
+    "MeshFailure",
     "MeshInterrupted",
     "MeshState",
     "MeshTimeoutError",
     "MeshValueError",
     "Point",
+    "Port",
+    "PortReceiver",
     "ProcMesh",
     "ProcState",
+    "ProcessJob",
     "ProtocolError",
     "RDMABuffer",
     "RankState",
@@ -101,9 +148,20 @@ __all__ = [
     "SupervisionError",
     "ValueMesh",
     "attach_to_workers",
+    "concurrent_endpoint",
+    "config",
+    "context",
+    "current_actor_name",
     "current_rank",
+    "current_size",
+    "default_bootstrap_cmd",
     "endpoint",
+    "get_or_spawn_controller",
     "get_rdma_backend",
+    "send",
     "shutdown",
+    "shutdown_context",
     "this_host",
+    "this_proc",
+    "unhandled_fault_hook",
 ]

@@ -36,6 +36,7 @@ __all__ = [
     "MeshCancelledError",
     "MeshClosedError",
     "MeshError",
+    "MeshFailure",
     "MeshInterrupted",
     "MeshTimeoutError",
     "MeshValueError",
@@ -162,6 +163,31 @@ class Failure:
         if not self.mesh:  # a host's agent, not a rank
             return self.detail
         return f"[{format_coords(self.coords)}] {self.detail}"
+
+
+@dataclass(frozen=True)
+class MeshFailure(Failure):
+    """What ``__supervise__`` and Monarch's ``unhandled_fault_hook`` receive: one rank's :class:`Failure`
+    that also answers Monarch's questions (``mesh_name``, ``report()``, a ``str`` naming it)."""
+
+    @classmethod
+    def of(cls, failure: Failure) -> MeshFailure:
+        if isinstance(failure, MeshFailure):
+            return failure
+        return cls(failure.mesh, failure.coords, failure.kind, failure.detail, failure.traceback,
+                   failure.exit_code, failure.signal)  # fmt: skip
+
+    @property
+    def mesh_name(self) -> str:
+        """The proc mesh the failed rank belongs to."""
+        return self.mesh
+
+    def report(self) -> str:
+        """What happened, where, the remote traceback or last output if any, and what to do."""
+        return SupervisionError([self]).args[0]
+
+    def __str__(self) -> str:
+        return f"MeshFailure(mesh={self.mesh!r}, rank=[{format_coords(self.coords)}], kind={self.kind}): {self.detail}"
 
 
 _KIND_HINTS = {

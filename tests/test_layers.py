@@ -13,7 +13,7 @@ PKG = pathlib.Path(jupyter_mesh.__file__).parent
 
 # lowest first; a module may import its own layer and any layer before it
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "_version"),
+    ("errors", "_version", "config"),
     ("_core",),
     ("_wire",),
     ("_data",),

@@ -12,7 +12,8 @@ import itertools
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
-from .._core.actor import Actor, endpoints_of
+from .. import config
+from .._core.actor import Actor, endpoint, endpoints_of
 from .._core.future import Future
 from .._core.refs import ProcMeshRef, new_id
 from .._core.shape import Extent, Shape
@@ -192,16 +193,36 @@ class MeshEndpoint(Generic[P, R]):
 class ProcMesh(_MeshTrait):
     """Processes spawned on a host mesh; ``spawn`` puts one actor on each of them."""
 
-    def __init__(self, controller: Controller, ref: ProcMeshRef, view: Shape | None = None):
+    def __init__(
+        self, controller: Controller, ref: ProcMeshRef, view: Shape | None = None, host_mesh: HostMesh | None = None
+    ):
         self._controller, self._ref = controller, ref
         self._view = view  # None: the whole mesh, whatever its current size
+        self._host_mesh = host_mesh
 
     @property
     def _shape(self) -> Shape:
         return self._ref.shape if self._view is None else self._view
 
     def _with_shape(self, shape: Shape) -> ProcMesh:
-        return ProcMesh(self._controller, self._ref, shape)
+        return ProcMesh(self._controller, self._ref, shape, self._host_mesh)
+
+    @property
+    def initialized(self) -> Future[bool]:
+        """Monarch's: a future of True once the procs run (here they do when ``spawn_procs`` returns)."""
+        return Future.completed(True, "proc mesh start")
+
+    @property
+    def host_mesh(self) -> HostMesh:
+        """The host mesh these procs were spawned on."""
+        if self._host_mesh is None:
+            raise MeshValueError(f"proc mesh '{self._ref.name}' was not spawned from a HostMesh in this program")
+        return self._host_mesh
+
+    async def logging_option(self, stream_to_client: bool = True, aggregate_window_sec: int | None = 3,
+                             level: int = 20) -> None:  # fmt: skip
+        """Monarch's log-streaming switch. Here the procs' output always reaches this program (and, in a
+        notebook, the cell that caused it, folded across ranks), so there is nothing to switch."""
 
     @property
     def name(self) -> str:
@@ -340,6 +361,10 @@ class ProcMesh(_MeshTrait):
         return renderer(self)
 
 
+singleton_server: Callable[[Controller], dict[str, str]] | None = None
+"""Set by ``jobs.singletons``: serves the program's named singletons at this controller; returns the
+environment that tells new procs where to ask."""
+
 renderer: Callable[[ProcMesh], dict[str, Any]] | None = None
 """Draws a ProcMesh for a notebook (a mimebundle). The API layer knows no UI: a view registers here."""
 
@@ -363,6 +388,7 @@ class HostMesh(_MeshTrait):
 
     def __init__(self, controller: Controller, job: Any, shape: Shape):
         self._controller, self._job, self._hosts = controller, job, shape
+        self._spawned: list[ProcMesh] = []  # by this program, for stop()
 
     @property
     def _shape(self) -> Shape:
@@ -374,6 +400,7 @@ class HostMesh(_MeshTrait):
     def spawn_procs(
         self,
         per_host: Mapping[str, int] | None = None,
+        bootstrap: Callable[[], Any] | None = None,
         *,
         name: str | None = None,
         env: Mapping[str, str] | None = None,
@@ -384,6 +411,8 @@ class HostMesh(_MeshTrait):
 
         ``preload`` modules are imported once in the host's template process, so each proc starts
         with them already loaded (``preload=["torch"]`` makes spawns ~30 ms instead of seconds).
+        ``bootstrap`` (Monarch's): a function (or ``async def``) run once on every proc before this returns.
+        Settings made with ``jupyter_mesh.config.configure`` travel to the new procs.
         """
         per_host = dict(per_host or {"procs": 1})
         clash = [d for d in per_host if d in self._shape.labels]
@@ -395,11 +424,72 @@ class HostMesh(_MeshTrait):
             host_indices=self._shape.ranks(),
             shape=shape,
             name=name or f"procs{next(_names)}",
-            env=dict(env or {}),
+            env={
+                **config.for_procs(),
+                **(singleton_server(self._controller) if singleton_server else {}),
+                **(env or {}),
+            },
             preload=list(preload),
             timeout=timeout,
         )
-        return ProcMesh(self._controller, ref)
+        procs = ProcMesh(self._controller, ref, host_mesh=self)
+        self._spawned.append(procs)
+        if bootstrap is not None:
+            procs.spawn("bootstrap", _Bootstrap, bootstrap).run.call().get(timeout)
+        return procs
+
+    @property
+    def initialized(self) -> Future[bool]:
+        """Monarch's: a future of True once every host's agent is up."""
+        fut: Future[bool] = Future("host mesh start")
+        try:
+            self._job.agents(60.0)
+        except BaseException as e:  # noqa: BLE001 - the future carries it
+            fut._set_exception(e)
+        else:
+            fut._set_result(True)
+        return fut
+
+    def stop(self) -> Future[None]:
+        """Stop every proc mesh spawned from this host mesh here; the hosts stay up for new ones."""
+        for procs in self._spawned:
+            procs.stop()
+        self._spawned.clear()
+        return Future.completed(None, "host mesh stop")
+
+    def shutdown(self) -> Future[None]:
+        """Stop the job behind this host mesh: its procs, then its agents (the hosts are gone after)."""
+        self.stop()
+        self._job.stop()
+        return Future.completed(None, "host mesh shutdown")
+
+    def with_python_executable(self, python_executable: str) -> HostMesh:
+        """Monarch's: procs run by another interpreter. Ours fork from the host agent's own template, so
+        only the interpreter the agents run (this program's) can be used."""
+        import os
+        import sys
+
+        if os.path.realpath(python_executable) != os.path.realpath(sys.executable):
+            raise MeshValueError(
+                f"procs fork from the host agent, which runs {sys.executable}; to use {python_executable}, "
+                "run this program with it"
+            )
+        return self
 
     def __repr__(self) -> str:
         return f"<HostMesh {self._shape}>"
+
+
+class _Bootstrap(Actor):
+    """Runs a ``spawn_procs(bootstrap=...)`` function once on each proc."""
+
+    def __init__(self, fn: Callable[[], Any]):
+        self.fn = fn
+
+    @endpoint
+    async def run(self) -> None:
+        import inspect
+
+        out = self.fn()
+        if inspect.isawaitable(out):
+            await out

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from .._core import context as _context
 from .._core.context import Requester
+from .._core.future import Future
 from .._core.state import MeshEvent, MeshState
 from ..errors import MeshValueError, SupervisionError
 
@@ -14,7 +15,16 @@ if TYPE_CHECKING:
     from .._core.refs import ActorMeshRef
     from .mesh import ActorMesh, ProcMesh
 
-__all__ = ["mesh_states", "on_send", "proc_mesh", "set_fault_hook", "shutdown", "subscribe", "sync_output"]
+__all__ = [
+    "mesh_states",
+    "on_send",
+    "proc_mesh",
+    "set_fault_hook",
+    "shutdown",
+    "shutdown_context",
+    "subscribe",
+    "sync_output",
+]
 
 
 def mesh_states(include_stopped: bool = False) -> list[MeshState]:
@@ -83,6 +93,13 @@ def shutdown() -> None:
     inst = Controller._instance
     if inst is not None:
         inst.shutdown()
+
+
+def shutdown_context() -> Future[None]:
+    """Monarch's name for :func:`shutdown`: stop everything this program started; a completed future.
+    Idempotent; a later API call starts a fresh runtime."""
+    shutdown()
+    return Future.completed(None, "shutdown")
 
 
 def set_fault_hook(hook: Callable[[SupervisionError], None] | None) -> Callable[[SupervisionError], None]:

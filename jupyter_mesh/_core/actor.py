@@ -12,14 +12,25 @@ What a *mesh* of the actor makes of it (``MeshEndpoint[[int], str]``) is the myp
 
 from __future__ import annotations
 
+import functools
 import inspect
+import logging
 from collections.abc import Callable, Coroutine
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 from .context import context
 from .shape import Extent, Point
 
-__all__ = ["Actor", "AsyncEndpoint", "Endpoint", "SyncEndpoint", "current_rank", "endpoint", "endpoints_of"]
+__all__ = [
+    "Actor",
+    "AsyncEndpoint",
+    "Endpoint",
+    "SyncEndpoint",
+    "concurrent_endpoint",
+    "current_rank",
+    "endpoint",
+    "endpoints_of",
+]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -33,12 +44,20 @@ class Endpoint(Generic[P, R]):
     and :class:`AsyncEndpoint`.
     """
 
-    def __init__(self, fn: Callable[..., Any]):
+    def __init__(self, fn: Callable[..., Any], explicit_response_port: bool = False, concurrent: bool = False):
         self.fn = fn
         self.name: str = fn.__name__
         self.is_async = inspect.iscoroutinefunction(fn)
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
+        # the method's first argument (after self) is the Port its reply goes through (Monarch's option)
+        self.explicit_port = explicit_response_port
+        # runs as a task beside the actor's other messages instead of one after another
+        self.concurrent = concurrent
+
+    @property
+    def _explicit_response_port(self) -> bool:  # Monarch's attribute: concurrent endpoints reply through a port
+        return self.explicit_port or self.concurrent
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
@@ -83,11 +102,42 @@ class AsyncEndpoint(Endpoint[P, R]):
 def endpoint(fn: Callable[Concatenate[Any, P], Coroutine[Any, Any, R]]) -> AsyncEndpoint[P, R]: ...  # type: ignore[overload-overlap]
 @overload
 def endpoint(fn: Callable[Concatenate[Any, P], R]) -> SyncEndpoint[P, R]: ...
-def endpoint(fn: Callable[..., Any]) -> Endpoint[..., Any]:
-    """Mark a method (``def`` or ``async def``) as callable from other processes."""
+@overload
+def endpoint(
+    fn: None = None, *, explicit_response_port: bool = False, propagate: Any = None
+) -> Callable[[Callable[..., Any]], Endpoint[..., Any]]: ...
+def endpoint(
+    fn: Callable[..., Any] | None = None, *, explicit_response_port: bool = False, propagate: Any = None
+) -> Any:
+    """Mark a method (``def`` or ``async def``) as callable from other processes.
+
+    ``@endpoint(explicit_response_port=True)``: the method gets a ``Port`` as its first argument (after
+    ``self``) and answers through it, now or later, from any thread (its return value is ignored).
+    ``propagate`` is Monarch's tensor-engine option; accepted and ignored here.
+    """
+    if fn is None:
+        return lambda f: endpoint(f, explicit_response_port=explicit_response_port)
+    if isinstance(fn, Endpoint):
+        raise TypeError(f"{fn.name} is already an endpoint; use @endpoint once")
     if not callable(fn):
         raise TypeError(f"@endpoint decorates a function, got {type(fn).__name__}")
-    return AsyncEndpoint(fn) if inspect.iscoroutinefunction(fn) else SyncEndpoint(fn)
+    kind = AsyncEndpoint if inspect.iscoroutinefunction(fn) else SyncEndpoint
+    return kind(fn, explicit_response_port)
+
+
+def concurrent_endpoint(fn: Callable[..., Any] | None = None, *, explicit_response_port: bool = False) -> Any:
+    """An ``async def`` endpoint whose calls run as tasks beside the actor's other messages (Monarch's
+    ``concurrent_endpoint``): the actor takes its next message while one waits. Its calls start in
+    order; they may finish in any order."""
+    if fn is None:
+        return lambda f: concurrent_endpoint(f, explicit_response_port=explicit_response_port)
+    if isinstance(fn, Endpoint):
+        raise ValueError(f"@concurrent_endpoint does not wrap @endpoint ({fn.name}): use it instead of @endpoint")
+    if not inspect.iscoroutinefunction(fn):
+        raise ValueError(
+            f"@concurrent_endpoint can only wrap async endpoints; make {getattr(fn, '__name__', fn)} an async def"
+        )
+    return AsyncEndpoint(fn, explicit_response_port, concurrent=True)
 
 
 def endpoints_of(cls: type) -> dict[str, Endpoint[..., Any]]:
@@ -107,6 +157,11 @@ class Actor:
     An actor handles one message at a time, in the order each sender sent them.
     Optional hook: ``__supervise__(self, failure) -> bool`` for failures of meshes it spawned.
     """
+
+    @functools.cached_property
+    def logger(self) -> logging.Logger:
+        """A logger named after the actor's class (Monarch's ``Actor.logger``)."""
+        return logging.getLogger(type(self).__name__)
 
 
 _NO_RANK = Point(0, Extent((), ()))

@@ -23,8 +23,9 @@ __all__ = ["ActorContext", "ProcIdentity", "ProcessContext", "Requester", "conte
 
 
 class Requester(Protocol):
-    """What the data plane needs of a client (the runtime's ``Client`` is one): its own address, a
-    signed request to a peer, forgetting a request it gave up on, and whether a rank is known broken."""
+    """What the data plane and ports need of a client (the runtime's ``Client`` is one): its own address,
+    a signed request to a peer, forgetting a request it gave up on, whether a rank is known broken,
+    opening a port here and sending to a port anywhere."""
 
     @property
     def address(self) -> str: ...
@@ -34,6 +35,10 @@ class Requester(Protocol):
     def forget_request(self, req_id: int) -> None: ...
 
     def check_rank(self, mesh_id: str, mesh_name: str, rank: int, context: str) -> None: ...
+
+    def open_port(self, entry: Any, weak: bool = True) -> tuple[str, int]: ...
+
+    def send_to_port(self, address: str, port_id: int, ok: bool, obj: Any, rank: int | None) -> None: ...
 
 
 @dataclass(frozen=True)

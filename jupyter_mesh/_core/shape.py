@@ -138,6 +138,10 @@ class Point(Mapping[str, int]):
     def __repr__(self) -> str:
         return "Point({" + ", ".join(f"'{k}': {v}" for k, v in self.items()) + f"}}, rank={self.rank})"
 
+    def __str__(self) -> str:
+        """Monarch's form: each coordinate over its dim's size, ``{'hosts': 0/1, 'gpus': 1/2}``."""
+        return "{" + ", ".join(f"'{k}': {v}/{self.extent[k]}" for k, v in self.items()) + "}"
+
     def __reduce__(self) -> tuple[Any, ...]:
         return (Point, (self.rank, self.extent))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
@@ -49,6 +50,20 @@ class ValueMesh(Generic[T]):
                 raise MeshValueError(f"coordinate {d}={c} out of range (size {size})")
             idx = idx * size + c
         return self._values[idx]
+
+    def get(self, index: int) -> T:
+        """The value of the ``index``-th member, in row-major order of this mesh."""
+        return self._values[index]
+
+    def slice(self, **dims: int | builtins.slice) -> ValueMesh[T]:
+        """The values of a sub-mesh, as ``ActorMesh.slice`` selects actors: an int drops the dim."""
+        view = self._shape.select(**dims)
+        where = {g: i for i, g in enumerate(self._shape.ranks())}
+        return ValueMesh(view, [self._values[where[g]] for g in view.ranks()])
+
+    def flatten(self, name: str) -> ValueMesh[T]:
+        """The same values along one dim ``name``."""
+        return ValueMesh(self._shape.flatten(name), self._values)
 
     def items(self) -> Iterator[tuple[Point, T]]:
         ext = self._shape.extent

@@ -40,6 +40,7 @@ from .calls import CallTable, ClientHooks
 from .inboxes import ActorInboxes
 from .outcomes import Outcomes
 from .pending import Pending, Stream
+from .ports import Ports
 from .replies import ReplyBox, ReplyBoxes
 from .supervision import Supervision
 
@@ -85,6 +86,9 @@ class Client:
         self.peer_lost = self.supervision.peer_lost
         self.fail_all = self.supervision.fail_all
         self.forget_request = self.calls.finish
+        self.ports = Ports(transport)  # channels opened here, and values sent to ports anywhere
+        self.open_port = self.ports.open
+        self.send_to_port = self.ports.send
         # a waiting caller reads its own replies (``replies``); the controller's client only: in a
         # proc, a cancel interrupts an actor's thread anywhere, even in the middle of reading one
         self.boxes = ReplyBoxes(transport, self.on_reply, self._busy_boxes) if reply_boxes else None

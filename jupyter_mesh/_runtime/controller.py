@@ -183,6 +183,7 @@ class Controller:
             "controller",
             {
                 Kind.REPLY: lambda msg, _: self.client.on_reply(msg),
+                Kind.PORT: lambda msg, _: self.client.ports.on_message(msg),
                 Kind.GATHERED: lambda msg, _: self.client.on_reply(msg),
                 Kind.PROGRESS: lambda msg, _: self.client.on_progress(msg),  # ranks done, reply held
                 Kind.OUT: self._on_output,

@@ -1,5 +1,10 @@
 """Two seams of the controller: what a proc lends a controller created inside it (``Embedding``), and
-what happens to a failure no call was told about (the fault hook: fail fast by default)."""
+what happens to a failure no call was told about (the fault hook: fail fast by default).
+
+Two hooks may see such a failure: ours (``set_fault_hook``: gets the ``SupervisionError``) and Monarch's
+(``jupyter_mesh.unhandled_fault_hook = f``: gets a ``MeshFailure`` per failed rank). Monarch's, when set,
+goes first: returning means handled, raising means unhandled, and the failure then goes to ours.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from .._core.context import context
-from ..errors import SupervisionError
+from ..errors import MeshFailure, SupervisionError
 
 if TYPE_CHECKING:
     from .._wire.protocol import Dispatch
@@ -24,7 +29,10 @@ __all__ = [
     "fail_fast",
     "fault_hook",
     "hold_faults_with",
+    "monarch_fault_hook",
     "set_fault_hook",
+    "set_monarch_fault_hook",
+    "unhandled_fault_hook",
 ]
 
 
@@ -86,6 +94,33 @@ def set_fault_hook(hook: FaultHook | None) -> FaultHook:
     return prev
 
 
+def unhandled_fault_hook(failure: MeshFailure) -> None:
+    """The default of ``jupyter_mesh.unhandled_fault_hook``: the failure goes to our fault hook (in a
+    script: fail fast, as Monarch's default exits; in a kernel: shown, the kernel lives)."""
+    _hook(SupervisionError([failure], "while nothing was waiting on it"))
+
+
+_monarch_hook: Callable[[MeshFailure], object] = unhandled_fault_hook
+
+
+def monarch_fault_hook() -> Callable[[MeshFailure], object]:
+    return _monarch_hook
+
+
+def set_monarch_fault_hook(hook: Callable[[MeshFailure], object] | None) -> None:
+    """What ``jupyter_mesh.unhandled_fault_hook = hook`` does (None restores the default)."""
+    global _monarch_hook
+    _monarch_hook = hook or unhandled_fault_hook
+
+
 def fault_hook(err: SupervisionError) -> None:
-    """Hand ``err`` to the installed hook."""
+    """Hand ``err`` to the installed hooks: Monarch's first (once per failed rank), if the user set it."""
+    mh = _monarch_hook
+    if mh is not unhandled_fault_hook:
+        try:
+            for failure in err.failures:
+                mh(MeshFailure.of(failure))
+            return
+        except BaseException as e:  # noqa: BLE001 - a raising hook (even sys.exit) leaves it unhandled
+            print(f"jupyter_mesh: unhandled_fault_hook raised {type(e).__name__}: {e}", file=sys.stderr)
     _hook(err)

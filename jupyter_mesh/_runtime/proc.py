@@ -30,6 +30,7 @@ import zmq
 
 from .._core.actor import Endpoint, endpoints_of
 from .._core.context import ProcIdentity, context
+from .._core.ports import DroppingPort
 from .._core.shape import Point, Shape, Slice
 from .._data import ucx as _ucx
 from .._data.owner import handle_message as handle_rdma
@@ -37,10 +38,11 @@ from .._wire.channels import CurveKeys
 from .._wire.protocol import BROKEN, DIRECT, NO_REPLY, OK, OUT_SYNC_PREFIX, RAISED, Dispatch, Kind, reply_header
 from .._wire.serialize import UNPICKLABLE_HINT, dumps, loads
 from .._wire.transport import Message, Transport
-from ..errors import Failure, SerializationError, SupervisionError
+from ..errors import Failure, MeshFailure, SerializationError, SupervisionError
 from . import cancel_signal, interrupts
 from .client import Client, set_current_client
 from .hooks import Embedding, embed
+from .ports import ReplyPort
 from .rank_env import set_rank_env
 from .remote_errors import error_info, safe_str
 
@@ -232,7 +234,10 @@ class ActorHost:
             self.loop.run_until_complete(self._supervise(msg.payload))  # type: ignore[arg-type]
         else:
             ep = self.endpoints.get(msg.header["ep"])
-            if ep is not None and ep.is_async:
+            if ep is not None and ep.concurrent:  # a task beside the next messages (``_run_tasks_until_mail``)
+                self._used_loop = True
+                self.loop.create_task(self._call_concurrently(msg, ep))
+            elif ep is not None and ep.is_async:
                 self._used_loop = True
                 self.loop.run_until_complete(self._call(msg, ep))
             else:
@@ -278,7 +283,7 @@ class ActorHost:
             handled = False
             if hook is not None:
                 try:
-                    handled = hook(failure)
+                    handled = hook(MeshFailure.of(failure))
                     if inspect.isawaitable(handled):
                         handled = await handled
                 except BaseException as e:  # noqa: BLE001 - a raising supervisor did not handle it
@@ -357,9 +362,12 @@ class ActorHost:
         h = msg.header
         if not self._begin(h):
             return
+        port: ReplyPort | None = None
         try:
             # arguments first: unpickling may import modules (torch), which a cancel must not cut
             args, kwargs = loads(msg.payload, msg.buffers)
+            if ep is not None and ep.explicit_port:
+                args, port = self._with_port(h, args)
             self._enter(h)
             try:
                 if ep is None:
@@ -372,12 +380,41 @@ class ActorHost:
             finally:
                 self._leave()
         except BaseException as e:  # noqa: BLE001 - a raising endpoint must not kill the actor
-            self._respond_error(h, e)
+            self._respond_error(h, e, port)
             return
-        self._respond(h, result)
+        if ep is None or not ep.explicit_port:
+            self._respond(h, result)
 
-    def _respond_error(self, h: dict[str, Any], e: BaseException) -> None:
+    def _with_port(self, h: dict[str, Any], args: tuple[Any, ...]) -> tuple[tuple[Any, ...], ReplyPort | None]:
+        """An explicit-response-port endpoint's arguments: its reply port first (one that drops what it
+        is sent when nobody waits for the reply)."""
+        if h["rm"] == NO_REPLY:
+            return (DroppingPort(), *args), None
+        port, entry = ReplyPort.open(self.runtime.client.ports, self.runtime.reply, h)
+        return (port, *args), entry
+
+    async def _call_concurrently(self, msg: Message, ep: Endpoint[..., Any]) -> None:
+        """A ``concurrent_endpoint`` call: a task of its own, so no cancel bookkeeping of the current call."""
+        h = msg.header
+        if not self._begin(h):
+            return
+        port: ReplyPort | None = None
+        try:
+            args, kwargs = loads(msg.payload, msg.buffers)
+            if ep.explicit_port:
+                args, port = self._with_port(h, args)
+            result = await ep.fn(self.instance, *args, **kwargs)
+        except BaseException as e:  # noqa: BLE001 - a raising endpoint must not kill the actor
+            self._respond_error(h, e, port)
+            return
+        if not ep.explicit_port:
+            self._respond(h, result)
+
+    def _respond_error(self, h: dict[str, Any], e: BaseException, port: ReplyPort | None = None) -> None:
         method = h["ep"]
+        if port is not None and port.used:  # the reply went out already: the error can only be told here
+            print(f"[{self.name}.{method}] raised after replying:\n" + error_info(e, method)["tb"], file=sys.stderr)
+            return
         if h["rm"] == NO_REPLY:
             print(f"[{self.name}.{method}] broadcast raised:\n" + error_info(e, method)["tb"], file=sys.stderr)
             return
@@ -497,6 +534,7 @@ class ProcRuntime:
                 ),
                 Kind.STOP: lambda msg, _: _exit(0),
                 Kind.OUT_SYNC: lambda msg, _: print_sync_marker(msg.header["t"]),
+                Kind.PORT: lambda msg, _: self.client.ports.on_message(msg),
             },
         )
 

@@ -84,6 +84,8 @@ class Kind:
     RDMA = "rdma"  # reader -> buffer owner: a data-plane request (get, put, drop, ucx)
     STATS = "stats"  # any -> agent / proc: transport counters, as a reply
     OUT_SYNC = "out_sync"  # controller -> proc: print a marker (``t``) after what it printed so far
+    PORT = "port"  # any -> the process that opened port ``p``: a value (``ok``) or an exception for it
+    SINGLETON = "singleton"  # any -> the root controller: get or spawn the named controller actor
     # procs and their agent
     PROC_UP = "proc_up"  # proc -> agent: the proc runs and listens at ``addr``
     ACTOR_UP = "actor_up"  # proc -> agent: an actor's inbox and thread id
@@ -203,6 +205,12 @@ class Dispatch:
         self.fallback = fallback
         self.unknown: Counter[str] = Counter()
         self._lock = threading.Lock()
+
+    def add(self, kind: str, handler: Handler) -> None:
+        """Serve one more kind: for a layer above the runtime that answers requests of its own."""
+        if kind not in set(vars(Kind).values()):
+            raise ValueError(f"{self.where}: no message kind {kind!r}")
+        self.handlers[kind] = handler
 
     def __call__(self, msg: Any, frames: list[Any]) -> None:
         kind = msg.header.get("k")

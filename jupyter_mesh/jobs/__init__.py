@@ -10,7 +10,23 @@ attach agents started by hand (``jupyter-mesh agent --listen``).
 
 from .._runtime.hosts import AgentHandle, Job
 from .attach import AttachJob, attach_to_workers
-from .local import LocalJob, this_host
+from .local import BootstrapCommand, LocalJob, default_bootstrap_cmd, this_host
+from .process import JobState, ProcessJob
+from .singletons import get_or_spawn_controller, this_proc
 from .slurm import SlurmJob
 
-__all__ = ["AgentHandle", "AttachJob", "Job", "LocalJob", "SlurmJob", "attach_to_workers", "this_host"]
+__all__ = [
+    "AgentHandle",
+    "AttachJob",
+    "BootstrapCommand",
+    "Job",
+    "JobState",
+    "LocalJob",
+    "ProcessJob",
+    "SlurmJob",
+    "attach_to_workers",
+    "default_bootstrap_cmd",
+    "get_or_spawn_controller",
+    "this_host",
+    "this_proc",
+]

@@ -14,7 +14,8 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import IO, Any
 
 from .._api.mesh import HostMesh
@@ -24,14 +25,14 @@ from .._runtime.hosts import AgentHandle, Job
 from .._wire.protocol import VERSION, Kind
 from ..errors import MeshClosedError, MeshError, MeshTimeoutError, MeshValueError
 
-__all__ = ["LocalJob", "this_host"]
+__all__ = ["BootstrapCommand", "LocalJob", "default_bootstrap_cmd", "this_host"]
 
 
 class LocalJob(Job):
     """``hosts`` agents on this machine. One host is what ``this_host()`` gives; more is for testing
     the multi-host paths (fan-out, per-host gathering) without a cluster."""
 
-    def __init__(self, hosts: int = 1, preload: Sequence[str] = ()):
+    def __init__(self, hosts: int = 1, preload: Sequence[str] = (), env: Mapping[str, str] | None = None):
         from .._runtime.controller import Controller
 
         if not isinstance(hosts, int) or hosts < 1:
@@ -40,6 +41,7 @@ class LocalJob(Job):
         self._controller.register_job(self)
         self._n = hosts
         self._preload = list(preload)
+        self._env = {**os.environ, **env} if env else None  # the agents' (and so their procs') environment
         self._procs: list[subprocess.Popen[bytes]] = []
         self._waiters: list[Future[dict[str, Any]]] = []
         self._agents: list[AgentHandle] | None = None
@@ -68,6 +70,7 @@ class LocalJob(Job):
         p = subprocess.Popen(
             [sys.executable, "-m", "jupyter_mesh._runtime.agent_boot"],
             stdin=subprocess.PIPE,
+            env=self._env,
             start_new_session=True,  # a notebook interrupt (SIGINT to the kernel's group) must not reach it
         )
         stdin: IO[bytes] = p.stdin  # type: ignore[assignment]
@@ -192,6 +195,21 @@ def _signal_name(sig: int) -> str:
         return f"signal {sig}"
 
 
+@dataclass
+class BootstrapCommand:
+    """How a host's agent starts (what ``default_bootstrap_cmd()`` gives, as in Monarch): run
+    ``program *args`` with ``env`` added; the agent then forks every proc of its host."""
+
+    program: str
+    args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def default_bootstrap_cmd() -> BootstrapCommand:
+    """The command that starts a host agent with this program's interpreter."""
+    return BootstrapCommand(sys.executable, ["-m", "jupyter_mesh._runtime.agent_boot"])
+
+
 _this_host: HostMesh | None = None
 
 
@@ -205,7 +223,7 @@ def this_host(preload: Sequence[str] | None = None) -> HostMesh:
     from .._runtime.controller import Controller
 
     ctl = Controller.get()
-    if _this_host is None or _this_host._controller is not ctl:
+    if _this_host is None or _this_host._controller is not ctl or not _this_host._job.running():
         if preload is None:
             preload = [m for m in os.environ.get("JUPYTER_MESH_PRELOAD", "").split(",") if m.strip()]
         _this_host = LocalJob(1, preload).host_mesh()

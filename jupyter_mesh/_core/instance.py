@@ -1,0 +1,77 @@
+"""Monarch's ``context()``: who is running, as an object. Inside an endpoint it describes the actor
+(its mesh name, class, rank) and the message's rank; anywhere else, the root client (``<root>``).
+
+Read from the process context (``_core.context``) the runtime fills in for each actor thread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .context import context as _process
+from .shape import Extent, Point
+
+__all__ = ["Context", "Instance", "context", "current_actor_name", "current_size"]
+
+_NO_RANK = Point(0, Extent((), ()))
+
+
+@dataclass(frozen=True)
+class Instance:
+    """The running actor: ``name`` (the name its mesh was spawned with), ``class_name``, ``rank`` (its
+    coordinates in its proc mesh), ``actor_id`` (unique per actor, per rank)."""
+
+    name: str
+    class_name: str | None
+    rank: Point
+    actor_id: str
+    proc_id: str
+    creator: Instance | None = None
+
+    def __repr__(self) -> str:
+        cls = f"{self.class_name} " if self.class_name else ""
+        rank = str(self.rank) if len(self.rank) else ""
+        return f"<{cls}{self.name}{rank}>"
+
+
+@dataclass(frozen=True)
+class Context:
+    """``actor_instance``: the running actor; ``message_rank``: the rank the current message reached it at
+    (here the actor's own coordinates: a call to a slice is numbered in the whole mesh)."""
+
+    actor_instance: Instance
+    message_rank: Point
+
+
+_ROOT = Instance("root", None, _NO_RANK, "root", "root")
+
+
+def context() -> Context:
+    """The running actor's context, or the root client's outside actors."""
+    actor = _process().actor
+    host: Any = actor.host
+    proc: Any = actor.proc
+    if host is None or proc is None:
+        return Context(_ROOT, _NO_RANK)
+    cls = type(host.instance)
+    point: Point = proc.point
+    inst = Instance(
+        host.name,
+        f"{cls.__module__}.{cls.__qualname__}" if host.instance is not None else None,
+        point,
+        f"{host.actor_id}[{proc.rank}]",
+        f"{proc.mesh_name}[{proc.rank}]",
+        _ROOT,
+    )
+    return Context(inst, point)
+
+
+def current_actor_name() -> str:
+    """A name for the running actor, unique per actor and rank ("root" outside actors)."""
+    return context().actor_instance.actor_id
+
+
+def current_size() -> dict[str, int]:
+    """The size of each dim of the running actor's mesh ({} outside actors)."""
+    return dict(context().message_rank.extent)

@@ -1,0 +1,152 @@
+"""Runtime settings, under Monarch's names: ``configure``, ``configured``, ``get_global_config``.
+
+Two layers, as in Monarch: the defaults (with ``JUPYTER_MESH_*`` environment overrides for the settings
+that have one) and a *runtime* layer set from Python. ``configured(**overrides)`` applies overrides for a
+``with`` block and puts the runtime layer back as it was afterwards, which is what tests want.
+
+The runtime layer travels to procs spawned while it is set (``HostMesh.spawn_procs`` hands it to them),
+so a setting read inside an actor is the one its spawner had.
+
+Keys: ours (``OURS``) and Monarch's documented ones (``MONARCH_KEYS``). Monarch's keys tune its Rust
+runtime (transports, codecs, acknowledgements, its own timeouts); here they are accepted and stored so a
+Monarch program's ``configure(...)`` keeps working, but they change nothing — the README lists the few
+that have a counterpart. An unknown key is a ``ValueError`` naming the known ones, as in Monarch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from .errors import MeshValueError
+
+__all__ = [
+    "MONARCH_KEYS",
+    "OURS",
+    "clear_runtime_config",
+    "configure",
+    "configured",
+    "get_global_config",
+    "get_runtime_config",
+]
+
+ENV = "JUPYTER_MESH_RUNTIME_CONFIG"
+"""How a proc receives its spawner's runtime layer (JSON; set by ``HostMesh.spawn_procs``)."""
+
+OURS: dict[str, tuple[str, Any]] = {
+    # key: (environment variable that sets its default, default when unset)
+    "init_timeout": ("JUPYTER_MESH_INIT_TIMEOUT", None),
+    "heartbeat_timeout": ("JUPYTER_MESH_HEARTBEAT_TIMEOUT", None),
+    "max_frame": ("JUPYTER_MESH_MAX_FRAME", None),
+}
+
+MONARCH_KEYS = frozenset(
+    """default_transport enable_log_forwarding enable_file_capture tail_log_lines codec_max_frame_length
+    message_delivery_timeout host_spawn_ready_timeout mesh_proc_spawn_max_idle process_exit_timeout
+    message_ack_time_interval message_ack_every_n_messages message_ttl_default split_max_buffer_size
+    split_max_buffer_age stop_actor_timeout cleanup_timeout default_encoding
+    channel_net_rx_buffer_full_check_interval channel_tcp_congestion message_latency_sampling_rate
+    enable_dest_actor_reordering_buffer mesh_bootstrap_enable_pdeathsig mesh_terminate_concurrency
+    mesh_terminate_timeout small_write_threshold max_cast_dimension_size remote_alloc_bind_to_inaddr_any
+    remote_alloc_bootstrap_addr remote_alloc_allowed_port_range read_log_buffer force_file_log
+    prefix_with_rank actor_spawn_max_idle get_actor_state_max_idle supervision_watchdog_timeout
+    proc_stop_max_idle get_proc_state_max_idle mesh_admin_addr mesh_attach_config_timeout
+    mesh_orphan_timeout rdma_allow_tcp_fallback rdma_disable_ibverbs rdma_max_chunk_size_mb
+    rdma_ibverbs_target rdma_peer_device_affinity rdma_runtime_worker_threads""".split()
+)
+"""Monarch's documented ``configure`` keys: accepted, stored, and (here) without effect."""
+
+_lock = threading.Lock()
+_runtime: dict[str, Any] = {}
+
+
+def _load_inherited() -> None:
+    raw = os.environ.get(ENV)
+    if not raw:
+        return
+    try:
+        inherited = json.loads(raw)
+    except ValueError:
+        return
+    if isinstance(inherited, dict):
+        _runtime.update({k: v for k, v in inherited.items() if k in OURS or k in MONARCH_KEYS})
+
+
+_load_inherited()
+
+
+def _defaults() -> dict[str, Any]:
+    out: dict[str, Any] = dict.fromkeys(sorted(MONARCH_KEYS))
+    for key, (env, default) in OURS.items():
+        out[key] = os.environ.get(env, default)
+    return out
+
+
+def configure(**settings: Any) -> None:
+    """Set runtime settings for this process (and the procs it spawns from now on)."""
+    unknown = sorted(k for k in settings if k not in OURS and k not in MONARCH_KEYS)
+    if unknown:
+        raise MeshValueError(
+            f"unknown setting(s) {unknown}; jupyter_mesh knows {sorted(OURS)} and Monarch's documented keys "
+            f"(jupyter_mesh.config.MONARCH_KEYS)"
+        )
+    with _lock:
+        _runtime.update(settings)
+
+
+def get_runtime_config() -> dict[str, Any]:
+    """A copy of the settings made from Python (the runtime layer)."""
+    with _lock:
+        return dict(_runtime)
+
+
+def clear_runtime_config() -> None:
+    """Forget every setting made from Python; defaults and the environment stay."""
+    with _lock:
+        _runtime.clear()
+
+
+def get_global_config() -> dict[str, Any]:
+    """Every setting as it applies now: defaults, environment, then the runtime layer (a copy)."""
+    merged = _defaults()
+    with _lock:
+        merged.update(_runtime)
+    return merged
+
+
+@contextlib.contextmanager
+def configured(**overrides: Any) -> Iterator[dict[str, Any]]:
+    """``with configured(k=v) as cfg:`` applies overrides, yields the merged settings, and restores the
+    runtime layer on exit (even on error)."""
+    saved = get_runtime_config()
+    try:
+        configure(**overrides)
+        yield get_global_config()
+    finally:
+        with _lock:
+            _runtime.clear()
+            _runtime.update(saved)
+
+
+def for_procs() -> dict[str, str]:
+    """The environment that hands this runtime layer to procs spawned now (empty if nothing is set or it
+    is not plain JSON data)."""
+    layer = get_runtime_config()
+    if not layer:
+        return {}
+    try:
+        return {ENV: json.dumps(layer)}
+    except (TypeError, ValueError):
+        return {ENV: json.dumps({k: v for k, v in layer.items() if _plain(v)})}
+
+
+def _plain(v: Any) -> bool:
+    try:
+        json.dumps(v)
+    except (TypeError, ValueError):
+        return False
+    return True
