@@ -62,21 +62,23 @@ MONARCH_KEYS = frozenset(
 
 _lock = threading.Lock()
 _runtime: dict[str, Any] = {}
+_pid = 0  # the process whose layer ``_runtime`` is: a proc forked from a template reads its own
 
 
-def _load_inherited() -> None:
-    raw = os.environ.get(ENV)
-    if not raw:
-        return
-    try:
-        inherited = json.loads(raw)
-    except ValueError:
-        return
-    if isinstance(inherited, dict):
-        _runtime.update({k: v for k, v in inherited.items() if k in OURS or k in MONARCH_KEYS})
-
-
-_load_inherited()
+def _layer() -> dict[str, Any]:
+    """The runtime layer of this process (caller holds ``_lock``); a new process starts from the one its
+    spawner handed down (``ENV``)."""
+    global _pid
+    if _pid != os.getpid():
+        _pid = os.getpid()
+        _runtime.clear()
+        try:
+            inherited = json.loads(os.environ.get(ENV) or "{}")
+        except ValueError:
+            inherited = {}
+        if isinstance(inherited, dict):
+            _runtime.update({k: v for k, v in inherited.items() if k in OURS or k in MONARCH_KEYS})
+    return _runtime
 
 
 def _defaults() -> dict[str, Any]:
@@ -95,26 +97,26 @@ def configure(**settings: Any) -> None:
             f"(jupyter_mesh.config.MONARCH_KEYS)"
         )
     with _lock:
-        _runtime.update(settings)
+        _layer().update(settings)
 
 
 def get_runtime_config() -> dict[str, Any]:
     """A copy of the settings made from Python (the runtime layer)."""
     with _lock:
-        return dict(_runtime)
+        return dict(_layer())
 
 
 def clear_runtime_config() -> None:
     """Forget every setting made from Python; defaults and the environment stay."""
     with _lock:
-        _runtime.clear()
+        _layer().clear()
 
 
 def get_global_config() -> dict[str, Any]:
     """Every setting as it applies now: defaults, environment, then the runtime layer (a copy)."""
     merged = _defaults()
     with _lock:
-        merged.update(_runtime)
+        merged.update(_layer())
     return merged
 
 
@@ -128,7 +130,7 @@ def configured(**overrides: Any) -> Iterator[dict[str, Any]]:
         yield get_global_config()
     finally:
         with _lock:
-            _runtime.clear()
+            _layer().clear()
             _runtime.update(saved)
 
 

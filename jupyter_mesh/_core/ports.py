@@ -44,33 +44,33 @@ class PortInbox(PortEntry):
         self.once = once
         self._lock = threading.Lock()
         self._items: collections.deque[tuple[bool, Any, int | None]] = collections.deque()
-        self._waiting: collections.deque[Future[Any]] = collections.deque()
+        self._waiting: collections.deque[tuple[Future[Any], bool]] = collections.deque()
 
     def put(self, ok: bool, value: Any, rank: int | None) -> None:
         with self._lock:
             while self._waiting:
-                fut = self._waiting.popleft()
+                fut, ranked = self._waiting.popleft()
                 if not fut._done():  # a cancelled recv gives its place to the next one
                     break
             else:
                 self._items.append((ok, value, rank))
                 return
-        _settle(fut, ok, value)
+        _settle(fut, ok, value, rank, ranked)
 
     def take(self, ranked: bool) -> Future[Any]:
         fut: Future[Any] = Future("PortReceiver.recv")
         with self._lock:
             if not self._items:
-                self._waiting.append(fut)
+                self._waiting.append((fut, ranked))
                 return fut
             ok, value, rank = self._items.popleft()
-        _settle(fut, ok, (rank, value) if ranked and ok else value)
+        _settle(fut, ok, value, rank, ranked)
         return fut
 
 
-def _settle(fut: Future[Any], ok: bool, value: Any) -> None:
+def _settle(fut: Future[Any], ok: bool, value: Any, rank: int | None, ranked: bool) -> None:
     if ok:
-        fut._set_result(value)
+        fut._set_result((rank, value) if ranked else value)
     else:
         fut._set_exception(value if isinstance(value, BaseException) else RuntimeError(str(value)))
 

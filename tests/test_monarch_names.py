@@ -1,0 +1,224 @@
+"""Monarch's public names that a ported program uses, each with its Monarch semantics, on real procs."""
+
+from __future__ import annotations
+
+import operator
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from _procs import wait_dead, wait_for
+from monarch_actors import Adder, BootProbe, Collector, Gate, boot
+
+import jupyter_mesh
+from jupyter_mesh import (
+    Accumulator,
+    ActorError,
+    Channel,
+    MeshFailure,
+    MeshValueError,
+    ProcessJob,
+    ValueMesh,
+    concurrent_endpoint,
+    config,
+    context,
+    current_actor_name,
+    current_size,
+    default_bootstrap_cmd,
+    endpoint,
+    get_or_spawn_controller,
+    send,
+    this_proc,
+)
+from jupyter_mesh._core.shape import Shape
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def two(host):
+    pm = host.spawn_procs(per_host={"gpus": 2})
+    yield pm
+    pm.stop(timeout=5)
+
+
+def test_unhandled_fault_hook_gets_a_mesh_failure(host):
+    pm = host.spawn_procs(per_host={"gpus": 1})
+    seen: list[MeshFailure] = []
+    jupyter_mesh.unhandled_fault_hook = seen.append
+    try:
+        a = pm.spawn("victim", Adder)
+        pid = a.pid.call_one().get(timeout=30)
+        os.kill(pid, signal.SIGKILL)
+        assert wait_for(lambda: seen, 10)
+        f = seen[0]
+        assert isinstance(f, MeshFailure) and f.mesh_name == pm.name and f.kind == "signal"
+        assert "MeshFailure" in str(f) and "SIGKILL" in f.report()
+    finally:
+        jupyter_mesh.unhandled_fault_hook = None
+        pm.stop(timeout=5)
+    assert jupyter_mesh.unhandled_fault_hook is jupyter_mesh._runtime.hooks.unhandled_fault_hook
+
+
+def test_a_raising_unhandled_fault_hook_leaves_the_failure_unhandled(host, recorded_faults):
+    pm = host.spawn_procs(per_host={"gpus": 1})
+
+    def refuse(failure: MeshFailure) -> None:
+        raise SystemExit(1)  # Monarch's default hook exits: here the failure goes on to our hook
+
+    jupyter_mesh.unhandled_fault_hook = refuse
+    before = len(recorded_faults)
+    try:
+        pid = pm.spawn("victim", Adder).pid.call_one().get(timeout=30)
+        os.kill(pid, signal.SIGKILL)
+        assert wait_for(lambda: len(recorded_faults) > before, 10)
+    finally:
+        jupyter_mesh.unhandled_fault_hook = None
+        pm.stop(timeout=5)
+
+
+def test_config_configured_restores_and_reaches_new_procs(host):
+    assert config.get_global_config()["rdma_ibverbs_target"] is None
+    with pytest.raises(ValueError, match="unknown setting"):
+        config.configure(no_such_setting=1)
+    with config.configured(rdma_ibverbs_target="nic:x", tail_log_lines=7) as cfg:
+        assert cfg["tail_log_lines"] == 7 and config.get_runtime_config()["rdma_ibverbs_target"] == "nic:x"
+        pm = host.spawn_procs(per_host={"gpus": 1})
+        try:
+            assert pm.spawn("cfg", Adder).setting.call_one("rdma_ibverbs_target").get(timeout=30) == "nic:x"
+        finally:
+            pm.stop(timeout=5)
+    assert config.get_runtime_config() == {} and config.get_global_config()["tail_log_lines"] is None
+
+
+def test_explicit_response_port_replies_now_later_or_with_an_error(two):
+    a = two.spawn("adder", Adder, 10)
+    assert a.slice(gpus=0).add.call_one(5).get(timeout=30) == 15
+    assert list(a.add.call(1).get(timeout=30).values()) == [11, 11]
+    assert a.slice(gpus=1).add_later.call_one(2).get(timeout=30) == 12  # from a timer thread
+    with pytest.raises(ActorError, match="not today"):
+        a.slice(gpus=0).refuse.call_one().get(timeout=30)
+    a.add.broadcast(3)  # nobody waits: the port drops the value
+    assert a.slice(gpus=0).value.call_one().get(timeout=30) == 10
+
+
+def test_channel_from_actors_to_the_program_and_between_actors(two, host):
+    a = two.spawn("producers", Adder)
+    port, receiver = Channel[int].open()
+    a.produce.broadcast(port, 3)
+    assert sorted(receiver.recv().get(timeout=30) for _ in range(6)) == [0, 1, 2, 100, 101, 102]
+    port.exception(KeyError("stop"))  # an exception sent to a port is raised by recv
+    with pytest.raises(KeyError):
+        receiver.recv().get(timeout=10)
+    other = host.spawn_procs(per_host={"gpus": 1})
+    try:
+        c = other.spawn("collector", Collector)  # a channel opened in an actor, fed by another mesh
+        assert c.collect.call_one(a, 2).get(timeout=30) == [0, 1, 100, 101]
+    finally:
+        other.stop(timeout=5)
+
+
+def test_concurrent_endpoint_runs_beside_the_next_message(two):
+    g = two.spawn("gate", Gate).slice(gpus=0)
+    waiting = g.wait.call_one()
+    assert g.release.call_one().get(timeout=30) == "released"
+    assert waiting.get(timeout=30) == "through"
+    with pytest.raises(ValueError, match="async"):
+        concurrent_endpoint(lambda self: None)
+    with pytest.raises(ValueError, match="does not wrap @endpoint"):
+        concurrent_endpoint(endpoint(lambda self: None))
+
+
+def test_context_names_the_running_actor(two):
+    a = two.spawn("named", Adder)
+    out = list(a.whoami.call().get(timeout=30).values())
+    assert len({name for name, _, _, _ in out}) == 2  # unique per rank
+    assert all(size == {"hosts": 1, "gpus": 2} and inst == "named" for _, size, inst, _ in out)
+    assert out[1][3] == "<monarch_actors.Adder named{'hosts': 0/1, 'gpus': 1/2}>"
+    assert repr(context().actor_instance) == "<root>" and current_actor_name() == "root" and current_size() == {}
+
+
+def test_accumulator_and_send(two):
+    a = two.spawn("acc", Adder, 4)
+    assert Accumulator(a.value, 1, operator.add).accumulate().get(timeout=30) == 9
+    port, receiver = Channel.open()
+    send(a.add, (1,), {}, port=port)  # every rank's result goes to the port
+    assert sorted(receiver.recv().get(timeout=30) for _ in range(2)) == [5, 5]
+    send(a.add, (2,), {}, port=port, selection="choose")  # one rank's
+    assert receiver.recv().get(timeout=30) == 6
+    ranked_port, ranked = Channel.open_ranked()
+    send(a.value, (), {}, port=ranked_port)
+    assert sorted(ranked.recv().get(timeout=30) for _ in range(2)) == [(0, 4), (1, 4)]
+    with pytest.raises(MeshValueError):
+        send(a.value, (), {}, selection="some")  # type: ignore[arg-type]
+
+
+def test_value_mesh_get_slice_flatten():
+    vm = ValueMesh(Shape.from_sizes({"hosts": 2, "gpus": 3}), list(range(6)))
+    assert vm.get(4) == 4
+    assert vm.slice(hosts=1, gpus=2).item() == 5
+    assert list(vm.slice(gpus=1).values()) == [1, 4]
+    assert vm.flatten("r").item(r=3) == 3
+
+
+def test_this_proc_and_get_or_spawn_controller(two):
+    assert this_proc() is this_proc()
+    assert this_proc().spawn("here", Adder, 7).value.call_one().get(timeout=30) == 7
+    first = get_or_spawn_controller("registry", Adder, 1).get(timeout=30)
+    again = get_or_spawn_controller("registry", Adder, 2).get(timeout=30)
+    assert again.value.call_one().get(timeout=30) == 1 and first._actor_id == again._actor_id
+    c = two.spawn("asker", Collector).slice(gpus=0)  # asked from an actor: the program's one
+    assert c.singleton_value.call_one("from_actor").get(timeout=60) == 40
+    assert get_or_spawn_controller("from_actor", Adder, 0).get(timeout=30).value.call_one().get(timeout=30) == 40
+
+
+def test_process_job_host_meshes_and_their_lifecycle():
+    job = ProcessJob({"trainers": 2}, env={"MONARCH_NAMES_PROBE": "1"})
+    state = job.state(cached_path=None)
+    hosts = state.trainers
+    assert hosts.sizes == {"hosts": 2} and hosts.initialized.get(timeout=60) is True
+    with pytest.raises(AttributeError, match="trainers"):
+        _ = state.loaders
+    pm = hosts.spawn_procs({"gpus": 1}, bootstrap=boot)
+    assert pm.initialized.get(timeout=5) is True and pm.host_mesh is hosts
+    assert list(pm.spawn("probe", BootProbe).booted.call().get(timeout=30).values()) == [["yes"], ["yes"]]
+    pids = set(pm.pids().values())
+    hosts.stop().get(timeout=30)  # the procs go, the hosts stay
+    assert not wait_dead(pids, 10) and pm.stopped
+    again = hosts.spawn_procs({"gpus": 1})
+    assert list(again.spawn("probe", Adder).env.call("MONARCH_NAMES_PROBE").get(timeout=30).values()) == ["1", "1"]
+    hosts.shutdown().get(timeout=30)
+    job.kill()
+    assert hosts.with_python_executable(sys.executable) is hosts
+    with pytest.raises(MeshValueError, match="fork from"):
+        hosts.with_python_executable("/usr/bin/other-python")
+
+
+def test_default_bootstrap_cmd_and_point_str():
+    cmd = default_bootstrap_cmd()
+    assert cmd.program == sys.executable and cmd.args[-1] == "jupyter_mesh._runtime.agent_boot"
+    point = Shape.from_sizes({"hosts": 1, "gpus": 2}).point(1)
+    assert str(point) == "{'hosts': 0/1, 'gpus': 1/2}"
+
+
+def test_shutdown_context_stops_everything_and_is_idempotent(tmp_path):
+    script = textwrap.dedent(
+        """
+        import os, sys
+        sys.path.insert(0, sys.argv[1])
+        from jupyter_mesh import this_host, shutdown_context
+        from monarch_actors import Adder
+        pm = this_host().spawn_procs(per_host={"gpus": 2})
+        print(*pm.spawn("a", Adder).pid.call().get(timeout=30).values(), flush=True)
+        assert shutdown_context().get() is None and shutdown_context().get() is None
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script, os.path.dirname(__file__)], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    pids = {int(p) for p in out.stdout.split()}
+    assert len(pids) == 2 and not wait_dead(pids, 10)
