@@ -102,6 +102,43 @@ class Gate(Actor):
         return "released"
 
 
+class Cleaner(Actor):
+    """Writes to a file when its mesh is stopped; an async one also has a task running to be cancelled."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    @endpoint
+    def ping(self) -> str:
+        return "pong"
+
+    def __cleanup__(self, exc: BaseException | None) -> None:
+        with open(self.path, "a") as f:
+            f.write(f"cleanup {exc}\n")
+
+
+class AsyncCleaner(Actor):
+    def __init__(self, path: str):
+        self.path = path
+        self.task: asyncio.Task[None] | None = None
+
+    @endpoint
+    async def start(self) -> None:
+        self.task = asyncio.create_task(self._forever())
+
+    async def _forever(self) -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            with open(self.path, "a") as f:
+                f.write("task cancelled\n")
+            raise
+
+    async def __cleanup__(self, exc: BaseException | None) -> None:
+        with open(self.path, "a") as f:
+            f.write("async cleanup\n")
+
+
 booted: list[str] = []
 
 

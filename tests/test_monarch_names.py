@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import operator
 import os
+import pathlib
 import signal
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import textwrap
 
 import pytest
 from _procs import wait_dead, wait_for
-from monarch_actors import Adder, BootProbe, Collector, Gate, boot
+from monarch_actors import Adder, AsyncCleaner, BootProbe, Cleaner, Collector, Gate, boot
 
 import jupyter_mesh
 from jupyter_mesh import (
@@ -21,6 +22,7 @@ from jupyter_mesh import (
     MeshFailure,
     MeshValueError,
     ProcessJob,
+    SupervisionError,
     ValueMesh,
     concurrent_endpoint,
     config,
@@ -154,6 +156,23 @@ def test_accumulator_and_send(two):
     assert sorted(ranked.recv().get(timeout=30) for _ in range(2)) == [(0, 4), (1, 4)]
     with pytest.raises(MeshValueError):
         send(a.value, (), {}, selection="some")  # type: ignore[arg-type]
+
+
+def test_actor_mesh_stop_runs_cleanup_and_fails_later_calls(two, tmp_path):
+    path = str(tmp_path / "log")
+    sync, other = two.spawn("cleaner", Cleaner, path), two.spawn("other", Adder, 3)
+    assert list(sync.ping.call().get(timeout=30).values()) == ["pong", "pong"]
+    sync.stop().get(timeout=30)
+    assert pathlib.Path(path).read_text().splitlines() == ["cleanup None", "cleanup None"]
+    with pytest.raises(SupervisionError, match="was stopped"):
+        sync.ping.call().get(timeout=30)
+    assert list(other.value.call().get(timeout=30).values()) == [3, 3]  # the procs go on
+    sync.stop().get(timeout=30)  # again: nothing more happens
+    assert len(pathlib.Path(path).read_text().splitlines()) == 2
+    a = two.spawn("async_cleaner", AsyncCleaner, path).slice(gpus=0)
+    a.start.call_one().get(timeout=30)
+    a.stop().get(timeout=30)
+    assert pathlib.Path(path).read_text().splitlines()[2:] == ["task cancelled", "async cleanup"]
 
 
 def test_value_mesh_get_slice_flatten():

@@ -146,6 +146,29 @@ class ActorMesh(_MeshTrait, Generic[A]):
     def name(self) -> str:
         return self._name
 
+    def stop(self, reason: str = "stopped by client") -> Future[None]:
+        """Stop these actors (Monarch's ``ActorMesh.stop``): tasks they left running are cancelled,
+        ``__cleanup__(None)`` runs if they define it, and later calls to them fail with
+        ``SupervisionError`` (kind ``stopped``). Their procs, and other actors there, go on."""
+        parts = _client().stop_actors(self)
+        out: Future[None] = Future(f"stop of {self._name}")
+        left = [len(parts)]
+
+        def one_done(f: Future[Any]) -> None:
+            err = f.exception(0)
+            if err is not None:
+                out._set_exception(err)
+                return
+            left[0] -= 1
+            if left[0] == 0:
+                out._set_result(None)
+
+        if not parts:
+            out._set_result(None)
+        for p in parts:
+            p.add_done_callback(one_done)
+        return out
+
     def __repr__(self) -> str:
         return f"<ActorMesh '{self._name}' {self._class_name} {self._shape}>"
 

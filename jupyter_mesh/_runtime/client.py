@@ -480,6 +480,17 @@ class Client:
             self.hooks.activity(ref.mesh_id, [rank], -1)
         fut._set_exception(err)
 
+    def stop_actors(self, mesh: ActorMeshRef) -> list[Future[Any]]:
+        """Ask each live rank's proc to stop the mesh's actor there (``ActorMesh.stop``); one future each."""
+        ref = mesh._ref
+        return [
+            self.request(
+                self._proc_addr(ref, r), {"k": Kind.STOP_ACTOR, "a": mesh._actor_id}, None, f"stop of {mesh._name}"
+            )
+            for r in mesh._shape.ranks()
+            if (ref.mesh_id, r) not in self.calls.failed and ref.mesh_id not in self.calls.stopped
+        ]
+
     def check_rank(self, mesh_id: str, mesh_name: str, rank: int, context: str) -> None:
         """Raise the error a call to ``rank`` of that proc mesh would raise now (stopped, failed)."""
         if mesh_id in self.calls.stopped:

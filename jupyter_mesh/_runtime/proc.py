@@ -229,6 +229,8 @@ class ActorHost:
                     f"{self.name} was never created on this proc (its spawn could not be relayed); "
                     "spawn the actor mesh again",
                 )
+        elif k == Kind.STOP_ACTOR:
+            self._stop(msg.header)
         elif k == "supervise":
             self._used_loop = True
             self.loop.run_until_complete(self._supervise(msg.payload))  # type: ignore[arg-type]
@@ -242,6 +244,29 @@ class ActorHost:
                 self.loop.run_until_complete(self._call(msg, ep))
             else:
                 _run_now(self._call(msg, ep))
+
+    def _stop(self, h: dict[str, Any]) -> None:
+        """``ActorMesh.stop()``: cancel the tasks it left running, run ``__cleanup__(None)``, then answer
+        every later call with a failure of kind ``stopped``; the proc and its other actors go on."""
+        if self.init_failure is None:
+            tasks = [t for t in asyncio.all_tasks(self.loop) if not t.done()]
+            for t in tasks:
+                t.cancel()
+            if tasks:
+                self.loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            cleanup = getattr(self.instance, "__cleanup__", None)
+            try:
+                if cleanup is not None:
+                    out = cleanup(None)
+                    if inspect.isawaitable(out):
+                        self.loop.run_until_complete(out)  # type: ignore[arg-type]
+            except BaseException as e:  # noqa: BLE001 - the actor stops anyway; say why it did not clean up
+                print(f"[{self.name}] __cleanup__ raised:\n" + error_info(e, "__cleanup__")["tb"], file=sys.stderr)
+            self.init_failure = Failure(
+                self.name, self.runtime.coords, "stopped", f"actor mesh '{self.name}' was stopped (ActorMesh.stop())"
+            )
+            self.instance = None
+        self.runtime.transport.send(h["s"], Message(reply_header(h["i"], OK), dumps(None)[0]))
 
     def _last_resort(self, h: dict[str, Any], e: BaseException) -> None:
         """Replying itself failed (a broken exception, a full /dev/shm...): release the caller with a
@@ -535,6 +560,7 @@ class ProcRuntime:
                 Kind.STOP: lambda msg, _: _exit(0),
                 Kind.OUT_SYNC: lambda msg, _: print_sync_marker(msg.header["t"]),
                 Kind.PORT: lambda msg, _: self.client.ports.on_message(msg),
+                Kind.STOP_ACTOR: self._on_stop_actor,
             },
         )
 
@@ -554,6 +580,13 @@ class ProcRuntime:
         """The mesh grew or shrank: same rank, new extent."""
         self.shape = Shape.from_wire(msg.header["shape"])
         self.point = Point(self.rank, self.shape.extent)
+
+    def _on_stop_actor(self, msg: Message, frames: list[Any]) -> None:
+        host = self.actors.get(msg.header.get("a", ""))
+        if host is None:  # never spawned here, or gone: nothing to stop
+            self.transport.send(msg.header["s"], Message(reply_header(msg.header["i"], OK), dumps(None)[0]))
+        else:
+            host.enqueue(msg)  # after the messages it already has
 
     def _on_cancel(self, msg: Message, frames: list[Any]) -> None:
         host = self.actors.get(msg.header["a"])

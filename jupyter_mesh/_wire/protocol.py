@@ -85,6 +85,7 @@ class Kind:
     STATS = "stats"  # any -> agent / proc: transport counters, as a reply
     OUT_SYNC = "out_sync"  # controller -> proc: print a marker (``t``) after what it printed so far
     PORT = "port"  # any -> the process that opened port ``p``: a value (``ok``) or an exception for it
+    STOP_ACTOR = "stop_actor"  # client -> proc: stop one actor (tasks cancelled, __cleanup__ run), then reply
     SINGLETON = "singleton"  # any -> the root controller: get or spawn the named controller actor
     # procs and their agent
     PROC_UP = "proc_up"  # proc -> agent: the proc runs and listens at ``addr``
