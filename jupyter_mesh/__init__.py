@@ -52,6 +52,7 @@ from .jobs import (
     attach_to_workers,
     default_bootstrap_cmd,
     get_or_spawn_controller,
+    hosts_from_config,
     this_host,
     this_proc,
 )
@@ -158,6 +159,7 @@ __all__ = [
     "endpoint",
     "get_or_spawn_controller",
     "get_rdma_backend",
+    "hosts_from_config",
     "send",
     "shutdown",
     "shutdown_context",

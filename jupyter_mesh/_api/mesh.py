@@ -19,7 +19,7 @@ from .._core.refs import ProcMeshRef, new_id
 from .._core.shape import Extent, Shape
 from .._core.state import MeshEvent, MeshState
 from .._core.value_mesh import ValueMesh
-from ..errors import MeshClosedError, MeshValueError
+from ..errors import MeshClosedError, MeshError, MeshValueError
 
 if TYPE_CHECKING:
     from .._runtime.client import Client
@@ -222,18 +222,27 @@ class ProcMesh(_MeshTrait):
         self._controller, self._ref = controller, ref
         self._view = view  # None: the whole mesh, whatever its current size
         self._host_mesh = host_mesh
+        self._boot_error: BaseException | None = None  # what spawn_procs(bootstrap=...) raised
 
     @property
     def _shape(self) -> Shape:
         return self._ref.shape if self._view is None else self._view
 
     def _with_shape(self, shape: Shape) -> ProcMesh:
-        return ProcMesh(self._controller, self._ref, shape, self._host_mesh)
+        view = ProcMesh(self._controller, self._ref, shape, self._host_mesh)
+        view._boot_error = self._boot_error
+        return view
 
     @property
     def initialized(self) -> Future[bool]:
-        """Monarch's: a future of True once the procs run (here they do when ``spawn_procs`` returns)."""
-        return Future.completed(True, "proc mesh start")
+        """Monarch's: a future of True once the procs run (they do when ``spawn_procs`` returns), or of
+        the error its ``bootstrap`` function raised."""
+        fut: Future[bool] = Future("proc mesh start")
+        if self._boot_error is not None:
+            fut._set_exception(self._boot_error)
+        else:
+            fut._set_result(True)
+        return fut
 
     @property
     def host_mesh(self) -> HostMesh:
@@ -458,7 +467,10 @@ class HostMesh(_MeshTrait):
         procs = ProcMesh(self._controller, ref, host_mesh=self)
         self._spawned.append(procs)
         if bootstrap is not None:
-            procs.spawn("bootstrap", _Bootstrap, bootstrap).run.call().get(timeout)
+            try:
+                procs.spawn("bootstrap", _Bootstrap, bootstrap).run.call().get(timeout)
+            except MeshError as e:  # as in Monarch: ``procs.initialized`` raises it
+                procs._boot_error = e
         return procs
 
     @property

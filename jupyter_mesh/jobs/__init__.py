@@ -11,7 +11,7 @@ attach agents started by hand (``jupyter-mesh agent --listen``).
 from .._runtime.hosts import AgentHandle, Job
 from .attach import AttachJob, attach_to_workers
 from .local import BootstrapCommand, LocalJob, default_bootstrap_cmd, this_host
-from .process import JobState, ProcessJob
+from .process import JobState, ProcessJob, hosts_from_config
 from .singletons import get_or_spawn_controller, this_proc
 from .slurm import SlurmJob
 
@@ -27,6 +27,7 @@ __all__ = [
     "attach_to_workers",
     "default_bootstrap_cmd",
     "get_or_spawn_controller",
+    "hosts_from_config",
     "this_host",
     "this_proc",
 ]

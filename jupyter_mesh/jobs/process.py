@@ -10,7 +10,7 @@ from .._api.mesh import HostMesh
 from ..errors import MeshClosedError, MeshValueError
 from .local import LocalJob
 
-__all__ = ["JobState", "ProcessJob"]
+__all__ = ["JobState", "ProcessJob", "hosts_from_config"]
 
 
 class JobState:
@@ -59,3 +59,11 @@ class ProcessJob:
 
     def __repr__(self) -> str:
         return f"<ProcessJob {self._meshes}>"
+
+
+def hosts_from_config(name: str) -> HostMesh:
+    """Monarch's stand-in for hosts named in a project's configuration: as there, two local hosts
+    (a ``LocalJob``), so code written against named host meshes runs on one machine."""
+    if not isinstance(name, str) or not name:
+        raise MeshValueError("hosts_from_config() needs the name of a host mesh")
+    return LocalJob(2).host_mesh()
