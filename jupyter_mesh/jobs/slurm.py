@@ -14,10 +14,8 @@ off: the ranks on it fail with what SLURM says (``squeue``).
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import secrets
 import shlex
 import subprocess
 import sys
@@ -27,14 +25,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._api.mesh import HostMesh
-from .._core.context import host_key
 from .._core.future import Future
 from .._core.shape import Shape
 from .._runtime.hosts import AgentHandle, Job
-from .._wire.addresses import host_of, parse_tcp
-from .._wire.keyfile import KeyFile, config_dir, write_key_file
-from .._wire.protocol import VERSION, Kind
+from .._wire.addresses import parse_tcp
 from ..errors import MeshClosedError, MeshError, MeshTimeoutError, MeshValueError
+from ._dialback import JobFiles, stop_agents
 
 __all__ = ["SlurmJob"]
 
@@ -95,36 +91,15 @@ class SlurmJob(Job):
         ip = bind or _slurmctld_ip()
         self._controller = Controller.reachable_from(ip)
         self._controller.register_job(self)
-        self._token = secrets.token_hex(8)
-        self._dir = os.path.join(config_dir(), "jobs")
-        os.makedirs(self._dir, mode=0o700, exist_ok=True)
-        _sweep_stale(self._dir)
-        self._key_path = os.path.join(self._dir, f"{self._token}.key")
-        self._log_path = os.path.join(self._dir, f"{self._token}.log")
-        self._state_path = os.path.join(self._dir, f"{self._token}.json")
+        self._files = JobFiles(self._controller, "slurm", nodes, "SlurmJob")
+        self._key_path = self._files.key_path
+        self._log_path = self._files.log_path
         self._lock = threading.Lock()
         self._agents: list[AgentHandle] | None = None
         self._stopped = False
         self._step: subprocess.Popen[bytes] | None = None  # srun inside an allocation
-        ctl = self._controller
-        if ctl.transport.curve is None:
-            raise MeshValueError("SlurmJob needs a CURVE session (JUPYTER_MESH_INSECURE is set): refused")
         self._save_state()  # first: a controller killed from here on leaves a record the next sweep finds
-        write_key_file(
-            self._key_path,
-            KeyFile(
-                ctl.key,
-                ctl.transport.curve,
-                {
-                    "v": VERSION,
-                    "controller": ctl.address,
-                    "nonce": self._token,
-                    "hb_timeout": ctl.hb_timeout,
-                    "preload": list(preload),
-                },
-            ),
-        )
-        self._waiters: list[Future[dict[str, Any]]] = [ctl.expect_agent(f"{self._token}/{i}") for i in range(nodes)]
+        self._waiters: list[Future[dict[str, Any]]] = self._files.write_key(preload)
         agent = [python or sys.executable, "-m", "jupyter_mesh.cli", "agent", "--key-file", self._key_path]
         srun = ["srun", "--ntasks-per-node=1", f"--nodes={nodes}", f"--ntasks={nodes}", "--kill-on-bad-exit=0"]
         try:
@@ -191,7 +166,7 @@ class SlurmJob(Job):
                 out.append(AgentHandle(i, h["addr"], h["pid"], h["hk"]))
             self._agents = out
             self._save_state()
-            _unlink(self._key_path)  # every agent has read it: the session's keys leave the disk
+            self._files.key_read()  # every agent has read it: the session's keys leave the disk
             return out
 
     def running(self) -> bool:
@@ -220,18 +195,7 @@ class SlurmJob(Job):
             if self._stopped:
                 return
             self._stopped = True
-        from .._wire.transport import Message  # zmq: imported with a job, not the package
-
-        ctl = self._controller
-        agents = self._agents or []
-        for a in agents:
-            try:
-                if not ctl.is_closed:
-                    ctl.transport.send(a.addr, Message({"k": Kind.SHUTDOWN}))
-            except Exception:  # noqa: BLE001 - scancel below ends it anyway
-                pass
-        if not ctl.is_closed:
-            ctl.forget_agents([a.addr for a in agents])
+        stop_agents(self._controller, self._agents or [])
         deadline = time.monotonic() + timeout
         if self._step is not None:  # our step only: the user's allocation lives on
             while self._step.poll() is None and time.monotonic() < deadline - timeout / 2:
@@ -288,69 +252,18 @@ class SlurmJob(Job):
         return self._step is not None and self._step.poll() is not None
 
     def _log_tail(self, n: int = 15) -> str:
-        try:
-            with open(self._log_path, errors="replace") as f:
-                return "".join(f.readlines()[-n:]) or "(empty)"
-        except OSError:
-            return "(no output yet)"
+        return self._files.log_tail(n)
 
     def _save_state(self) -> None:
         """A small record under the config dir: which SLURM job, where the controller was; what
         ``jupyter-mesh status`` and a later kernel read."""
-        record = {
-            "scheduler": "slurm",
-            "job_id": self.job_id,
-            "nodes": self.nodes,
-            "controller": self._controller.address,
-            "controller_pid": os.getpid(),
-            "controller_host": host_key(),  # a shared home may hold records of other login nodes' controllers
-            "agents": [a.addr for a in self._agents or []],
-            "hosts": [host_of(a.addr) for a in self._agents or []],
-            "created": time.time(),
-        }
-        tmp = f"{self._state_path}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(record, f)
-        os.replace(tmp, self._state_path)
+        self._files.save_record(self.job_id, self._agents or [])
 
     def _cleanup_files(self) -> None:
-        for p in (self._key_path, self._state_path):
-            _unlink(p)
+        self._files.cleanup()
 
     def __repr__(self) -> str:
         return f"<SlurmJob {self.job_id} nodes={self.nodes}>"
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
-def _sweep_stale(jobs_dir: str) -> None:
-    """Job keys and records of controllers of this host that died without stopping (``kill -9``):
-    their jobs end on their own (the agents stop hearing heartbeats), their keys must not stay."""
-    for name in os.listdir(jobs_dir):
-        token, ext = os.path.splitext(name)
-        if ext != ".json":
-            continue
-        path = os.path.join(jobs_dir, name)
-        try:
-            with open(path) as f:
-                rec = json.load(f)
-            pid = int(rec["controller_pid"])
-            if rec.get("controller_host") != host_key():
-                continue  # another machine's controller: its pid means nothing here
-            os.kill(pid, 0)
-            continue  # its controller lives
-        except ProcessLookupError:
-            pass
-        except (OSError, ValueError, KeyError, TypeError):
-            continue  # unreadable, or a pid we may not signal (alive): left alone
-        _unlink(os.path.join(jobs_dir, token + ".key"))
-        _unlink(path)
 
 
 def _run(argv: list[str], input: str | None = None, check: bool = True, timeout: float = 30.0) -> str:
