@@ -182,6 +182,9 @@ def test_local_cwd_job_spawns_on_both_replicas_loses_one_with_its_cause_and_stop
     assert [a["index"] for a in up["agents"]] == [0, 1]
     assert {a["pid"] for a in up["agents"]} <= set(up["children"])  # local_cwd: replicas are our children
     assert up["keys"] == [] and up["state"] == "RUNNING"  # every agent read the key: it left the disk
+    assert up["status"] == [
+        f"torchx:local_cwd job {sub['handle']}: 2 host(s) (127.0.0.1, 127.0.0.1); controller pid {sub['record']['controller_pid']}"
+    ], up["status"]
 
     lost = steps["lost"]["cause"]
     victim = up["agents"][1]
@@ -190,7 +193,7 @@ def test_local_cwd_job_spawns_on_both_replicas_loses_one_with_its_cause_and_stop
     assert steps["host0"]["values"] == [2, 2]  # the other host's ranks keep working
 
     end = steps["stopped"]
-    assert end["left"] == [] and end["files"] == [] and end["sigint_kept"]
+    assert end["left"] == [] and end["files"] == [] and end["status"] == [] and end["sigint_kept"]
     assert end["state"] in ("SUCCEEDED", "FAILED", "CANCELLED")
 
 

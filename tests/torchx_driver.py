@@ -50,8 +50,11 @@ def main() -> None:
     counters = procs.spawn("c", Counter, 0)
     where = counters.whoami.call().get(60)
     agents = job.agents()
+    from jupyter_mesh.ui.remote import scheduler_jobs
+
     say(
         "up",
+        status=scheduler_jobs(),  # what `jupyter-mesh status` prints of it
         seconds=round(time.monotonic() - t0, 2),
         ranks=sorted(json.dumps(v, sort_keys=True) for v in where.values()),
         agents=[{"index": a.index, "pid": a.pid, "addr": a.addr} for a in agents],
@@ -75,13 +78,35 @@ def main() -> None:
         left=sorted(wait_dead(before, 10.0)),
         state=job.state()[0],
         files=sorted(n for n in os.listdir(jobs_dir) if not n.endswith(".logs")),
+        status=scheduler_jobs(),
         sigint_kept=signal.getsignal(signal.SIGINT) is sigint,
     )
 
 
+def slurm() -> None:
+    """TorchX's slurm scheduler on the test SLURM (tests/cluster: no accounting, so no sacct)."""
+    from actors import Counter
+
+    from jupyter_mesh import TorchXJob
+
+    job = TorchXJob(nodes=2, scheduler="slurm", scheduler_args={"partition": "debug", "time": "00:10:00"})
+    say("submitted", handle=job.app_handle, state=list(job.state()))
+    procs = job.host_mesh().spawn_procs(per_host={"procs": 1}, timeout=120)
+    where = procs.spawn("c", Counter, 0).whoami.call().get(60)
+    say(
+        "up",
+        ranks=sorted(v["hosts"] for v in where.values()),
+        agents=[a.addr for a in job.agents()],
+        state=list(job.state()),
+    )
+    procs.stop()
+    job.stop()
+    say("stopped", state=list(job.state()))
+
+
 if __name__ == "__main__":
     try:
-        main()
+        slurm() if sys.argv[1:] == ["slurm"] else main()
     except BaseException as e:  # noqa: BLE001 - the test reads why
         print(json.dumps({"error": f"{type(e).__name__}: {e}", "tb": traceback.format_exc()}), flush=True)
         sys.exit(1)
