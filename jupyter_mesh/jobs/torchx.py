@@ -85,6 +85,7 @@ class TorchXJob(Job):
         self._agents: list[AgentHandle] | None = None
         self._stopped = False
         self._status_error = ""  # why TorchX cannot say the app's state (e.g. slurm without sacct)
+        self._status_failed = 0.0  # when it last failed to
         try:
             from torchx.runner import get_runner
         except ImportError as e:
@@ -233,12 +234,16 @@ class TorchXJob(Job):
         TorchX cannot tell (``slurm`` without accounting: ``sacct`` fails)."""
         if self.app_handle is None:
             return "UNSUBMITTED", ""
+        if self._status_error and time.monotonic() - self._status_failed < 10.0:
+            return "UNKNOWN", self._status_error  # asked again later, not every poll (sacct prints each time)
         try:
             with self._tx, _keep_signals():
                 st = self._runner.status(self.app_handle)
         except Exception as e:  # noqa: BLE001 - e.g. sacct without slurmdbd (CalledProcessError)
             self._status_error = f"TorchX cannot tell the app's state: {type(e).__name__}: {e}"
+            self._status_failed = time.monotonic()
             return "UNKNOWN", self._status_error
+        self._status_error = ""
         if st is None:
             return "GONE", "the scheduler no longer knows the app"
         msg = st.msg if st.msg and st.msg != "<NONE>" else ""
