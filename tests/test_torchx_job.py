@@ -197,6 +197,26 @@ def test_local_cwd_job_spawns_on_both_replicas_loses_one_with_its_cause_and_stop
     assert end["state"] in ("SUCCEEDED", "FAILED", "CANCELLED")
 
 
+def test_agents_that_cannot_start_fail_the_wait_with_their_output(cfg, tmp_path):
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\necho 'this node has no python for jupyter_mesh' >&2\nexit 3\n")
+    fake.chmod(0o755)
+    p = subprocess.run(
+        [sys.executable, str(HERE / "torchx_driver.py"), "fails", str(fake)],
+        env=_env(HERE),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=tmp_path,
+    )
+    steps = {d["step"]: d for d in (json.loads(x) for x in p.stdout.splitlines() if x.startswith("{"))}
+    assert p.returncode == 0, p.stdout + p.stderr
+    cause = steps["failed"]["cause"]
+    assert cause.startswith("MeshError: TorchX app local_cwd://") and "ended (FAILED) before the agent" in cause
+    assert "this node has no python for jupyter_mesh" in cause and steps["failed"]["within_timeout"], cause
+    assert steps["stopped"] == {"step": "stopped", "files": [], "children": []}
+
+
 def test_torchx_slurm_submits_one_group_per_host_with_its_index(monkeypatch, tmp_path):
     """What TorchX's slurm scheduler would sbatch (its dry run; no SLURM needed): each replica is its own
     het-job group running our agent with its index; the key file's path is there, never a key. TorchX's

@@ -104,9 +104,38 @@ def slurm() -> None:
     say("stopped", state=list(job.state()))
 
 
+def fails(script: str) -> None:
+    """Replicas whose agent cannot start (``script`` stands in for the interpreter): the wait ends when
+    TorchX says the app ended, with the replica's output, not at the timeout."""
+    from _procs import descendants
+
+    from jupyter_mesh import TorchXJob
+    from jupyter_mesh._wire.keyfile import config_dir
+
+    job = TorchXJob(nodes=2, python=script)
+    t0 = time.monotonic()
+    try:
+        job.agents(timeout=100)
+        say("failed", cause=None)
+    except Exception as e:  # noqa: BLE001 - the test reads it
+        say("failed", cause=f"{type(e).__name__}: {e}", within_timeout=time.monotonic() - t0 < 100)
+    job.stop()
+    jobs_dir = os.path.join(config_dir(), "jobs")
+    say(
+        "stopped",
+        files=sorted(n for n in os.listdir(jobs_dir) if not n.endswith(".logs")),
+        children=sorted(descendants(os.getpid())),
+    )
+
+
 if __name__ == "__main__":
     try:
-        slurm() if sys.argv[1:] == ["slurm"] else main()
+        if sys.argv[1:2] == ["slurm"]:
+            slurm()
+        elif sys.argv[1:2] == ["fails"]:
+            fails(sys.argv[2])
+        else:
+            main()
     except BaseException as e:  # noqa: BLE001 - the test reads why
         print(json.dumps({"error": f"{type(e).__name__}: {e}", "tb": traceback.format_exc()}), flush=True)
         sys.exit(1)
