@@ -19,8 +19,6 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import zmq
-
 from .._core.context import context
 from .._core.future import Future
 from .._core.shape import Shape
@@ -28,9 +26,9 @@ from .._core.state import StateTracker
 from .._data import ucx as _ucx
 from .._data.owner import handle_message as handle_rdma
 from .._wire import protocol
-from .._wire.addresses import host_of, local_ip_towards
+from .._wire.addresses import local_ip_towards
 from .._wire.channels import CurveKeys, curve_wanted, default_bind, is_loopback, remove_session_dir
-from .._wire.protocol import Dispatch, Kind, check_version
+from .._wire.protocol import Dispatch, Kind
 from .._wire.serialize import dumps, loads
 from .._wire.transport import Message, Transport
 from ..errors import (
@@ -39,10 +37,10 @@ from ..errors import (
     MeshError,
     MeshTimeoutError,
     MeshValueError,
-    ProtocolError,
     SupervisionError,
 )
 from . import hooks
+from .agent_links import AgentLinks
 from .client import Client
 from .elastic import Elastic
 from .hooks import Embedding
@@ -146,7 +144,6 @@ class Controller:
         self.inits = Inits(self)  # actor constructors that take long
         self.client.hooks.constructed = self.inits.constructed
         self.output: OutputSink = print_output if carry is None else carry.output
-        self._agent_waiters: dict[str, Future[dict[str, Any]]] = {}
         self.meshes = MeshRecords()
         self.worker_logs = WorkerLogs()  # for ProcMesh.logs(): bounded in bytes, trimmed when a mesh stops
         self.client.hooks.on_stopped = self.worker_logs.stopped
@@ -160,13 +157,11 @@ class Controller:
         self.watch_init = self.inits.watch_init
         self.client.hooks.before_call = self.raise_pending_fault
         self.client.hooks.kill_ranks = self._kill_now
-        # liveness of agents: O(hosts) pings per interval, never O(procs)
-        self.hb_timeout = float(os.environ.get("JUPYTER_MESH_HEARTBEAT_TIMEOUT", "3.0"))
-        self._agent_seen: dict[str, float] = {}
-        self._agents_lost: dict[str, str] = {}  # agent address -> why it is gone for good
-        self._hb_stop = threading.Event()
-        self._hb_thread = threading.Thread(target=self._heartbeats, name="jupyter-mesh-heartbeat", daemon=True)
-        self._hb_thread.start()
+        # admission and liveness of agents: O(hosts) pings per interval, never O(procs)
+        self.links = AgentLinks(self)
+        self.hb_timeout = self.links.hb_timeout
+        self.expect_agent, self.stop_expecting = self.links.expect_agent, self.links.stop_expecting
+        self.forget_agents, self.agent_lost = self.links.forget_agents, self.links.agent_lost
         self._thread: threading.Thread | None = None
         self.dispatch = self._table()
         if embedded is not None:
@@ -199,9 +194,9 @@ class Controller:
                 Kind.PROC_EXIT: lambda msg, _: self.proc_exit(
                     msg.header["m"], msg.header["rk"], loads(msg.payload, msg.buffers)
                 ),
-                Kind.HEARTBEAT_ACK: self._on_heartbeat_ack,
-                Kind.AGENT_UP: self._on_agent_up,
-                Kind.AGENT_GONE: self._on_agent_gone,
+                Kind.HEARTBEAT_ACK: self.links.on_heartbeat_ack,
+                Kind.AGENT_UP: self.links.on_agent_up,
+                Kind.AGENT_GONE: self.links.on_agent_gone,
             },
         )
 
@@ -215,45 +210,6 @@ class Controller:
         if rec is not None:
             self.worker_logs.add(h["m"], h["rk"], h["fd"], lines, time.time())
         self.output(rec.ref.name if rec else h["m"], h["rk"], h["label"], h["fd"], lines)
-
-    def _on_heartbeat_ack(self, msg: Message, frames: list[Any]) -> None:
-        if msg.header["addr"] in self._agent_seen:
-            self._agent_seen[msg.header["addr"]] = time.monotonic()
-
-    def _on_agent_up(self, msg: Message, frames: list[Any]) -> None:
-        """An agent's hello: it listens at ``addr``; the job that started it waits on its nonce."""
-        h = msg.header
-        w = self._agent_waiters.pop(h.get("nonce", ""), None)
-        refused = h.get("refused")
-        if refused:  # a listening agent that serves another session, or speaks another version
-            err = MeshError(f"the agent at {str(h.get('addr'))[:80]} refused this controller: {str(refused)[:300]}")
-            if w is not None:
-                w._set_exception(err)
-            return
-        try:
-            check_version(h.get("v"), f"the agent of host {h.get('h')} (pid {h.get('pid')})")
-        except ProtocolError as e:
-            if w is not None:
-                w._set_exception(e)
-            else:
-                print(f"jupyter_mesh: {e}", file=sys.stderr)
-            return
-        if w is None:  # nobody waits for it (a job that gave up or stopped): it must not live on, unwatched
-            try:
-                self.transport.send(h["addr"], Message({"k": Kind.SHUTDOWN}))
-                self.transport.forget(h["addr"], linger_ms=1000)
-            except Exception:  # noqa: BLE001 - an address we cannot reach: it exits on our silence
-                pass
-            return
-        self._agent_seen[h["addr"]] = time.monotonic()
-        w._set_result(h)
-
-    def _on_agent_gone(self, msg: Message, frames: list[Any]) -> None:
-        """An agent says it is exiting (a scheduler's SIGTERM: scancel, a time limit): lost now,
-        not after the heartbeat timeout."""
-        addr = msg.header.get("addr")
-        if isinstance(addr, str) and addr in self._agent_seen:
-            self.agent_lost(addr, f"it is exiting: {str(msg.header.get('why'))[:200]}")
 
     def proc_exit(self, mesh_id: str, rank: int, failure: Failure) -> None:
         rec = self.meshes.get(mesh_id)
@@ -278,10 +234,10 @@ class Controller:
         """Tell every proc (through its agent: O(hosts) sends) that a rank failed or came back, so
         actors calling it directly fail fast, or reach its new address."""
         payload, bufs = dumps(obj) if obj is not None else (b"", [])
-        agents = [a for a in self._agent_seen if a not in self._agents_lost]
+        agents = self.links.live()
         frames = self.transport.encode(Message(header, payload, bufs), agents)
         for addr in agents:
-            if addr not in self._agents_lost:
+            if addr not in self.links.lost:
                 try:
                     self.transport.send_raw(addr, frames)
                 except Exception:  # noqa: BLE001 - closing down
@@ -330,131 +286,6 @@ class Controller:
             err, self.pending_fault = self.pending_fault, None
         if err is not None:
             raise err
-
-    # -- agents -----------------------------------------------------------------------------------
-    def _heartbeats(self) -> None:
-        """Ping every agent each quarter of the timeout; they answer to a socket of this thread's
-        own, so liveness never waits behind the receive thread (which may be busy unpickling a big
-        reply for seconds: that must not make a healthy host look lost)."""
-        interval = self.hb_timeout / 4
-        try:
-            sock, address = self.transport.bind_inbox()
-        except zmq.ZMQError:  # closing down
-            return
-        try:
-            due = last = time.monotonic()
-            while not self._hb_stop.is_set():
-                now = time.monotonic()
-                if now - last > 2 * interval:
-                    # this thread could not run (the program held the GIL in a long C call, or the
-                    # machine was starved): no agent is to blame for answers we could not read
-                    self._read_acks(sock)
-                    self._forgive(now - last - interval)
-                last = now
-                if now >= due:
-                    due = now + interval
-                    self._read_acks(sock)  # answers already here count before anyone is judged
-                    if not self._ping_agents(now, address):
-                        return
-                # in slices: shutdown (``_hb_stop``) is seen within 0.1 s
-                if sock.poll(max(1, min(100, int((due - now) * 1000)))):
-                    self._read_acks(sock)
-        except zmq.ZMQError:  # the transport closed under us: shutting down
-            return
-        finally:
-            if not sock.closed:
-                sock.close(linger=0)
-
-    def _ping_agents(self, now: float, reply_to: str) -> bool:
-        for addr, seen in list(self._agent_seen.items()):
-            if addr in self._agents_lost:
-                continue
-            if now - seen > self.hb_timeout:
-                self.agent_lost(addr, self._silence(addr, now - seen))
-                continue
-            try:
-                self.transport.send(addr, Message({"k": Kind.HEARTBEAT, "hr": reply_to}))
-            except Exception:  # noqa: BLE001 - closing down
-                return False
-        return True
-
-    def _silence(self, addr: str, for_s: float) -> str:
-        """Why an agent is lost when it stops answering: on another host, most likely the network."""
-        if addr.startswith("tcp://") and not is_loopback(addr.rsplit(":", 1)[0]):
-            ip = host_of(addr)
-            if ip != host_of(self.transport.address):
-                return f"host {ip} unreachable for {for_s:.1f} s (no answer to heartbeats)"
-        return f"it stopped answering heartbeats for {for_s:.1f} s"
-
-    def _forgive(self, stall: float) -> None:
-        for addr, seen in list(self._agent_seen.items()):
-            self._agent_seen[addr] = seen + stall
-
-    def forget_agents(self, addrs: list[str]) -> None:
-        """A job stopped these agents on purpose: no more heartbeats to them, no socket kept. The
-        SHUTDOWN the job just sent may not have left yet (no connection to that agent before it):
-        its socket lingers a moment instead of dropping it, else the agent lives on until its silence
-        timer (3 heartbeat timeouts) and a listener refuses every other controller meanwhile."""
-        for addr in addrs:
-            self._agent_seen.pop(addr, None)
-            self.transport.forget(addr, linger_ms=1000)
-
-    def _read_acks(self, sock: zmq.Socket[Any]) -> None:
-        while True:
-            try:
-                frames = Transport.recv_frames(sock, zmq.NOBLOCK)
-            except zmq.ZMQError:
-                return
-            msg = self.transport.decode(frames)
-            if msg is not None and msg.header.get("k") == "hb_ack" and msg.header.get("addr") in self._agent_seen:
-                self._agent_seen[msg.header["addr"]] = time.monotonic()
-
-    def agent_lost(self, addr: str, why: str) -> None:
-        """An agent is gone for good: its process exited, or it went silent past the heartbeat timeout.
-
-        Every rank on its host fails with that cause, requests waiting on it fail now, and later ones
-        fail at once (``client.peer_lost``). A silent agent is told to shut down, and its job kills
-        it, so one that was only stalled (SIGSTOP, swapping) cannot wake up and act on stale state:
-        we never re-admit it; a ``LocalJob`` starts a fresh agent for that host on next use."""
-        with self._lock:
-            if addr in self._agents_lost or self._closed:
-                return
-            self._agents_lost[addr] = why
-        for job in list(self._jobs):
-            try:
-                said = job.explain_loss(addr)
-            except Exception:  # noqa: BLE001 - the cause we have is enough
-                said = None
-            if said:
-                why = f"{why}; {said}"
-        detail = f"the host agent at {addr} is lost: {why}"
-        try:
-            self.transport.send(addr, Message({"k": Kind.SHUTDOWN}))
-        except Exception:  # noqa: BLE001 - it may be gone already
-            pass
-        self.client.peer_lost(addr, detail)
-        for job in list(self._jobs):
-            job.agent_lost(addr)
-        self._host_lost(addr, detail)
-
-    def _host_lost(self, addr: str, detail: str) -> None:
-        """Every rank on a lost agent's host is failed (its procs die with it, or are unreachable)."""
-        for mesh_id, rec in list(self.meshes.items()):
-            if rec.stopped or addr not in rec.ref.agent_addrs:
-                continue
-            host = rec.ref.agent_addrs.index(addr)
-            ranks = [r for r, h in enumerate(rec.ref.rank_host) if h == host and r not in rec.failures]
-            for r in ranks:
-                self.proc_exit(mesh_id, r, Failure(rec.ref.name, rec.ref.coords(r), "agent", detail))
-
-    def stop_expecting(self, nonce: str) -> None:
-        """A job no longer waits for this agent: its hello, should it still come, is told to shut down."""
-        self._agent_waiters.pop(nonce, None)
-
-    def expect_agent(self, nonce: str) -> Future[dict[str, Any]]:
-        fut: Future[dict[str, Any]] = Future("agent start")
-        self._agent_waiters[nonce] = fut
-        return fut
 
     def register_job(self, job: Job) -> None:
         self._check_open()
@@ -632,7 +463,7 @@ class Controller:
         with self.client.calls.lock:
             self.client.calls.stopped.update(self.meshes)
             Controller._shut_down_meshes.update(self.meshes)
-        self._hb_stop.set()
+        self.links.close()
         self.client.fail_all(MeshClosedError("the jupyter_mesh controller shut down while this call was pending"))
         for job in self._jobs:
             try:
