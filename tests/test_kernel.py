@@ -314,6 +314,7 @@ def test_interrupt_during_a_mesh_cell(kernel):
         ("%mesh up --scheduler torchx:nosuch --name tx", "TorchX has no scheduler 'nosuch': installed are"),
         ("%mesh up --scheduler 'torchx local'", "--scheduler takes NAME or NAME:SUB"),
         ("%mesh up --scheduler-arg queue=q", "--scheduler-arg is for --scheduler"),
+        ("%mesh up --scheduler torchx:local_cwd --scheduler-arg lgo_dir=/tmp --name tx", "no option 'lgo_dir'"),
         ("%mesh up --scheduler torchx:slurm --partition debug", "--scheduler-arg partition=NAME"),
         ("%mesh up --slurm --scheduler torchx:slurm", "not allowed with argument"),
         ("%%mesh --on gpus=zero\n1", "bad --on slice"),

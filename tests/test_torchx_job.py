@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 import textwrap
@@ -141,14 +142,17 @@ def test_torchx_is_imported_only_when_a_job_is_made():
 def test_a_torchx_scheduler_that_does_not_exist_is_named_with_the_installed_ones(cfg):
     from jupyter_mesh._runtime.controller import Controller
 
-    before = Controller._instance
+    before, sigint = Controller._instance, signal.getsignal(signal.SIGINT)
     with pytest.raises(MeshValueError, match=r"TorchX has no scheduler 'kubernets': installed are .*kubernetes"):
         TorchXJob(nodes=2, scheduler="kubernets")
+    with pytest.raises(MeshValueError, match=r"no option 'lgo_dir': its options are .*log_dir, prepend_cwd"):
+        TorchXJob(nodes=1, scheduler_args={"lgo_dir": "/tmp/x"})  # TorchX itself would ignore it
     with pytest.raises(MeshValueError, match="needs nodes >= 1"):
         TorchXJob(nodes=0)
     with pytest.raises(MeshValueError, match="needs bind="):  # where the pods reach us cannot be guessed
         TorchXJob(nodes=1, scheduler="kubernetes")
     assert Controller._instance is before  # refused before the session moved to TCP
+    assert signal.getsignal(signal.SIGINT) is sigint  # TorchX's local scheduler was made: our handler stays
     assert not (cfg / "jobs").exists() or not os.listdir(cfg / "jobs")
 
 

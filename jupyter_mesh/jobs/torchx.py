@@ -102,6 +102,7 @@ class TorchXJob(Job):
         try:
             with _keep_signals():  # TorchX makes the scheduler (and may install its signal handlers) here
                 opts = self._runner.scheduler_run_opts(scheduler)
+            cfg = _checked_cfg(scheduler, opts, cfg)
             ip = bind or _default_bind(scheduler)
             self._controller = Controller.reachable_from(ip)
         except BaseException:
@@ -111,9 +112,7 @@ class TorchXJob(Job):
         try:
             self._files = JobFiles(self._controller, f"torchx:{scheduler}", nodes, "TorchXJob")
             self._files.save_record(None)  # first: a controller killed from here on leaves a record to sweep
-            if (
-                opts.get("log_dir") is not None and "log_dir" not in cfg
-            ):  # the replicas' output, kept like SlurmJob's log
+            if opts.get("log_dir") is not None and "log_dir" not in cfg:  # the replicas' output, kept
                 cfg["log_dir"] = self._files.log_path[: -len(".log")] + ".logs"
             self._waiters: list[Future[dict[str, Any]]] = self._files.write_key(preload)
             app = agent_app(name, nodes, self._files.key_path, python, image, resource)
@@ -121,8 +120,11 @@ class TorchXJob(Job):
                 with self._tx, _keep_signals():
                     info = self._runner.dryrun(app, scheduler, cfg=cfg)
                     self.app_handle = self._runner.schedule(info)
-            except Exception as e:  # TorchX's errors (bad options, sbatch failing): name them
-                raise MeshError(f"TorchX could not submit the agents to {scheduler!r}: {type(e).__name__}: {e}") from e
+            except Exception as e:  # TorchX's errors (an option of the wrong type, sbatch failing): name them
+                bad_input = isinstance(e, ValueError) or type(e).__name__ == "InvalidRunConfigException"
+                raise (MeshValueError if bad_input else MeshError)(
+                    f"TorchX could not submit the agents to {scheduler!r}: {type(e).__name__}: {e}"
+                ) from e
         except BaseException:
             self._stopped = True
             if hasattr(self, "_files"):
@@ -308,6 +310,25 @@ def _keep_signals() -> Iterator[None]:
         for s, h in saved.items():
             if h is not None and signal.getsignal(s) is not h:
                 signal.signal(s, h)
+
+
+def _checked_cfg(scheduler: str, opts: Any, cfg: dict[str, Any]) -> dict[str, Any]:
+    """TorchX ignores run options it does not know (a typo would be lost silently): refuse them, naming
+    the scheduler's. A value given as text (``%mesh up --scheduler-arg prepend_cwd=true``) is read as
+    TorchX's CLI reads it, into the option's type."""
+    names = sorted(name for name, _ in opts)
+    unknown = sorted(k for k in cfg if opts.get(k) is None)
+    if unknown:
+        raise MeshValueError(
+            f"TorchX's {scheduler} scheduler has no option {', '.join(map(repr, unknown))}: its options are "
+            f"{', '.join(names) or 'none'}"
+        )
+    out = {}
+    for key, value in cfg.items():
+        if isinstance(value, str) and opts.get(key).opt_type is not str:
+            value = opts.cfg_from_str(f"{key}={value}").get(key, value)
+        out[key] = value
+    return out
 
 
 def _default_bind(scheduler: str) -> str:
