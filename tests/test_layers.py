@@ -143,6 +143,7 @@ def test_the_facade_names_itself_and_keeps_plumbing_in_lowlevel():
         "mesh_states",
         "on_send",
         "proc_mesh",
+        "set_actor_errors",
         "set_fault_hook",
         "subscribe",
         "sync_output",

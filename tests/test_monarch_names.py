@@ -57,8 +57,8 @@ def test_unhandled_fault_hook_gets_a_mesh_failure(host):
         os.kill(pid, signal.SIGKILL)
         assert wait_for(lambda: seen, 10)
         f = seen[0]
-        assert isinstance(f, MeshFailure) and f.mesh_name == pm.name and f.kind == "signal"
-        assert "MeshFailure" in str(f) and "SIGKILL" in f.report()
+        assert isinstance(f, MeshFailure) and f.mesh_name == pm.name and f.failures[0].kind == "signal"
+        assert "MeshFailure" in repr(f) and "SIGKILL" in f.report() and len(f.crashed_ranks) == 1
     finally:
         jupyter_mesh.unhandled_fault_hook = None
         pm.stop(timeout=5)
@@ -138,8 +138,8 @@ def test_context_names_the_running_actor(two):
     a = two.spawn("named", Adder)
     out = list(a.whoami.call().get(timeout=30).values())
     assert len({name for name, _, _, _ in out}) == 2  # unique per rank
-    assert all(size == {"hosts": 1, "gpus": 2} and inst == "named" for _, size, inst, _ in out)
-    assert out[1][3] == "<monarch_actors.Adder named{'hosts': 0/1, 'gpus': 1/2}>"
+    assert all(size == {"gpus": 2} and inst == "named" for _, size, inst, _ in out)
+    assert out[1][3] == "<monarch_actors.Adder named{'gpus': 1/2}>"
     assert repr(context().actor_instance) == "<root>" and current_actor_name() == "root" and current_size() == {}
 
 

@@ -19,7 +19,7 @@ from .._core.refs import ProcMeshRef, new_id
 from .._core.shape import Extent, Shape
 from .._core.state import MeshEvent, MeshState
 from .._core.value_mesh import ValueMesh
-from ..errors import MeshClosedError, MeshError, MeshValueError
+from ..errors import MeshClosedError, MeshError, MeshValueError, SupervisionError
 
 if TYPE_CHECKING:
     from .._runtime.client import Client
@@ -111,6 +111,8 @@ class ActorMesh(_MeshTrait, Generic[A]):
         self._class_name, self._endpoint_names = class_name, endpoint_names
         self._view = view  # None: the whole proc mesh, following it when it grows or shrinks
         self.initialized: Future[None] | None = None  # set by ProcMesh.spawn in the spawning process
+        if "stop" in endpoint_names:  # the actor's own endpoint wins over ActorMesh.stop
+            self.stop = MeshEndpoint(self, "stop")  # type: ignore[method-assign,assignment]
 
     @property
     def _shape(self) -> Shape:
@@ -147,27 +149,28 @@ class ActorMesh(_MeshTrait, Generic[A]):
         return self._name
 
     def stop(self, reason: str = "stopped by client") -> Future[None]:
-        """Stop these actors (Monarch's ``ActorMesh.stop``): tasks they left running are cancelled,
-        ``__cleanup__(None)`` runs if they define it, and later calls to them fail with
-        ``SupervisionError`` (kind ``stopped``). Their procs, and other actors there, go on."""
-        parts = _client().stop_actors(self)
-        out: Future[None] = Future(f"stop of {self._name}")
-        left = [len(parts)]
+        """Stop these actors (Monarch's ``ActorMesh.stop``): each stops after the calls this process
+        sent it before; tasks it left running are cancelled and its ``__cleanup__(None)`` runs; then
+        it answers every later call with ``SupervisionError`` (kind ``stopped``);
+        their procs, and other actors there, live on. ``reason`` is Monarch's argument, unused.
+        (An actor class with an endpoint named ``stop`` keeps it: then ``mesh.stop`` is that endpoint.)"""
+        from .._wire.protocol import STOP_ENDPOINT
 
-        def one_done(f: Future[Any]) -> None:
+        done: Future[None] = Future(f"stop of actor mesh '{self._name}'")
+        try:
+            calls = _client().cast(self, STOP_ENDPOINT, (), {}, mode="call")
+        except SupervisionError:  # its procs are stopped or dead: so are these actors
+            return Future.completed(None, done._what)
+
+        def copy(f: Future[Any]) -> None:
             err = f.exception(0)
-            if err is not None:
-                out._set_exception(err)
-                return
-            left[0] -= 1
-            if left[0] == 0:
-                out._set_result(None)
+            if err is None or isinstance(err, SupervisionError):  # a dead actor is stopped too
+                done._set_result(None)
+            else:
+                done._set_exception(err)
 
-        if not parts:
-            out._set_result(None)
-        for p in parts:
-            p.add_done_callback(one_done)
-        return out
+        calls.add_done_callback(copy)
+        return done
 
     def __repr__(self) -> str:
         return f"<ActorMesh '{self._name}' {self._class_name} {self._shape}>"
@@ -214,7 +217,12 @@ class MeshEndpoint(Generic[P, R]):
 
 
 class ProcMesh(_MeshTrait):
-    """Processes spawned on a host mesh; ``spawn`` puts one actor on each of them."""
+    """Processes spawned on a host mesh; ``spawn`` puts one actor on each of them.
+
+    A ProcMesh can be passed to an actor (an argument, or a spawn argument), which can then spawn its
+    own actor meshes on those procs (and supervise them: ``__supervise__``). Stopping, killing,
+    respawning and resizing stay with the program that spawned the procs.
+    """
 
     def __init__(
         self, controller: Controller, ref: ProcMeshRef, view: Shape | None = None, host_mesh: HostMesh | None = None
@@ -223,6 +231,18 @@ class ProcMesh(_MeshTrait):
         self._view = view  # None: the whole mesh, whatever its current size
         self._host_mesh = host_mesh
         self._boot_error: BaseException | None = None  # what spawn_procs(bootstrap=...) raised
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        self._controller.faults.lend(self._ref.mesh_id)  # passed to an actor: it supervises what it spawns
+        return (_proc_mesh_ref, (self._ref, self._view))
+
+    def _owner_only(self, what: str) -> None:
+        """Only the process whose controller spawned the procs holds their record (pids, agents, logs)."""
+        if self._ref.mesh_id not in self._controller.meshes and not self.stopped:
+            raise MeshValueError(
+                f"cannot {what} proc mesh '{self._ref.name}' here: it was passed in from the program that "
+                "spawned it, and only that program can; spawn actors on it, or ask that program to"
+            )
 
     @property
     def _shape(self) -> Shape:
@@ -299,13 +319,22 @@ class ProcMesh(_MeshTrait):
         mesh: ActorMesh[A] = ActorMesh(
             self._ref, new_id(name), name, cls.__qualname__, frozenset(endpoints_of(cls)), self._view
         )
+        self._controller.faults.spawning(mesh._actor_id, self._ref.mesh_id)  # in an actor: it supervises them
         mesh.initialized = _client().spawn_actors(mesh, cls, args, kwargs)
         self._controller.watch_init(mesh, mesh.initialized, limit)
         return mesh
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop every proc of the mesh (graceful, then SIGKILL after ``timeout``); idempotent."""
+    def stop(self, reason: str = "stopped by client", *, timeout: float = 10.0) -> Future[None]:
+        """Stop every proc of the mesh; idempotent. Each proc finalizes (``atexit`` handlers, ``weakref``
+        finalizers) and exits; one that has not within ``timeout`` seconds is killed. Later calls to its
+        actors raise :class:`SupervisionError` (kind ``stopped``).
+
+        The stop is done when this returns; the :class:`Future` it returns (already complete) is for
+        Monarch's ``await pm.stop()`` and ``pm.stop().get()``. ``reason`` is Monarch's argument, unused.
+        """
+        self._owner_only("stop")
         self._controller.stop_procs(self._ref, timeout)
+        return Future.completed(None, f"stop of '{self._ref.name}'")
 
     def __enter__(self) -> ProcMesh:
         return self
@@ -313,8 +342,15 @@ class ProcMesh(_MeshTrait):
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    async def __aenter__(self) -> ProcMesh:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.stop()
+
     def state(self) -> MeshState:
         """A snapshot of every rank's state (starting, idle, busy, paused, failed, stopped)."""
+        self._owner_only("read the state of")
         return self._controller.state.snapshot(self._ref.mesh_id)
 
     def subscribe(self, listener: Callable[[MeshEvent], None]) -> Callable[[], None]:
@@ -323,6 +359,7 @@ class ProcMesh(_MeshTrait):
         Listeners run on the runtime's threads (its receive thread, or a caller's thread while it reads
         its own replies in ``get()``): keep them quick, non-blocking and thread-safe.
         """
+        self._owner_only("subscribe to")
         return self._controller.state.subscribe(listener, self._ref.mesh_id)
 
     def _rank_of(self, rank: int | Mapping[str, int]) -> int:
@@ -342,6 +379,7 @@ class ProcMesh(_MeshTrait):
         The rank then counts as failed, like any other death: calls to it raise SupervisionError
         until :meth:`respawn` gives it a new proc.
         """
+        self._owner_only("kill")
         self._check_open()
         self._controller.kill(self._ref, self._rank_of(rank), sig)
 
@@ -349,6 +387,7 @@ class ProcMesh(_MeshTrait):
         """New procs for failed ranks (all of them by default), at the same coordinates; every actor
         mesh spawned on this proc mesh from this program is re-created there with its original
         arguments. Returns the respawned global ranks."""
+        self._owner_only("respawn")
         self._check_open()
         targets = None if ranks is None else [self._rank_of(r) for r in ranks]
         return self._controller.respawn(self._ref, targets, timeout)
@@ -360,6 +399,7 @@ class ProcMesh(_MeshTrait):
         Ranks keep their numbers, so only the outermost dim of size > 1 can change (``gpus`` on one
         host, or ``hosts``). Shrinking stops the procs past the new end.
         """
+        self._owner_only("resize")
         self._check_open()
         if self._view is not None:
             raise MeshValueError("resize() the whole proc mesh, not a slice of it")
@@ -370,6 +410,7 @@ class ProcMesh(_MeshTrait):
 
     def logs(self, rank: int | None = None, tail: int | None = 200) -> list[str]:
         """The last ``tail`` output lines of the procs (or of one global ``rank``), prefixed by rank."""
+        self._owner_only("read the logs of")
         lines = self._controller.logs(self._ref, rank, tail)
         return [
             f"[{self._ref.name} {','.join(f'{k}={v}' for k, v in self._ref.coords(r).items())}] {text}"
@@ -378,6 +419,7 @@ class ProcMesh(_MeshTrait):
 
     def pids(self) -> dict[int, int]:
         """Global rank -> OS pid, for the procs of this view (handy for tests and debugging)."""
+        self._owner_only("list the pids of")
         pids = self._controller.proc_pids(self._ref.mesh_id)
         return {r: pids[r] for r in self._shape.ranks()}
 
@@ -391,6 +433,17 @@ class ProcMesh(_MeshTrait):
         if renderer is None:
             return {"text/plain": repr(self)}
         return renderer(self)
+
+
+def _proc_mesh_ref(ref: ProcMeshRef, view: Shape | None) -> ProcMesh:
+    """A ProcMesh unpickled in another process (an actor it was passed to): bound to that process's
+    controller, which inside a proc shares the proc's runtime. Back in the spawning program, the
+    controller's own record of it (kept current by respawns and resizes) is used."""
+    from .._runtime.controller import Controller
+
+    ctl = Controller.get()
+    rec = ctl.meshes.get(ref.mesh_id)
+    return ProcMesh(ctl, rec.ref if rec is not None else ref, view)
 
 
 singleton_server: Callable[[Controller], dict[str, str]] | None = None
@@ -420,7 +473,6 @@ class HostMesh(_MeshTrait):
 
     def __init__(self, controller: Controller, job: Any, shape: Shape):
         self._controller, self._job, self._hosts = controller, job, shape
-        self._spawned: list[ProcMesh] = []  # by this program, for stop()
 
     @property
     def _shape(self) -> Shape:
@@ -463,9 +515,9 @@ class HostMesh(_MeshTrait):
             },
             preload=list(preload),
             timeout=timeout,
+            host_dims=len(self._shape.labels),
         )
         procs = ProcMesh(self._controller, ref, host_mesh=self)
-        self._spawned.append(procs)
         if bootstrap is not None:
             try:
                 procs.spawn("bootstrap", _Bootstrap, bootstrap).run.call().get(timeout)
@@ -485,19 +537,6 @@ class HostMesh(_MeshTrait):
             fut._set_result(True)
         return fut
 
-    def stop(self) -> Future[None]:
-        """Stop every proc mesh spawned from this host mesh here; the hosts stay up for new ones."""
-        for procs in self._spawned:
-            procs.stop()
-        self._spawned.clear()
-        return Future.completed(None, "host mesh stop")
-
-    def shutdown(self) -> Future[None]:
-        """Stop the job behind this host mesh: its procs, then its agents (the hosts are gone after)."""
-        self.stop()
-        self._job.stop()
-        return Future.completed(None, "host mesh shutdown")
-
     def with_python_executable(self, python_executable: str) -> HostMesh:
         """Monarch's: procs run by another interpreter. Ours fork from the host agent's own template, so
         only the interpreter the agents run (this program's) can be used."""
@@ -510,6 +549,27 @@ class HostMesh(_MeshTrait):
                 "run this program with it"
             )
         return self
+
+    def stop(self, *, timeout: float = 10.0) -> Future[None]:
+        """Stop every proc mesh spawned on this host mesh's job (as ``ProcMesh.stop``), keeping its
+        hosts (agents) for new ones. Done when this returns; the Future is Monarch's."""
+        for rec in list(self._controller.meshes.values()):
+            if rec.job is self._job and not rec.stopped:
+                self._controller.stop_procs(rec.ref, timeout)
+        return Future.completed(None, "stop of a host mesh")
+
+    def shutdown(self, *, timeout: float = 10.0) -> Future[None]:
+        """Stop its proc meshes, then its hosts' agents: the hosts cannot be used any more (a new
+        ``this_host()`` starts a fresh agent). Done when this returns; the Future is Monarch's."""
+        self.stop(timeout=timeout)
+        self._job.stop()
+        return Future.completed(None, "shutdown of a host mesh")
+
+    async def __aenter__(self) -> HostMesh:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.shutdown()
 
     def __repr__(self) -> str:
         return f"<HostMesh {self._shape}>"

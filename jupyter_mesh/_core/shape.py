@@ -139,8 +139,9 @@ class Point(Mapping[str, int]):
         return "Point({" + ", ".join(f"'{k}': {v}" for k, v in self.items()) + f"}}, rank={self.rank})"
 
     def __str__(self) -> str:
-        """Monarch's form: each coordinate over its dim's size, ``{'hosts': 0/1, 'gpus': 1/2}``."""
-        return "{" + ", ".join(f"'{k}': {v}/{self.extent[k]}" for k, v in self.items()) + "}"
+        """As Monarch prints a rank: ``{'hosts': 0/1, 'gpus': 3/4}`` (coordinate/size per dim)."""
+        sizes = dict(zip(self.extent.labels, self.extent.sizes))
+        return "{" + ", ".join(f"'{k}': {v}/{sizes[k]}" for k, v in self.items()) + "}"
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (Point, (self.rank, self.extent))

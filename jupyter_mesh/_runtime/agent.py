@@ -243,6 +243,7 @@ class Agent:
                 "mesh_id": mesh.mesh_id,
                 "mesh_name": mesh.name,
                 "shape": cfg0["shape"],
+                "host_dims": cfg0.get("host_dims", 1),
                 "agent": self.transport.address,
                 "env": cfg0.get("env") or {},
                 "preload": cfg0.get("preload") or [],

@@ -47,6 +47,8 @@ class Embedding:
     # the actor that is spawning (per thread), so its __supervise__ hears of its meshes' failures
     current_owner: Callable[[], Any]
     supervise: Callable[[Any, SupervisionError], None]
+    # (callback): the proc calls it with (proc mesh id, rank, Failure) for every rank failure it hears of
+    watch_failures: Callable[[Callable[[str, int, Any], None]], None]
 
 
 def embed(value: Embedding) -> None:
@@ -59,8 +61,9 @@ def embedding() -> Embedding | None:
     return cast("Embedding | None", context().embedding)
 
 
-FaultHook = Callable[[SupervisionError], None]
-"""Called (on the runtime's receive thread) with a failure that no pending call was told about."""
+FaultHook = Callable[[MeshFailure], None]
+"""Called (on the runtime's receive thread) with a failure that no pending call was told about: a
+:class:`MeshFailure`, which is a ``SupervisionError`` (hooks written for one still work)."""
 
 
 def fail_fast(err: SupervisionError) -> None:
@@ -71,10 +74,10 @@ def fail_fast(err: SupervisionError) -> None:
         hold(err)
 
 
-_fault_holder: FaultHook | None = None
+_fault_holder: Callable[[SupervisionError], None] | None = None
 
 
-def hold_faults_with(holder: FaultHook | None) -> None:
+def hold_faults_with(holder: Callable[[SupervisionError], None] | None) -> None:
     """The controller of this program keeps failures that ``fail_fast`` saw, to raise them at the
     next API call (set when it starts, cleared when it closes)."""
     global _fault_holder
@@ -97,7 +100,7 @@ def set_fault_hook(hook: FaultHook | None) -> FaultHook:
 def unhandled_fault_hook(failure: MeshFailure) -> None:
     """The default of ``jupyter_mesh.unhandled_fault_hook``: the failure goes to our fault hook (in a
     script: fail fast, as Monarch's default exits; in a kernel: shown, the kernel lives)."""
-    _hook(SupervisionError([failure], "while nothing was waiting on it"))
+    _hook(failure)
 
 
 _monarch_hook: Callable[[MeshFailure], object] = unhandled_fault_hook
@@ -113,13 +116,13 @@ def set_monarch_fault_hook(hook: Callable[[MeshFailure], object] | None) -> None
     _monarch_hook = hook or unhandled_fault_hook
 
 
-def fault_hook(err: SupervisionError) -> None:
+def fault_hook(err: MeshFailure) -> None:
     """Hand ``err`` to the installed hooks: Monarch's first (once per failed rank), if the user set it."""
     mh = _monarch_hook
     if mh is not unhandled_fault_hook:
         try:
             for failure in err.failures:
-                mh(MeshFailure.of(failure))
+                mh(MeshFailure([failure], err.context))
             return
         except BaseException as e:  # noqa: BLE001 - a raising hook (even sys.exit) leaves it unhandled
             print(f"jupyter_mesh: unhandled_fault_hook raised {type(e).__name__}: {e}", file=sys.stderr)

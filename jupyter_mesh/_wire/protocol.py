@@ -15,6 +15,8 @@ q     a call's sequence number(s) (per sender and actor; ``_q`` after delivery: 
 sl    the ranks a cast reaches, as a ``Slice``                    rm   the reply mode (below)
 rt    a reply box address (replies that bypass the caller's receive thread)
 ok    a reply's status (below)                                    to   where a gathered reply goes
+fa    a spawn asks its actors to end on errors no caller receives (Monarch's way; 0 or absent: live on)
+told  an ``actor_fault``'s failure already reached a caller (only an owning actor must still hear it)
 ====  =======================================================================================
 
 Every header also carries what the transport adds, signed with the rest: ``v`` the protocol version,
@@ -46,6 +48,7 @@ __all__ = [
     "OK",
     "OUT_SYNC_PREFIX",
     "RAISED",
+    "STOP_ENDPOINT",
     "VERSION",
     "Dispatch",
     "Kind",
@@ -55,8 +58,12 @@ __all__ = [
     "reply_header",
 ]
 
-VERSION = 4
+VERSION = 5
 """Bump on any change a peer of the previous version would misread (a kind, a key, a code)."""
+
+STOP_ENDPOINT = "__stop__"
+"""The endpoint a call of ``ActorMesh.stop()`` names: it runs in its sender's order, after the calls
+sent before it (no user's endpoint is called so: a mesh's attributes starting with ``_`` are not)."""
 
 # reply modes a call header carries ("rm")
 NO_REPLY, DIRECT, GATHER = 0, 1, 2
@@ -81,11 +88,11 @@ class Kind:
     CANCEL = "cancel"  # client -> proc: cancel a running call of one actor
     CANCELLED = "cancelled"  # proc -> caller: a rank stopped working on a cancelled call
     SUPERVISE = "supervise"  # proc runtime -> actor: a mesh this actor spawned failed
+    ACTOR_FAULT = "actor_fault"  # proc -> an actor mesh's spawner: one of its actors failed (a Failure)
     RDMA = "rdma"  # reader -> buffer owner: a data-plane request (get, put, drop, ucx)
     STATS = "stats"  # any -> agent / proc: transport counters, as a reply
     OUT_SYNC = "out_sync"  # controller -> proc: print a marker (``t``) after what it printed so far
     PORT = "port"  # any -> the process that opened port ``p``: a value (``ok``) or an exception for it
-    STOP_ACTOR = "stop_actor"  # client -> proc: stop one actor (tasks cancelled, __cleanup__ run), then reply
     SINGLETON = "singleton"  # any -> the root controller: get or spawn the named controller actor
     # procs and their agent
     PROC_UP = "proc_up"  # proc -> agent: the proc runs and listens at ``addr``
@@ -118,10 +125,11 @@ class Kind:
 
 
 def spawn_procs(mesh_id: str, name: str, ranks: list[int], shape: Any, env: dict[str, str],
-                preload: list[str]) -> dict[str, Any]:  # fmt: skip
-    """Fork ``ranks`` of a new proc mesh (``shape``: its wire form) on the agent's host."""
+                preload: list[str], host_dims: int = 1) -> dict[str, Any]:  # fmt: skip
+    """Fork ``ranks`` of a new proc mesh (``shape``: its wire form) on the agent's host; its first
+    ``host_dims`` dims are the hosts' (torchrun's LOCAL_* variables count the others)."""
     return {"k": Kind.SPAWN_PROCS, "m": mesh_id, "name": name, "ranks": ranks, "shape": shape, "env": env,
-            "preload": preload}  # fmt: skip
+            "preload": preload, "host_dims": host_dims}  # fmt: skip
 
 
 def start_procs(mesh_id: str, ranks: list[int], shape: Any = None) -> dict[str, Any]:
