@@ -86,9 +86,83 @@ PUBLIC_MODULES = {"python/monarch/actor/__init__.py", "python/monarch/config/__i
 PUBLIC_EXTRA = {"ActorMesh", "SupervisionError", "MeshFailure", "ProcessJob", "RDMABuffer"}
 ATTRIBUTE_REWRITES = {"monarch.actor.": "jupyter_mesh.", "monarch.config.": "jupyter_mesh.config."}
 
-# Tests of Monarch's internals, not of its API: left out of the applicable count. Keys are test names
-# (every parametrization) or "file::name".
-EXCLUDED: dict[str, str] = {}
+# Tests of Monarch's internals, not of its API: left out of the applicable count, each with the reason.
+# Keys are "file::test" (every parametrization of it) or a whole "file".
+_TOKIO = "Monarch's Rust runtime (PythonTask / Tokio threads and its guards)"
+_PICKLE = "how Monarch's meshes pickle while their Rust side is pending (HyProcMesh, Shared, PythonTask)"
+_SETTINGS = "defaults and value formats of Monarch's Rust runtime settings (ours accepts the keys, without effect)"
+_LOGS = "Monarch's log-forwarding manager (_logging_manager, its flush tasks)"
+_HY = "Monarch's Rust host/proc mesh objects and Shape/Slice constructors (_hy_host_mesh, _new_with_shape, region)"
+EXCLUDED: dict[str, str] = {
+    "test_actor_driver_characterization.py::test_actor_endpoint_is_asyncio_driven": _TOKIO,
+    "test_actor_error.py::test_endpoint_panic_kills_actor": "a Rust panic raised through pyo3 (panicking_function)",
+    "test_actor_error.py::test_gil_stall": "holds the GIL from Rust (hold_gil_for_test)",
+    "test_client_context_guard.py": _TOKIO,
+    "test_port_reconstruction.py": "Monarch's PortRef/ActorAddr reconstruction and mesh-reference counters",
+    "test_failure_introspection.py": "Monarch's mesh-admin HTTP server (_spawn_admin)",
+    "test_config.py::test_get_set_transport": _SETTINGS,
+    "test_config.py::test_get_set_explicit_transport": _SETTINGS,
+    "test_config.py::test_get_set_multiple": _SETTINGS,
+    "test_config.py::test_duration_config_basic": _SETTINGS,
+    "test_config.py::test_duration_config_formats": _SETTINGS,
+    "test_config.py::test_duration_config_invalid_format": _SETTINGS,
+    "test_config.py::test_duration_config_type_error": _SETTINGS,
+    "test_config.py::test_duration_config_multiple": _SETTINGS,
+    "test_config.py::test_duration_params": _SETTINGS,
+    "test_config.py::test_integer_params": _SETTINGS,
+    "test_config.py::test_boolean_params": _SETTINGS,
+    "test_config.py::test_float_param_message_latency_sampling_rate": _SETTINGS,
+    "test_config.py::test_encoding_param": _SETTINGS,
+    "test_config.py::test_encoding_param_invalid": _SETTINGS,
+    "test_config.py::test_all_params_together": _SETTINGS,
+    "test_config.py::test_channel_transport_pickle": _SETTINGS,
+    "test_config.py::test_params_type_errors": _SETTINGS,
+    "test_config.py::test_rdma_peer_device_affinity_round_trip": _SETTINGS,
+    "test_config.py::test_rdma_runtime_worker_threads_round_trip": _SETTINGS,
+    "test_host_mesh.py::test_process_job_host_mesh": _HY,
+    "test_host_mesh.py::test_multi_host_mesh": _HY,
+    "test_host_mesh.py::test_spawn_proc_mesh": _HY,
+    "test_host_mesh.py::test_pickle": _HY,
+    "test_host_mesh.py::test_shutdown_host_mesh": "HostMesh._inner_host_mesh (a private attribute)",
+    "test_host_mesh.py::test_shutdown_immediately_after_proc_spawn_without_actor": "HostMesh._inner_host_mesh",
+    "test_host_mesh.py::test_shutdown_sliced_host_mesh_throws_exception": "HostMesh._inner_host_mesh",
+    "test_host_mesh.py::test_attach_to_workers_accepts_future_addresses": "Future._from_coro (a private constructor)",
+    "test_host_mesh.py::test_root_client_does_not_leak_host_meshes": "the root client's private _children list",
+    "test_host_mesh.py::test_spawn_procs_with_bootstrap_command_callable": "Monarch's BootstrapCommand and Rust Point",
+    "test_host_mesh.py::test_client_attach_addr": "Monarch's job ProcessState (_src.job.job)",
+    "test_host_mesh.py::test_client_attach_addr_this_host_and_this_proc": "Monarch's job ProcessState (_src.job.job)",
+    "test_host_mesh.py::test_client_attach_addr_this_host_spawns_locally": "Monarch's job ProcessState (_src.job.job)",
+    "test_proc_mesh.py::test_stop_state_tracks_native_stop_result": _LOGS,
+    "test_proc_mesh.py::test_proc_mesh_spawn_single_actor": _HY,
+    "test_proc_mesh.py::test_proc_mesh_multi_actor": _HY,
+    "test_proc_mesh.py::test_proc_mesh_sliced": _HY,
+    "test_proc_mesh.py::test_nested_meshes": _HY,
+    "test_proc_mesh.py::test_pickle_initialized_proc_mesh_in_tokio_thread": _TOKIO,
+    "test_proc_mesh.py::test_root_client_does_not_leak_proc_meshes": "the root client's private _children list",
+    "test_proc_mesh.py::test_actor_spawn_does_not_block_on_proc_mesh_init": _PICKLE,
+    "test_proc_mesh.py::test_raw_proc_mesh_pickle_blocks_on_proc_mesh_init": _PICKLE,
+    "test_proc_mesh.py::test_actor_spawn_then_immediate_shutdown": _LOGS,
+    "test_proc_mesh.py::test_proc_mesh_spawn_callback": "register_proc_mesh_spawn_callback (private _src hook)",
+    "test_proc_mesh.py::test_proc_mesh_spawn_callback_multiple": "register_proc_mesh_spawn_callback",
+    "test_proc_mesh.py::test_proc_mesh_spawn_callback_unregister": "register_proc_mesh_spawn_callback",
+    "test_python_actors.py::test_rust_binding_modules_correct": "walks monarch._rust_bindings",
+    "test_python_actors.py::test_multiple_ongoing_flushes_no_deadlock": _LOGS,
+    "test_python_actors.py::test_sync_workspace": "monarch.tools workspace sync (Config, Workspace)",
+    "test_python_actors.py::test_python_task_tuple": _TOKIO,
+    "test_python_actors.py::test_select_result": _TOKIO,
+    "test_python_actors.py::test_undeliverable_message_with_override": "hand-built Rust messages (PortRef, PythonMessage)",
+    "test_python_actors.py::test_undeliverable_message_without_override": "hand-built Rust messages (PortRef, PythonMessage)",
+    "test_python_actors.py::test_config_propagates_to_host_agent": "Monarch's mesh-admin agent (_spawn_admin)",
+    "test_python_actors.py::test_this_host": _HY,
+    "test_python_actors.py::test_login_job": "Monarch's LoginJob/ProcessState job internals",
+    "test_python_actors.py::test_context_propagated_through_python_task_spawn": _TOKIO,
+    "test_python_actors.py::test_context_propagated_through_python_task_spawn_blocking": _TOKIO,
+    "test_python_actors.py::test_raw_actor_mesh_pickle_blocks_on_proc_mesh_init": _PICKLE,
+    "test_python_actors.py::test_accumulate_folds_with_combine": "Future._from_coro (a private constructor)",
+    "test_python_actors.py::test_accumulate_empty_stream_returns_identity": "Future._from_coro",
+    "test_python_actors.py::test_accumulate_folds_left_to_right": "Future._from_coro",
+    "test_python_actors.py::test_accumulate_forwards_args_to_stream": "Future._from_coro",
+}
 
 _GAP_MODULE = '''"""Placeholders for the Monarch names jupyter_mesh lacks or that are Monarch's internals."""
 import os
@@ -306,22 +380,14 @@ def collect(work: Path, name: str, k: str | None) -> list[dict[str, Any]]:
         cmd += ["-k", k]
     env = {**_env(work), "MONARCH_SUITE_COLLECT": str(listing)}
     done = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=300)
-    found = json.loads(listing.read_text()) if listing.exists() else []
-    if found or done.returncode == 0:
-        return list(found)
-    import ast
-
-    tree = ast.parse((work / name).read_text())
-    return [
-        {"name": n.name, "oss_skip": False, "skip": False, "approximate": True}
-        for n in tree.body
-        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name.startswith("test")
-    ]
+    if done.returncode != 0 and listing.exists() and not json.loads(listing.read_text()):
+        listing.unlink()  # the file did not import even so: ``load_file`` lists its tests by name
+    return json.loads(listing.read_text()) if listing.exists() else []
 
 
 def run_file(work: Path, name: str, timeout: int, k: str | None, file_limit: int) -> list[dict[str, Any]]:
     """pytest on one file (a crash or hang in one file does not take the others with it)."""
-    tests = collect(work, name, k)
+    collect(work, name, k)
     xml = work / f"{name}.xml"
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
            f"--timeout={timeout}", f"--junitxml={xml}", "-o", "junit_family=xunit1", name]  # fmt: skip
@@ -333,6 +399,25 @@ def run_file(work: Path, name: str, timeout: int, k: str | None, file_limit: int
     except subprocess.TimeoutExpired as e:
         tail = f"file timed out after {file_limit}s: {(e.stdout or b'')[-2000:]!r}"
     (work / f"{name}.log").write_text(tail)
+    return load_file(work, name)
+
+
+def load_file(work: Path, name: str) -> list[dict[str, Any]]:
+    """One file's outcomes, from what ``collect`` and pytest left in ``work``."""
+    listing = work / f"{name}.collected.json"
+    tests = json.loads(listing.read_text()) if listing.exists() else []
+    if not tests:
+        import ast
+
+        tree = ast.parse((work / name).read_text())
+        tests = [
+            {"name": n.name, "oss_skip": False, "skip": False, "approximate": True}
+            for n in tree.body
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name.startswith("test")
+        ]
+    log = work / f"{name}.log"
+    tail = log.read_text() if log.exists() else ""
+    xml = work / f"{name}.xml"
     ran = {r["test"]: r for r in parse_junit(xml, name)} if xml.exists() else {}
     collection_error = next((r["why"] for r in ran.values() if r["test"] in ("", name.removesuffix(".py"))), "")
     out = []
@@ -362,7 +447,7 @@ def parse_junit(xml: Path, name: str) -> list[dict[str, Any]]:
 
 def excluded(rec: dict[str, Any]) -> str | None:
     base = rec["test"].split("[")[0]
-    return EXCLUDED.get(f"{rec['file']}::{base}") or EXCLUDED.get(base)
+    return EXCLUDED.get(f"{rec['file']}::{base}") or EXCLUDED.get(rec["file"])
 
 
 def not_run_by_monarch(rec: dict[str, Any]) -> bool:
@@ -378,6 +463,7 @@ def first_gap(why: str) -> str | None:
 
 def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     per_file: dict[str, Counter[str]] = {}
+    why_excluded: Counter[str] = Counter()
     gaps: Counter[str] = Counter()
     unlisted_internal: list[str] = []
     failing: list[dict[str, str]] = []
@@ -387,6 +473,7 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         reason = excluded(rec)
         if reason is not None:
             c["excluded"] += 1
+            why_excluded[reason] += 1
             continue
         if not_run_by_monarch(rec):
             c["not_run_by_monarch"] += 1
@@ -410,6 +497,7 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         "passed": passed,
         "pass_rate": round(passed / applicable, 3) if applicable else None,
         "per_file": {f: dict(c) for f, c in per_file.items()},
+        "excluded": dict(why_excluded.most_common()),
         "gaps": dict(gaps.most_common()),
         "internal_not_excluded": unlisted_internal,
         "failing": failing,
@@ -444,6 +532,7 @@ def main() -> None:
     ap.add_argument("--workdir", help="export here (kept) instead of a temporary directory")
     ap.add_argument("--details", action="store_true", help="list every failing test with its first line")
     ap.add_argument("--package", help="the jupyter_mesh checkout to test (default: this one)")
+    ap.add_argument("--resummarize", action="store_true", help="count again what a run left in --workdir")
     a = ap.parse_args()
     global PACKAGE
     if a.package:
@@ -458,8 +547,14 @@ def main() -> None:
     else:
         tmp = tempfile.TemporaryDirectory(prefix="monarch-suite-")
         work = Path(tmp.name)
+    if a.resummarize:
+        if not a.workdir:
+            ap.error("--resummarize needs --workdir")
+        records = [r for name in files for r in load_file(work, name)]
+        print(json.dumps({"monarch_rev": src.rev, "files": len(files), **summarize(records)}, indent=1))
+        return
     rw = export(src, work, files)
-    records: list[dict[str, Any]] = []
+    records = []
     for name in files:
         records += run_file(work, name, a.timeout, a.k, a.file_timeout)
     result: dict[str, Any] = {"monarch_rev": src.rev, "files": len(files), **summarize(records)}

@@ -91,6 +91,11 @@ class _Facade(_types.ModuleType):
 
         hooks.set_monarch_fault_hook(hook)
 
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled by name, as any module (cloudpickle needs it)
+        import importlib
+
+        return (importlib.import_module, (self.__name__,))
+
 
 _sys.modules[__name__].__class__ = _Facade
 

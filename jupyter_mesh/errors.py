@@ -259,11 +259,25 @@ class MeshFailure(SupervisionError):
         return [dict(f.coords) for f in self.failures]
 
     def report(self) -> str:
-        return str(self)
+        return super().__str__()
 
     def __repr__(self) -> str:
         kinds = ",".join(sorted({f.kind for f in self.failures}))
         return f"MeshFailure(mesh_name={self.mesh_name!r}, crashed_ranks={self.crashed_ranks}, kind={kinds})"
+
+    def __str__(self) -> str:
+        """Named, as Monarch prints one (``__supervise__`` code logs ``str(failure)``), then the report."""
+        return f"{self!r}: {super().__str__()}"
+
+    def __getattr__(self, name: str) -> Any:
+        """The first failure's fields (``kind``, ``coords``, ``detail``...): ``__supervise__`` gets a
+        MeshFailure per failed rank, and code written for a :class:`Failure` keeps working."""
+        if name in _FAILURE_FIELDS and self.failures:
+            return getattr(self.failures[0], name)
+        raise AttributeError(name)
+
+
+_FAILURE_FIELDS = frozenset({"coords", "kind", "detail", "exit_code", "signal", "actor", "describe"})
 
 
 class DeliveryError(MeshError):

@@ -175,6 +175,23 @@ def test_actor_mesh_stop_runs_cleanup_and_fails_later_calls(two, tmp_path):
     assert pathlib.Path(path).read_text().splitlines()[2:] == ["task cancelled", "async cleanup"]
 
 
+def test_a_stopping_proc_stops_its_actors_too(host, tmp_path):
+    path = str(tmp_path / "log")
+    pm = host.spawn_procs(per_host={"gpus": 1})
+    a = pm.spawn("async_cleaner", AsyncCleaner, path)
+    b = pm.spawn("cleaner", Cleaner, path)  # on a thread of its own: the proc waits for it
+    a.start.call_one().get(timeout=30)
+    assert b.ping.call_one().get(timeout=30) == "pong"
+    pm.stop(timeout=10)
+    assert sorted(pathlib.Path(path).read_text().splitlines()) == ["async cleanup", "cleanup None", "task cancelled"]
+
+
+def test_the_package_pickles_by_name():  # cloudpickle sends functions that use ``jupyter_mesh.x`` globals
+    import pickle
+
+    assert pickle.loads(pickle.dumps(jupyter_mesh)) is jupyter_mesh
+
+
 def test_value_mesh_get_slice_flatten():
     vm = ValueMesh(Shape.from_sizes({"hosts": 2, "gpus": 3}), list(range(6)))
     assert vm.get(4) == 4

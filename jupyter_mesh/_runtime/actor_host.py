@@ -34,7 +34,7 @@ from .._core.ports import DroppingPort
 from .._wire.protocol import BROKEN, NO_REPLY, OK, RAISED, STOP_ENDPOINT, Kind
 from .._wire.serialize import UNPICKLABLE_HINT, dumps, loads
 from .._wire.transport import Message, Transport
-from ..errors import Failure, SerializationError, SupervisionError
+from ..errors import Failure, MeshFailure, SerializationError, SupervisionError
 from . import cancel_signal, interrupts
 from .client import set_current_client
 from .ports import ReplyPort
@@ -173,9 +173,11 @@ class ActorHost:
         while not self.closing:
             try:
                 if not self._serve_one():
-                    return  # the proc is going away
+                    break  # the proc is going away
             except BaseException:  # noqa: BLE001 - a bug here must not silently stop the actor
                 print(f"[{self.name}] internal error while receiving:\n{traceback.format_exc()}", file=sys.stderr)
+        if self.closing and self.failure is None and self.instance is not None:
+            self._clean_up()  # its proc stops: the actor stops too (tasks cancelled, __cleanup__)
 
     def _serve_one(self) -> bool:
         """Wait for the next message (running leftover tasks meanwhile) and handle it."""
@@ -309,7 +311,7 @@ class ActorHost:
             handled = False
             if hook is not None:
                 try:
-                    handled = hook(failure)
+                    handled = hook(MeshFailure([failure], err.context))
                     if inspect.isawaitable(handled):
                         handled = await handled
                 except BaseException as e:  # noqa: BLE001 - a raising supervisor did not handle it

@@ -249,6 +249,9 @@ class ProcRuntime:
         host = self._main_host.get()
         if host is not None:
             host._main()  # until the proc stops
+        for other in list(self.actors.values()):  # the others clean up on their threads (a bounded wait)
+            if other is not host and other.thread.is_alive():
+                other.thread.join(5.0)
 
     def _receive(self) -> None:
         self.transport.serve(self.handle)
