@@ -240,6 +240,27 @@ def pytest_pyfunc_call(pyfuncitem):
     return None
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_fixture_setup(fixturedef, request):
+    """Async generator fixtures (Monarch's tests use pytest-asyncio) run on a loop of their own."""
+    fn = fixturedef.func
+    if inspect.isasyncgenfunction(fn):
+        def run(*args, **kwargs):
+            loop = asyncio.new_event_loop()
+            agen = fn(*args, **kwargs)
+            try:
+                yield loop.run_until_complete(agen.__anext__())
+                try:
+                    loop.run_until_complete(agen.__anext__())
+                except StopAsyncIteration:
+                    pass
+            finally:
+                loop.close()
+
+        fixturedef.func = run
+    return None
+
+
 @pytest.fixture(autouse=True)
 def _stop_left_over_meshes():
     """What Monarch's stop_all_proc_meshes does: a test's leftover proc meshes do not outlive it."""

@@ -67,6 +67,10 @@ class Adder(Actor):
     def env(self, key: str) -> str | None:
         return os.environ.get(key)
 
+    @endpoint
+    def cpus(self) -> list[int]:
+        return sorted(os.sched_getaffinity(0))
+
 
 class Collector(Actor):
     """Opens a channel in its own proc and collects what its peers send there."""

@@ -19,6 +19,7 @@ from jupyter_mesh import (
     Accumulator,
     ActorError,
     Channel,
+    MeshClosedError,
     MeshFailure,
     MeshValueError,
     ProcessJob,
@@ -226,11 +227,29 @@ def test_process_job_host_meshes_and_their_lifecycle():
     assert not wait_dead(pids, 10) and pm.stopped
     again = hosts.spawn_procs({"gpus": 1})
     assert list(again.spawn("probe", Adder).env.call("MONARCH_NAMES_PROBE").get(timeout=30).values()) == ["1", "1"]
+    other = job.state().trainers.spawn_procs({"gpus": 1})  # another HostMesh of the same hosts
+    hosts.stop().get(timeout=30)
+    assert again.stopped and not other.stopped  # each stops what it spawned
     hosts.shutdown().get(timeout=30)
+    with pytest.raises(MeshClosedError, match="already been shut down"):
+        hosts.spawn_procs({"gpus": 1})
     job.kill()
     assert hosts.with_python_executable(sys.executable) is hosts
     with pytest.raises(MeshValueError, match="fork from"):
         hosts.with_python_executable("/usr/bin/other-python")
+
+
+def test_proc_bind_pins_each_proc_of_a_host(host):
+    with pytest.raises(ValueError, match=r"proc_bind length \(1\) must equal procs_per_host \(2\)"):
+        host.spawn_procs({"gpus": 2}, proc_bind=[{"cpus": "0"}])
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs")
+    pm = host.spawn_procs({"gpus": 2}, proc_bind=[{"cpus": str(cpus[0])}, {"cpus": str(cpus[1])}])
+    try:
+        assert list(pm.spawn("pinned", Adder).cpus.call().get(timeout=30).values()) == [[cpus[0]], [cpus[1]]]
+    finally:
+        pm.stop(timeout=5)
 
 
 def test_default_bootstrap_cmd_and_point_str():

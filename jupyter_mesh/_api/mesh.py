@@ -13,13 +13,14 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 from .. import config
-from .._core.actor import Actor, endpoint, endpoints_of
+from .._core.actor import Actor, endpoints_of
 from .._core.future import Future
 from .._core.refs import ProcMeshRef, new_id
 from .._core.shape import Extent, Shape
 from .._core.state import MeshEvent, MeshState
 from .._core.value_mesh import ValueMesh
 from ..errors import MeshClosedError, MeshError, MeshValueError, SupervisionError
+from .proc_setup import ProcSetup, check_proc_bind
 
 if TYPE_CHECKING:
     from .._runtime.client import Client
@@ -473,20 +474,26 @@ class HostMesh(_MeshTrait):
 
     def __init__(self, controller: Controller, job: Any, shape: Shape):
         self._controller, self._job, self._hosts = controller, job, shape
+        # what this host mesh (and its slices) spawned, for stop(); whether shutdown() ran
+        self._spawned: list[ProcMesh] = []
+        self._shut_down = [False]
 
     @property
     def _shape(self) -> Shape:
         return self._hosts
 
     def _with_shape(self, shape: Shape) -> HostMesh:
-        return HostMesh(self._controller, self._job, shape)
+        view = HostMesh(self._controller, self._job, shape)
+        view._spawned, view._shut_down = self._spawned, self._shut_down
+        return view
 
     def spawn_procs(
         self,
         per_host: Mapping[str, int] | None = None,
         bootstrap: Callable[[], Any] | None = None,
-        *,
         name: str | None = None,
+        proc_bind: list[dict[str, str]] | None = None,
+        *,
         env: Mapping[str, str] | None = None,
         preload: list[str] | tuple[str, ...] = (),
         timeout: float = 60.0,
@@ -495,10 +502,13 @@ class HostMesh(_MeshTrait):
 
         ``preload`` modules are imported once in the host's template process, so each proc starts
         with them already loaded (``preload=["torch"]`` makes spawns ~30 ms instead of seconds).
-        ``bootstrap`` (Monarch's): a function (or ``async def``) run once on every proc before this returns.
+        ``bootstrap`` (Monarch's): a function (or ``async def``) run once on every proc before this returns;
+        ``proc_bind`` (Monarch's): per proc of a host, its CPUs (``cpus``) or NUMA nodes (``cpunodebind``).
         Settings made with ``jupyter_mesh.config.configure`` travel to the new procs.
         """
+        self._check_up()
         per_host = dict(per_host or {"procs": 1})
+        check_proc_bind(proc_bind, per_host)
         clash = [d for d in per_host if d in self._shape.labels]
         if clash:
             raise MeshValueError(f"per_host dims {clash} clash with the host mesh dims {list(self._shape.labels)}")
@@ -518,12 +528,23 @@ class HostMesh(_MeshTrait):
             host_dims=len(self._shape.labels),
         )
         procs = ProcMesh(self._controller, ref, host_mesh=self)
-        if bootstrap is not None:
+        self._spawned.append(procs)
+        if bootstrap is not None or proc_bind:
+            setup = procs.spawn("proc_setup", ProcSetup, proc_bind, len(self._shape.labels), bootstrap)
             try:
-                procs.spawn("bootstrap", _Bootstrap, bootstrap).run.call().get(timeout)
+                setup.run.call().get(timeout)
             except MeshError as e:  # as in Monarch: ``procs.initialized`` raises it
                 procs._boot_error = e
         return procs
+
+    def _check_up(self) -> None:
+        if self._shut_down[0]:
+            raise MeshClosedError("HostMesh has already been shut down; get a new one from its job (or this_host())")
+
+    @property
+    def is_fake_in_process(self) -> bool:
+        """Monarch's: whether the hosts are simulated in this process. Ours are real processes."""
+        return False
 
     @property
     def initialized(self) -> Future[bool]:
@@ -551,40 +572,31 @@ class HostMesh(_MeshTrait):
         return self
 
     def stop(self, *, timeout: float = 10.0) -> Future[None]:
-        """Stop every proc mesh spawned on this host mesh's job (as ``ProcMesh.stop``), keeping its
-        hosts (agents) for new ones. Done when this returns; the Future is Monarch's."""
-        for rec in list(self._controller.meshes.values()):
-            if rec.job is self._job and not rec.stopped:
-                self._controller.stop_procs(rec.ref, timeout)
+        """Stop every proc mesh spawned from this host mesh (as ``ProcMesh.stop``; others on the same
+        hosts, spawned from another HostMesh of the job, go on), keeping the hosts (agents) for new
+        ones. Done when this returns; the Future is Monarch's."""
+        for procs in self._spawned:
+            if not procs.stopped:
+                self._controller.stop_procs(procs._ref, timeout)
+        self._spawned.clear()
         return Future.completed(None, "stop of a host mesh")
 
     def shutdown(self, *, timeout: float = 10.0) -> Future[None]:
         """Stop its proc meshes, then its hosts' agents: the hosts cannot be used any more (a new
         ``this_host()`` starts a fresh agent). Done when this returns; the Future is Monarch's."""
+        self._check_up()
         self.stop(timeout=timeout)
         self._job.stop()
+        self._shut_down[0] = True
         return Future.completed(None, "shutdown of a host mesh")
 
     async def __aenter__(self) -> HostMesh:
+        self._check_up()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        self.shutdown()
+        if not self._shut_down[0]:
+            self.shutdown()
 
     def __repr__(self) -> str:
         return f"<HostMesh {self._shape}>"
-
-
-class _Bootstrap(Actor):
-    """Runs a ``spawn_procs(bootstrap=...)`` function once on each proc."""
-
-    def __init__(self, fn: Callable[[], Any]):
-        self.fn = fn
-
-    @endpoint
-    async def run(self) -> None:
-        import inspect
-
-        out = self.fn()
-        if inspect.isawaitable(out):
-            await out
