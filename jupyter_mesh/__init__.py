@@ -25,7 +25,7 @@ from ._core.ports import Channel, Port, PortReceiver
 from ._core.shape import Extent, Point, Shape, Slice
 from ._core.state import MeshEvent, MeshState, ProcState, RankState
 from ._core.value_mesh import ValueMesh
-from ._data.buffer import RDMABuffer, get_rdma_backend
+from ._data.buffer import RDMABuffer, get_rdma_backend, is_ibverbs_available
 from ._version import __version__ as __version__
 from .errors import (
     ActorError,
@@ -166,6 +166,7 @@ __all__ = [
     "get_or_spawn_controller",
     "get_rdma_backend",
     "hosts_from_config",
+    "is_ibverbs_available",
     "send",
     "shutdown",
     "shutdown_context",

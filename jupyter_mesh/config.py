@@ -19,7 +19,7 @@ import contextlib
 import json
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from .errors import MeshValueError
@@ -32,6 +32,8 @@ __all__ = [
     "configured",
     "get_global_config",
     "get_runtime_config",
+    "parametrize_config",
+    "parametrize_config_pointwise",
 ]
 
 ENV = "JUPYTER_MESH_RUNTIME_CONFIG"
@@ -152,3 +154,53 @@ def _plain(v: Any) -> bool:
     except (TypeError, ValueError):
         return False
     return True
+
+
+def parametrize_config(**options: Sequence[Any]) -> Callable[[Callable[..., Any]], Any]:
+    """For pytest: run a test once per combination of the settings' values (Monarch's helper), each
+    run inside ``configured(...)`` with that combination."""
+    import itertools
+
+    keys = list(options)
+    return _parametrize(keys, list(itertools.product(*(list(options[k]) for k in keys))))
+
+
+def parametrize_config_pointwise(**options: Sequence[Any]) -> Callable[[Callable[..., Any]], Any]:
+    """As :func:`parametrize_config`, but the i-th run takes the i-th value of every setting."""
+    keys = list(options)
+    columns = [list(options[k]) for k in keys]
+    if len({len(c) for c in columns}) > 1:
+        raise MeshValueError(f"every setting needs as many values: {dict(zip(keys, map(len, columns)))}")
+    return _parametrize(keys, list(zip(*columns)))
+
+
+def _parametrize(keys: list[str], rows: list[tuple[Any, ...]]) -> Callable[[Callable[..., Any]], Any]:
+    import functools
+    import inspect
+
+    import pytest
+
+    if not keys:
+        raise MeshValueError("name at least one setting to parametrize over")
+    runs = [dict(zip(keys, row)) for row in rows]
+    ids = ["-".join(f"{k}={v}" for k, v in run.items()) for run in runs]
+
+    def decorate(fn: Callable[..., Any]) -> Any:
+        sig = inspect.signature(fn)
+        param = inspect.Parameter("_config_overrides", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        if inspect.iscoroutinefunction(fn):
+
+            async def wrapper(_config_overrides: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+                with configured(**_config_overrides):
+                    return await fn(*args, **kwargs)
+        else:
+
+            def wrapper(_config_overrides: dict[str, Any], *args: Any, **kwargs: Any) -> Any:  # type: ignore[misc]
+                with configured(**_config_overrides):
+                    return fn(*args, **kwargs)
+
+        functools.update_wrapper(wrapper, fn)
+        wrapper.__signature__ = sig.replace(parameters=[param, *sig.parameters.values()])  # type: ignore[attr-defined]
+        return pytest.mark.parametrize("_config_overrides", runs, ids=ids)(wrapper)
+
+    return decorate

@@ -97,6 +97,24 @@ def test_config_configured_restores_and_reaches_new_procs(host):
     assert config.get_runtime_config() == {} and config.get_global_config()["tail_log_lines"] is None
 
 
+@config.parametrize_config_pointwise(tail_log_lines=[1, 2], force_file_log=[True, False])
+def test_parametrize_config_runs_each_point_under_its_settings():
+    cfg = config.get_global_config()
+    assert (cfg["tail_log_lines"], cfg["force_file_log"]) in {(1, True), (2, False)}
+
+
+@config.parametrize_config(tail_log_lines=[1, 2], force_file_log=[True])
+def test_parametrize_config_crosses_settings(request):
+    cfg = config.get_global_config()
+    assert cfg["force_file_log"] is True and cfg["tail_log_lines"] in (1, 2)
+    assert request.node.name.endswith(f"[tail_log_lines={cfg['tail_log_lines']}-force_file_log=True]")
+
+
+def test_is_ibverbs_available_needs_an_rdma_device():
+    has_device = os.path.isdir("/sys/class/infiniband") and bool(os.listdir("/sys/class/infiniband"))
+    assert jupyter_mesh.is_ibverbs_available() in ((False,) if not has_device else (True, False))
+
+
 def test_explicit_response_port_replies_now_later_or_with_an_error(two):
     a = two.spawn("adder", Adder, 10)
     assert a.slice(gpus=0).add.call_one(5).get(timeout=30) == 15

@@ -389,6 +389,16 @@ def _rebuild(state: tuple[Any, ...]) -> RDMABuffer:
     return b
 
 
+def is_ibverbs_available() -> bool:
+    """Monarch's question, "can transfers use InfiniBand verbs here?": an RDMA device on this host
+    and UCX to drive it (ours goes through UCX, which picks verbs when it can)."""
+    try:
+        devices = os.listdir("/sys/class/infiniband")
+    except OSError:
+        return False
+    return bool(devices) and _ucx.available()
+
+
 def get_rdma_backend(buf: RDMABuffer | None = None) -> str:
     """The backend a transfer uses: of ``buf`` (to or from CPU memory here), or, without one, to a
     process on another host. ``JUPYTER_MESH_RDMA_BACKEND`` forces it."""
