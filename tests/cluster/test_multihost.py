@@ -152,18 +152,19 @@ def test_a_second_controller_is_refused_and_a_wrong_key_never_gets_in(netns_host
     assert _no_mesh_processes_in(hosts) == []
 
 
-def test_slurm_job_places_agents_on_its_nodes_and_leaves_nothing(netns_hosts, slurm, config_dir):
-    steps = drive("slurm", "2", "2", env={**_env(), **slurm.env})
+@pytest.mark.parametrize(("nodes", "per_host"), [(2, 2), (4, 1)])
+def test_slurm_job_places_agents_on_its_nodes_and_leaves_nothing(netns_hosts, slurm, config_dir, nodes, per_host):
+    steps = drive("slurm", str(nodes), str(per_host), env={**_env(), **slurm.env})
     agents = step(steps, "agents")
-    assert agents["state"] == "RUNNING" and len(agents["nodes"]) == 2
+    assert agents["state"] == "RUNNING" and len(agents["nodes"]) == nodes
     where = step(steps, "spawned")["where"]
     assert {w["node"] for w in where} == set(agents["nodes"])  # each agent runs on its own node
-    assert len({w["netns"] for w in where}) == 2
+    assert len({w["netns"] for w in where}) == nodes
     assert step(steps, "adverbs")["bad"] == []
     stopped = step(steps, "job_stopped")
     job_id = stopped["job_id"]
     status = step(steps, "status")["lines"]
-    assert len(status) == 1 and f"slurm job {job_id}: 2 host(s)" in status[0] and "RUNNING" in status[0], status
+    assert len(status) == 1 and f"slurm job {job_id}: {nodes} host(s)" in status[0] and "RUNNING" in status[0], status
     assert stopped["status"] == []  # the record goes with the job
     assert slurm.job_state(job_id)[0] in ("", "CANCELLED", "COMPLETED")
     assert slurm.job_ids() == []
