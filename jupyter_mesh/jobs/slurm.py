@@ -194,6 +194,9 @@ class SlurmJob(Job):
             _unlink(self._key_path)  # every agent has read it: the session's keys leave the disk
             return out
 
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "id": self.job_id}
+
     def running(self) -> bool:
         return not self._stopped
 
