@@ -288,3 +288,24 @@ def test_status_rows_name_hosts_and_job():
     )
     assert cell(two[:1], {"kind": "attach", "id": None, "keep_alive": False}) == "attached: 10.213.0.3"
     assert cell([]) == "-"
+
+
+def test_status_lists_scheduler_jobs_with_hosts_and_keep_alive(tmp_path, monkeypatch):
+    import json
+    import os
+
+    from jupyter_mesh.ui.remote import scheduler_jobs
+
+    monkeypatch.setenv("JUPYTER_MESH_CONFIG_DIR", str(tmp_path))
+    monkeypatch.setenv("PATH", "")  # no squeue here: the line says what the record says
+    (tmp_path / "jobs").mkdir()
+    rec = {"scheduler": "slurm", "job_id": "12", "nodes": 2, "hosts": ["10.213.0.3", "10.213.0.4"]}
+    (tmp_path / "jobs" / "a.json").write_text(json.dumps({**rec, "controller_pid": os.getpid()}))
+    (tmp_path / "jobs" / "b.json").write_text(
+        json.dumps({**rec, "job_id": "13", "controller_pid": 2**22 + 7, "keep_alive": True})  # a pid no one has
+    )
+    assert scheduler_jobs() == [
+        f"slurm job 12: 2 host(s) (10.213.0.3, 10.213.0.4); controller pid {os.getpid()}",
+        f"slurm job 13: 2 host(s) (10.213.0.3, 10.213.0.4); controller pid {2**22 + 7} is gone: "
+        "kept alive past its kernel, it runs on",
+    ]
