@@ -94,9 +94,21 @@ class Controller:
         (no job running, no mesh) is replaced by one bound to our IP on the route to that host, with
         CURVE; its state tracker and output sink carry over, so widgets and the notebook's output
         routing keep working. A busy one cannot move its running meshes: that is a clear error."""
+        return cls._listening_for(peer_ip, None)
+
+    @classmethod
+    def adopt(cls, key: bytes, curve: CurveKeys, peer_ip: str) -> Controller:
+        """The controller of a kept-alive job's session (``SlurmJob.reattach``): its keys, bound to our
+        IP on the route to ``peer_ip``. Only an idle session can become it, as for ``reachable_from``."""
+        return cls._listening_for(peer_ip, (key, curve))
+
+    @classmethod
+    def _listening_for(cls, peer_ip: str, keys: tuple[bytes, CurveKeys] | None) -> Controller:
         inst = cls.get()
         bind = inst.transport.bind
-        if bind.startswith("tcp://"):
+        if keys is not None and (inst.key, inst.transport.curve) == keys:
+            return inst  # this session is that one already
+        if bind.startswith("tcp://") and keys is None:
             if is_loopback(bind) and not is_loopback(f"tcp://{peer_ip}"):
                 raise MeshValueError(
                     f"this session listens on {bind} (loopback): a host at {peer_ip} cannot reach it; "
@@ -107,6 +119,11 @@ class Controller:
             raise MeshValueError("an actor cannot start jobs on other hosts; create them in the controller")
         busy = [j for j in inst._jobs if j.running()]
         live = [r.ref.name for r in inst.meshes.values() if not r.stopped]
+        if keys is not None and (busy or live):
+            raise MeshValueError(
+                f"this session already runs {', '.join(live) or busy[0]!r}; a kept job is reattached by a "
+                f"session of its own: stop them first (%mesh down), or reattach from a fresh kernel"
+            )
         if busy or live:
             raise MeshValueError(
                 f"this session listens on private unix sockets (this host only) and already runs "
@@ -117,21 +134,29 @@ class Controller:
         ip = local_ip_towards(peer_ip)
         inst.shutdown()  # takes the instance lock itself
         with cls._instance_lock:
-            new = cls._instance = Controller(bind=f"tcp://{ip}", carry=inst)
+            new = cls._instance = Controller(bind=f"tcp://{ip}", carry=inst, keys=keys)
             hooks.hold_faults_with(new._hold_fault)
         return new
 
-    def __init__(self, bind: str | None = None, embedded: Embedding | None = None, carry: Controller | None = None):
+    def __init__(
+        self,
+        bind: str | None = None,
+        embedded: Embedding | None = None,
+        carry: Controller | None = None,
+        keys: tuple[bytes, CurveKeys] | None = None,
+    ):
         """``embedded``: inside a proc, an actor that spawns meshes makes the proc a controller too;
-        it then shares the proc's key, transport, client and receive thread instead of its own."""
+        it then shares the proc's key, transport, client and receive thread instead of its own.
+        ``keys``: the session key and CURVE keys of a kept-alive job this controller takes over."""
         self.embedded = embedded is not None
         if embedded is not None:
             self.key, self.transport, self.client = embedded.key, embedded.transport, embedded.client
         else:
-            self.key = secrets.token_bytes(32)
+            self.key = keys[0] if keys else secrets.token_bytes(32)
             # private unix sockets unless the user asked for TCP, which then speaks CURVE (_wire/channels)
             bind = bind or default_bind()
-            self.transport = Transport(self.key, bind, CurveKeys.new() if curve_wanted(bind) else None)
+            curve = keys[1] if keys else CurveKeys.new() if curve_wanted(bind) else None
+            self.transport = Transport(self.key, bind, curve)
             _ucx.follow_bind(bind)
             self.client = Client(self.transport, reply_boxes=True)
         self.address = self.transport.address
@@ -358,6 +383,7 @@ class Controller:
             if fails:
                 raise SupervisionError(fails, "while starting its procs")
             raise errors[0]
+        self.meshes_changed(rec)
         return ref
 
     def spawn_request(
@@ -402,6 +428,17 @@ class Controller:
         for addr in ref.proc_addrs:
             if addr:
                 self.client.forget_proc(addr)
+        self.meshes_changed(rec)
+
+    def job_stopping(self, job: Job) -> None:
+        """A job stops its agents, and with them every proc of its meshes: those meshes are stopped
+        (calls fail as closed), not failed (the procs' exits are not failures to report)."""
+        for rec in list(self.meshes.values()):
+            if rec.job is job and not rec.stopped:
+                rec.stopped = True
+                self.client.mark_stopped(rec.ref.mesh_id)
+                self.state.stopped(rec.ref.mesh_id)
+                self.notify_procs(protocol.notice("stopped", rec.ref.mesh_id))
 
     def _force_stop(self, rec: MeshRecord, host: int, why: str) -> None:
         """An agent did not answer a stop: kill its procs of this mesh ourselves where we can (same
@@ -429,6 +466,16 @@ class Controller:
         rec = self.meshes.get(mesh._ref.mesh_id)
         if rec is not None:
             rec.actors.append((mesh, payload, [bytes(b) for b in bufs]))
+            self.meshes_changed(rec)
+
+    def meshes_changed(self, rec: MeshRecord) -> None:
+        """A job that remembers its meshes for a later controller (``keep_alive``) saves them now."""
+        if rec.job is None:
+            return
+        try:
+            rec.job.meshes_changed()
+        except Exception as e:  # noqa: BLE001 - the mesh works; only its record for a later kernel is behind
+            print(f"jupyter_mesh: could not save the meshes of {rec.job!r}: {e}", file=sys.stderr)
 
     def logs(self, ref: ProcMeshRef, rank: int | None, tail: int | None) -> list[tuple[float, int, int, str]]:
         lines = self.worker_logs.lines(ref.mesh_id, rank)
@@ -468,7 +515,10 @@ class Controller:
         self.client.fail_all(MeshClosedError("the jupyter_mesh controller shut down while this call was pending"))
         for job in self._jobs:
             try:
-                job.stop()
+                if job.keep_alive and job.running():
+                    job.detach()  # its agents keep their procs for the next controller
+                else:
+                    job.stop()
             except Exception as e:  # noqa: BLE001 - keep stopping the others
                 print(f"jupyter_mesh: error stopping {job!r}: {e}", file=sys.stderr)
         if self._thread is not None:  # an embedded controller leaves the proc's transport alone

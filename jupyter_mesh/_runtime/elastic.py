@@ -42,6 +42,8 @@ class ElasticHost(Protocol):
 
     def raise_pending_fault(self) -> None: ...
 
+    def meshes_changed(self, rec: MeshRecord) -> None: ...
+
 
 class Elastic:
     """Kill, respawn, grow and shrink the controller's proc meshes (one per controller)."""
@@ -117,6 +119,7 @@ class Elastic:
             self._grow(rec, new_shape, dim, timeout)
         elif new_n < old_n:
             self._shrink(rec, new_shape, timeout)
+        self.host.meshes_changed(rec)
 
     def _grow(self, rec: MeshRecord, new_shape: Shape, dim: str, timeout: float) -> None:
         ref = rec.ref

@@ -27,6 +27,9 @@ class Job(abc.ABC):
     """What a scheduler gives jupyter_mesh: one agent per host. The controller calls these (spawning
     proc meshes, growing them, supervising agents); the optional ones say clearly what a job cannot do."""
 
+    keep_alive: bool = False
+    """Whether the job outlives its controller (``detach`` at shutdown instead of ``stop``)."""
+
     @abc.abstractmethod
     def agents(self, timeout: float) -> list[AgentHandle]:
         """The agents of every host, waiting (at most ``timeout``) for them to come up."""
@@ -61,3 +64,12 @@ class Job(abc.ABC):
         """The controller gave up on the agent at ``addr`` (it died, or went silent past the heartbeat
         timeout). A job that can replace the host does it here (on next use); by default nothing."""
         return None
+
+    def meshes_changed(self) -> None:
+        """The controller's proc or actor meshes on this job changed (spawned, stopped, resized): a job
+        that remembers them for a later controller (``keep_alive``) saves them here."""
+        return None
+
+    def detach(self) -> None:
+        """The controller goes and a kept-alive job stays: tell its agents to wait for the next one."""
+        raise MeshValueError(f"{self!r} cannot outlive its controller")

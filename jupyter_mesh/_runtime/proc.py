@@ -76,7 +76,9 @@ class ActorHost:
         self._bell_token = secrets.token_bytes(16)
         self._bell_lock = threading.Lock()
         self._mailbox: queue.SimpleQueue[Message] = queue.SimpleQueue()
-        self._order: dict[str, list[Any]] = {}  # sender -> [next seq, {seq: message}]
+        # (sender's reply address, its epoch) -> [next seq, {seq: message}]: a controller that takes a kept
+        # job over may get an address an old one had, and starts its sequence afresh
+        self._order: dict[tuple[str, str], list[Any]] = {}
         # cancellation: which call runs now, and calls cancelled before they started
         self._lock = threading.Lock()
         self._current: tuple[str, int] | None = None
@@ -197,9 +199,10 @@ class ActorHost:
         if seq is None:  # local mail (supervision events) carries no sequence number
             self._run(msg)
             return
-        st = self._order.get(msg.header["s"])
+        sender = (msg.header["s"], msg.header.get("oe") or msg.header.get("se", ""))  # "oe": a skip's caller
+        st = self._order.get(sender)
         if st is None:
-            st = self._order[msg.header["s"]] = [0, {}]
+            st = self._order[sender] = [0, {}]
         if seq != st[0]:
             st[1][seq] = msg
             return

@@ -26,15 +26,16 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .._api.mesh import HostMesh
+from .._api.mesh import ActorMesh, HostMesh, ProcMesh
 from .._core.context import host_key
 from .._core.future import Future
 from .._core.shape import Shape
 from .._runtime.hosts import AgentHandle, Job
 from .._wire.addresses import host_of, parse_tcp
-from .._wire.keyfile import KeyFile, config_dir, write_key_file
+from .._wire.keyfile import KeyFile, config_dir, read_key_file, write_key_file
 from .._wire.protocol import VERSION, Kind
 from ..errors import MeshClosedError, MeshError, MeshTimeoutError, MeshValueError
+from .kept import Restored, restore_meshes, saved_meshes
 
 __all__ = ["SlurmJob"]
 
@@ -77,6 +78,7 @@ class SlurmJob(Job):
         python: str | None = None,
         name: str = "jupyter-mesh",
         use_allocation: bool | None = None,
+        keep_alive: bool = False,
     ):
         from .._runtime.controller import Controller
 
@@ -87,8 +89,17 @@ class SlurmJob(Job):
         for label, value in (("partition", partition), ("account", account), ("name", name)):
             if value is not None and not re.fullmatch(r"[\w.@+-]{1,64}", value):
                 raise MeshValueError(f"{label}={value!r} is not a SLURM {label} name")
+        if not isinstance(keep_alive, bool):
+            raise MeshValueError(f"keep_alive is True or False, got {keep_alive!r}")
+        if keep_alive and os.environ.get("SLURM_JOB_ID") and use_allocation is not False:
+            raise MeshValueError(
+                "keep_alive=True inside an allocation: our step of it would end with this kernel's allocation "
+                "anyway; pass use_allocation=False for a batch job of its own"
+            )
         self.nodes = nodes
+        self.keep_alive = keep_alive
         self.job_id: str | None = None
+        self.restored = Restored()  # what reattach() took back
         self._in_allocation = os.environ.get("SLURM_JOB_ID") if use_allocation is not False else None
         if use_allocation and not self._in_allocation:
             raise MeshValueError("use_allocation=True but SLURM_JOB_ID is not set: not inside an allocation")
@@ -121,6 +132,7 @@ class SlurmJob(Job):
                     "nonce": self._token,
                     "hb_timeout": ctl.hb_timeout,
                     "preload": list(preload),
+                    "keep_alive": keep_alive,
                 },
             ),
         )
@@ -191,7 +203,8 @@ class SlurmJob(Job):
                 out.append(AgentHandle(i, h["addr"], h["pid"], h["hk"]))
             self._agents = out
             self._save_state()
-            _unlink(self._key_path)  # every agent has read it: the session's keys leave the disk
+            if not self.keep_alive:  # every agent has read it: the session's keys leave the disk (a kept
+                _unlink(self._key_path)  # job's stay, 0600, for the kernel that reattaches)
             return out
 
     def describe(self) -> dict[str, Any]:
@@ -227,6 +240,8 @@ class SlurmJob(Job):
 
         ctl = self._controller
         agents = self._agents or []
+        if not ctl.is_closed:
+            ctl.job_stopping(self)
         for a in agents:
             try:
                 if not ctl.is_closed:
@@ -257,6 +272,130 @@ class SlurmJob(Job):
             if state not in ("", *_ENDED):
                 print(f"jupyter_mesh: SLURM job {self.job_id} is still {state} after scancel", file=sys.stderr)
         self._cleanup_files()
+
+    # -- kept alive past this controller -----------------------------------------------------------
+    def meshes_changed(self) -> None:
+        if self.keep_alive and not self._stopped:
+            self._save_state()
+
+    def detach(self) -> None:
+        """This controller goes (a kernel restart or shutdown); the job, its agents and procs stay,
+        waiting for ``SlurmJob.reattach()`` until SLURM ends the job (its time limit) or ``stop()``."""
+        from .._wire.transport import Message
+
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+        ctl = self._controller
+        agents = self._agents or []
+        for a in agents:
+            try:
+                ctl.transport.send(a.addr, Message({"k": Kind.DETACH}))
+            except Exception:  # noqa: BLE001 - it detaches on our silence anyway
+                pass
+        ctl.forget_agents([a.addr for a in agents])
+
+    @classmethod
+    def reattach(
+        cls, job_id: str | int | None = None, *, force: bool = False, bind: str | None = None, timeout: float = 30.0
+    ) -> SlurmJob:
+        """Take over a SLURM job that a kernel now gone kept alive (``keep_alive=True``): its agents,
+        and its meshes as they are now (``proc_meshes()``, ``actor_meshes()``; actors keep their state).
+
+        ``job_id``: which one, when several are kept. A job whose controller still runs is refused
+        unless ``force=True`` (that controller is then told it lost the job). Needs a fresh session
+        (no meshes of its own yet): the kept job's keys become this session's."""
+        from .._runtime.controller import Controller
+        from .._wire.transport import Message
+
+        jobs_dir = os.path.join(config_dir(), "jobs")
+        os.makedirs(jobs_dir, mode=0o700, exist_ok=True)
+        _sweep_stale(jobs_dir)
+        kept = _kept_records(jobs_dir)
+        if job_id is not None:
+            kept = [(t, r) for t, r in kept if str(r.get("job_id")) == str(job_id)]
+        if not kept:
+            which = f"SLURM job {job_id}" if job_id is not None else "any SLURM job"
+            raise MeshError(
+                f"no record of {which} kept alive in {jobs_dir}: a job outlives its kernel only when started "
+                f"with SlurmJob(keep_alive=True) (or %mesh up --slurm --keep-alive), and until SLURM ends it"
+            )
+        if len(kept) > 1:
+            ids = ", ".join(str(r.get("job_id")) for _, r in kept)
+            raise MeshValueError(f"several SLURM jobs are kept alive ({ids}): pass job_id= to say which")
+        token, rec = kept[0]
+        job = cls.__new__(cls)
+        job._from_record(token, rec, jobs_dir)
+        state, reason = job.state()
+        if state != "RUNNING":
+            job._cleanup_files()
+            raise MeshError(
+                f"SLURM job {job.job_id} is {state or 'no longer in the queue'}{f' ({reason})' if reason else ''}: "
+                f"its agents and meshes are gone; start a new job"
+            )
+        kf = read_key_file(job._key_path)
+        job._controller = ctl = Controller.adopt(kf.key, kf.curve, bind or _slurmctld_ip())
+        ctl.register_job(job)
+        waiters = []
+        for i, addr in enumerate(rec.get("agents") or []):
+            nonce = f"{token}/re-{secrets.token_hex(4)}/{i}"
+            waiters.append((addr, nonce, ctl.expect_agent(nonce)))
+            msg = {"k": Kind.REATTACH, "controller": ctl.address, "nonce": nonce, "force": force}
+            ctl.transport.send(addr, Message(msg))
+        agents: list[AgentHandle] = []
+        hosted: dict[str, Any] = {}
+        try:
+            for i, (addr, _, w) in enumerate(waiters):
+                try:
+                    h = w.get(timeout)
+                except MeshTimeoutError:
+                    raise MeshTimeoutError(
+                        "reattach",
+                        timeout,
+                        f"the agent of host {i} of SLURM job {job.job_id} ({addr}) did not answer: its node may be "
+                        f"unreachable, or the agent gone (its output: {job._log_path})",
+                    ) from None
+                agents.append(AgentHandle(i, h["addr"], h["pid"], h["hk"]))
+                hosted[h["addr"]] = h.get("hosted") if isinstance(h.get("hosted"), dict) else {}
+        except BaseException:
+            for a in agents:  # those that answered wait again, for a next try
+                ctl.transport.send(a.addr, Message({"k": Kind.DETACH}))
+            ctl.forget_agents([a.addr for a in agents])
+            for _, nonce, _ in waiters:
+                ctl.stop_expecting(nonce)
+            job._stopped = True
+            raise
+        job._agents = agents
+        job.restored = restore_meshes(ctl, job, rec.get("meshes") or [], hosted)
+        job._save_state()  # this controller owns it now
+        return job
+
+    def proc_meshes(self) -> dict[str, ProcMesh]:
+        """The proc meshes a reattach took back, by name (empty for a job this kernel started)."""
+        return dict(self.restored.procs)
+
+    def actor_meshes(self) -> dict[str, ActorMesh[Any]]:
+        """The actor meshes a reattach took back, by name; calls reach the live actors, state kept."""
+        return self.restored.actor_meshes()
+
+    def _from_record(self, token: str, rec: dict[str, Any], jobs_dir: str) -> None:
+        self.nodes = int(rec.get("nodes") or len(rec.get("agents") or []))
+        self.keep_alive = True
+        self.job_id = str(rec["job_id"])
+        self._in_allocation = None
+        self._token = token
+        self._dir = jobs_dir
+        self._key_path = os.path.join(jobs_dir, f"{token}.key")
+        self._log_path = os.path.join(jobs_dir, f"{token}.log")
+        self._state_path = os.path.join(jobs_dir, f"{token}.json")
+        self._lock = threading.Lock()
+        self._agents = None
+        self._stopped = False
+        self._step = None
+        self._waiters = []
+        self._created = rec.get("created")
+        self.restored = Restored()
 
     # -- SLURM's view -------------------------------------------------------------------------------
     def state(self) -> tuple[str, str]:
@@ -309,8 +448,11 @@ class SlurmJob(Job):
             "controller_host": host_key(),  # a shared home may hold records of other login nodes' controllers
             "agents": [a.addr for a in self._agents or []],
             "hosts": [host_of(a.addr) for a in self._agents or []],
-            "created": time.time(),
+            "created": getattr(self, "_created", None) or time.time(),
+            "keep_alive": self.keep_alive,
+            "meshes": saved_meshes(self._controller, self) if self.keep_alive else [],
         }
+        self._created = record["created"]
         tmp = f"{self._state_path}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as f:
@@ -343,6 +485,10 @@ def _sweep_stale(jobs_dir: str) -> None:
         try:
             with open(path) as f:
                 rec = json.load(f)
+            if rec.get("keep_alive") is True:  # outlives its controller on purpose, until SLURM ends it
+                if _queued(str(rec.get("job_id"))):
+                    continue
+                raise ProcessLookupError
             pid = int(rec["controller_pid"])
             if rec.get("controller_host") != host_key():
                 continue  # another machine's controller: its pid means nothing here
@@ -354,6 +500,32 @@ def _sweep_stale(jobs_dir: str) -> None:
             continue  # unreadable, or a pid we may not signal (alive): left alone
         _unlink(os.path.join(jobs_dir, token + ".key"))
         _unlink(path)
+
+
+def _queued(job_id: str) -> bool:
+    """Whether SLURM still has the job (in any state but ended); True when we cannot tell."""
+    try:
+        out = _run(["squeue", "-h", "-j", job_id, "-o", "%T"], check=False).strip()
+    except MeshError:
+        return True
+    return bool(out) and out.split()[0] not in _ENDED
+
+
+def _kept_records(jobs_dir: str) -> list[tuple[str, dict[str, Any]]]:
+    """(token, record) of every job kept alive whose key file is still there, oldest first."""
+    out = []
+    for name in sorted(os.listdir(jobs_dir)):
+        token, ext = os.path.splitext(name)
+        if ext != ".json" or not os.path.exists(os.path.join(jobs_dir, token + ".key")):
+            continue
+        try:
+            with open(os.path.join(jobs_dir, name)) as f:
+                rec = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if isinstance(rec, dict) and rec.get("keep_alive") is True and rec.get("job_id") and rec.get("agents"):
+            out.append((token, rec))
+    return sorted(out, key=lambda tr: tr[1].get("created") or 0)
 
 
 def _run(argv: list[str], input: str | None = None, check: bool = True, timeout: float = 30.0) -> str:

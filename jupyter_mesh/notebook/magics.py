@@ -23,8 +23,8 @@ from .._core.value_mesh import ValueMesh
 from ..errors import MeshError, MeshValueError
 from .meshes import JobSpec, MeshRegistry, NamedMesh
 from .output import SYNC_PREFIX, OutputRouter, fold_label, group_by_rank
-from .reload import Redefinitions
-from .remote_exec import CellError
+from .reload import INTERNAL_ACTORS, Redefinitions
+from .remote_exec import CellError, RemoteExec
 
 __all__ = ["MeshMagics", "parse_slice"]
 
@@ -139,6 +139,11 @@ def _build_parsers() -> tuple[_Parser, _Parser]:
     )
     up.add_argument("--partition", type=_slurm_name, help="SLURM partition")
     up.add_argument("--time", help="SLURM time limit (HH:MM:SS; default 01:00:00)")
+    up.add_argument(
+        "--keep-alive",
+        action="store_true",
+        help="the SLURM job outlives this kernel (until its time limit or %%mesh down): %%mesh reattach takes it back",
+    )
     size = up.add_mutually_exclusive_group()
     size.add_argument("--procs", type=_positive, help="procs per host (dim 'procs'; default 2)")
     size.add_argument("--gpus", type=_positive, help="procs per host, one per GPU (dim 'gpus')")
@@ -146,6 +151,12 @@ def _build_parsers() -> tuple[_Parser, _Parser]:
     up.add_argument("--preload", type=_modules, action="append", default=[], help="modules every proc starts with")
 
     sub.add_parser("status", help="the meshes, their procs and failed ranks")
+
+    reattach = sub.add_parser(
+        "reattach", help="take back a SLURM job an earlier kernel kept alive (--keep-alive): its meshes and actors"
+    )
+    reattach.add_argument("job_id", nargs="?", metavar="JOB_ID", help="which job, when several are kept")
+    reattach.add_argument("--force", action="store_true", help="take it from a kernel that still runs")
 
     down = sub.add_parser("down", help="stop a mesh (default: the current one)")
     down.add_argument("name", nargs="?", type=_name)
@@ -231,8 +242,8 @@ class MeshMagics(Magics):
 
     # -- %mesh commands -------------------------------------------------------------------------
     def _cmd_up(self, args: argparse.Namespace) -> None:
-        if (args.partition or args.time) and not args.slurm:
-            raise UsageError("--partition and --time are for --slurm")
+        if (args.partition or args.time or args.keep_alive) and not args.slurm:
+            raise UsageError("--partition, --time and --keep-alive are for --slurm")
         if args.attach and args.hosts not in (None, len(args.attach)):
             raise UsageError(f"--attach names {len(args.attach)} agents, --hosts says {args.hosts}")
         if args.name in self.meshes and self.meshes.get(args.name).procs.stopped:
@@ -246,6 +257,7 @@ class MeshMagics(Magics):
             args.attach or [],
             args.partition,
             args.time,
+            args.keep_alive,
         )
         hosts = len(args.attach) if args.attach else (args.hosts or 1)
         try:
@@ -255,7 +267,46 @@ class MeshMagics(Magics):
         except (OSError, ValueError) as e:  # a key file missing or refused, an address: what to do, no traceback
             raise UsageError(str(e)) from None
         self.shell.user_ns[args.name] = entry.procs
-        print(f"mesh '{args.name}' is up: {entry.procs.sizes} (bound to the variable `{args.name}`)")
+        job_id = getattr(entry.job, "job_id", None)
+        kept = f"; SLURM job {job_id} outlives this kernel: `%mesh reattach` takes it back" if args.keep_alive else ""
+        print(f"mesh '{args.name}' is up: {entry.procs.sizes} (bound to the variable `{args.name}`){kept}")
+
+    def _cmd_reattach(self, args: argparse.Namespace) -> None:
+        from ..jobs import SlurmJob
+
+        try:
+            job = SlurmJob.reattach(args.job_id, force=args.force)
+        except (MeshError, OSError, ValueError) as e:  # no kept job, a refusal, an unreadable key: what to do
+            raise UsageError(str(e)) from None
+        bound = []
+        for name, procs in job.proc_meshes().items():
+            execs = [a for p, a in job.restored.actors if p == name and a.name == "mesh_exec"]
+            sizes = procs.sizes
+            dim = list(sizes)[-1]
+            executor = execs[0] if execs else procs.spawn("mesh_exec", RemoteExec)
+            entry = NamedMesh(
+                name,
+                job,
+                procs,
+                executor,
+                sizes.get("hosts", 1),
+                dim,
+                sizes[dim],
+                [],
+                JobSpec("slurm", keep_alive=True),
+            )
+            self.meshes.adopt(entry)
+            if name.isidentifier():
+                self.shell.user_ns[name] = procs
+                bound.append(name)
+        for name, mesh in job.actor_meshes().items():
+            if mesh.name not in INTERNAL_ACTORS and name.isidentifier():
+                self.shell.user_ns[name] = mesh
+                bound.append(name)
+        hosts = ", ".join(sorted({a.addr.split("//")[-1].rsplit(":", 1)[0] for a in job.agents(1.0)}))
+        print(f"reattached SLURM job {job.job_id} ({job.nodes} hosts: {hosts}); bound: {', '.join(bound) or 'nothing'}")
+        for note in job.restored.notes:
+            print(f"  {note}")
 
     def _cmd_status(self, args: argparse.Namespace) -> None:
         rows = self.meshes.status_rows()

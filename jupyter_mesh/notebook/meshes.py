@@ -25,10 +25,18 @@ class JobSpec:
     agents: list[str] = field(default_factory=list)
     partition: str | None = None
     time: str | None = None
+    keep_alive: bool = False
 
     def job(self, hosts: int, preload: list[str]) -> LocalJob | SlurmJob | AttachJob:
         if self.kind == "slurm":
-            return SlurmJob(nodes=hosts, partition=self.partition, time=self.time or "01:00:00", preload=preload)
+            return SlurmJob(
+                nodes=hosts,
+                partition=self.partition,
+                time=self.time or "01:00:00",
+                preload=preload,
+                keep_alive=self.keep_alive,
+                use_allocation=False if self.keep_alive else None,
+            )
         if self.kind == "attach":
             return AttachJob(self.agents, preload=preload)
         return LocalJob(hosts=hosts, preload=preload)
@@ -110,14 +118,24 @@ class MeshRegistry:
             self.default = next(reversed(self._entries), None)
         return entry
 
-    def down_all(self) -> list[NamedMesh]:
+    def down_all(self, leave_kept: bool = False) -> list[NamedMesh]:
+        """Stop every mesh; ``leave_kept`` (the kernel going away): a job kept alive stays, for
+        ``%mesh reattach`` from the next kernel."""
         entries = list(self._entries.values())
         for e in entries:
+            if leave_kept and e.job.keep_alive and e.job.running():
+                del self._entries[e.name]
+                continue
             try:
                 self.down(e.name)
             except Exception:  # noqa: BLE001 - bring the others down anyway
                 pass
         return entries
+
+    def adopt(self, entry: NamedMesh) -> None:
+        """A mesh this kernel did not bring up (``%mesh reattach``)."""
+        self._entries[entry.name] = entry
+        self.default = entry.name
 
     def status_rows(self) -> list[dict[str, Any]]:
         rows = []

@@ -20,16 +20,6 @@ DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mesh_driver.p
 PY = sys.executable
 
 
-@pytest.fixture
-def config_dir(tmp_path, monkeypatch):
-    """A private config dir with a fresh mesh key, for this test's controllers and agents."""
-    d = tmp_path / "cfg"
-    d.mkdir(mode=0o700)
-    monkeypatch.setenv("JUPYTER_MESH_CONFIG_DIR", str(d))
-    subprocess.run([PY, "-m", "jupyter_mesh.cli", "keygen"], check=True, timeout=60, capture_output=True)
-    return d
-
-
 def _env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"

@@ -1,0 +1,146 @@
+"""What a kept-alive job remembers of its meshes, and how a new controller takes them back.
+
+A job started with ``keep_alive=True`` saves, in its record (0600, under the user's config dir),
+which proc meshes and actor meshes the controller made on it: ids, names, the actors' classes and
+endpoints, and their spawn arguments (so a rank that dies later can be respawned with its actors).
+``reattach`` reads that back; where the procs are now and whether they live, the agents say
+(``_runtime.keep_alive.Keeper.hosted``): they are the truth, the record only names things.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .._api.mesh import ActorMesh, ProcMesh
+from .._core.refs import ProcMeshRef
+from .._core.shape import Shape
+from .._runtime.records import MeshRecord
+from ..errors import Failure
+
+if TYPE_CHECKING:
+    from .._runtime.controller import Controller
+    from .._runtime.hosts import Job
+
+__all__ = ["Restored", "restore_meshes", "saved_meshes"]
+
+SPAWN_KEPT_MAX = 4 << 20
+"""Actors whose spawn arguments are larger than this are remembered without them (not re-created on
+respawn): the record is rewritten on every change and must stay small."""
+
+
+@dataclass
+class Restored:
+    """What a reattach found: the live meshes by name, and what changed while nobody was attached."""
+
+    procs: dict[str, ProcMesh] = field(default_factory=dict)
+    actors: list[tuple[str, ActorMesh[Any]]] = field(default_factory=list)  # (its proc mesh's name, it)
+    notes: list[str] = field(default_factory=list)
+
+    def actor_meshes(self) -> dict[str, ActorMesh[Any]]:
+        """By name; a name found on several proc meshes as ``procs/name``."""
+        names = [a.name for _, a in self.actors]
+        return {(a.name if names.count(a.name) == 1 else f"{p}/{a.name}"): a for p, a in self.actors}
+
+
+def saved_meshes(ctl: Controller, job: Job) -> list[dict[str, Any]]:
+    """The controller's live meshes on ``job``, as plain data for the job's record."""
+    out = []
+    for rec in list(ctl.meshes.values()):
+        if rec.job is not job or rec.stopped:
+            continue
+        ref = rec.ref
+        actors = []
+        for m, payload, bufs in rec.actors:
+            if not isinstance(m, ActorMesh):
+                continue
+            size = len(payload) + sum(len(b) for b in bufs)
+            actors.append(
+                {
+                    "id": m._actor_id,
+                    "name": m._name,
+                    "class": m._class_name,
+                    "endpoints": sorted(m._endpoint_names),
+                    "view": m._view.to_wire() if m._view is not None else None,
+                    "spawn": [_b64(payload), [_b64(b) for b in bufs]] if size <= SPAWN_KEPT_MAX else None,
+                }
+            )
+        out.append(
+            {
+                "id": ref.mesh_id,
+                "name": ref.name,
+                "agents": list(ref.agent_addrs),
+                "host_keys": list(ref.host_keys),
+                "host_dims": ref.host_dims,
+                "env": dict(rec.env),
+                "preload": list(rec.preload),
+                "actors": actors,
+            }
+        )
+    return out
+
+
+def restore_meshes(ctl: Controller, job: Job, saved: list[dict[str, Any]], hosted: dict[str, Any]) -> Restored:
+    """Rebuild the controller's records of ``saved`` meshes from what each agent (by address) hosts."""
+    found = Restored()
+    for m in saved:
+        name = str(m["name"])
+        agents = [str(a) for a in m["agents"]]
+        parts = [(hosted.get(a) or {}).get(m["id"]) for a in agents]
+        live_parts = [p for p in parts if isinstance(p, dict)]
+        if not live_parts:
+            found.notes.append(f"proc mesh '{name}' is gone: no agent of the job hosts it any more")
+            continue
+        shape = Shape.from_wire(live_parts[0]["shape"])
+        n = len(shape)
+        per_host = max(1, n // len(agents))
+        proc_addrs, rank_host = [""] * n, [min(r // per_host, len(agents) - 1) for r in range(n)]
+        pids: dict[int, int] = {}
+        lives: dict[int, bool] = {}
+        ended: dict[int, str] = {}
+        for h, part in enumerate(parts):
+            for entry in part.get("ranks", []) if isinstance(part, dict) else []:
+                r, addr, pid, alive, how = entry
+                if not (isinstance(r, int) and 0 <= r < n and isinstance(addr, str) and isinstance(pid, int)):
+                    continue  # nothing off the wire is trusted as it is
+                proc_addrs[r], rank_host[r], pids[r] = addr, h, pid
+                lives[r], ended[r] = bool(alive), str(how)[:300]
+        ref = ProcMeshRef(
+            str(m["id"]), name, shape, proc_addrs, rank_host, agents, [str(k) for k in m["host_keys"]], m["host_dims"]
+        )
+        rec = MeshRecord(ref, {r: p for r, p in pids.items() if p})
+        rec.job, rec.env, rec.preload = job, dict(m.get("env") or {}), list(m.get("preload") or [])
+        ctl.meshes[ref.mesh_id] = rec
+        ctl.state.created(ref.mesh_id, name, dict(shape.extent), [dict(shape.point(r)) for r in range(n)])
+        failures = {}
+        for r in range(n):
+            if lives.get(r):
+                ctl.state.ready(ref.mesh_id, r, pids[r])
+                continue
+            how = ended.get(r) or "its host did not report it"
+            failures[r] = Failure(name, ref.coords(r), "exit", f"{how} (before this controller attached)")
+        for r, f in failures.items():
+            rec.failures[r] = f
+            ctl.state.failed(ref.mesh_id, r, f)
+        if failures:
+            ctl.client.mark_failed(failures, ref.mesh_id)
+            found.notes.append(f"proc mesh '{name}': ranks {sorted(failures)} are not running (respawn them)")
+        found.procs[name] = ProcMesh(ctl, ref)
+        for a in m.get("actors") or []:
+            view = Shape.from_wire(a["view"]) if a.get("view") is not None else None
+            mesh: ActorMesh[Any] = ActorMesh(ref, a["id"], a["name"], a["class"], frozenset(a["endpoints"]), view)
+            found.actors.append((name, mesh))
+            if a.get("spawn"):
+                payload, bufs = a["spawn"]
+                rec.actors.append((mesh, base64.b64decode(payload), [base64.b64decode(b) for b in bufs]))
+            else:
+                found.notes.append(
+                    f"actor mesh '{mesh.name}': its spawn arguments were too large to keep, so a "
+                    f"respawned rank will not re-create it"
+                )
+    return found
+
+
+def _b64(b: bytes) -> str:
+    return base64.b64encode(b).decode()
