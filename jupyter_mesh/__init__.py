@@ -35,7 +35,7 @@ from .errors import (
     SerializationError,
     SupervisionError,
 )
-from .jobs import AttachJob, LocalJob, SlurmJob, attach_to_workers, this_host
+from .jobs import AttachJob, LocalJob, SlurmJob, TorchXJob, attach_to_workers, this_host
 
 
 def _render(mesh: ProcMesh) -> dict[str, Any]:
@@ -101,6 +101,7 @@ __all__ = [
     "Slice",
     "SlurmJob",
     "SupervisionError",
+    "TorchXJob",
     "ValueMesh",
     "attach_to_workers",
     "current_rank",

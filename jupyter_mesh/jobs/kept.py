@@ -10,20 +10,25 @@ endpoints, and their spawn arguments (so a rank that dies later can be respawned
 from __future__ import annotations
 
 import base64
+import json
+import os
+import secrets
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .._api.mesh import ActorMesh, ProcMesh
 from .._core.refs import ProcMeshRef
 from .._core.shape import Shape
+from .._runtime.hosts import AgentHandle
 from .._runtime.records import MeshRecord
-from ..errors import Failure
+from .._wire.protocol import Kind
+from ..errors import Failure, MeshError, MeshTimeoutError
 
 if TYPE_CHECKING:
     from .._runtime.controller import Controller
     from .._runtime.hosts import Job
 
-__all__ = ["Restored", "restore_meshes", "saved_meshes"]
+__all__ = ["Restored", "detach_agents", "kept_records", "reattach_agents", "restore_meshes", "saved_meshes"]
 
 SPAWN_KEPT_MAX = 4 << 20
 """Actors whose spawn arguments are larger than this are remembered without them (not re-created on
@@ -144,3 +149,79 @@ def restore_meshes(ctl: Controller, job: Job, saved: list[dict[str, Any]], hoste
 
 def _b64(b: bytes) -> str:
     return base64.b64encode(b).decode()
+
+
+def kept_records(jobs_dir: str, scheduler: str) -> list[tuple[str, dict[str, Any]]]:
+    """(token, record) of every ``scheduler`` job kept alive whose key file is still there, oldest first."""
+    out = []
+    for name in sorted(os.listdir(jobs_dir)):
+        token, ext = os.path.splitext(name)
+        if ext != ".json" or not os.path.exists(os.path.join(jobs_dir, token + ".key")):
+            continue
+        try:
+            with open(os.path.join(jobs_dir, name)) as f:
+                rec = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if (
+            isinstance(rec, dict)
+            and rec.get("keep_alive") is True
+            and rec.get("scheduler") == scheduler
+            and rec.get("job_id")
+            and isinstance(rec.get("agents"), list)
+            and rec["agents"]
+        ):
+            out.append((token, rec))
+    return sorted(out, key=lambda tr: tr[1].get("created") or 0)
+
+
+def reattach_agents(
+    ctl: Controller, token: str, addrs: list[str], force: bool, timeout: float, what: str
+) -> tuple[list[AgentHandle], dict[str, Any]]:
+    """Ask each kept agent at ``addrs`` to report to ``ctl`` (the session's keys); their handles and
+    what each hosts. On any failure those that answered are detached again, for a next try."""
+    from .._wire.transport import Message  # zmq: imported with a job, not the package
+
+    waiters = []
+    for i, addr in enumerate(addrs):
+        nonce = f"{token}/re-{secrets.token_hex(4)}/{i}"
+        waiters.append((addr, nonce, ctl.expect_agent(nonce)))
+        ctl.transport.send(
+            addr, Message({"k": Kind.REATTACH, "controller": ctl.address, "nonce": nonce, "force": force})
+        )
+    agents: list[AgentHandle] = []
+    hosted: dict[str, Any] = {}
+    try:
+        for i, (addr, _, w) in enumerate(waiters):
+            try:
+                h = w.get(timeout)
+            except MeshTimeoutError:
+                raise MeshTimeoutError(
+                    "reattach",
+                    timeout,
+                    f"the agent of host {i} of {what} ({addr}) did not answer: its node may be unreachable, "
+                    f"or the agent gone",
+                ) from None
+            except MeshError as e:
+                raise MeshError(f"cannot reattach {what}: {e}") from None
+            agents.append(AgentHandle(i, h["addr"], h["pid"], h["hk"]))
+            hosted[h["addr"]] = h.get("hosted") if isinstance(h.get("hosted"), dict) else {}
+    except BaseException:
+        detach_agents(ctl, agents)
+        for _, nonce, _ in waiters:
+            ctl.stop_expecting(nonce)
+        raise
+    return agents, hosted
+
+
+def detach_agents(ctl: Controller, agents: list[AgentHandle]) -> None:
+    """This controller goes and the job stays: its agents wait, keeping their procs, for the next."""
+    from .._wire.transport import Message
+
+    for a in agents:
+        try:
+            ctl.transport.send(a.addr, Message({"k": Kind.DETACH}))
+        except Exception:  # noqa: BLE001 - it detaches on our silence anyway
+            pass
+    if not ctl.is_closed:
+        ctl.forget_agents([a.addr for a in agents])

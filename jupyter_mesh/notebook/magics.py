@@ -89,6 +89,20 @@ def _agent_list(text: str) -> list[str]:
         raise argparse.ArgumentTypeError(f"--attach: {e}") from None
 
 
+def _scheduler(text: str) -> str:
+    """``NAME`` or ``NAME:SUB`` of the ``jupyter_mesh.jobs`` entry points (checked when the mesh comes up)."""
+    if not re.fullmatch(r"[A-Za-z_][\w.-]{0,63}(:[\w.-]{1,64})?", text):
+        raise argparse.ArgumentTypeError(f"--scheduler takes NAME or NAME:SUB (e.g. torchx:local_cwd), got {text!r}")
+    return text
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not re.fullmatch(r"[A-Za-z_][\w.-]{0,63}", key):
+        raise argparse.ArgumentTypeError(f"--scheduler-arg takes KEY=VALUE (e.g. partition=debug), got {text!r}")
+    return key, value
+
+
 def _no_agents(text: str) -> list[str]:
     raise argparse.ArgumentTypeError(f"--attach takes tcp://IP:PORT,... got {text!r}")
 
@@ -127,8 +141,11 @@ def _build_parsers() -> tuple[_Parser, _Parser]:
     )
     sub.required = True
 
-    up = sub.add_parser("up", help="start a mesh of procs: local (one host agent per --hosts), on SLURM, or attached")
-    up.add_argument("--hosts", "--nodes", dest="hosts", type=_positive, default=None, help="hosts (SLURM nodes)")
+    up = sub.add_parser(
+        "up",
+        help="start a mesh of procs: local (one host agent per --hosts), on SLURM or another scheduler, or attached",
+    )
+    up.add_argument("--hosts", "--nodes", dest="hosts", type=_positive, default=None, help="hosts (scheduler nodes)")
     where = up.add_mutually_exclusive_group()
     where.add_argument("--slurm", action="store_true", help="hosts from SLURM (sbatch; srun inside an allocation)")
     where.add_argument(
@@ -136,6 +153,20 @@ def _build_parsers() -> tuple[_Parser, _Parser]:
         type=_agent_list,
         metavar="ADDRS",
         help="agents started with `jupyter-mesh agent --listen`: tcp://IP:PORT,tcp://IP:PORT",
+    )
+    where.add_argument(
+        "--scheduler",
+        type=_scheduler,
+        metavar="NAME[:SUB]",
+        help="hosts from a scheduler of the jupyter_mesh.jobs entry points: slurm, torchx:local_cwd, torchx:slurm, ...",
+    )
+    up.add_argument(
+        "--scheduler-arg",
+        type=_key_value,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an option of --scheduler (TorchX: its run options, e.g. partition=debug)",
     )
     up.add_argument("--partition", type=_slurm_name, help="SLURM partition")
     up.add_argument("--time", help="SLURM time limit (HH:MM:SS; default 01:00:00)")
@@ -242,8 +273,15 @@ class MeshMagics(Magics):
 
     # -- %mesh commands -------------------------------------------------------------------------
     def _cmd_up(self, args: argparse.Namespace) -> None:
-        if (args.partition or args.time or args.keep_alive) and not args.slurm:
-            raise UsageError("--partition, --time and --keep-alive are for --slurm")
+        kind = "slurm" if args.slurm else "attach" if args.attach else args.scheduler or "local"
+        if (args.partition or args.time or args.keep_alive) and kind != "slurm":
+            raise UsageError(
+                "--partition, --time and --keep-alive are for --slurm (TorchX: --scheduler-arg partition=NAME)"
+            )
+        if args.scheduler_arg and not args.scheduler:
+            raise UsageError("--scheduler-arg is for --scheduler")
+        if args.scheduler:
+            self._check_scheduler(args.scheduler, bool(args.scheduler_arg))
         if args.attach and args.hosts not in (None, len(args.attach)):
             raise UsageError(f"--attach names {len(args.attach)} agents, --hosts says {args.hosts}")
         if args.name in self.meshes and self.meshes.get(args.name).procs.stopped:
@@ -252,13 +290,7 @@ class MeshMagics(Magics):
             raise UsageError(f"mesh '{args.name}' is already up: `%mesh down {args.name}` first, or pick --name")
         dim, n = ("gpus", args.gpus) if args.gpus else ("procs", args.procs or 2)
         preload = [m for group in args.preload for m in group]
-        where = JobSpec(
-            "slurm" if args.slurm else "attach" if args.attach else "local",
-            args.attach or [],
-            args.partition,
-            args.time,
-            args.keep_alive,
-        )
+        where = JobSpec(kind, args.attach or [], args.partition, args.time, dict(args.scheduler_arg), args.keep_alive)
         hosts = len(args.attach) if args.attach else (args.hosts or 1)
         try:
             entry = self.meshes.up(args.name, hosts, dim, n, preload, where=where)
@@ -307,6 +339,21 @@ class MeshMagics(Magics):
         print(f"reattached SLURM job {job.job_id} ({job.nodes} hosts: {hosts}); bound: {', '.join(bound) or 'nothing'}")
         for note in job.restored.notes:
             print(f"  {note}")
+
+    @staticmethod
+    def _check_scheduler(spec: str, has_args: bool) -> None:
+        """Before anything starts: a scheduler that is not installed (or does not load) is a usage error."""
+        from ..jobs.registry import job_class
+
+        name = spec.partition(":")[0]
+        if name == "attach":
+            raise UsageError("the attach scheduler takes agents' addresses: --attach tcp://IP:PORT,...")
+        if name in ("local", "slurm") and (has_args or ":" in spec):
+            raise UsageError(f"--scheduler {spec}: the {name} scheduler takes neither :SUB nor --scheduler-arg")
+        try:
+            job_class(name)
+        except MeshError as e:
+            raise UsageError(str(e)) from None
 
     def _cmd_status(self, args: argparse.Namespace) -> None:
         rows = self.meshes.status_rows()

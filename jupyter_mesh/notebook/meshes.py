@@ -1,7 +1,7 @@
 """The meshes a notebook brought up with ``%mesh up``: each is a job, its proc mesh and a ``%%mesh`` executor.
 
-Only the public API is used: a job per mesh (``LocalJob``, ``SlurmJob`` or ``AttachJob``: ``%mesh down``
-stops its agents too), its ``spawn_procs``, and a :class:`~.remote_exec.RemoteExec` actor on every proc.
+Only the public API is used: a job per mesh (``LocalJob``, ``SlurmJob``, ``AttachJob``, or any scheduler
+of the ``jupyter_mesh.jobs`` entry points such as ``TorchXJob``: ``%mesh down`` stops its agents too), its ``spawn_procs``, and a :class:`~.remote_exec.RemoteExec` actor on every proc.
 """
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ from typing import Any
 
 from .._api.mesh import ActorMesh, ProcMesh
 from .._core.state import MeshState
+from ..errors import MeshValueError
 from ..jobs import AttachJob, Job, LocalJob, SlurmJob
+from ..jobs.registry import make_job
 from .remote_exec import RemoteExec
 
 __all__ = ["JobSpec", "MeshRegistry", "NamedMesh"]
@@ -19,15 +21,17 @@ __all__ = ["JobSpec", "MeshRegistry", "NamedMesh"]
 
 @dataclass(frozen=True)
 class JobSpec:
-    """Where a ``%mesh up`` mesh's hosts come from: ``local``, ``slurm`` or ``attach`` (agents' addresses)."""
+    """Where a ``%mesh up`` mesh's hosts come from: ``local``, ``slurm``, ``attach`` (agents' addresses),
+    or a scheduler of the ``jupyter_mesh.jobs`` entry points (``torchx:local_cwd``) with its options."""
 
     kind: str = "local"
     agents: list[str] = field(default_factory=list)
     partition: str | None = None
     time: str | None = None
+    scheduler_args: dict[str, str] = field(default_factory=dict)
     keep_alive: bool = False
 
-    def job(self, hosts: int, preload: list[str]) -> LocalJob | SlurmJob | AttachJob:
+    def job(self, hosts: int, preload: list[str]) -> Job:
         if self.kind == "slurm":
             return SlurmJob(
                 nodes=hosts,
@@ -39,7 +43,10 @@ class JobSpec:
             )
         if self.kind == "attach":
             return AttachJob(self.agents, preload=preload)
-        return LocalJob(hosts=hosts, preload=preload)
+        if self.kind == "local":
+            return LocalJob(hosts=hosts, preload=preload)
+        options = {"scheduler_args": dict(self.scheduler_args)} if self.scheduler_args else {}
+        return make_job(self.kind, hosts, preload, **options)
 
 
 @dataclass
@@ -94,10 +101,13 @@ class MeshRegistry:
         where: JobSpec | None = None,
     ) -> NamedMesh:
         where = where or JobSpec()
-        timeout = timeout or (300.0 if where.kind == "slurm" else 60.0)  # a scheduler may queue the job
+        timeout = timeout or (60.0 if where.kind in ("local", "attach") else 300.0)  # a scheduler may queue the job
         job = where.job(hosts, preload)
         try:
-            procs = job.host_mesh().spawn_procs(per_host={dim: per_host}, name=name, timeout=timeout)
+            hosts_of = getattr(job, "host_mesh", None)  # every job gives one; a plugin's Job must too
+            if hosts_of is None:
+                raise MeshValueError(f"{job!r} gives no host_mesh(): a job for %mesh up needs one")
+            procs = hosts_of().spawn_procs(per_host={dim: per_host}, name=name, timeout=timeout)
             executor = procs.spawn("mesh_exec", RemoteExec)
             assert executor.initialized is not None
             executor.initialized.get(timeout)

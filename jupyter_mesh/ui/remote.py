@@ -140,9 +140,10 @@ def query_kernel(connection_file: str, timeout: float = 3.0) -> KernelMeshes:
 
 
 def scheduler_jobs() -> list[str]:
-    """One line per scheduler job a controller of this user holds (``SlurmJob`` keeps a record under
-    the config dir while it runs): its id, hosts, the controller's pid, whether it is kept alive past
-    its kernel, and what the scheduler says."""
+    """One line per scheduler job a controller of this user holds (``SlurmJob`` and ``TorchXJob`` keep
+    a record under the config dir while they run): its id, hosts, the controller's pid, whether it is
+    kept alive past its kernel, and for SLURM what ``squeue`` says (a TorchX ``local_cwd`` app is known
+    only to its controller's runner)."""
     import glob
     import json
     import shutil
@@ -171,7 +172,7 @@ def scheduler_jobs() -> list[str]:
         except PermissionError:
             owner = f"controller pid {pid}" + ("; kept alive past its kernel" if kept else "")
         state = ""
-        if shutil.which("squeue"):
+        if rec.get("scheduler") == "slurm" and shutil.which("squeue"):
             try:
                 out = subprocess.run(
                     ["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=5
