@@ -185,8 +185,9 @@ def test_a_mesh_without_hosts_and_host_addresses():
 def test_jobs_describe_themselves():
     from jupyter_mesh import SlurmJob
     from jupyter_mesh._runtime.hosts import Job
+    from jupyter_mesh.jobs.torchx import TorchXJob
 
-    class TorchXJob(Job):
+    class KubernetesJob(Job):  # a plugin's job: its kind comes from its class
         keep_alive = True
 
         def agents(self, timeout):
@@ -195,10 +196,13 @@ def test_jobs_describe_themselves():
         def stop(self):
             pass
 
-    assert TorchXJob().describe() == {"kind": "torchx", "id": None, "keep_alive": True}
+    assert KubernetesJob().describe() == {"kind": "kubernetes", "id": None, "keep_alive": True}
     slurm = SlurmJob.__new__(SlurmJob)  # no sbatch here: only what describe() reads
     slurm.job_id = "12"
     assert slurm.describe() == {"kind": "slurm", "id": "12", "keep_alive": False}
+    torchx = TorchXJob.__new__(TorchXJob)
+    torchx.app_handle = "local_cwd://torchx/app-1"
+    assert torchx.describe() == {"kind": "torchx", "id": "local_cwd://torchx/app-1", "keep_alive": False}
 
 
 @pytest.mark.integration
