@@ -176,7 +176,9 @@ def _hosts_cell(st: MeshState) -> str:
     hosts = ", ".join(h.address if one_up else f"{h.address} {h.state}" for h in st.hosts)
     job = st.job or {}
     kind, job_id = str(job.get("kind") or ""), job.get("id")
-    label = {"slurm": "SLURM job", "attach": "attached", "local": "", "": ""}.get(kind, f"{kind} job")
+    label = {"slurm": "SLURM job", "torchx": "TorchX job", "attach": "attached", "local": "", "": ""}.get(
+        kind, f"{kind} job"
+    )
     label = f"{label} {job_id}" if job_id is not None else label
     if job.get("keep_alive"):
         label = f"{label or kind} (kept alive)"

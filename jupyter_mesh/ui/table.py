@@ -127,11 +127,12 @@ def job_line(mesh: MeshWire) -> str:
     if job["kind"] in _JOB_NAMES and not job["id"]:
         text = _JOB_NAMES[job["kind"]]
     else:  # a scheduler's job: "SLURM job 12"
-        text = f"{'SLURM' if job['kind'] == 'slurm' else job['kind']} job" + (f" {job['id']}" if job["id"] else "")
+        text = f"{_SCHEDULERS.get(job['kind'], job['kind'])} job" + (f" {job['id']}" if job["id"] else "")
     return text + (" \u00b7 kept alive past this kernel" if job["keep_alive"] else "")
 
 
 _JOB_NAMES = {"attach": "attached agents", "local": "local agents"}
+_SCHEDULERS = {"slurm": "SLURM", "torchx": "TorchX"}
 
 
 def shape_label(mesh: MeshWire) -> str:

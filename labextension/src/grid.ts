@@ -68,7 +68,8 @@ export function jobLabel(mesh: IMesh): string {
   if (names[job.kind] !== undefined && !job.id) {
     return names[job.kind];
   }
-  return `${job.kind === 'slurm' ? 'SLURM' : job.kind} job` + (job.id ? ` ${job.id}` : ''); // "SLURM job 12"
+  const schedulers: Record<string, string> = { slurm: 'SLURM', torchx: 'TorchX' };
+  return `${schedulers[job.kind] ?? job.kind} job` + (job.id ? ` ${job.id}` : ''); // "SLURM job 12"
 }
 
 export interface IMeshOptions {

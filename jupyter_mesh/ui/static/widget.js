@@ -48,6 +48,7 @@ export function showHosts(mesh) {
 /** "SLURM job 12", "attached agents"; "" for local agents (nothing to add) unless kept alive
  * (jupyter_mesh/ui/table.py job_line). */
 export function jobLabel(mesh) {
+    var _a;
     const job = mesh.job;
     if (!job || (job.kind === 'local' && !job.keep_alive)) {
         return '';
@@ -56,7 +57,8 @@ export function jobLabel(mesh) {
     if (names[job.kind] !== undefined && !job.id) {
         return names[job.kind];
     }
-    return `${job.kind === 'slurm' ? 'SLURM' : job.kind} job` + (job.id ? ` ${job.id}` : ''); // "SLURM job 12"
+    const schedulers = { slurm: 'SLURM', torchx: 'TorchX' };
+    return `${(_a = schedulers[job.kind]) !== null && _a !== void 0 ? _a : job.kind} job` + (job.id ? ` ${job.id}` : ''); // "SLURM job 12"
 }
 export function renderMesh(mesh, opts) {
     var _a, _b, _c, _d, _e;
