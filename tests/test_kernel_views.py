@@ -132,7 +132,7 @@ def test_progress_of_a_running_call_reaches_the_sidebar_and_status(kernel, tmp_p
         m = _mesh(k, comm_id, "prog")
         assert m is not None and m["gather"]["total"] == 2 and m["gather"]["left"] == [1]
         assert [r["state"] for r in m["ranks"]] == ["idle", "busy"]
-        html = "".join(d.get("text/html", "") for d in _displays(_run(k, "hh")))  # a snapshot, as %mesh status shows
+        html = "".join(d.get("text/html", "") for d in _displays(_run(k, "%mesh status")))
         assert "1/2 done, left: 1 (" in html, html
         assert "fut.done()=False" in _text(_run(k, "print(f'{fut.done()=}')"))
     finally:
