@@ -357,7 +357,8 @@ class Controller:
         if emb is not None and self.embedded:
             rec.owner = emb.current_owner()
         self.meshes[mesh_id] = rec
-        self.state.created(mesh_id, name, dict(shape.extent), [dict(shape.point(r)) for r in range(len(shape))])
+        coords = [dict(shape.point(r)) for r in range(len(shape))]
+        self.state.created(mesh_id, name, dict(shape.extent), coords, ref.agent_addrs, ref.rank_host, job.describe)
         rec.job, rec.env, rec.preload = job, env, preload
         futs = [
             self.spawn_request(agent, ref, list(range(pos * per_host, (pos + 1) * per_host)), env, preload)

@@ -184,6 +184,9 @@ class SlurmJob(Job):
                 self._files.key_read()  # job's stay, 0600, for the kernel that reattaches)
             return out
 
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "id": self.job_id}
+
     def running(self) -> bool:
         return not self._stopped
 
