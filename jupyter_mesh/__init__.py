@@ -23,7 +23,7 @@ from ._core.future import Future
 from ._core.instance import Context, context, current_actor_name, current_size
 from ._core.ports import Channel, Port, PortReceiver
 from ._core.shape import Extent, Point, Shape, Slice
-from ._core.state import MeshEvent, MeshState, ProcState, RankState
+from ._core.state import HostInfo, HostState, MeshEvent, MeshState, ProcState, RankState
 from ._core.value_mesh import ValueMesh
 from ._data.buffer import RDMABuffer, get_rdma_backend, is_ibverbs_available
 from ._version import __version__ as __version__
@@ -125,7 +125,9 @@ __all__ = [
     "Extent",
     "Failure",
     "Future",
+    "HostInfo",
     "HostMesh",
+    "HostState",
     "JobState",
     "LocalJob",
     "MeshCancelledError",

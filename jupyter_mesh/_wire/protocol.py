@@ -91,6 +91,7 @@ class Kind:
     ACTOR_FAULT = "actor_fault"  # proc -> an actor mesh's spawner: one of its actors failed (a Failure)
     RDMA = "rdma"  # reader -> buffer owner: a data-plane request (get, put, drop, ucx)
     STATS = "stats"  # any -> agent / proc: transport counters, as a reply
+    STACKS = "stacks"  # controller -> proc: every thread's Python stack now, as a reply (from its receive thread)
     OUT_SYNC = "out_sync"  # controller -> proc: print a marker (``t``) after what it printed so far
     PORT = "port"  # any -> the process that opened port ``p``: a value (``ok``) or an exception for it
     SINGLETON = "singleton"  # any -> the root controller: get or spawn the named controller actor
