@@ -40,6 +40,14 @@ class Adder(Actor):
     def refuse(self, port: Port[int]) -> None:
         port.exception(ValueError("not today"))
 
+    @endpoint(explicit_response_port=True)
+    def crash(self, port: Port[int]) -> None:
+        raise ValueError("raised instead of answering")
+
+    @endpoint
+    def give_up(self, why: str) -> None:
+        context().actor_instance.abort(why)
+
     @endpoint
     def value(self) -> int:
         return self.base
@@ -141,6 +149,29 @@ class AsyncCleaner(Actor):
     async def __cleanup__(self, exc: BaseException | None) -> None:
         with open(self.path, "a") as f:
             f.write("async cleanup\n")
+
+
+class Watcher(Actor):
+    """Owns a mesh; an endpoint awaits what ``__supervise__`` hears (it runs beside the waiting endpoint)."""
+
+    def __init__(self) -> None:
+        from jupyter_mesh import this_host
+
+        self.child = this_host().spawn_procs(per_host={"gpus": 1}).spawn("watched", Adder)
+        self.heard: list[str] = []
+        self.failed = asyncio.Event()
+
+    @endpoint
+    async def kill_child_and_wait(self) -> list[str]:
+        pid = await self.child.pid.call_one()
+        os.kill(pid, 9)
+        await asyncio.wait_for(self.failed.wait(), 30)
+        return self.heard
+
+    def __supervise__(self, failure: Any) -> bool:
+        self.heard.append(str(failure))
+        self.failed.set()
+        return True
 
 
 booted: list[str] = []

@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 from _procs import wait_dead, wait_for
-from monarch_actors import Adder, AsyncCleaner, BootProbe, Cleaner, Collector, Gate, boot
+from monarch_actors import Adder, AsyncCleaner, BootProbe, Cleaner, Collector, Gate, Watcher, boot
 
 import jupyter_mesh
 from jupyter_mesh import (
@@ -124,6 +124,37 @@ def test_explicit_response_port_replies_now_later_or_with_an_error(two):
         a.slice(gpus=0).refuse.call_one().get(timeout=30)
     a.add.broadcast(3)  # nobody waits: the port drops the value
     assert a.slice(gpus=0).value.call_one().get(timeout=30) == 10
+
+
+def test_an_endpoint_that_raises_instead_of_answering_through_its_port_ends_the_actor(two):
+    a = two.spawn("crasher", Adder, 1).slice(gpus=0)
+    with pytest.raises(SupervisionError, match="raised instead of answering"):
+        a.crash.call_one().get(timeout=30)
+    with pytest.raises(SupervisionError):  # later calls too: the actor is gone (its proc is not)
+        a.value.call_one().get(timeout=30)
+
+
+def test_abort_ends_the_actor_and_the_fault_hook_hears_why(two):
+    seen: list[MeshFailure] = []
+    jupyter_mesh.unhandled_fault_hook = seen.append
+    try:
+        a = two.spawn("quitter", Adder).slice(gpus=1)
+        a.give_up.call_one("enough").get(timeout=30)
+        assert wait_for(lambda: seen, 10)
+        assert "Adder quitter aborted: enough" in seen[0].report()
+        with pytest.raises(SupervisionError, match="aborted"):
+            a.value.call_one().get(timeout=30)
+    finally:
+        jupyter_mesh.unhandled_fault_hook = None
+
+
+def test_supervise_runs_while_an_endpoint_awaits(host):
+    pm = host.spawn_procs(per_host={"gpus": 1})
+    try:
+        heard = pm.spawn("watcher", Watcher).kill_child_and_wait.call_one().get(timeout=60)
+        assert len(heard) == 1 and heard[0].startswith("MeshFailure(") and "SIGKILL" in heard[0]
+    finally:
+        pm.stop(timeout=5)
 
 
 def test_channel_from_actors_to_the_program_and_between_actors(two, host):

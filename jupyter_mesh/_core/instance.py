@@ -6,7 +6,7 @@ Read from the process context (``_core.context``) the runtime fills in for each 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .context import context as _process
@@ -28,6 +28,17 @@ class Instance:
     actor_id: str
     proc_id: str
     creator: Instance | None = None
+    _host: Any = field(default=None, repr=False, compare=False)
+
+    def abort(self, reason: str | None = None) -> None:
+        """End this actor with a failure (Monarch's): later calls to it fail, and whoever spawned it (its
+        ``__supervise__``, or the program's fault hook) hears of it. Its proc lives on."""
+        if self._host is None:
+            raise RuntimeError("abort() ends an actor; outside actors there is none to end")
+        self._host.abort(reason)
+
+    def __reduce__(self) -> tuple[Any, ...]:  # the actor's runtime stays where it is
+        return (Instance, (self.name, self.class_name, self.rank, self.actor_id, self.proc_id, self.creator))
 
     def __repr__(self) -> str:
         cls = f"{self.class_name} " if self.class_name else ""
@@ -63,6 +74,7 @@ def context() -> Context:
         f"{host.actor_id}[{proc.rank}]",
         f"{proc.mesh_name}[{proc.rank}]",
         _ROOT,
+        host,
     )
     return Context(inst, point)
 

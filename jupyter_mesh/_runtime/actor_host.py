@@ -160,6 +160,27 @@ class ActorHost:
         with self._bell_lock:
             self._bell.send(self._bell_token)
 
+    def supervise(self, err: SupervisionError) -> None:
+        """From the receive thread: a mesh this actor owns failed. An async endpoint awaiting now (on the
+        actor's loop) does not hold ``__supervise__`` up: it runs beside it, as in Monarch (the endpoint
+        may be waiting for exactly that); otherwise it comes in turn, like any message."""
+        if self.loop.is_running():
+            try:
+                self.loop.call_soon_threadsafe(lambda: self.loop.create_task(self._supervise(err)))
+                return
+            except RuntimeError:  # the loop closed meanwhile
+                pass
+        self.enqueue(Message({"k": Kind.SUPERVISE}, err))  # type: ignore[arg-type]
+
+    def abort(self, reason: str | None) -> None:
+        """``context().actor_instance.abort(reason)``: the actor fails now (its proc lives on); later calls
+        get the failure, and its spawner (its ``__supervise__`` or fault hook) hears of it."""
+        if self.failure is not None:
+            return
+        cls = type(self.instance).__qualname__
+        self.failure = self._failure("died", f"{cls} {self.name} aborted: {reason or 'no reason provided'}")
+        self._report(self.failure, told=False, untold=True)  # the call running now still ends normally
+
     def enqueue(self, msg: Message) -> None:
         """From any other thread: hand the actor a message (in order) and wake it."""
         self._mailbox.put(msg)
@@ -454,6 +475,9 @@ class ActorHost:
         if port is not None and port.used:  # the reply went out already: the error can only be told here
             print(f"[{self.name}.{method}] raised after replying:\n" + error_info(e, method)["tb"], file=sys.stderr)
             return
+        if port is not None and self.fatal:  # it answers through its port, not by raising: as in Monarch, an
+            self._die(h, e, "instead of answering through its response port")  # error there ends the actor
+            return
         if h["rm"] != NO_REPLY:
             self.runtime.reply(h, RAISED, dumps(error_info(e, method))[0], [])
         elif self.fatal:
@@ -503,12 +527,15 @@ class ActorHost:
         except BaseException as e:  # noqa: BLE001 - the actor stops anyway; say why it did not clean up
             print(f"[{self.name}] __cleanup__ raised:\n" + error_info(e, "__cleanup__")["tb"], file=sys.stderr)
 
-    def _report(self, failure: Failure, told: bool) -> None:
-        """Tell the spawner (``told``: a caller got it already, so only an owning actor must hear)."""
+    def _report(self, failure: Failure, told: bool, untold: bool = False) -> None:
+        """Tell the spawner (``told``: a caller got it already, so only an owning actor must hear;
+        ``untold``: no caller will get it, even one waiting now, as with ``abort()``)."""
         rt = self.runtime
         if self.closing:
             return  # the proc stops: what its end interrupted is no failure
         header = {"k": Kind.ACTOR_FAULT, "m": rt.mesh_id, "rk": rt.rank, "a": self.actor_id, "told": int(told)}
+        if untold:
+            header["ut"] = 1
         try:
             rt.transport.send(self.spawner, Message(header, dumps(failure)[0]))
         except Exception as e:  # noqa: BLE001 - the spawner is gone: the log is all that is left

@@ -104,7 +104,7 @@ class Faults:
         if owned is not None and emb is not None:
             emb.supervise(owned[0], SupervisionError([failure], f"in actor mesh '{failure.actor}' that it owns"))
             return
-        if h.get("told") or self.host.client.waits_on_actor(actor_id, rank):
+        if h.get("told") or (not h.get("ut") and self.host.client.waits_on_actor(actor_id, rank)):
             return  # the caller has it, as a SupervisionError or in its cell
         self._to_hook(MeshFailure([failure], "while nothing was waiting on it"))
 

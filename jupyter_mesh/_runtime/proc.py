@@ -118,7 +118,7 @@ class ProcRuntime:
         self.dispatch.fallback = table
 
     def _supervise(self, host: ActorHost, err: SupervisionError) -> None:
-        host.enqueue(Message({"k": Kind.SUPERVISE}, err))  # type: ignore[arg-type]
+        host.supervise(err)
 
     def reply(self, h: dict[str, Any], ok: int, payload: bytes, bufs: list[Any]) -> None:
         rm = h["rm"]
