@@ -14,7 +14,8 @@ from typing import Any
 
 from . import config as config
 from ._api.adverbs import Accumulator, send
-from ._api.mesh import ActorMesh, HostMesh, MeshEndpoint, ProcMesh
+from ._api.host_mesh import HostMesh
+from ._api.mesh import ActorMesh, MeshEndpoint, ProcMesh
 from ._api.mesh import set_renderer as _set_renderer
 from ._api.session import shutdown, shutdown_context
 from ._core import value_mesh as _value_mesh_module

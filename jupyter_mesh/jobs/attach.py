@@ -14,7 +14,7 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .._api.mesh import HostMesh
+from .._api.host_mesh import HostMesh
 from .._core.future import Future
 from .._core.shape import Shape
 from .._runtime.hosts import AgentHandle, Job

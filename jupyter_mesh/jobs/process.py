@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .._api.mesh import HostMesh
+from .._api.host_mesh import HostMesh
 from ..errors import MeshClosedError, MeshValueError
 from .local import LocalJob
 

@@ -13,7 +13,7 @@ import os
 import threading
 from typing import Any, TypeVar
 
-from .._api import mesh as _mesh
+from .._api import host_mesh as _host_mesh
 from .._api.mesh import ActorMesh, ProcMesh
 from .._core.actor import Actor
 from .._core.context import context
@@ -63,7 +63,7 @@ def _procs_env(ctl: Any) -> dict[str, str]:
     return {ROOT: os.environ.get(ROOT) or ctl.client.address}
 
 
-_mesh.singleton_server = _procs_env
+_host_mesh.singleton_server = _procs_env
 
 
 def get_or_spawn_controller(name: str, cls: type[A], *args: Any, **kwargs: Any) -> Future[ActorMesh[A]]:

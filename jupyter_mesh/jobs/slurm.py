@@ -24,7 +24,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .._api.mesh import ActorMesh, HostMesh, ProcMesh
+from .._api.host_mesh import HostMesh
+from .._api.mesh import ActorMesh, ProcMesh
 from .._core.future import Future
 from .._core.shape import Shape
 from .._runtime.hosts import AgentHandle, Job

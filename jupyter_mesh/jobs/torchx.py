@@ -32,7 +32,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from .._api.mesh import HostMesh
+from .._api.host_mesh import HostMesh
 from .._core.context import host_key
 from .._core.future import Future
 from .._core.shape import Shape
