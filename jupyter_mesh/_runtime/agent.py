@@ -101,6 +101,7 @@ class Agent:
     # -- plumbing ---------------------------------------------------------------------------------
     def _event(self, header: dict[str, Any], obj: Any = None) -> None:
         if self.keeper.detached:  # nobody to tell: what a new controller needs, it asks for (``hosted``)
+            self.keeper.hold(header, obj)  # a proc's exit, for a silent controller that comes back
             return
         payload, bufs = dumps(obj) if obj is not None else (b"", [])
         try:
@@ -144,6 +145,8 @@ class Agent:
             self.shutdown(orphaned=False)
 
     def handle(self, msg: Message, frames: list[Any]) -> None:
+        if self.keeper.deposed and self.keeper.refuses(msg):  # from a controller that lost this job
+            return
         self.dispatch(msg, frames)
 
     def _on_gathered_reply(self, msg: Message, frames: list[Any]) -> None:
@@ -165,6 +168,8 @@ class Agent:
             self.transport.send_raw(addr, frames)
 
     def _on_heartbeat(self, msg: Message, frames: list[Any]) -> None:
+        if not self.keeper.on_heartbeat(msg):  # kept alive: only the controller that owns the job counts
+            return
         self.last_controller = time.monotonic()
         # to the controller's heartbeat socket: its liveness must not queue behind replies
         self.transport.send(
@@ -250,6 +255,7 @@ class Agent:
                 "curve": self.curve.to_wire() if self.curve else None,
                 # what we relayed before it existed: a replay of that must not run in it
                 "floors": self.transport.floors(self.transport.address),
+                "deposed": list(self.keeper.deposed),  # controllers that lost this job: nothing of theirs runs
                 "cwd": cfg0.get("cwd"),
                 "path": cfg0.get("path"),
             }

@@ -429,6 +429,8 @@ class ProcRuntime:
         _ucx.follow_bind(cfg["bind"])  # UCX, if used, on the interface our host's peers reach us by
         # casts come through our agent as their sender signed them; none it relayed before we existed
         self.transport.accept_via(cfg["agent"], cfg.get("floors"))
+        # controllers that lost this (kept-alive) job to another: whatever they still send is dropped
+        self.deposed: set[str] = {e for e in cfg.get("deposed") or [] if isinstance(e, str)}
         self.client = Client(self.transport)
         set_current_client(self.client)
         # an actor here may spawn meshes of its own: the controller made for that shares our runtime,
@@ -504,11 +506,17 @@ class ProcRuntime:
         )
 
     def handle(self, msg: Message, frames: list[Any]) -> None:
+        if self.deposed and msg.header.get("se") in self.deposed:
+            self.transport.stats.dropped_deposed += 1
+            return
         self.dispatch(msg, frames)
 
     def _on_notice(self, msg: Message, frames: list[Any]) -> None:
         h = msg.header
-        if h["what"] == "failed":
+        if h["what"] == "deposed":  # our agent was taken over (keep_alive): its old controller's calls stop here
+            if isinstance(h.get("ep"), str):
+                self.deposed.add(h["ep"])
+        elif h["what"] == "failed":
             self.client.mark_failed({h["rk"]: loads(msg.payload, msg.buffers)}, h["m"])
         elif h["what"] == "stopped":
             self.client.mark_stopped(h["m"])
