@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import time
 from collections.abc import Sequence
@@ -177,17 +178,21 @@ def sweep_stale(jobs_dir: str) -> None:
 
 
 def still_queued(rec: dict[str, Any]) -> bool:
-    """Whether the scheduler still has a kept job (any state but ended); True when it cannot tell."""
-    if rec.get("scheduler") != "slurm" or not rec.get("job_id"):
+    """Whether the scheduler still has a kept job (any state but ended); True when it cannot tell
+    (slurmctld down, no SLURM client here, a record that names no job id): only SLURM saying the job
+    ended, or that it no longer knows it, makes its key go."""
+    job_id = str(rec.get("job_id"))
+    if rec.get("scheduler") != "slurm" or not re.fullmatch(r"\d{1,12}(_\d{1,9})?", job_id):
         return True
     import subprocess
 
     try:
-        out = subprocess.run(
-            ["squeue", "-h", "-j", str(rec["job_id"]), "-o", "%T"], capture_output=True, text=True, timeout=30
-        ).stdout.strip()
+        p = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return True
+    if p.returncode != 0:
+        return "Invalid job id specified" not in p.stderr  # SLURM forgot it (it ended), or cannot say
+    out = p.stdout.strip()
     return bool(out) and out.split()[0] not in ENDED
 
 
