@@ -310,12 +310,18 @@ class MeshMagics(Magics):
             job = SlurmJob.reattach(args.job_id, force=args.force)
         except (MeshError, OSError, ValueError) as e:  # no kept job, a refusal, an unreadable key: what to do
             raise UsageError(str(e)) from None
-        bound = []
+        bound: list[str] = []
+        notes = list(job.restored.notes)
         for name, procs in job.proc_meshes().items():
             execs = [a for p, a in job.restored.actors if p == name and a.name == "mesh_exec"]
             sizes = procs.sizes
             dim = list(sizes)[-1]
-            executor = execs[0] if execs else procs.spawn("mesh_exec", RemoteExec)
+            executor = execs[0] if execs else None
+            if executor is None:  # kept from Python: no %%mesh executor yet
+                try:
+                    executor = procs.spawn("mesh_exec", RemoteExec)
+                except MeshError:  # a rank is down: spawned at the first %%mesh once it runs again
+                    notes.append(f"%%mesh on '{name}' waits for its ranks to run again (`{name}.respawn()`)")
             entry = NamedMesh(
                 name,
                 job,
@@ -337,7 +343,7 @@ class MeshMagics(Magics):
                 bound.append(name)
         hosts = ", ".join(sorted({a.addr.split("//")[-1].rsplit(":", 1)[0] for a in job.agents(1.0)}))
         print(f"reattached SLURM job {job.job_id} ({job.nodes} hosts: {hosts}); bound: {', '.join(bound) or 'nothing'}")
-        for note in job.restored.notes:
+        for note in notes:
             print(f"  {note}")
 
     @staticmethod
@@ -477,17 +483,18 @@ class MeshMagics(Magics):
         if missing:
             raise UsageError(f"not defined here: {', '.join(missing)}")
         values = {n: self.shell.user_ns[n] for n in args.names}
-        _wait(entry.executor.push.call(values))
-        print(f"pushed {', '.join(args.names)} to {len(entry.executor)} procs of '{entry.name}'")
+        executor = entry.exec_mesh()
+        _wait(executor.push.call(values))
+        print(f"pushed {', '.join(args.names)} to {len(executor)} procs of '{entry.name}'")
 
     def _cmd_pull(self, args: argparse.Namespace) -> ValueMesh[Any]:
         entry = self.meshes.get(args.mesh)
-        return _wait(entry.executor.pull.call(args.var))
+        return _wait(entry.exec_mesh().pull.call(args.var))
 
     # -- %%mesh ---------------------------------------------------------------------------------
     def _run_cell(self, args: argparse.Namespace, code: str) -> ValueMesh[Any] | None:
         entry = self.meshes.get(args.name)
-        view = entry.executor
+        view = entry.exec_mesh()
         if args.on:
             try:
                 view = view.slice(**parse_slice(args.on))
