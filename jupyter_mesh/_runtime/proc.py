@@ -43,6 +43,7 @@ from .client import Client, set_current_client
 from .hooks import Embedding, embed
 from .rank_env import set_rank_env
 from .remote_errors import error_info, safe_str
+from .stacks import thread_stacks
 
 __all__ = ["ProcRuntime", "live_actor", "main"]
 
@@ -499,6 +500,9 @@ class ProcRuntime:
                 Kind.CANCELLED: lambda msg, _: self.client.cancel_acks.acked(msg.header["i"], msg.header["rk"]),
                 Kind.STATS: lambda msg, _: self.transport.send(
                     msg.header["s"], Message(reply_header(msg.header["i"], OK), dumps(vars(self.transport.stats))[0])
+                ),
+                Kind.STACKS: lambda msg, _: self.transport.send(
+                    msg.header["s"], Message(reply_header(msg.header["i"], OK), dumps(thread_stacks())[0])
                 ),
                 Kind.STOP: lambda msg, _: _exit(0),
                 Kind.OUT_SYNC: lambda msg, _: print_sync_marker(msg.header["t"]),
