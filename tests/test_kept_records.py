@@ -136,9 +136,22 @@ def test_a_job_slurm_says_ended_is_refused_and_its_files_go(cfg, tmp_path, monke
     calls = _slurm(tmp_path, monkeypatch, None, GONE)
     with pytest.raises(MeshError) as e:
         SlurmJob.reattach(job_id=12)
-    assert "no record of SLURM job 12" in str(e.value) or "no longer in the queue" in str(e.value), e.value
+    assert "SLURM job 12 (no longer known to SLURM) ended while no kernel was attached" in str(e.value), e.value
     assert not os.path.exists(key) and not os.path.exists(rec)
     assert _called(calls)
+
+
+def test_a_record_that_is_json_but_no_object_does_not_break_the_sweep(cfg, tmp_path, monkeypatch):
+    """Every new SLURM or TorchX job sweeps the records first: one that is a JSON list raised an
+    AttributeError out of it, so no job could start until the file was removed by hand."""
+    from jupyter_mesh.jobs._dialback import jobs_dir, sweep_stale
+
+    key, rec = _kept_job(cfg)
+    with open(rec, "w") as f:
+        f.write("[1, 2]")
+    _slurm(tmp_path, monkeypatch, "RUNNING")
+    assert sweep_stale(jobs_dir()) == []
+    assert os.path.exists(key) and os.path.exists(rec)
 
 
 # -- a record that lies ---------------------------------------------------------------------------------

@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import re
 import secrets
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -25,6 +24,7 @@ from .._runtime.records import MeshRecord
 from .._wire.addresses import parse_tcp
 from .._wire.protocol import Kind
 from ..errors import Failure, MeshError, MeshTimeoutError
+from ._dialback import SLURM_JOB_ID
 
 if TYPE_CHECKING:
     from .._core.future import Future
@@ -206,7 +206,6 @@ def when_created(created: Any) -> float:
 RECORD_MAX = 256 << 20
 """A record larger than this is not read (the spawn arguments it keeps are each at most SPAWN_KEPT_MAX)."""
 
-_JOB_ID = re.compile(r"\d{1,12}(_\d{1,9})?")
 _MAX_HOSTS = 65536
 
 
@@ -214,7 +213,7 @@ def record_problem(rec: dict[str, Any]) -> str | None:
     """What makes a kept job's record unusable, or None: it is the user's file, but read back as
     data it must hold what a reattach sends and builds from, and nothing else (types, sizes)."""
     job_id, nodes, agents = rec.get("job_id"), rec.get("nodes"), rec.get("agents")
-    if isinstance(job_id, bool) or not isinstance(job_id, (str, int)) or not _JOB_ID.fullmatch(str(job_id)):
+    if isinstance(job_id, bool) or not isinstance(job_id, (str, int)) or not SLURM_JOB_ID.fullmatch(str(job_id)):
         return f"job_id {str(job_id)[:40]!r} is not a SLURM job id"
     if type(nodes) is not int or not 1 <= nodes <= _MAX_HOSTS:
         return f"nodes {str(nodes)[:40]!r} is not a number of hosts"

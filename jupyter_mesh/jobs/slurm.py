@@ -289,12 +289,18 @@ class SlurmJob(Job):
         from .._runtime.controller import Controller
 
         d = jobs_dir()
-        sweep_stale(d)
+        ended = sweep_stale(d)
         kept, problems = kept_records(d, "slurm")
         if job_id is not None:
             kept = [(t, r) for t, r in kept if str(r.get("job_id")) == str(job_id)]
+            ended = [e for e in ended if e.startswith(f"SLURM job {job_id} ")]
         if not kept:
             which = f"SLURM job {job_id}" if job_id is not None else "any SLURM job"
+            if ended:
+                raise MeshError(
+                    f"{', '.join(ended)} ended while no kernel was attached: its agents and meshes are gone "
+                    f"(its output: {d}); start a new job"
+                )
             if problems:
                 raise MeshError(
                     f"no usable record of {which} kept alive in {d}: {'; '.join(problems)}. A record is the job's "

@@ -322,6 +322,25 @@ def test_an_agent_killed_while_detached_is_named_with_what_to_do(netns_hosts, sl
     assert _no_mesh_processes_in(list(netns_hosts)) == []
 
 
+def test_a_job_cancelled_while_detached_is_refused_clearly_and_its_files_go(netns_hosts, slurm, config_dir):
+    kept = _kept_and_left(slurm)
+    slurm.run(["scancel", kept["job_id"]])
+    slurm.wait_job_state(kept["job_id"], ["", "CANCELLED", "COMPLETING"], timeout=30)
+    b = Driver(_env(slurm))
+    try:
+        r = b("reattach 5")
+        assert r.get("error", "").startswith(f"MeshError: SLURM job {kept['job_id']} ("), r
+        assert "ended while no kernel was attached" in r["error"] and "start a new job" in r["error"], r
+        assert _files(config_dir) == []
+        r = b("reattach 5")
+        assert "no record of any SLURM job kept alive" in r.get("error", ""), r
+    finally:
+        b.close()
+        _stop_everything(slurm, netns_hosts)
+    assert slurm.wait_job_state(kept["job_id"], [""], timeout=30) == ("", "")
+    assert _no_mesh_processes_in(list(netns_hosts)) == []
+
+
 def test_a_mesh_resized_and_respawned_after_a_reattach_is_taken_back_as_it_is_now(netns_hosts, slurm, config_dir):
     kept = _kept_and_left(slurm, nodes=1)
     b = Driver(_env(slurm))
