@@ -100,6 +100,7 @@ class ProcRuntime:
         context().identity = ProcIdentity(self.mesh_id, self.mesh_name, tuple(self.coords.items()), self.rank)
         self.actors: dict[str, ActorHost] = {}
         self._orphans: dict[str, list[Message]] = {}  # calls that overtook their actor's spawn
+        self._early_cancels: dict[str, list[tuple[str, int]]] = {}  # and cancels of such calls
         self._main_host: queue.SimpleQueue[ActorHost | None] = queue.SimpleQueue()
         self._main_claimed = False
         self.stopping = False
@@ -193,6 +194,8 @@ class ProcRuntime:
         host = self.actors.get(msg.header["a"])
         if host is not None:
             host.cancel(msg.header["s"], msg.header["ci"])
+        elif msg.header["a"] in self._orphans:  # its call overtook the spawn: it is skipped when it comes up
+            self._early_cancels.setdefault(msg.header["a"], []).append((msg.header["s"], msg.header["ci"]))
 
     def seq_of(self, h: dict[str, Any]) -> int | None:
         """This rank's sequence number in a call or spawn header; None if it is not for this rank."""
@@ -221,6 +224,8 @@ class ProcRuntime:
         if h["k"] == Kind.SPAWN or (h["k"] == Kind.SKIP and h.get("ck") == Kind.SPAWN and actor_id not in self.actors):
             host = self.actors[actor_id] = ActorHost(self, actor_id, h.get("n", actor_id))
             host.enqueue(msg)
+            for sender, call_id in self._early_cancels.pop(actor_id, []):
+                host.cancel(sender, call_id)
             for m in self._orphans.pop(actor_id, []):
                 host.enqueue(m)
             return
