@@ -150,6 +150,15 @@ def test_actor_error_renders_remote_frames_first_with_rank_and_actor(kernel):
     assert "magics.py" not in plain and "client.py" not in plain  # no internals
 
 
+def test_an_error_under_broadcast_is_shown_and_the_actor_lives_on(kernel):
+    """Unlike a script (where, as in Monarch, it ends the actor), the kernel keeps its actors: the error
+    of a broadcast shows in the cell that made it, with a note, and the actor answers the next call."""
+    cell = kernel.ok("w.fail_on.broadcast([1])\nimport time; time.sleep(1)")
+    err = cell.stream("stderr")
+    assert "rank 1 refuses" in err and "under broadcast() (the actor lives on)" in err, err
+    assert "gpus=1: 1" in kernel.ok("w.fail_on.call([]).get(10)").result
+
+
 def _run_and_watch(kernel, code: str, until, timeout: float = 20.0) -> tuple[str, list[dict]]:
     """Run ``code`` and return its msg_id with every IOPub message seen, whichever cell it is for,
     until the cell is idle and ``until(messages)`` holds (at most ``timeout`` seconds)."""

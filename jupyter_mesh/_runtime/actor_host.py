@@ -171,9 +171,25 @@ class ActorHost:
         while not self.closing:
             try:
                 if not self._serve_one():
-                    return  # the proc is going away
+                    break  # the proc is going away
             except BaseException:  # noqa: BLE001 - a bug here must not silently stop the actor
                 print(f"[{self.name}] internal error while receiving:\n{traceback.format_exc()}", file=sys.stderr)
+        if self.closing:
+            self._construct_before_stop()
+
+    def _construct_before_stop(self) -> None:
+        """The proc stops: a constructor already delivered still runs (Monarch, too, lets pending
+        spawns finish before a stop), so a failing one is reported; the calls behind it do not run."""
+        if self.instance is not None or self.failure is not None:
+            return
+        while True:
+            try:
+                mail = self._mailbox.get_nowait()
+            except queue.Empty:
+                return
+            if mail.header.get("k") == Kind.SPAWN:
+                self._run(mail)
+                return
 
     def _serve_one(self) -> bool:
         """Wait for the next message (running leftover tasks meanwhile) and handle it."""
@@ -449,7 +465,7 @@ class ActorHost:
     def _report(self, failure: Failure, told: bool) -> None:
         """Tell the spawner (``told``: a caller got it already, so only an owning actor must hear)."""
         rt = self.runtime
-        if self.closing:
+        if self.closing and failure.kind != "init":
             return  # the proc stops: what its end interrupted is no failure
         header = {"k": Kind.ACTOR_FAULT, "m": rt.mesh_id, "rk": rt.rank, "a": self.actor_id, "told": int(told)}
         try:

@@ -411,7 +411,7 @@ class Controller:
 
     def job_stopping(self, job: Job) -> None:
         """A job stops its agents, and with them every proc of its meshes: those meshes are stopped
-        (calls fail as closed), not failed (the procs' exits are not failures to report)."""
+        (calls raise SupervisionError, kind stopped), not failed (the procs' exits are not failures to report)."""
         for rec in list(self.meshes.values()):
             if rec.job is job and not rec.stopped:
                 rec.stopped = True
