@@ -14,6 +14,7 @@ loop. Results are sent straight from the actor's thread.
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import os
 import queue
@@ -292,8 +293,27 @@ def main(cfg: dict[str, Any], key: bytes, lifeline_fd: int) -> int:
     except BaseException:  # noqa: BLE001 - the agent sees the exit code and this traceback
         traceback.print_exc()
         exit_proc(3)
-    # SIGTERM (the agent's shutdown) stops the proc like STOP: finalized, if it is quick about it.
-    # The handler only starts a thread: it runs on the main thread, maybe inside the runtime's own locks
-    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=runtime.stop, daemon=True).start())
+    # SIGTERM (the agent's shutdown, ProcMesh.kill) stops the proc like STOP: finalized, if it is quick
+    # about it, and then it dies of that SIGTERM (its rank's failure says so). The handler only starts a
+    # thread: it runs on the main thread, maybe inside the runtime's own locks
+    terminated = threading.Event()
+
+    def on_sigterm(*_: Any) -> None:
+        terminated.set()
+        threading.Thread(target=runtime.stop, name="sigterm", daemon=True).start()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    atexit.register(_die_of_sigterm, terminated)  # registered first, so it runs after the user's handlers
     runtime.serve()
     return 0
+
+
+def _die_of_sigterm(terminated: threading.Event) -> None:
+    """Last of the atexit handlers (the user's ran): a proc that was sent SIGTERM dies of it."""
+    if terminated.is_set():
+        if "logging" in sys.modules:  # its own atexit handler, registered before ours, would not run
+            sys.modules["logging"].shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
