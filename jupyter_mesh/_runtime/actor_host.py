@@ -315,6 +315,9 @@ class ActorHost:
         controller, or the actor that owns *its* mesh) then sees the failure, with this message as
         the proc's last output.
         """
+        if self.failure is not None:  # this actor is gone (stopped, dead): what it owned is not its care
+            print(f"[{self.name}] a mesh it spawned failed after it ended:\n{err}", file=sys.stderr)
+            return
         hook = getattr(self.instance, "__supervise__", None)
         for failure in err.failures:
             handled = False
@@ -423,7 +426,7 @@ class ActorHost:
         except BaseException as e:  # noqa: BLE001 - an endpoint's error is its caller's, not the proc's
             if self.fatal and not ours and not isinstance(e, Exception):
                 self._die(h, e, "(a BaseException ends the actor)")
-            else:
+            elif h["rm"] != NO_REPLY or not ours:  # a broadcast cut by a cancel or a stop: no error of its own
                 self._respond_error(h, e)
             return
         self._respond(h, result)
