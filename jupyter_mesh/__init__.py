@@ -16,7 +16,7 @@ from ._core import value_mesh as _value_mesh_module
 from ._core.actor import Actor, Endpoint, current_rank, endpoint
 from ._core.future import Future
 from ._core.shape import Extent, Point, Shape, Slice
-from ._core.state import MeshEvent, MeshState, ProcState, RankState
+from ._core.state import HostInfo, HostState, MeshEvent, MeshState, ProcState, RankState
 from ._core.value_mesh import ValueMesh
 from ._data.buffer import RDMABuffer, get_rdma_backend
 from ._version import __version__ as __version__
@@ -76,7 +76,9 @@ __all__ = [
     "Extent",
     "Failure",
     "Future",
+    "HostInfo",
     "HostMesh",
+    "HostState",
     "LocalJob",
     "MeshCancelledError",
     "MeshClosedError",

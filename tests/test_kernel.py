@@ -86,6 +86,13 @@ def test_status_shows_the_mesh(kernel):
     assert re.search(r"procs \*\s+hosts=1, gpus=4\s+4 idle", out), out
 
 
+def test_stacks_show_where_each_rank_is(kernel):
+    out = kernel.ok("%mesh stacks").stream()
+    assert "stacks of 'procs' (4 ranks):" in out and "ranks 0-3:" in out and "idle" in out, out
+    out = kernel.ok("%mesh stacks --rank gpus=2 --all-threads").stream()
+    assert "rank 2 (hosts=0,gpus=2):" in out and "thread " in out, out
+
+
 def test_cell_runs_on_every_proc_keeps_namespaces_and_returns_a_value_mesh(kernel):
     kernel.ok("%%mesh\nx = current_rank()['gpus'] * 10")
     cell = kernel.ok("%%mesh\nx + 1")
@@ -310,6 +317,9 @@ def test_interrupt_during_a_mesh_cell(kernel):
         ("%mesh up --name 'x; import os'", "not a valid mesh name"),
         ("%mesh up --preload '__import__(\"os\")'", "--preload takes module names"),
         ("%mesh kill banana", "RANK is a global rank"),
+        ("%mesh stacks --rank banana", "RANK is a global rank"),
+        ("%mesh stacks --rank 9", "out of range"),
+        ("%mesh logs --rank 99", "--rank 99 is out of range"),
         ("%mesh kill 9", "out of range"),
         ("%mesh down nosuch", "no mesh named 'nosuch'"),
         ("%mesh push undefined_here", "not defined here: undefined_here"),

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import zmq
 
 from .._core.future import Future
+from .._core.state import HostState
 from .._wire.addresses import host_of
 from .._wire.channels import is_loopback
 from .._wire.protocol import Kind, check_version
@@ -24,6 +25,7 @@ from .._wire.transport import Message, Transport
 from ..errors import Failure, MeshError, ProtocolError
 
 if TYPE_CHECKING:
+    from .._core.state import StateTracker
     from .client import Client
     from .hosts import Job
     from .records import MeshRecords
@@ -37,6 +39,7 @@ class LinksHost(Protocol):
     transport: Transport
     client: Client
     meshes: MeshRecords
+    state: StateTracker
     _jobs: list[Job]
     _lock: threading.Lock
 
@@ -109,7 +112,7 @@ class AgentLinks:
         not after the heartbeat timeout."""
         addr = msg.header.get("addr")
         if isinstance(addr, str) and addr in self.seen:
-            self.agent_lost(addr, f"it is exiting: {str(msg.header.get('why'))[:200]}")
+            self.agent_lost(addr, f"it is exiting: {str(msg.header.get('why'))[:200]}", HostState.EXITING)
 
     def on_heartbeat_ack(self, msg: Message, frames: list[Any]) -> None:
         if msg.header["addr"] in self.seen:
@@ -163,7 +166,7 @@ class AgentLinks:
             if addr in self.lost:
                 continue
             if now - seen > self.hb_timeout:
-                self.agent_lost(addr, self._silence(addr, now - seen))
+                self.agent_lost(addr, self._silence(addr, now - seen), HostState.UNREACHABLE)
                 continue
             try:
                 self.transport.send(addr, Message({"k": Kind.HEARTBEAT, "hr": reply_to}))
@@ -194,13 +197,14 @@ class AgentLinks:
                 self.seen[msg.header["addr"]] = time.monotonic()
 
     # -- loss ---------------------------------------------------------------------------------------
-    def agent_lost(self, addr: str, why: str) -> None:
+    def agent_lost(self, addr: str, why: str, state: HostState = HostState.LOST) -> None:
         """An agent is gone for good: its process exited, or it went silent past the heartbeat timeout.
 
         Every rank on its host fails with that cause, requests waiting on it fail now, and later ones
         fail at once (``client.peer_lost``). A silent agent is told to shut down, and its job kills
         it, so one that was only stalled (SIGSTOP, swapping) cannot wake up and act on stale state:
-        we never re-admit it; a ``LocalJob`` starts a fresh agent for that host on next use."""
+        we never re-admit it; a ``LocalJob`` starts a fresh agent for that host on next use.
+        ``state`` is what the views show of its host: unreachable (silent), exiting (it said so), lost."""
         ctl = self.ctl
         with ctl._lock:
             if addr in self.lost or ctl.is_closed:
@@ -218,6 +222,7 @@ class AgentLinks:
             self.transport.send(addr, Message({"k": Kind.SHUTDOWN}))
         except Exception:  # noqa: BLE001 - it may be gone already
             pass
+        ctl.state.host_lost(addr, state, why)  # before its ranks fail: views show the host's cause with them
         ctl.client.peer_lost(addr, detail)
         for job in list(ctl._jobs):
             job.agent_lost(addr)

@@ -48,6 +48,7 @@ from .hooks import Embedding
 from .inits import Inits
 from .logs import WorkerLogs, cut_line
 from .records import MeshRecord, MeshRecords
+from .stacks import RankStacks, Stacks
 
 if TYPE_CHECKING:
     from .._core.refs import ActorMeshRef, ProcMeshRef
@@ -335,7 +336,8 @@ class Controller:
         if emb is not None and self.embedded:
             rec.owner = emb.current_owner()
         self.meshes[mesh_id] = rec
-        self.state.created(mesh_id, name, dict(shape.extent), [dict(shape.point(r)) for r in range(len(shape))])
+        coords = [dict(shape.point(r)) for r in range(len(shape))]
+        self.state.created(mesh_id, name, dict(shape.extent), coords, ref.agent_addrs, ref.rank_host, job.describe)
         rec.job, rec.env, rec.preload = job, env, preload
         futs = [
             self.spawn_request(agent, ref, list(range(pos * per_host, (pos + 1) * per_host)), env, preload)
@@ -459,6 +461,39 @@ class Controller:
     def logs(self, ref: ProcMeshRef, rank: int | None, tail: int | None) -> list[tuple[float, int, int, str]]:
         lines = self.worker_logs.lines(ref.mesh_id, rank)
         return lines[-tail:] if tail else lines
+
+    def stacks(self, ref: ProcMeshRef, ranks: list[int], timeout: float, all_threads: bool) -> Stacks:
+        """Every thread's stack on ``ranks`` now, asked of each proc's receive thread at once."""
+        rec = self.meshes.live(ref)
+        asked = {}
+        for r in ranks:
+            if r in rec.failures or not ref.proc_addrs[r]:
+                continue
+            asked[r] = self.client.request(ref.proc_addrs[r], {"k": Kind.STACKS}, what=f"stacks of rank {r}")
+        deadline = time.monotonic() + timeout
+        out = []
+        for r in ranks:
+            label = ",".join(f"{k}={v}" for k, v in ref.coords(r).items())
+            fut = asked.get(r)
+            if fut is None:
+                f = rec.failures.get(r)
+                out.append(RankStacks(r, label, error=f"failed: {f.detail if f else 'not running'}"))
+                continue
+            try:
+                out.append(RankStacks(r, label, list(fut.get(max(0.0, deadline - time.monotonic())))))
+            except MeshTimeoutError:
+                pid = rec.pids.get(r)
+                out.append(
+                    RankStacks(
+                        r,
+                        label,
+                        error=f"no answer within {timeout:g} s: proc {pid} holds the GIL (native code?) or is "
+                        f"stopped; `py-spy dump --native --pid {pid}` on its host shows where",
+                    )
+                )
+            except MeshError as e:
+                out.append(RankStacks(r, label, error=f"no answer: {e}"))
+        return Stacks(ref.name, out, all_threads)
 
     def is_stopped(self, mesh_id: str) -> bool:
         rec = self.meshes.get(mesh_id)

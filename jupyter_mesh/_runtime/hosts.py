@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import MeshValueError
 
@@ -36,6 +37,15 @@ class Job(abc.ABC):
     @abc.abstractmethod
     def stop(self) -> None:
         """Stop every agent of the job (and so every proc on its hosts)."""
+
+    def describe(self) -> dict[str, Any]:
+        """What views show of the job (the widget, the sidebar, ``jupyter-mesh status``): its ``kind``
+        (``local``, ``slurm``, ``attach``: the class's name without "Job"), the scheduler's ``id`` of
+        it (None when there is none) and ``keep_alive`` (it outlives this controller). Read at every
+        snapshot: keep it cheap, no I/O."""
+        name = type(self).__name__
+        kind = name[: -len("Job")] if name.endswith("Job") and len(name) > 3 else name
+        return {"kind": kind.lower(), "id": None, "keep_alive": bool(getattr(self, "keep_alive", False))}
 
     def running(self) -> bool:
         """Whether the job still has (or is starting) agents; a stopped job says False."""

@@ -39,6 +39,7 @@ from .actor_host import ActorHost, exit_proc
 from .client import Client, set_current_client
 from .hooks import Embedding, embed
 from .rank_env import set_rank_env
+from .stacks import thread_stacks
 
 __all__ = ["ProcRuntime", "live_actor", "main"]
 
@@ -153,6 +154,9 @@ class ProcRuntime:
                 Kind.CANCELLED: lambda msg, _: self.client.cancel_acks.acked(msg.header["i"], msg.header["rk"]),
                 Kind.STATS: lambda msg, _: self.transport.send(
                     msg.header["s"], Message(reply_header(msg.header["i"], OK), dumps(vars(self.transport.stats))[0])
+                ),
+                Kind.STACKS: lambda msg, _: self.transport.send(
+                    msg.header["s"], Message(reply_header(msg.header["i"], OK), dumps(thread_stacks())[0])
                 ),
                 Kind.STOP: lambda msg, _: self.stop(),
                 Kind.OUT_SYNC: lambda msg, _: print_sync_marker(msg.header["t"]),

@@ -91,6 +91,7 @@ class Kind:
     ACTOR_FAULT = "actor_fault"  # proc -> an actor mesh's spawner: one of its actors failed (a Failure)
     RDMA = "rdma"  # reader -> buffer owner: a data-plane request (get, put, drop, ucx)
     STATS = "stats"  # any -> agent / proc: transport counters, as a reply
+    STACKS = "stacks"  # controller -> proc: every thread's Python stack now, as a reply (from its receive thread)
     OUT_SYNC = "out_sync"  # controller -> proc: print a marker (``t``) after what it printed so far
     # procs and their agent
     PROC_UP = "proc_up"  # proc -> agent: the proc runs and listens at ``addr``

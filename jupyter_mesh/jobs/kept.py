@@ -117,7 +117,8 @@ def restore_meshes(ctl: Controller, job: Job, saved: list[dict[str, Any]], hoste
         rec = MeshRecord(ref, {r: p for r, p in pids.items() if p})
         rec.job, rec.env, rec.preload = job, dict(m.get("env") or {}), list(m.get("preload") or [])
         ctl.meshes[ref.mesh_id] = rec
-        ctl.state.created(ref.mesh_id, name, dict(shape.extent), [dict(shape.point(r)) for r in range(n)])
+        coords = [dict(shape.point(r)) for r in range(n)]
+        ctl.state.created(ref.mesh_id, name, dict(shape.extent), coords, ref.agent_addrs, ref.rank_host, job.describe)
         failures = {}
         for r in range(n):
             if lives.get(r):

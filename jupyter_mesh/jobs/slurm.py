@@ -119,13 +119,14 @@ class SlurmJob(Job):
         try:
             if self._in_allocation:
                 self.job_id = self._in_allocation
-                self._step = subprocess.Popen(
-                    [*srun, f"--jobid={self.job_id}", "--overlap", *agent],
-                    stdin=subprocess.DEVNULL,
-                    stdout=open(self._log_path, "ab"),
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,  # a notebook interrupt must not reach it
-                )
+                with open(self._log_path, "ab") as log:  # the step has its own copy of the descriptor
+                    self._step = subprocess.Popen(
+                        [*srun, f"--jobid={self.job_id}", "--overlap", *agent],
+                        stdin=subprocess.DEVNULL,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,  # a notebook interrupt must not reach it
+                    )
             else:
                 script = "#!/bin/sh\n" + "exec " + shlex.join([*srun, *agent]) + "\n"
                 sbatch = ["sbatch", "--parsable", f"--nodes={nodes}", "--ntasks-per-node=1", f"--job-name={name}"]
@@ -183,6 +184,9 @@ class SlurmJob(Job):
             if not self.keep_alive:  # every agent has read it: the session's keys leave the disk (a kept
                 self._files.key_read()  # job's stay, 0600, for the kernel that reattaches)
             return out
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "id": self.job_id}
 
     def running(self) -> bool:
         return not self._stopped

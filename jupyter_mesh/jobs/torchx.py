@@ -172,6 +172,9 @@ class TorchXJob(Job):
             self._files.key_read()  # every agent has read it: the session's keys leave the disk
             return out
 
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "id": self.app_handle}  # "local_cwd://torchx/app-xyz"
+
     def running(self) -> bool:
         return not self._stopped
 

@@ -183,6 +183,12 @@ def _build_parsers() -> tuple[_Parser, _Parser]:
 
     sub.add_parser("status", help="the meshes, their procs and failed ranks")
 
+    stacks = sub.add_parser("stacks", help="where every rank is now: each thread's Python stack, identical ones folded")
+    stacks.add_argument("--name", type=_name)
+    stacks.add_argument("--rank", type=_rank_or_coords, metavar="RANK", help="one rank (global, or coordinates)")
+    stacks.add_argument("--all-threads", action="store_true", help="also the runtime's waiting threads and frames")
+    stacks.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS", help="how long a rank may take")
+
     reattach = sub.add_parser(
         "reattach", help="take back a SLURM job an earlier kernel kept alive (--keep-alive): its meshes and actors"
     )
@@ -251,7 +257,7 @@ class MeshMagics(Magics):
 
     @line_cell_magic
     def mesh(self, line: str, cell: str | None = None) -> Any:
-        """%mesh up|status|down|scale|kill|respawn|logs|push|pull|reload ...   %%mesh [--on SLICE] [--name NAME] [--no-stream]
+        """%mesh up|status|stacks|down|scale|kill|respawn|logs|push|pull|reload|reattach ...   %%mesh [--on SLICE] [--name NAME] [--no-stream]
 
         `%mesh -h` and `%mesh up -h` explain each command.
         """
@@ -355,6 +361,13 @@ class MeshMagics(Magics):
         except MeshError as e:
             raise UsageError(str(e)) from None
 
+    def _cmd_stacks(self, args: argparse.Namespace) -> None:
+        entry = self.meshes.get(args.name)
+        try:
+            print(entry.procs.stacks(args.rank, timeout=args.timeout, all_threads=args.all_threads))
+        except (MeshValueError, IndexError, KeyError) as e:
+            raise UsageError(str(e.args[0] if e.args else e)) from None
+
     def _cmd_status(self, args: argparse.Namespace) -> None:
         rows = self.meshes.status_rows()
         if not rows:
@@ -449,6 +462,12 @@ class MeshMagics(Magics):
 
     def _cmd_logs(self, args: argparse.Namespace) -> None:
         entries = [self.meshes.get(args.name)] if args.name or len(self.meshes.names()) == 1 else self.meshes.entries()
+        if args.rank is not None:
+            sizes = [len(e.procs) for e in entries]
+            if not any(0 <= args.rank < n for n in sizes):
+                raise UsageError(
+                    f"--rank {args.rank} is out of range: the mesh has ranks 0-{max(sizes, default=1) - 1}"
+                )
         lines = [ln for e in entries for ln in e.procs.logs(args.rank, None) if SYNC_PREFIX not in ln]
         if not (args.all or args.save):
             lines = lines[-args.tail :]

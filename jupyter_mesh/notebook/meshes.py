@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._api.mesh import ActorMesh, ProcMesh
+from .._core.state import MeshState
 from ..errors import MeshValueError
 from ..jobs import AttachJob, Job, LocalJob, SlurmJob
 from ..jobs.registry import make_job
@@ -162,7 +163,23 @@ class MeshRegistry:
                     "dims": ", ".join(f"{k}={v}" for k, v in st.sizes.items()),
                     "procs": counts,
                     "failed ranks": ", ".join(failed) or "-",
+                    "hosts": _hosts_cell(st),
                     "pids": " ".join(str(r.pid) for r in st.ranks),
                 }
             )
         return rows
+
+
+def _hosts_cell(st: MeshState) -> str:
+    """``local``; or ``SLURM job 12 (kept alive): 10.0.0.2 up, 10.0.0.3 unreachable``."""
+    one_up = len(st.hosts) == 1 and st.hosts[0].state == "up"
+    hosts = ", ".join(h.address if one_up else f"{h.address} {h.state}" for h in st.hosts)
+    job = st.job or {}
+    kind, job_id = str(job.get("kind") or ""), job.get("id")
+    label = {"slurm": "SLURM job", "torchx": "TorchX job", "attach": "attached", "local": "", "": ""}.get(
+        kind, f"{kind} job"
+    )
+    label = f"{label} {job_id}" if job_id is not None else label
+    if job.get("keep_alive"):
+        label = f"{label or kind} (kept alive)"
+    return f"{label}: {hosts}" if label and hosts else label or hosts or "-"

@@ -221,6 +221,7 @@ def run_slurm_fault(nodes: int, fault: str, arg: str) -> None:
     procs = hosts_mesh.spawn_procs(per_host={"gpus": 1})
     probes = procs.spawn("probe", Probe)
     probes.where.call().get(timeout=60)
+    say("hosts", **_hosts(procs.state()))
     fut = probes.nap.call(60)
     time.sleep(0.5)
     t0 = time.monotonic()
@@ -240,11 +241,20 @@ def run_slurm_fault(nodes: int, fault: str, arg: str) -> None:
     if fault == "cut":
         subprocess.run(["ip", "link", "set", arg, "up"], check=True, timeout=30)
     states = procs.state()
-    say("state", text=str(states))
+    say("state", text=str(states), **_hosts(states))
     t1 = time.monotonic()
     procs.stop(timeout=10)
     job.stop()
     say("job_stopped", job_id=job.job_id, seconds=time.monotonic() - t1)
+
+
+def _hosts(state) -> dict:
+    """What the views get of a mesh's hosts and job (the widget's, the sidebar's, ``jupyter-mesh status``)."""
+    from jupyter_mesh.ui.table import text_table
+    from jupyter_mesh.ui.wire import mesh_wire
+
+    wire = mesh_wire(state)
+    return {"hosts": wire["hosts"], "job": wire["job"], "table": text_table([wire])}
 
 
 class Counter(Actor):
