@@ -177,7 +177,9 @@ def test_a_remote_exception_chain_renders_with_its_causes(kernel):
     plain = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(cell.error["traceback"]))
     cause, effect = plain.index("KeyError: 'missing key'"), plain.index("RuntimeError: while loading the batch")
     assert cause < plain.index("The above exception was the direct cause") < effect
-    assert '{}["missing key"]' in plain and 'raise RuntimeError("while loading the batch") from e' in plain  # cell source
+    assert (
+        '{}["missing key"]' in plain and 'raise RuntimeError("while loading the batch") from e' in plain
+    )  # cell source
 
 
 def test_an_error_under_broadcast_is_shown_and_the_actor_lives_on(kernel):
