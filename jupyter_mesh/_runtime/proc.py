@@ -38,7 +38,7 @@ from .._wire.protocol import BROKEN, DIRECT, NO_REPLY, OK, OUT_SYNC_PREFIX, RAIS
 from .._wire.serialize import UNPICKLABLE_HINT, dumps, loads
 from .._wire.transport import Message, Transport
 from ..errors import Failure, SerializationError, SupervisionError
-from . import cancel_signal, interrupts
+from . import cancel_signal, interrupts, remote_pdb
 from .client import Client, set_current_client
 from .hooks import Embedding, embed
 from .rank_env import set_rank_env
@@ -450,6 +450,10 @@ class ProcRuntime:
         self._orphans: dict[str, list[Message]] = {}  # calls that overtook their actor's spawn
         self._main_host: queue.SimpleQueue[ActorHost] = queue.SimpleQueue()
         self._main_claimed = False
+        remote_pdb.install(self._debug_event)  # breakpoint() pauses the calling actor for the controller
+
+    def _debug_event(self, h: dict[str, Any]) -> None:
+        self.transport.send(self.agent_addr, Message({**h, "m": self.mesh_id, "rk": self.rank}))
 
     def claim_main_thread(self, host: ActorHost) -> bool:
         """The first actor gets the main thread (``serve`` hands it over); later ones get threads."""
@@ -504,6 +508,7 @@ class ProcRuntime:
                 ),
                 Kind.STOP: lambda msg, _: _exit(0),
                 Kind.OUT_SYNC: lambda msg, _: print_sync_marker(msg.header["t"]),
+                Kind.DEBUG_IN: lambda msg, _: remote_pdb.deliver(msg.header),
             },
         )
 

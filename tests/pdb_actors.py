@@ -1,0 +1,32 @@
+"""Actors that stop in ``breakpoint()`` / ``pdb.set_trace()``, for remote pdb (tests/test_remote_pdb.py)."""
+
+from __future__ import annotations
+
+import pdb
+
+from jupyter_mesh import Actor, current_rank, endpoint
+
+
+class Stopper(Actor):
+    @endpoint
+    def step(self, x: int) -> int:
+        """Every rank (or only ``only``) stops; ``y`` exists after one ``n``."""
+        breakpoint()
+        y = x * 10
+        return y + current_rank().rank
+
+    @endpoint
+    def some(self, x: int, ranks: list[int]) -> int:
+        if current_rank().rank in ranks:
+            pdb.set_trace()
+        return x + 1
+
+    @endpoint
+    async def astep(self, x: int) -> int:
+        z = x + 5
+        breakpoint()
+        return z
+
+    @endpoint
+    def ping(self) -> int:
+        return current_rank().rank

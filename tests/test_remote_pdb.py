@@ -1,0 +1,117 @@
+"""Remote pdb (issue 15): ``breakpoint()`` in an endpoint pauses that actor only; the controller lists
+paused actors, drives their pdb and lets them go on (``jupyter_mesh.debug``). Real procs throughout."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+from pdb_actors import Stopper
+
+from jupyter_mesh import ProcState, SupervisionError, debug
+
+
+def _wait_paused(n: int, timeout: float = 20.0) -> list[debug.PausedActor]:  # type: ignore[name-defined]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        now = debug.paused()
+        if len(now) >= n:
+            return now
+        time.sleep(0.05)
+    raise AssertionError(f"expected {n} paused actors, got {debug.paused()}")
+
+
+def test_breakpoint_pauses_one_rank_and_pdb_commands_drive_it(procs):
+    st = procs.spawn("stop", Stopper)
+    fut = st.slice(gpus=1).step.call_one(4)
+    (p,) = _wait_paused(1)
+    assert (p.mesh, p.rank, p.actor, p.coords) == (procs.name, 1, "stop", {"hosts": 0, "gpus": 1})
+    assert p.where.endswith("pdb_actors.py:15"), p.where
+    first = p.prompt()
+    assert "y = x * 10" in first and first.endswith("(Pdb) "), first
+    # the rank shows paused at file:line; the others answer calls meanwhile
+    rs = procs.state().ranks[1]
+    assert rs.state == ProcState.PAUSED and rs.note.startswith("paused at ") and "pdb_actors.py:15" in rs.note
+    assert st.slice(gpus=0).ping.call_one().get(10) == 0
+    assert "4" in p.send("p x")
+    assert "*** NameError" in p.send("p y")
+    out = p.send("n")
+    assert "return y + current_rank().rank" in out and out.endswith("(Pdb) "), out
+    assert "40" in p.send("p y")
+    p.send("c")
+    assert fut.get(10) == 41
+    assert debug.paused() == [] and p.ended == "resumed"
+    deadline = time.monotonic() + 5
+    while procs.state().ranks[1].state == ProcState.PAUSED and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert procs.state().ranks[1].state == ProcState.IDLE and procs.state().ranks[1].note == ""
+
+
+def test_several_ranks_pause_and_continue_all_releases_them(procs):
+    st = procs.spawn("stop", Stopper)
+    fut = st.some.call(1, [0, 2, 3])
+    paused = _wait_paused(3)
+    assert sorted(p.rank for p in paused) == [0, 2, 3]
+    assert procs.state().ranks[1].state != ProcState.PAUSED
+    assert all("return x + 1" in p.prompt() for p in paused)
+    assert debug.continue_all() == 3
+    assert list(fut.get(10).values()) == [2, 2, 2, 2]
+    assert debug.paused() == []
+
+
+def test_async_endpoint_pauses_too(procs):
+    st = procs.spawn("stop", Stopper)
+    fut = st.slice(gpus=2).astep.call_one(1)
+    (p,) = _wait_paused(1)
+    assert "return z" in p.prompt()
+    assert "6" in p.send("p z")
+    p.cont()
+    assert fut.get(10) == 6
+
+
+def test_a_pause_longer_than_the_heartbeat_timeout_is_not_a_hang(procs):
+    """The receive thread still answers pings: the agent never judges a paused proc hung."""
+    from jupyter_mesh._runtime.controller import Controller
+
+    hb = Controller.get().hb_timeout
+    st = procs.spawn("stop", Stopper)
+    fut = st.slice(gpus=3).step.call_one(1)
+    (p,) = _wait_paused(1)
+    p.prompt()
+    time.sleep(hb * 1.5 + 1)
+    assert procs.state().ranks[3].state == ProcState.PAUSED
+    assert "1" in p.send("p x")
+    p.cont()
+    assert fut.get(10) == 13
+
+
+def test_a_proc_killed_while_paused_ends_its_session_with_the_failure(procs):
+    st = procs.spawn("stop", Stopper)
+    fut = st.slice(gpus=0).step.call_one(1)
+    (p,) = _wait_paused(1)
+    p.prompt()
+    os.kill(procs.pids()[0], signal.SIGKILL)
+    with pytest.raises(SupervisionError):
+        fut.get(10)
+    assert debug.paused() == []
+    with pytest.raises(SupervisionError, match="paused in the debugger"):
+        p.send("p x", timeout=5)
+
+
+def test_interrupting_the_call_while_paused_cancels_it(procs):
+    from jupyter_mesh import MeshCancelledError
+
+    st = procs.spawn("stop", Stopper)
+    fut = st.slice(gpus=2).step.call_one(1)
+    (p,) = _wait_paused(1)
+    p.prompt()
+    fut.cancel()
+    with pytest.raises(MeshCancelledError):
+        fut.get(5)
+    deadline = time.monotonic() + 10
+    while debug.paused() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert debug.paused() == []
+    assert st.slice(gpus=2).ping.call_one().get(10) == 2  # the actor serves again
