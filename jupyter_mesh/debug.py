@@ -10,16 +10,28 @@ ranks, run on); its rank shows *paused at file:line* in ``ProcMesh.state()`` and
         print(p.send("p x"))          # one pdb command and its output
         p.cont()                      # continue
     debug.continue_all()
+
+``prompt_while_waiting()`` (on in the notebook) makes a thread waiting on a call's ``get()`` serve
+the pdb prompts of paused actors itself, through ``input()``: in a kernel, the cell's stdin.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import builtins
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ._core import future as _future
+from .errors import MeshError
 
 if TYPE_CHECKING:
-    from ._runtime.debugger import PausedActor
+    from ._core.future import Future
+    from ._runtime.debugger import Debugger, PausedActor
 
-__all__ = ["continue_all", "paused"]
+__all__ = ["attach", "continue_all", "paused", "prompt_while_waiting"]
+
+_PDB_PROMPT = "(Pdb) "
 
 
 def paused() -> list[PausedActor]:
@@ -34,3 +46,89 @@ def continue_all() -> int:
     from ._runtime.controller import Controller
 
     return Controller.get().debugger.continue_all()
+
+
+def _input(prompt: str) -> str:
+    return builtins.input(prompt)  # looked up now: a kernel swaps it per cell (the cell's stdin)
+
+
+def attach(p: PausedActor, read: Callable[[str], str] = _input) -> None:
+    """pdb's terminal for ``p`` here: its output printed, each line read with ``read`` (``input``:
+    in a kernel, the cell's stdin) sent to it, until it runs on (``c``) or ``detach`` leaves it paused.
+    Ctrl-C (the notebook's interrupt) propagates: the call waiting on it is then cancelled."""
+    from ._runtime.controller import Controller
+
+    dbg = Controller.get().debugger
+    p.detached = False
+    print(f"--- {p.actor} on {p.mesh} {p.label} paused at {p.where} ('detach' leaves it paused) ---")
+    try:
+        text = p.prompt(timeout=None)
+        while True:
+            body = text[: -len(_PDB_PROMPT)] if text.endswith(_PDB_PROMPT) else text
+            if body:
+                print(body, end="" if body.endswith("\n") else "\n")
+            if p.ended:
+                print(f"--- {p.actor} on {p.mesh} {p.label} runs on ---")
+                return
+            more = len([x for x in dbg.paused() if x is not p and not x.detached])
+            try:
+                line = read(f"(Pdb {p.mesh} {p.label}{f' ({more} more paused)' if more else ''}) ")
+            except (EOFError, OSError, MeshError, RuntimeError) as e:  # no stdin here (allow_stdin off)
+                p.detached = True
+                print(f"--- cannot read a pdb command here ({type(e).__name__}); {p.actor} stays paused: ")
+                print("    `%mesh debug attach` or jupyter_mesh.debug.paused()[i].send('c') resumes it ---")
+                return
+            if line.strip() == "detach":
+                p.detached = True
+                print(f"--- detached; {p.actor} on {p.mesh} {p.label} stays paused (`%mesh debug`) ---")
+                return
+            text = p.send(line, timeout=None)
+    except MeshError as e:  # the proc died while paused: the call waiting on it says how
+        print(f"--- {p.actor} on {p.mesh} {p.label}: {e} ---")
+
+
+class _Prompter:
+    """The pause hook of ``get()``: pauses wake the main thread waiting on a call, which then
+    serves the pdb prompts (oldest pause first) until no actor it may serve is paused."""
+
+    def __init__(self, dbg: Debugger, read: Callable[[str], str]):
+        self.dbg, self.read = dbg, read
+        self._watched: Future[Any] | None = None
+        self.unsubscribe = dbg.subscribe(self._on_change)
+
+    def _waiting(self) -> list[PausedActor]:
+        return [p for p in self.dbg.paused() if not p.detached]
+
+    def watch(self, fut: Future[Any]) -> Callable[[], None] | None:
+        if threading.current_thread() is not threading.main_thread():
+            return None
+        self._watched = fut
+        if self._waiting():
+            fut._poke()
+        return self._unwatch
+
+    def _unwatch(self) -> None:
+        self._watched = None
+
+    def _on_change(self, p: PausedActor) -> None:  # receive thread
+        fut = self._watched
+        if fut is not None and p.paused and not p.detached:
+            fut._poke()
+
+    def serve(self) -> None:
+        while True:
+            waiting = self._waiting()
+            if not waiting:
+                return
+            attach(waiting[0], self.read)
+
+
+def prompt_while_waiting(on: bool = True, read: Callable[[str], str] | None = None) -> None:
+    """While the main thread waits on a call, an actor that pauses in the debugger prompts there
+    (``attach``), with ``read`` (default ``input``) reading its commands. Off: nothing prompts by itself."""
+    from ._runtime.controller import Controller
+
+    old = _future.pause_hook
+    if isinstance(old, _Prompter):
+        old.unsubscribe()
+    _future.pause_hook = _Prompter(Controller.get().debugger, read or _input) if on else None

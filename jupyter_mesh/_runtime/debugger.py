@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import linecache
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._core import future as _future
 from .._core.state import MeshEvent, StateTracker
 from .._wire.protocol import Kind
 from .._wire.transport import Message, Transport
@@ -42,6 +44,7 @@ class PausedActor:
     _pending: list[str] = field(default_factory=list, repr=False)  # pdb output not taken yet
     _prompts: int = field(default=0, repr=False)  # prompts pdb showed
     _taken: int = field(default=0, repr=False)  # prompts whose output was taken
+    detached: bool = False  # a front left it paused (``detach``): it does not prompt by itself again
     ended: str = ""  # "" while paused; "resumed", or why it ended (the proc died)
     failure: Failure | None = None
 
@@ -134,6 +137,8 @@ class Debugger:
             self._cond.notify_all()
         if ev == "paused":
             self._send_sources(s)
+            if _future.pause_hook is None and s._prompts == 0:  # no front prompts by itself: say how to reach it
+                print(f"jupyter_mesh: {s}; jupyter_mesh.debug.paused() drives its pdb", file=sys.stderr)
         if ev in ("paused", "resumed"):
             self._show_state(mesh_id, rank)
         self._tell(s)

@@ -1,0 +1,144 @@
+"""Remote pdb in the notebook (issue 15): a cell waiting on a call whose actor stops in ``breakpoint()``
+shows pdb's prompt through the kernel's stdin (``input_request``), with the cell's own source lines;
+the user's lines drive pdb and ``c`` gives the cell its result. A real kernel through jupyter_client."""
+
+from __future__ import annotations
+
+import queue
+import time
+from typing import Any
+
+import pytest
+from _kernel import Kernel, isolate_jupyter_dirs
+
+pytestmark = [
+    pytest.mark.kernel,
+    pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
+    pytest.mark.filterwarnings("ignore:unclosed:ResourceWarning"),
+]
+
+ACTORS = """
+from jupyter_mesh import Actor, endpoint, current_rank
+
+class Stepper(Actor):
+    @endpoint
+    def step(self, x):
+        breakpoint()
+        y = x * 10  # the cell's own line
+        return y + current_rank().rank
+
+    @endpoint
+    def ping(self):
+        return current_rank().rank
+
+s = procs.spawn("s", Stepper)
+s.initialized.get(30)
+"""
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    isolate_jupyter_dirs()
+    k = Kernel()
+    k.ok("%mesh up --gpus 4")
+    k.ok(ACTORS)
+    yield k
+    assert not k.shutdown(), "processes left after the kernel shut down"
+
+
+def run_answering(
+    k: Kernel, code: str, answers: list[str], timeout: float = 60.0, allow_stdin: bool = True
+) -> tuple[dict[str, Any], list[str], str]:
+    """Run ``code`` with stdin allowed, answering each ``input_request`` with the next of ``answers``;
+    (the execute reply, the prompts asked, the cell's stdout)."""
+    kc = k.kc
+    msg_id = kc.execute(code, allow_stdin=allow_stdin)
+    prompts: list[str] = []
+    out: list[str] = []
+    reply: dict[str, Any] | None = None
+    idle = False
+    deadline = time.monotonic() + timeout
+    while not (reply is not None and idle):
+        assert time.monotonic() < deadline, f"cell did not finish; prompts {prompts}, output:\n{''.join(out)}"
+        try:
+            m = kc.get_stdin_msg(timeout=0.05)
+            if m["msg_type"] == "input_request":
+                prompts.append(m["content"]["prompt"])
+                assert answers, f"more prompts than answers: {prompts}\n{''.join(out)}"
+                kc.input(answers.pop(0))
+        except queue.Empty:
+            pass
+        while True:
+            try:
+                m = kc.get_iopub_msg(timeout=0.01)
+            except queue.Empty:
+                break
+            if m["parent_header"].get("msg_id") != msg_id:
+                continue
+            if m["msg_type"] == "stream":
+                out.append(m["content"]["text"])
+            elif m["msg_type"] == "execute_result":
+                out.append(m["content"]["data"]["text/plain"] + "\n")
+            elif m["msg_type"] == "error":
+                out.append("\n".join(m["content"]["traceback"]))
+            elif m["msg_type"] == "status" and m["content"]["execution_state"] == "idle":
+                idle = True
+        try:
+            m = kc.get_shell_msg(timeout=0.01)
+            if m["parent_header"].get("msg_id") == msg_id:
+                reply = m
+        except queue.Empty:
+            pass
+    return reply, prompts, "".join(out)
+
+
+def test_a_paused_rank_prompts_in_the_waiting_cell_and_continue_gives_the_result(kernel):
+    reply, prompts, out = run_answering(kernel, "s.slice(gpus=1).step.call_one(4).get(60)", ["p x", "n", "p y", "c"])
+    assert reply["content"]["status"] == "ok", out
+    assert len(prompts) == 4 and all(p.startswith("(Pdb procs hosts=0,gpus=1) ") for p in prompts), prompts
+    assert "paused at" in out and "y = x * 10  # the cell's own line" in out, out  # source from the kernel
+    assert "\n4\n" in out and "\n40\n" in out, out
+    assert out.rstrip().endswith("41"), out
+
+
+def test_several_paused_ranks_queue_and_the_prompt_says_how_many_more(kernel):
+    reply, prompts, out = run_answering(kernel, "sorted(s.step.call(1).get(60).values())", ["c"] * 4)
+    assert reply["content"]["status"] == "ok", out
+    assert len(prompts) == 4, prompts
+    assert any(" more paused)" in p for p in prompts), prompts  # how many depends on when each stopped
+    assert "[10, 11, 12, 13]" in out, out
+
+
+def test_interrupt_at_the_prompt_cancels_the_call_and_nothing_stays_paused(kernel):
+    import threading
+
+    def interrupt_soon() -> None:
+        time.sleep(3)
+        kernel.km.interrupt_kernel()
+
+    t = threading.Thread(target=interrupt_soon)
+    t.start()
+    # no answers: the prompt waits until the interrupt
+    kc = kernel.kc
+    msg_id = kc.execute("s.slice(gpus=2).step.call_one(1).get(60)", allow_stdin=True)
+    m = kc.get_stdin_msg(timeout=30)
+    assert m["msg_type"] == "input_request" and "gpus=2" in m["content"]["prompt"]
+    t.join()
+    deadline = time.monotonic() + 30
+    while True:
+        m = kc.get_shell_msg(timeout=max(0.1, deadline - time.monotonic()))
+        if m["parent_header"].get("msg_id") == msg_id:
+            break
+    assert m["content"]["status"] == "error", m["content"]
+    cell = kernel.ok(
+        "from jupyter_mesh import debug\nimport time\nt0 = time.time()\nwhile debug.paused() and time.time() - t0 < 10: time.sleep(0.1)\nprint(len(debug.paused()), s.slice(gpus=2).ping.call_one().get(30))"
+    )
+    assert cell.stream().strip() == "0 2", cell.stream()
+
+
+def test_without_stdin_the_cell_says_how_to_reach_the_paused_actor(kernel):
+    reply, prompts, out = run_answering(kernel, "f = s.slice(gpus=3).step.call_one(2)\nf.get(2)", [], allow_stdin=False)
+    # a front without stdin: the rank stays paused, the cell says how to reach it, get() times out
+    assert "stays paused" in out and prompts == [], out
+    assert reply["content"]["status"] == "error" and "timed out" in reply["content"]["evalue"], out
+    kernel.ok("from jupyter_mesh import debug\nassert debug.continue_all() == 1\nprint(f.get(30))")
