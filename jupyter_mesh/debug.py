@@ -72,7 +72,7 @@ def attach(p: PausedActor, read: Callable[[str], str] = _input) -> None:
                 return
             more = len([x for x in dbg.paused() if x is not p and not x.detached])
             try:
-                line = read(f"(Pdb {p.mesh} {p.label}{f' ({more} more paused)' if more else ''}) ")
+                line = read(f"[{p.mesh} rank {p.label}{f' ({more} more paused)' if more else ''}] (Pdb) ")
             except (EOFError, OSError, MeshError, RuntimeError) as e:  # no stdin here (allow_stdin off)
                 p.detached = True
                 print(f"--- cannot read a pdb command here ({type(e).__name__}); {p.actor} stays paused: ")

@@ -95,7 +95,7 @@ def run_answering(
 def test_a_paused_rank_prompts_in_the_waiting_cell_and_continue_gives_the_result(kernel):
     reply, prompts, out = run_answering(kernel, "s.slice(gpus=1).step.call_one(4).get(60)", ["p x", "n", "p y", "c"])
     assert reply["content"]["status"] == "ok", out
-    assert len(prompts) == 4 and all(p.startswith("(Pdb procs hosts=0,gpus=1) ") for p in prompts), prompts
+    assert len(prompts) == 4 and all(p == "[procs rank hosts=0,gpus=1] (Pdb) " for p in prompts), prompts
     assert "paused at" in out and "y = x * 10  # the cell's own line" in out, out  # source from the kernel
     assert "\n4\n" in out and "\n40\n" in out, out
     assert out.rstrip().endswith("41"), out
@@ -142,3 +142,34 @@ def test_without_stdin_the_cell_says_how_to_reach_the_paused_actor(kernel):
     assert "stays paused" in out and prompts == [], out
     assert reply["content"]["status"] == "error" and "timed out" in reply["content"]["evalue"], out
     kernel.ok("from jupyter_mesh import debug\nassert debug.continue_all() == 1\nprint(f.get(30))")
+
+
+def test_mesh_debug_lists_casts_attaches_and_continues(kernel):
+    kernel.ok("s.slice(gpus=slice(0, 3)).step.broadcast(7)")  # nobody waits: they stay paused
+    kernel.ok(
+        "from jupyter_mesh import debug\nimport time\nt0 = time.time()\n"
+        "while len(debug.paused()) < 3 and time.time() - t0 < 20: time.sleep(0.05)"
+    )
+    out = kernel.ok("%mesh debug").stream()
+    assert "actor" in out and "paused at" in out and out.count("\ns ") == 3, out
+    assert "hosts=0,gpus=2" in out and "for" in out, out
+    out = kernel.ok("%mesh debug cast s gpus=0:2 p x + 1").stream()
+    assert out.count("\n8\n") == 2 and "gpus=2" not in out, out
+    reply, prompts, out = run_answering(kernel, "%mesh debug attach s 2", ["p x * 3", "detach"])
+    assert reply["content"]["status"] == "ok" and "21" in out and "stays paused" in out, out
+    assert prompts[0] == "[procs rank hosts=0,gpus=2 (2 more paused)] (Pdb) ", prompts
+    out = kernel.ok("%mesh debug continue").stream()
+    assert "continued s on procs" in out, out
+    out = kernel.ok("%mesh debug continue all").stream()
+    assert out.count("continued s on procs") == 2, out
+    out = kernel.ok("import time; time.sleep(0.5)\n%mesh debug").stream()
+    assert "no actor is paused" in out, out
+    for line, expect in [
+        ("%mesh debug cast s", "usage: %mesh debug cast ACTOR SLICE LINE"),
+        ("%mesh debug attach nosuch", "no paused actor matches nosuch"),
+        ("%mesh debug continue some", "usage: %mesh debug continue [all]"),
+        ("%mesh debug attach s banana", "RANK is a global rank"),
+    ]:
+        cell = kernel.run(line)
+        text = cell.stream("stderr") + str(cell.error or {})
+        assert cell.status == "error" and "UsageError" in text and expect in text and "Traceback" not in text, text
