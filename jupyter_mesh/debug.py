@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ._core import future as _future
-from .errors import MeshError
+from .errors import MeshError, MeshValueError
 
 if TYPE_CHECKING:
     from ._core.future import Future
@@ -59,7 +59,18 @@ def attach(p: PausedActor, read: Callable[[str], str] = _input) -> None:
     from ._runtime.controller import Controller
 
     dbg = Controller.get().debugger
-    p.detached = False
+    if p.attached:
+        raise MeshValueError(
+            f"{p.actor} on {p.mesh} {p.label} is attached elsewhere (another cell or thread); type 'detach' there first"
+        )
+    p.attached, p.detached = True, False
+    try:
+        _serve(dbg, p, read)
+    finally:
+        p.attached = False
+
+
+def _serve(dbg: Debugger, p: PausedActor, read: Callable[[str], str]) -> None:
     print(f"--- {p.actor} on {p.mesh} {p.label} paused at {p.where} ('detach' leaves it paused) ---")
     try:
         text = p.prompt(timeout=None)
@@ -97,7 +108,7 @@ class _Prompter:
         self.unsubscribe = dbg.subscribe(self._on_change)
 
     def _waiting(self) -> list[PausedActor]:
-        return [p for p in self.dbg.paused() if not p.detached]
+        return [p for p in self.dbg.paused() if not p.detached and not p.attached]
 
     def watch(self, fut: Future[Any]) -> Callable[[], None] | None:
         if threading.current_thread() is not threading.main_thread():
@@ -112,7 +123,7 @@ class _Prompter:
 
     def _on_change(self, p: PausedActor) -> None:  # receive thread
         fut = self._watched
-        if fut is not None and p.paused and not p.detached:
+        if fut is not None and p.paused and not p.detached and not p.attached:
             fut._poke()
 
     def serve(self) -> None:

@@ -173,3 +173,12 @@ def test_mesh_debug_lists_casts_attaches_and_continues(kernel):
         cell = kernel.run(line)
         text = cell.stream("stderr") + str(cell.error or {})
         assert cell.status == "error" and "UsageError" in text and expect in text and "Traceback" not in text, text
+
+
+def test_shutting_the_kernel_down_while_actors_are_paused_leaves_nothing(kernel):
+    """Last in this module: the fixture's shutdown finds actors paused and must leave no process."""
+    kernel.ok("s.step.broadcast(1)")
+    kernel.ok(
+        "from jupyter_mesh import debug\nimport time\nt0 = time.time()\n"
+        "while len(debug.paused()) < 4 and time.time() - t0 < 20: time.sleep(0.05)\nassert len(debug.paused()) == 4"
+    )

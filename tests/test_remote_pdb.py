@@ -34,6 +34,7 @@ def test_breakpoint_pauses_one_rank_and_pdb_commands_drive_it(procs):
     # the rank shows paused at file:line; the others answer calls meanwhile
     rs = procs.state().ranks[1]
     assert rs.state == ProcState.PAUSED and rs.note.startswith("paused at ") and "pdb_actors.py:15" in rs.note
+    assert "paused at" in str(procs.state()), str(procs.state())  # the text view shows where
     assert st.slice(gpus=0).ping.call_one().get(10) == 0
     assert "4" in p.send("p x")
     assert "*** NameError" in p.send("p y")
@@ -115,3 +116,28 @@ def test_interrupting_the_call_while_paused_cancels_it(procs):
         time.sleep(0.05)
     assert debug.paused() == []
     assert st.slice(gpus=2).ping.call_one().get(10) == 2  # the actor serves again
+
+
+def test_one_front_at_a_time_attaches(procs):
+    import threading
+
+    from jupyter_mesh import MeshValueError
+
+    st = procs.spawn("stop", Stopper)
+    fut = st.slice(gpus=0).step.call_one(2)
+    (p,) = _wait_paused(1)
+    reading, answer = threading.Event(), threading.Event()
+
+    def read(prompt: str) -> str:
+        reading.set()
+        answer.wait(10)
+        return "c"
+
+    t = threading.Thread(target=debug.attach, args=(p, read))
+    t.start()
+    assert reading.wait(10)
+    with pytest.raises(MeshValueError, match="attached elsewhere"):
+        debug.attach(p, lambda prompt: "c")
+    answer.set()
+    t.join(10)
+    assert fut.get(10) == 20

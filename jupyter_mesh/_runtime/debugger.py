@@ -44,6 +44,7 @@ class PausedActor:
     _pending: list[str] = field(default_factory=list, repr=False)  # pdb output not taken yet
     _prompts: int = field(default=0, repr=False)  # prompts pdb showed
     _taken: int = field(default=0, repr=False)  # prompts whose output was taken
+    attached: bool = False  # a front serves its prompt now (one at a time: ``debug.attach``)
     detached: bool = False  # a front left it paused (``detach``): it does not prompt by itself again
     ended: str = ""  # "" while paused; "resumed", or why it ended (the proc died)
     failure: Failure | None = None
