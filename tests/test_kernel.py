@@ -310,6 +310,7 @@ def test_interrupt_during_a_mesh_cell(kernel):
         ("%mesh kill banana", "RANK is a global rank"),
         ("%mesh stacks --rank banana", "RANK is a global rank"),
         ("%mesh stacks --rank 9", "out of range"),
+        ("%mesh logs --rank 99", "--rank 99 is out of range"),
         ("%mesh kill 9", "out of range"),
         ("%mesh down nosuch", "no mesh named 'nosuch'"),
         ("%mesh push undefined_here", "not defined here: undefined_here"),

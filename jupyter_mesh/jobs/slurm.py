@@ -119,13 +119,14 @@ class SlurmJob(Job):
         try:
             if self._in_allocation:
                 self.job_id = self._in_allocation
-                self._step = subprocess.Popen(
-                    [*srun, f"--jobid={self.job_id}", "--overlap", *agent],
-                    stdin=subprocess.DEVNULL,
-                    stdout=open(self._log_path, "ab"),
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,  # a notebook interrupt must not reach it
-                )
+                with open(self._log_path, "ab") as log:  # the step has its own copy of the descriptor
+                    self._step = subprocess.Popen(
+                        [*srun, f"--jobid={self.job_id}", "--overlap", *agent],
+                        stdin=subprocess.DEVNULL,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,  # a notebook interrupt must not reach it
+                    )
             else:
                 script = "#!/bin/sh\n" + "exec " + shlex.join([*srun, *agent]) + "\n"
                 sbatch = ["sbatch", "--parsable", f"--nodes={nodes}", "--ntasks-per-node=1", f"--job-name={name}"]

@@ -468,6 +468,12 @@ class MeshMagics(Magics):
 
     def _cmd_logs(self, args: argparse.Namespace) -> None:
         entries = [self.meshes.get(args.name)] if args.name or len(self.meshes.names()) == 1 else self.meshes.entries()
+        if args.rank is not None:
+            sizes = [len(e.procs) for e in entries]
+            if not any(0 <= args.rank < n for n in sizes):
+                raise UsageError(
+                    f"--rank {args.rank} is out of range: the mesh has ranks 0-{max(sizes, default=1) - 1}"
+                )
         lines = [ln for e in entries for ln in e.procs.logs(args.rank, None) if SYNC_PREFIX not in ln]
         if not (args.all or args.save):
             lines = lines[-args.tail :]
