@@ -114,7 +114,7 @@ def test_interrupting_the_call_while_paused_cancels_it(procs):
     deadline = time.monotonic() + 10
     while debug.paused() and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert debug.paused() == []
+    assert debug.paused() == [] and p.ended == "resumed"
     assert st.slice(gpus=2).ping.call_one().get(10) == 2  # the actor serves again
 
 
@@ -141,3 +141,25 @@ def test_one_front_at_a_time_attaches(procs):
     answer.set()
     t.join(10)
     assert fut.get(10) == 20
+
+
+def test_an_actor_on_its_own_thread_pauses_alone_and_a_cancel_reaches_it(procs):
+    """The proc's first actor runs on the main thread, later ones on threads of their own: a pause of
+    the second leaves the first serving, and a cancel ends it (KeyboardInterrupt in that thread)."""
+    from jupyter_mesh import MeshCancelledError
+
+    first = procs.spawn("first", Stopper)
+    first.initialized.get(30)
+    second = procs.spawn("second", Stopper)
+    fut = second.slice(gpus=1).step.call_one(3)
+    (p,) = _wait_paused(1)
+    assert p.actor == "second" and "y = x * 10" in p.prompt()
+    assert first.slice(gpus=1).ping.call_one().get(10) == 1  # same proc, other actor: runs on
+    fut.cancel()
+    with pytest.raises(MeshCancelledError):
+        fut.get(5)
+    deadline = time.monotonic() + 10
+    while debug.paused() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert debug.paused() == [] and p.ended == "resumed"
+    assert second.slice(gpus=1).ping.call_one().get(10) == 1

@@ -122,14 +122,16 @@ class RemotePdb(pdb.Pdb):
     def interaction(self, frame: FrameType | None, traceback: Any) -> None:
         where = f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else "?"
         _sessions[self.sid] = self._inbox
+        left = False  # pdb returned to the program (not a cancel's KeyboardInterrupt out of it)
         try:
             self._event("paused", where=where)
             self._wait_for_sources()
             super().interaction(frame, traceback)
+            left = True
         finally:
             _sessions.pop(self.sid, None)
             # ``n``, ``s``, ``r``, ``until``: it will stop again soon, as the same debugger
-            stepping = not self.quitting and self.stoplineno != -1
+            stepping = left and not self.quitting and self.stoplineno != -1
             self._event("resumed", out=self._out.take(), step=stepping)
 
     def _cmdloop(self) -> None:
