@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from ._core.future import Future
     from ._runtime.debugger import Debugger, PausedActor
 
-__all__ = ["attach", "continue_all", "paused", "prompt_while_waiting"]
+__all__ = ["attach", "continue_all", "paused", "post_mortem", "prompt_while_waiting"]
 
 _PDB_PROMPT = "(Pdb) "
 
@@ -50,6 +50,15 @@ def continue_all() -> int:
 
 def _input(prompt: str) -> str:
     return builtins.input(prompt)  # looked up now: a kernel swaps it per cell (the cell's stdin)
+
+
+def post_mortem(on: bool = True) -> int:
+    """Post-mortem debugging on the procs running now: an endpoint that raises stops in pdb where it
+    raised (a paused actor like any other) and its caller gets the error once it is continued.
+    Procs started later do not have it: call it again. Returns how many procs were told."""
+    from ._runtime.controller import Controller
+
+    return Controller.get().debugger.set_post_mortem(on)
 
 
 def attach(p: PausedActor, read: Callable[[str], str] = _input) -> None:
@@ -96,6 +105,10 @@ def _serve(dbg: Debugger, p: PausedActor, read: Callable[[str], str]) -> None:
             text = p.send(line, timeout=None)
     except MeshError as e:  # the proc died while paused: the call waiting on it says how
         print(f"--- {p.actor} on {p.mesh} {p.label}: {e} ---")
+    except KeyboardInterrupt:  # a live pause ends with the cancel of its call; a post-mortem one is let go
+        if p.post_mortem and not p.ended:
+            dbg.send_line(p, "c")
+        raise
 
 
 class _Prompter:

@@ -28,5 +28,10 @@ class Stopper(Actor):
         return z
 
     @endpoint
+    def fail(self, x: int) -> int:
+        ratio = x / 0  # post-mortem stops here
+        return int(ratio)
+
+    @endpoint
     def ping(self) -> int:
         return current_rank().rank

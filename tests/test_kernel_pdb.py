@@ -31,6 +31,11 @@ class Stepper(Actor):
     def ping(self):
         return current_rank().rank
 
+    @endpoint
+    def fail(self, x):
+        ratio = x / 0  # post-mortem here
+        return ratio
+
 s = procs.spawn("s", Stepper)
 s.initialized.get(30)
 """
@@ -173,6 +178,18 @@ def test_mesh_debug_lists_casts_attaches_and_continues(kernel):
         cell = kernel.run(line)
         text = cell.stream("stderr") + str(cell.error or {})
         assert cell.status == "error" and "UsageError" in text and expect in text and "Traceback" not in text, text
+
+
+def test_post_mortem_prompts_where_the_endpoint_raised_then_the_cell_gets_the_error(kernel):
+    out = kernel.ok("%mesh debug post-mortem on").stream()
+    assert "post-mortem debugging on on 4 procs" in out, out
+    try:
+        reply, prompts, out = run_answering(kernel, "s.slice(gpus=0).fail.call_one(6).get(60)", ["p x", "c"])
+        assert reply["content"]["status"] == "error" and "ZeroDivisionError" in reply["content"]["evalue"], out
+        assert len(prompts) == 2 and "post-mortem: ZeroDivisionError" in out, out
+        assert "ratio = x / 0  # post-mortem here" in out and "\n6\n" in out, out
+    finally:
+        kernel.ok("%mesh debug post-mortem off")
 
 
 def test_shutting_the_kernel_down_while_actors_are_paused_leaves_nothing(kernel):

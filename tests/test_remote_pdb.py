@@ -163,3 +163,27 @@ def test_an_actor_on_its_own_thread_pauses_alone_and_a_cancel_reaches_it(procs):
         time.sleep(0.05)
     assert debug.paused() == [] and p.ended == "resumed"
     assert second.slice(gpus=1).ping.call_one().get(10) == 1
+
+
+def test_post_mortem_stops_where_an_endpoint_raised_and_the_caller_gets_the_error_after(procs):
+    from jupyter_mesh import ActorError
+
+    st = procs.spawn("stop", Stopper)
+    st.initialized.get(30)
+    assert debug.post_mortem(True) == 4
+    try:
+        fut = st.slice(gpus=3).fail.call_one(5)
+        (p,) = _wait_paused(1)
+        assert p.post_mortem and p.where.endswith("pdb_actors.py:32"), p
+        first = p.prompt()
+        assert "post-mortem: ZeroDivisionError" in first and "ratio = x / 0" in first, first
+        assert "5" in p.send("p x")
+        assert not fut.done()
+        p.send("c")
+        with pytest.raises(ActorError, match="ZeroDivisionError"):
+            fut.get(10)
+        assert debug.paused() == [] and p.ended == "resumed"
+    finally:
+        debug.post_mortem(False)
+    with pytest.raises(ActorError):  # off again: the error comes back at once
+        st.slice(gpus=3).fail.call_one(5).get(10)

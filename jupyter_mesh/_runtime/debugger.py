@@ -44,6 +44,7 @@ class PausedActor:
     _pending: list[str] = field(default_factory=list, repr=False)  # pdb output not taken yet
     _prompts: int = field(default=0, repr=False)  # prompts pdb showed
     _taken: int = field(default=0, repr=False)  # prompts whose output was taken
+    post_mortem: bool = False  # stopped where its endpoint raised (its caller gets the error after)
     attached: bool = False  # a front serves its prompt now (one at a time: ``debug.attach``)
     detached: bool = False  # a front left it paused (``detach``): it does not prompt by itself again
     ended: str = ""  # "" while paused; "resumed", or why it ended (the proc died)
@@ -120,7 +121,7 @@ class Debugger:
             elif ev == "paused":
                 s = self._sessions[key] = PausedActor(
                     rec.ref.name, rec.ref.mesh_id, rank, dict(rec.ref.coords(rank)), str(h.get("an", "")),
-                    str(h.get("where", "?")), time.time(), sid, self,
+                    str(h.get("where", "?")), time.time(), sid, self, post_mortem=bool(h.get("pm")),
                 )  # fmt: skip
             elif s is None:
                 return
@@ -213,6 +214,18 @@ class Debugger:
         if s.failure is not None:
             raise SupervisionError([s.failure], f"while {s.actor} was paused in the debugger at {s.where}")
         return out
+
+    def set_post_mortem(self, on: bool) -> int:
+        """Post-mortem debugging on every running proc of this controller's meshes; how many."""
+        n = 0
+        for rec in list(self._meshes.values()):
+            if rec.stopped:
+                continue
+            for rank, addr in enumerate(rec.ref.proc_addrs):
+                if addr and rank not in rec.failures:
+                    self._transport.send(addr, Message({"k": Kind.DEBUG_IN, "pm": on}))
+                    n += 1
+        return n
 
     def continue_all(self) -> int:
         """``continue`` every paused actor; how many there were."""

@@ -376,6 +376,7 @@ class ActorHost:
             finally:
                 self._leave()
         except BaseException as e:  # noqa: BLE001 - a raising endpoint must not kill the actor
+            remote_pdb.post_mortem(e)  # only if asked (``jupyter_mesh.debug.post_mortem``)
             self._respond_error(h, e)
             return
         self._respond(h, result)

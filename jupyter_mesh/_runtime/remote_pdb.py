@@ -14,6 +14,8 @@ interrupt) ends the pause with KeyboardInterrupt in the endpoint, as it would en
 
 from __future__ import annotations
 
+import asyncio
+import bdb
 import io
 import itertools
 import linecache
@@ -29,7 +31,7 @@ from typing import IO, Any, cast
 from .._core.context import context
 from .._wire.protocol import Kind
 
-__all__ = ["RemotePdb", "deliver", "install"]
+__all__ = ["RemotePdb", "deliver", "install", "post_mortem"]
 
 SOURCE_WAIT_S = 2.0  # how long a pause waits for the controller's source lines before it prompts anyway
 SKIP = ["jupyter_mesh.*", "asyncio.*", "threading"]  # modules pdb never stops in
@@ -38,6 +40,7 @@ _POLL_S = 0.25  # a paused actor thread wakes this often, so a cancel (an async 
 _send: Callable[[dict[str, Any]], None] | None = None
 _sessions: dict[str, queue.SimpleQueue[dict[str, Any]]] = {}  # sid -> lines for that paused pdb
 _ids = itertools.count(1)
+_post_mortem = False  # an endpoint that raises stops in pdb at the raise, before its error is sent
 
 
 def install(send: Callable[[dict[str, Any]], None]) -> None:
@@ -50,7 +53,12 @@ def install(send: Callable[[dict[str, Any]], None]) -> None:
 
 
 def deliver(header: dict[str, Any]) -> None:
-    """From the receive thread: a ``debug_in`` for a paused debugger (ignored if it is not paused)."""
+    """From the receive thread: a ``debug_in`` for a paused debugger (ignored if it is not paused),
+    or (``pm``, no ``sid``) post-mortem debugging on or off."""
+    global _post_mortem
+    if "pm" in header and "sid" not in header:
+        _post_mortem = bool(header["pm"])
+        return
     inbox = _sessions.get(str(header.get("sid")))
     if inbox is not None:
         inbox.put(header)
@@ -68,6 +76,23 @@ def set_trace(frame: FrameType | None = None, *, header: str | None = None) -> N
     if header is not None:
         dbg.message(header)
     dbg.set_trace(frame or sys._getframe(1))
+
+
+def post_mortem(e: BaseException) -> None:
+    """On the actor's thread, an endpoint raised ``e``: if post-mortem debugging is on, stop in pdb
+    where it was raised until the user continues (the caller gets the error after that)."""
+    if not _post_mortem or _send is None or isinstance(e, (KeyboardInterrupt, asyncio.CancelledError, bdb.BdbQuit)):
+        return
+    tb = e.__traceback__
+    if tb is None:
+        return
+    dbg = RemotePdb(_send, post_mortem=True)
+    dbg.message(f"post-mortem: {type(e).__name__}: {e}")
+    dbg.reset()
+    try:
+        dbg.interaction(None, tb)
+    except KeyboardInterrupt:  # a cancel of the call (its reply is the error already caught)
+        pass
 
 
 class _Output(io.TextIOBase):
@@ -98,8 +123,9 @@ class _Input(io.TextIOBase):
 class RemotePdb(pdb.Pdb):
     """A pdb on an actor's thread whose terminal is the controller (see the module's docstring)."""
 
-    def __init__(self, send: Callable[[dict[str, Any]], None]):
+    def __init__(self, send: Callable[[dict[str, Any]], None], post_mortem: bool = False):
         self._send = send
+        self._pm = post_mortem
         self._out = _Output()
         self.sid = f"{os.getpid()}-{next(_ids)}"
         host = context().actor.host
@@ -120,18 +146,24 @@ class RemotePdb(pdb.Pdb):
             pass
 
     def interaction(self, frame: FrameType | None, traceback: Any) -> None:
-        where = f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else "?"
+        if frame is None and traceback is not None:  # post-mortem: where it raised
+            last = traceback
+            while last.tb_next is not None:
+                last = last.tb_next
+            where = f"{last.tb_frame.f_code.co_filename}:{last.tb_lineno}"
+        else:
+            where = f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else "?"
         _sessions[self.sid] = self._inbox
         left = False  # pdb returned to the program (not a cancel's KeyboardInterrupt out of it)
         try:
-            self._event("paused", where=where)
+            self._event("paused", where=where, pm=self._pm)
             self._wait_for_sources()
             super().interaction(frame, traceback)
             left = True
         finally:
             _sessions.pop(self.sid, None)
             # ``n``, ``s``, ``r``, ``until``: it will stop again soon, as the same debugger
-            stepping = left and not self.quitting and self.stoplineno != -1
+            stepping = left and not self._pm and not self.quitting and self.stoplineno != -1
             self._event("resumed", out=self._out.take(), step=stepping)
 
     def _cmdloop(self) -> None:

@@ -88,9 +88,11 @@ class Kind:
     OUT_SYNC = "out_sync"  # controller -> proc: print a marker (``t``) after what it printed so far
     # remote pdb (``_runtime/remote_pdb``, ``_runtime/debugger``): ``sid`` names one paused debugger
     DEBUG = "debug"  # proc -> agent -> controller: ``ev`` paused (at ``where``), out (pdb's output up to its
-    #                  prompt, ``out``), resumed (it let the actor run on; ``step``: to stop again soon)
+    #                  prompt, ``out``), resumed (it let the actor run on; ``step``: to stop again soon);
+    #                  ``pm``: a post-mortem stop (the endpoint raised)
     DEBUG_IN = "debug_in"  # controller -> proc: to a paused debugger, a command ``line``, or ``src`` (the
-    #                        controller's source lines of files the proc cannot read: notebook cells)
+    #                        controller's source lines of files the proc cannot read: notebook cells); without
+    #                        ``sid``, ``pm``: post-mortem debugging on or off
     # procs and their agent
     PROC_UP = "proc_up"  # proc -> agent: the proc runs and listens at ``addr``
     ACTOR_UP = "actor_up"  # proc -> agent: an actor's inbox and thread id
@@ -159,7 +161,7 @@ def notice(what: str, mesh_id: str, rank: int | None = None, addr: str | None = 
     return h
 
 
-DEBUG_KEYS = ("k", "m", "rk", "sid", "ev", "an", "where", "out", "step")
+DEBUG_KEYS = ("k", "m", "rk", "sid", "ev", "an", "where", "out", "step", "pm")
 """What a ``debug`` event carries: the agent forwards only these to the controller."""
 
 

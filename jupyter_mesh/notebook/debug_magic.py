@@ -23,7 +23,7 @@ __all__ = ["add_parser", "run"]
 
 def add_parser(sub: Any, rank_type: Callable[[str], Any]) -> None:
     p = sub.add_parser("debug", help="actors paused in breakpoint(): list, attach, cast a pdb command, continue")
-    p.add_argument("action", nargs="?", default="list", choices=["list", "attach", "cast", "continue"])
+    p.add_argument("action", nargs="?", default="list", choices=["list", "attach", "cast", "continue", "post-mortem"])
     p.add_argument(
         "rest", nargs=argparse.REMAINDER, help="attach [ACTOR [RANK]] | cast ACTOR SLICE LINE | continue [all]"
     )
@@ -43,6 +43,11 @@ def run(args: argparse.Namespace, parse_slice: Callable[[str], dict[str, int | s
         for p in chosen:
             p.cont()
             print(f"continued {p.actor} on {p.mesh} {p.label}")
+    elif args.action == "post-mortem":
+        if args.rest not in (["on"], ["off"]):
+            raise UsageError("usage: %mesh debug post-mortem on|off")
+        n = debug.post_mortem(args.rest == ["on"])
+        print(f"post-mortem debugging {args.rest[0]} on {n} procs (procs started later: run it again)")
     elif args.action == "attach":
         if len(args.rest) > 2:
             raise UsageError("usage: %mesh debug attach [ACTOR [RANK]]")
