@@ -192,6 +192,22 @@ def test_post_mortem_prompts_where_the_endpoint_raised_then_the_cell_gets_the_er
         kernel.ok("%mesh debug post-mortem off")
 
 
+def test_breakpoint_in_a_mesh_cell_prompts_with_the_cells_lines(kernel):
+    reply, prompts, out = run_answering(kernel, "%%mesh --on gpus=0\nz = 5\nbreakpoint()\nz + 1", ["p z * 2", "c"])
+    assert reply["content"]["status"] == "ok", out
+    # %%mesh runs a cell statement by statement: pdb stops as breakpoint()'s statement returns
+    assert len(prompts) == 2 and "-> breakpoint()" in out and "\n10\n" in out, out
+    assert "{hosts=0: 6}" in out, out
+
+
+def test_a_proc_that_dies_at_the_prompt_ends_it_and_the_cell_gets_the_failure(kernel):
+    reply, prompts, out = run_answering(kernel, "s.slice(gpus=3).step.call_one(1).get(60)", ["!import os; os._exit(3)"])
+    assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "SupervisionError", out
+    assert "paused in the debugger" in out and len(prompts) == 1, out
+    kernel.ok("%mesh respawn")
+    kernel.ok("s.slice(gpus=3).ping.call_one().get(30)")
+
+
 def test_shutting_the_kernel_down_while_actors_are_paused_leaves_nothing(kernel):
     """Last in this module: the fixture's shutdown finds actors paused and must leave no process."""
     kernel.ok("s.step.broadcast(1)")
