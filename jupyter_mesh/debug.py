@@ -121,6 +121,8 @@ class _Prompter:
         self.unsubscribe = dbg.subscribe(self._on_change)
 
     def _waiting(self) -> list[PausedActor]:
+        if not self.dbg.any_paused():  # every get() on the main thread asks: spare the lock and sort
+            return []
         return [p for p in self.dbg.paused() if not p.detached and not p.attached]
 
     def watch(self, fut: Future[Any]) -> Callable[[], None] | None:

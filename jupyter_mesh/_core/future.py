@@ -168,6 +168,7 @@ class Future(Generic[T]):
             try:
                 hook = pause_hook
                 if hook is None:
+                    self._poked = False  # a poke that came too late for a front gone since: not ours
                     wait = timeout
                     if self._driver is not None:
                         wait = self._driver.drive(self, wait)

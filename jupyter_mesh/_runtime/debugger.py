@@ -94,6 +94,9 @@ class Debugger:
         with self._cond:
             return sorted(self._sessions.values(), key=lambda s: (s.since, s.mesh, s.rank))
 
+    def any_paused(self) -> bool:
+        return bool(self._sessions)
+
     def subscribe(self, fn: Callable[[PausedActor], None]) -> Callable[[], None]:
         """``fn(session)`` on every pause, prompt and end (from the receive thread: quick, no blocking)."""
         self._listeners.append(fn)
