@@ -37,6 +37,8 @@ def test_breakpoint_pauses_one_rank_and_pdb_commands_drive_it(procs):
     assert "paused at" in str(procs.state()), str(procs.state())  # the text view shows where
     assert st.slice(gpus=0).ping.call_one().get(10) == 0
     assert "4" in p.send("p x")
+    big = p.send("p 'a' * 100000")  # one event stays small: the start is left out, the prompt kept
+    assert big.startswith("[") and "characters of pdb output left out" in big and big.endswith("(Pdb) ")
     assert "*** NameError" in p.send("p y")
     out = p.send("n")
     assert "return y + current_rank().rank" in out and out.endswith("(Pdb) "), out

@@ -22,7 +22,8 @@ from .._core import future as _future
 from .._core.state import MeshEvent, StateTracker
 from .._wire.protocol import Kind
 from .._wire.transport import Message, Transport
-from ..errors import Failure, MeshTimeoutError, MeshValueError, SupervisionError
+from ..errors import Failure, MeshError, MeshTimeoutError, MeshValueError, SupervisionError
+from .client import Client
 from .records import MeshRecords
 
 __all__ = ["Debugger", "PausedActor"]
@@ -44,6 +45,7 @@ class PausedActor:
     _pending: list[str] = field(default_factory=list, repr=False)  # pdb output not taken yet
     _prompts: int = field(default=0, repr=False)  # prompts pdb showed
     _taken: int = field(default=0, repr=False)  # prompts whose output was taken
+    _continued: bool = field(default=False, repr=False)  # cont() was sent: no longer counts as paused
     post_mortem: bool = False  # stopped where its endpoint raised (its caller gets the error after)
     attached: bool = False  # a front serves its prompt now (one at a time: ``debug.attach``)
     detached: bool = False  # a front left it paused (``detach``): it does not prompt by itself again
@@ -69,8 +71,10 @@ class PausedActor:
         return self._debugger.command(self, line, timeout)
 
     def cont(self) -> None:
-        """``continue``: let the actor run on, without waiting for anything."""
+        """``continue``: let the actor run on, without waiting for anything (it leaves ``paused()``
+        now: its own word that it runs on may come after the reply of the call it was in)."""
         self._debugger.send_line(self, "c")
+        self._continued = True
 
     def __str__(self) -> str:
         return f"{self.actor} on {self.mesh} {self.label} paused at {self.where} for {time.time() - self.since:.0f} s"
@@ -79,8 +83,8 @@ class PausedActor:
 class Debugger:
     """Paused actors of this controller's meshes (events from the receive thread)."""
 
-    def __init__(self, state: StateTracker, meshes: MeshRecords, transport: Transport):
-        self._state, self._meshes, self._transport = state, meshes, transport
+    def __init__(self, state: StateTracker, meshes: MeshRecords, transport: Transport, client: Client):
+        self._state, self._meshes, self._transport, self._client = state, meshes, transport, client
         self._cond = threading.Condition()
         self._sessions: dict[str, PausedActor] = {}  # "mesh/rank/sid" -> the paused actor
         self._stepping: dict[str, PausedActor] = {}  # ran on for one ``n``/``s``/``r``: will stop again
@@ -92,7 +96,8 @@ class Debugger:
     def paused(self) -> list[PausedActor]:
         """Every actor paused now, oldest stop first."""
         with self._cond:
-            return sorted(self._sessions.values(), key=lambda s: (s.since, s.mesh, s.rank))
+            now = [s for s in self._sessions.values() if not s._continued]
+        return sorted(now, key=lambda s: (s.since, s.mesh, s.rank))
 
     def any_paused(self) -> bool:
         return bool(self._sessions)
@@ -120,7 +125,7 @@ class Debugger:
             s = self._sessions.get(key)
             if ev == "paused" and key in self._stepping:  # the same debugger, one step further
                 s = self._sessions[key] = self._stepping.pop(key)
-                s.where, s.since = str(h.get("where", "?")), time.time()
+                s.where, s.since, s._continued = str(h.get("where", "?")), time.time(), False
             elif ev == "paused":
                 s = self._sessions[key] = PausedActor(
                     rec.ref.name, rec.ref.mesh_id, rank, dict(rec.ref.coords(rank)), str(h.get("an", "")),
@@ -152,6 +157,8 @@ class Debugger:
         """The lines of the file it stopped in, if it exists only here (a notebook cell's code)."""
         filename = s.where.rpartition(":")[0]
         lines = [] if os.path.isfile(filename) else linecache.getlines(filename)
+        if sum(map(len, lines)) > 32_000:  # one control message stays small: listings go without
+            lines = []
         self._to_proc(s, {"src": {filename: lines} if lines else {}})
 
     def _show_state(self, mesh_id: str, rank: int) -> None:
@@ -218,16 +225,25 @@ class Debugger:
             raise SupervisionError([s.failure], f"while {s.actor} was paused in the debugger at {s.where}")
         return out
 
-    def set_post_mortem(self, on: bool) -> int:
-        """Post-mortem debugging on every running proc of this controller's meshes; how many."""
-        n = 0
+    def set_post_mortem(self, on: bool, timeout: float = 10.0) -> int:
+        """Post-mortem debugging on every running proc of this controller's meshes, once each has
+        answered (calls sent after this find it set); how many did."""
+        asked = []
         for rec in list(self._meshes.values()):
             if rec.stopped:
                 continue
             for rank, addr in enumerate(rec.ref.proc_addrs):
                 if addr and rank not in rec.failures:
-                    self._transport.send(addr, Message({"k": Kind.DEBUG_IN, "pm": on}))
-                    n += 1
+                    what = f"post-mortem {'on' if on else 'off'} for rank {rank} of {rec.ref.name}"
+                    asked.append(self._client.request(addr, {"k": Kind.DEBUG_IN, "pm": on}, what=what))
+        deadline = time.monotonic() + timeout
+        n = 0
+        for fut in asked:
+            try:
+                fut.get(max(0.0, deadline - time.monotonic()))
+                n += 1
+            except MeshError:  # a rank that died or does not answer: it has no calls to stop either
+                pass
         return n
 
     def continue_all(self) -> int:

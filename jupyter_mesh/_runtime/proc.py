@@ -509,7 +509,7 @@ class ProcRuntime:
                 ),
                 Kind.STOP: lambda msg, _: _exit(0),
                 Kind.OUT_SYNC: lambda msg, _: print_sync_marker(msg.header["t"]),
-                Kind.DEBUG_IN: lambda msg, _: remote_pdb.deliver(msg.header),
+                Kind.DEBUG_IN: lambda msg, _: remote_pdb.deliver(msg.header, self.transport),
             },
         )
 

@@ -29,11 +29,14 @@ from types import FrameType
 from typing import IO, Any, cast
 
 from .._core.context import context
-from .._wire.protocol import Kind
+from .._wire.protocol import OK, Kind, reply_header
+from .._wire.serialize import dumps
+from .._wire.transport import Message, Transport
 
 __all__ = ["RemotePdb", "deliver", "install", "post_mortem"]
 
 SOURCE_WAIT_S = 2.0  # how long a pause waits for the controller's source lines before it prompts anyway
+OUT_MAX = 32_000  # characters of pdb output in one event; beyond that its start is left out
 SKIP = ["jupyter_mesh.*", "asyncio.*", "threading"]  # modules pdb never stops in
 _POLL_S = 0.25  # a paused actor thread wakes this often, so a cancel (an async exception) can reach it
 
@@ -52,12 +55,15 @@ def install(send: Callable[[dict[str, Any]], None]) -> None:
     pdb.set_trace = set_trace
 
 
-def deliver(header: dict[str, Any]) -> None:
+def deliver(header: dict[str, Any], transport: Transport) -> None:
     """From the receive thread: a ``debug_in`` for a paused debugger (ignored if it is not paused),
-    or (``pm``, no ``sid``) post-mortem debugging on or off."""
+    or (``pm``, no ``sid``) post-mortem debugging on or off, acknowledged: calls sent after the
+    answer find it set (they may reach the actor another way than this message did)."""
     global _post_mortem
     if "pm" in header and "sid" not in header:
         _post_mortem = bool(header["pm"])
+        if "i" in header and "s" in header:
+            transport.send(header["s"], Message(reply_header(header["i"], OK), dumps(_post_mortem)[0]))
         return
     inbox = _sessions.get(str(header.get("sid")))
     if inbox is not None:
@@ -107,6 +113,9 @@ class _Output(io.TextIOBase):
 
     def take(self) -> str:
         out, self.parts = "".join(self.parts), []
+        if len(out) > OUT_MAX:  # one control message stays small (the smallest frame limit is 64 KiB)
+            cut = len(out) - OUT_MAX
+            out = f"[{cut} characters of pdb output left out]\n" + out[cut:]
         return out
 
 
