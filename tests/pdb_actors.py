@@ -35,3 +35,17 @@ class Stopper(Actor):
     @endpoint
     def ping(self) -> int:
         return current_rank().rank
+
+
+class Owner(Actor):
+    """Spawns a mesh of its own whose actor stops in ``breakpoint()``."""
+
+    @endpoint
+    def run_child(self) -> int:
+        from jupyter_mesh import this_host
+
+        procs = this_host().spawn_procs(per_host={"workers": 1})
+        try:
+            return int(procs.spawn("child", Stopper).step.call_one(2).get(timeout=60))
+        finally:
+            procs.stop()

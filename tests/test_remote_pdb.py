@@ -189,3 +189,19 @@ def test_post_mortem_stops_where_an_endpoint_raised_and_the_caller_gets_the_erro
         debug.post_mortem(False)
     with pytest.raises(ActorError):  # off again: the error comes back at once
         st.slice(gpus=3).fail.call_one(5).get(10)
+
+
+def test_a_breakpoint_in_a_mesh_an_actor_spawned_runs_on_and_says_why(host, capfd):
+    """No front reaches the controller inside a proc: the child actor runs on rather than stop for good."""
+    from pdb_actors import Owner
+
+    pm = host.spawn_procs(per_host={"gpus": 1})
+    try:
+        owner = pm.spawn("owner", Owner).slice(gpus=0)
+        assert owner.run_child.call_one().get(timeout=90) == 20
+        assert debug.paused() == []
+    finally:
+        pm.stop()
+    time.sleep(0.5)
+    err = capfd.readouterr().err
+    assert "in a mesh an actor spawned; debugging those is not supported yet, so it runs on" in err, err

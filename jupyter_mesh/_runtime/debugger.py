@@ -89,6 +89,7 @@ class Debugger:
         self._sessions: dict[str, PausedActor] = {}  # "mesh/rank/sid" -> the paused actor
         self._stepping: dict[str, PausedActor] = {}  # ran on for one ``n``/``s``/``r``: will stop again
         self._listeners: list[Callable[[PausedActor], None]] = []
+        self.embedded = False  # this controller lives in a proc (an actor's meshes): nothing prompts here
         self._version = 0  # grows with every pause, prompt and end: what ``wait_change`` waits on
         state.subscribe(self._on_state)
 
@@ -145,6 +146,17 @@ class Debugger:
                     s.ended = "resumed"
             self._version += 1
             self._cond.notify_all()
+        if ev == "paused" and self.embedded:
+            # a mesh an actor spawned: no front reaches this controller (inside a proc), so rather than
+            # leave the actor stopped for good, it runs on, and the owner's output says so
+            self._to_proc(s, {"src": {}})
+            self._to_proc(s, {"line": "c"})
+            print(
+                f"jupyter_mesh: {s.actor} on {s.mesh} {s.label} reached a breakpoint at {s.where}, in a mesh an "
+                "actor spawned; debugging those is not supported yet, so it runs on",
+                file=sys.stderr,
+            )
+            return
         if ev == "paused":
             self._send_sources(s)
             if _future.pause_hook is None and s._prompts == 0:  # no front prompts by itself: say how to reach it

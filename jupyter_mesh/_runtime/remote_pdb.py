@@ -35,7 +35,7 @@ from .._wire.transport import Message, Transport
 
 __all__ = ["RemotePdb", "deliver", "install", "post_mortem"]
 
-SOURCE_WAIT_S = 2.0  # how long a pause waits for the controller's source lines before it prompts anyway
+SOURCE_WAIT_S = 10.0  # how long a pause waits for the controller to take it (with source lines)
 OUT_MAX = 32_000  # characters of pdb output in one event; beyond that its start is left out
 SKIP = ["jupyter_mesh.*", "asyncio.*", "threading"]  # modules pdb never stops in
 _POLL_S = 0.25  # a paused actor thread wakes this often, so a cancel (an async exception) can reach it
@@ -166,8 +166,15 @@ class RemotePdb(pdb.Pdb):
         left = False  # pdb returned to the program (not a cancel's KeyboardInterrupt out of it)
         try:
             self._event("paused", where=where, pm=self._pm)
-            self._wait_for_sources()
-            super().interaction(frame, traceback)
+            if self._wait_for_sources():
+                super().interaction(frame, traceback)
+            else:  # nobody took the pause: better run on than stop for good
+                print(
+                    f"jupyter_mesh: {self.actor_name} reached a breakpoint at {where}, but no controller answered "
+                    f"within {SOURCE_WAIT_S:g} s; it runs on",
+                    file=sys.stderr,
+                )
+                self.set_continue()
             left = True
         finally:
             _sessions.pop(self.sid, None)
@@ -182,9 +189,10 @@ class RemotePdb(pdb.Pdb):
         self.cmdloop()
         self.allow_kbdint = False
 
-    def _wait_for_sources(self) -> None:
+    def _wait_for_sources(self) -> bool:
         """Source lines the controller has and this proc may not (code defined in a notebook cell),
-        so listings show them; without an answer within SOURCE_WAIT_S, go on without."""
+        so listings show them. The controller answers every pause this way: False if it did not
+        within SOURCE_WAIT_S (it does not know this proc's mesh)."""
         try:
             while True:
                 item = self._inbox.get(timeout=SOURCE_WAIT_S)
@@ -194,9 +202,9 @@ class RemotePdb(pdb.Pdb):
                 for filename, lines in (item.get("src") or {}).items():
                     if isinstance(lines, list) and not linecache.getlines(filename):
                         linecache.cache[filename] = (sum(map(len, lines)), None, lines, filename)
-                return
+                return True
         except queue.Empty:
-            return
+            return False
 
     def next_line(self) -> str:
         """pdb's next command: send what it printed (ending in its prompt) and wait for the answer."""
