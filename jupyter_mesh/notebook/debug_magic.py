@@ -31,9 +31,9 @@ def add_parser(sub: Any, rank_type: Callable[[str], Any]) -> None:
 
 
 def run(args: argparse.Namespace, parse_slice: Callable[[str], dict[str, int | slice]]) -> None:
-    now = debug.paused()
+    now = debug.paused()  # oldest pause first: what attach and continue take
     if args.action == "list":
-        _list(now)
+        _list(sorted(now, key=lambda p: (p.mesh, p.rank, p.actor)))
     elif args.action == "continue":
         if args.rest not in ([], ["all"]):
             raise UsageError("usage: %mesh debug continue [all]")
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace, parse_slice: Callable[[str], dict[str, int | s
         found = [p for p in now if p.actor == actor and _in_slice(p.coords, where)]
         if not found:
             raise UsageError(f"no actor '{actor}' is paused in {args.rest[1]}; `%mesh debug` lists them")
-        for p in found:
+        for p in sorted(found, key=lambda p: (p.mesh, p.rank)):
             try:
                 out = p.send(line)
             except MeshError as e:
