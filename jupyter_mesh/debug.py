@@ -115,10 +115,21 @@ class _Prompter:
     """The pause hook of ``get()``: pauses wake the main thread waiting on a call, which then
     serves the pdb prompts (oldest pause first) until no actor it may serve is paused."""
 
-    def __init__(self, dbg: Debugger, read: Callable[[str], str]):
-        self.dbg, self.read = dbg, read
+    def __init__(self, read: Callable[[str], str]):
+        from ._runtime.controller import Controller
+
+        self._controller, self.read = Controller, read
+        self.dbg = Controller.get().debugger
         self._watched: Future[Any] | None = None
-        self.unsubscribe = dbg.subscribe(self._on_change)
+        self.unsubscribe = self.dbg.subscribe(self._on_change)
+
+    def _follow(self) -> None:
+        """A session whose controller was replaced (``Controller.reachable_from``): its debugger now."""
+        inst = self._controller._instance
+        if inst is not None and inst.debugger is not self.dbg:
+            self.unsubscribe()
+            self.dbg = inst.debugger
+            self.unsubscribe = self.dbg.subscribe(self._on_change)
 
     def _waiting(self) -> list[PausedActor]:
         if not self.dbg.any_paused():  # every get() on the main thread asks: spare the lock and sort
@@ -128,6 +139,7 @@ class _Prompter:
     def watch(self, fut: Future[Any]) -> Callable[[], None] | None:
         if threading.current_thread() is not threading.main_thread():
             return None
+        self._follow()
         self._watched = fut
         if self._waiting():
             fut._poke()
@@ -152,9 +164,7 @@ class _Prompter:
 def prompt_while_waiting(on: bool = True, read: Callable[[str], str] | None = None) -> None:
     """While the main thread waits on a call, an actor that pauses in the debugger prompts there
     (``attach``), with ``read`` (default ``input``) reading its commands. Off: nothing prompts by itself."""
-    from ._runtime.controller import Controller
-
     old = _future.pause_hook
     if isinstance(old, _Prompter):
         old.unsubscribe()
-    _future.pause_hook = _Prompter(Controller.get().debugger, read or _input) if on else None
+    _future.pause_hook = _Prompter(read or _input) if on else None
