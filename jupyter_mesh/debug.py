@@ -18,6 +18,7 @@ the pdb prompts of paused actors itself, through ``input()``: in a kernel, the c
 from __future__ import annotations
 
 import builtins
+import sys
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -121,6 +122,7 @@ class _Prompter:
         self._controller, self.read = Controller, read
         self.dbg = Controller.get().debugger
         self._watched: Future[Any] | None = None
+        self._serving = False
         self.unsubscribe = self.dbg.subscribe(self._on_change)
 
     def _follow(self) -> None:
@@ -152,13 +154,23 @@ class _Prompter:
         fut = self._watched
         if fut is not None and p.paused and not p.detached and not p.attached:
             fut._poke()
+        elif fut is None and not self._serving and p.paused and p._prompts == 0:  # a new pause nobody waits on
+            print(
+                f"jupyter_mesh: {p.actor} on {p.mesh} {p.label} paused at {p.where}; a cell waiting on a call "
+                "with .get() prompts for it, or `%mesh debug attach` (an `await` does not prompt: interrupt it)",
+                file=sys.stderr,
+            )
 
     def serve(self) -> None:
-        while True:
-            waiting = self._waiting()
-            if not waiting:
-                return
-            attach(waiting[0], self.read)
+        self._serving = True  # pauses meanwhile queue here: no notice for them
+        try:
+            while True:
+                waiting = self._waiting()
+                if not waiting:
+                    return
+                attach(waiting[0], self.read)
+        finally:
+            self._serving = False
 
 
 def prompt_while_waiting(on: bool = True, read: Callable[[str], str] | None = None) -> None:

@@ -150,11 +150,14 @@ def test_without_stdin_the_cell_says_how_to_reach_the_paused_actor(kernel):
 
 
 def test_mesh_debug_lists_casts_attaches_and_continues(kernel):
-    kernel.ok("s.slice(gpus=slice(0, 3)).step.broadcast(7)")  # nobody waits: they stay paused
-    kernel.ok(
+    sent = kernel.ok("s.slice(gpus=slice(0, 3)).step.broadcast(7)")  # nobody waits: they stay paused
+    cell = kernel.ok(
         "from jupyter_mesh import debug\nimport time\nt0 = time.time()\n"
         "while len(debug.paused()) < 3 and time.time() - t0 < 20: time.sleep(0.05)"
     )
+    # each new pause that no cell waits on says how to reach it (in the cell running when it came)
+    notices = (sent.stream("stderr") + cell.stream("stderr")).count("a cell waiting on a call with .get() prompts")
+    assert notices == 3, sent.stream() + cell.stream()
     out = kernel.ok("%mesh debug").stream()
     assert "actor" in out and "paused at" in out and out.count("\ns ") == 3, out
     assert "hosts=0,gpus=2" in out and "for" in out, out
