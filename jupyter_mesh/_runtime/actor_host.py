@@ -34,7 +34,7 @@ from .._wire.protocol import BROKEN, NO_REPLY, OK, RAISED, STOP_ENDPOINT, Kind
 from .._wire.serialize import UNPICKLABLE_HINT, dumps, loads
 from .._wire.transport import Message, Transport
 from ..errors import Failure, SerializationError, SupervisionError
-from . import cancel_signal, interrupts
+from . import cancel_signal, interrupts, remote_pdb
 from .client import set_current_client
 from .remote_errors import error_info, safe_str
 
@@ -424,6 +424,8 @@ class ActorHost:
             finally:
                 ours = self._leave() or self.closing  # cancelled, or interrupted by the proc's stop
         except BaseException as e:  # noqa: BLE001 - an endpoint's error is its caller's, not the proc's
+            if not ours:
+                remote_pdb.post_mortem(e)  # only if asked (``jupyter_mesh.debug.post_mortem``)
             if self.fatal and not ours and not isinstance(e, Exception):
                 self._die(h, e, "(a BaseException ends the actor)")
             elif h["rm"] != NO_REPLY or not ours:  # a broadcast cut by a cancel or a stop: no error of its own

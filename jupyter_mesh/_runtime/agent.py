@@ -23,7 +23,17 @@ from typing import Any
 
 from .._core.shape import Point, Shape
 from .._wire.channels import CurveKeys
-from .._wire.protocol import BROKEN, OK, OUT_SYNC_PREFIX, RAISED, Dispatch, Kind, check_version, reply_header
+from .._wire.protocol import (
+    BROKEN,
+    OK,
+    OUT_SYNC_PREFIX,
+    RAISED,
+    Dispatch,
+    Kind,
+    check_version,
+    debug_forward,
+    reply_header,
+)
 from .._wire.serialize import dumps
 from .._wire.transport import Message, Transport
 from ..errors import Failure, MeshValueError, SupervisionError
@@ -135,6 +145,7 @@ class Agent:
                 Kind.SHUTDOWN: self._on_shutdown,
                 Kind.DETACH: self.keeper.on_detach,
                 Kind.REATTACH: self.keeper.on_reattach,
+                Kind.DEBUG: lambda msg, _: self._event(debug_forward(msg.header)),  # remote pdb
             },
         )
 

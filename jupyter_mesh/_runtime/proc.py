@@ -34,7 +34,7 @@ from .._wire.protocol import DIRECT, NO_REPLY, OK, OUT_SYNC_PREFIX, Dispatch, Ki
 from .._wire.serialize import dumps, loads
 from .._wire.transport import Message, Transport
 from ..errors import SupervisionError
-from . import cancel_signal
+from . import cancel_signal, remote_pdb
 from .actor_host import ActorHost, exit_proc
 from .client import Client, set_current_client
 from .hooks import Embedding, embed
@@ -105,6 +105,10 @@ class ProcRuntime:
         self._early_cancels: dict[str, list[tuple[str, int]]] = {}  # and cancels of such calls
         self._main_host: queue.SimpleQueue[ActorHost | None] = queue.SimpleQueue()
         self._main_claimed = False
+        remote_pdb.install(self._debug_event)  # breakpoint() pauses the calling actor for the controller
+
+    def _debug_event(self, h: dict[str, Any]) -> None:
+        self.transport.send(self.agent_addr, Message({**h, "m": self.mesh_id, "rk": self.rank}))
         self.stopping = False
 
     def claim_main_thread(self, host: ActorHost) -> bool:
@@ -160,6 +164,7 @@ class ProcRuntime:
                 ),
                 Kind.STOP: lambda msg, _: self.stop(),
                 Kind.OUT_SYNC: lambda msg, _: print_sync_marker(msg.header["t"]),
+                Kind.DEBUG_IN: lambda msg, _: remote_pdb.deliver(msg.header, self.transport),
             },
         )
 
