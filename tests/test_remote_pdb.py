@@ -27,7 +27,7 @@ def test_breakpoint_pauses_one_rank_and_pdb_commands_drive_it(procs):
     st = procs.spawn("stop", Stopper)
     fut = st.slice(gpus=1).step.call_one(4)
     (p,) = _wait_paused(1)
-    assert (p.mesh, p.rank, p.actor, p.coords) == (procs.name, 1, "stop", {"hosts": 0, "gpus": 1})
+    assert (p.mesh, p.rank, p.actor, p.coords) == (procs.name, 1, "stop", {"gpus": 1})
     assert p.where.endswith("pdb_actors.py:15"), p.where
     first = p.prompt()
     assert "y = x * 10" in first and first.endswith("(Pdb) "), first

@@ -105,11 +105,11 @@ class ProcRuntime:
         self._early_cancels: dict[str, list[tuple[str, int]]] = {}  # and cancels of such calls
         self._main_host: queue.SimpleQueue[ActorHost | None] = queue.SimpleQueue()
         self._main_claimed = False
+        self.stopping = False
         remote_pdb.install(self._debug_event)  # breakpoint() pauses the calling actor for the controller
 
     def _debug_event(self, h: dict[str, Any]) -> None:
         self.transport.send(self.agent_addr, Message({**h, "m": self.mesh_id, "rk": self.rank}))
-        self.stopping = False
 
     def claim_main_thread(self, host: ActorHost) -> bool:
         """The first actor gets the main thread (``serve`` hands it over); later ones get threads."""
