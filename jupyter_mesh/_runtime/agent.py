@@ -23,7 +23,17 @@ from typing import Any
 
 from .._core.shape import Point, Shape
 from .._wire.channels import CurveKeys
-from .._wire.protocol import BROKEN, OK, OUT_SYNC_PREFIX, RAISED, Dispatch, Kind, check_version, reply_header
+from .._wire.protocol import (
+    BROKEN,
+    OK,
+    OUT_SYNC_PREFIX,
+    RAISED,
+    Dispatch,
+    Kind,
+    check_version,
+    debug_forward,
+    reply_header,
+)
 from .._wire.serialize import dumps
 from .._wire.transport import Message, Transport
 from ..errors import Failure, MeshValueError, SupervisionError
@@ -136,6 +146,7 @@ class Agent:
                 Kind.SHUTDOWN: self._on_shutdown,
                 Kind.DETACH: self.keeper.on_detach,
                 Kind.REATTACH: self.keeper.on_reattach,
+                Kind.DEBUG: lambda msg, _: self._event(debug_forward(msg.header)),  # remote pdb
             },
         )
 
@@ -248,6 +259,7 @@ class Agent:
                 "mesh_id": mesh.mesh_id,
                 "mesh_name": mesh.name,
                 "shape": cfg0["shape"],
+                "host_dims": cfg0.get("host_dims", 1),
                 "agent": self.transport.address,
                 "env": cfg0.get("env") or {},
                 "preload": cfg0.get("preload") or [],

@@ -21,6 +21,7 @@ from .._core.future import Future
 from .._core.shape import Shape
 from .._core.value_mesh import ValueMesh
 from ..errors import MeshError, MeshValueError
+from . import debug_magic
 from .meshes import JobSpec, MeshRegistry, NamedMesh
 from .output import SYNC_PREFIX, OutputRouter, fold_label, group_by_rank
 from .reload import INTERNAL_ACTORS, Redefinitions
@@ -189,6 +190,8 @@ def _build_parsers() -> tuple[_Parser, _Parser]:
     stacks.add_argument("--all-threads", action="store_true", help="also the runtime's waiting threads and frames")
     stacks.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS", help="how long a rank may take")
 
+    debug_magic.add_parser(sub, _rank_or_coords)
+
     reattach = sub.add_parser(
         "reattach", help="take back a SLURM job an earlier kernel kept alive (--keep-alive): its meshes and actors"
     )
@@ -257,7 +260,7 @@ class MeshMagics(Magics):
 
     @line_cell_magic
     def mesh(self, line: str, cell: str | None = None) -> Any:
-        """%mesh up|status|stacks|down|scale|kill|respawn|logs|push|pull|reload|reattach ...   %%mesh [--on SLICE] [--name NAME] [--no-stream]
+        """%mesh up|status|stacks|debug|down|scale|kill|respawn|logs|push|pull|reload|reattach ...   %%mesh [--on SLICE] [--name NAME] [--no-stream]
 
         `%mesh -h` and `%mesh up -h` explain each command.
         """
@@ -373,6 +376,9 @@ class MeshMagics(Magics):
             print(entry.procs.stacks(args.rank, timeout=args.timeout, all_threads=args.all_threads))
         except (MeshValueError, IndexError, KeyError) as e:
             raise UsageError(str(e.args[0] if e.args else e)) from None
+
+    def _cmd_debug(self, args: argparse.Namespace) -> None:
+        debug_magic.run(args, parse_slice)
 
     def _cmd_status(self, args: argparse.Namespace) -> None:
         rows = self.meshes.status_rows()
