@@ -259,7 +259,8 @@ class MeshFailure(SupervisionError):
         return [dict(f.coords) for f in self.failures]
 
     def report(self) -> str:
-        return super().__str__()
+        """Each failed rank's report (where, why, its traceback or last output), as Monarch's."""
+        return "\n".join(f.report() for f in self.failures)
 
     def __repr__(self) -> str:
         kinds = ",".join(sorted({f.kind for f in self.failures}))

@@ -1,187 +1,138 @@
-"""Actors for test_monarch_names.py (importable by the procs)."""
+"""Actors for the tests of Monarch's semantics (importable by procs: they get our sys.path)."""
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import os
-import threading
-from typing import Any
+import time
+import weakref
 
-from jupyter_mesh import (
-    Actor,
-    Channel,
-    Port,
-    concurrent_endpoint,
-    config,
-    context,
-    current_actor_name,
-    current_size,
-    endpoint,
-    get_or_spawn_controller,
-)
+from jupyter_mesh import Actor, current_rank, endpoint
 
 
-class Adder(Actor):
-    """Answers through explicit response ports: now, or later from a thread of its own."""
+class Dies(BaseException):
+    """A BaseException of the user's own: in Monarch it ends the actor."""
 
-    def __init__(self, base: int = 0):
-        self.base = base
-        self.parked: list[tuple[Port[int], int]] = []
 
-    @endpoint(explicit_response_port=True)
-    def add(self, port: Port[int], b: int) -> None:
-        port.send(self.base + b)
-
-    @endpoint(explicit_response_port=True)
-    def add_later(self, port: Port[int], b: int) -> None:
-        threading.Timer(0.2, port.send, args=(self.base + b,)).start()
-
-    @endpoint(explicit_response_port=True)
-    def refuse(self, port: Port[int]) -> None:
-        port.exception(ValueError("not today"))
-
-    @endpoint(explicit_response_port=True)
-    def crash(self, port: Port[int]) -> None:
-        raise ValueError("raised instead of answering")
+class Boom(Actor):
+    def __init__(self, bad: bool = False):
+        if bad:
+            raise ValueError("this is an exception from __init__")
 
     @endpoint
-    def give_up(self, why: str) -> None:
-        context().actor_instance.abort(why)
+    def fail(self) -> None:
+        raise ValueError("this is a test exception")
 
     @endpoint
-    def value(self) -> int:
-        return self.base
+    def exit(self) -> None:
+        raise SystemExit(3)
 
     @endpoint
-    def whoami(self) -> tuple[str, dict[str, int], str, str]:
-        inst = context().actor_instance
-        return current_actor_name(), current_size(), inst.name, repr(inst)
+    async def die(self) -> None:
+        raise Dies("simulated actor failure")
 
     @endpoint
-    def setting(self, key: str) -> Any:
-        return config.get_global_config()[key]
+    def ok(self) -> str:
+        return "ok"
 
     @endpoint
-    def produce(self, port: Port[int], n: int) -> None:
-        rank = context().actor_instance.rank["gpus"]
-        for i in range(n):
-            port.send(rank * 100 + i)
+    def sleep(self, seconds: float) -> str:
+        time.sleep(seconds)
+        return "slept"
+
+    @endpoint
+    async def nap(self, seconds: float) -> str:
+        await asyncio.sleep(seconds)
+        return "napped"
 
     @endpoint
     def pid(self) -> int:
         return os.getpid()
 
+
+class Nested(Actor):
     @endpoint
-    def env(self, key: str) -> str | None:
-        return os.environ.get(key)
-
-    @endpoint
-    def cpus(self) -> list[int]:
-        return sorted(os.sched_getaffinity(0))
-
-
-class Collector(Actor):
-    """Opens a channel in its own proc and collects what its peers send there."""
-
-    @endpoint
-    async def collect(self, producers: Any, n: int) -> list[int]:
-        port, receiver = Channel[int].open()
-        producers.produce.broadcast(port, n)
-        return sorted([await receiver.recv() for _ in range(len(producers) * n)])
-
-    @endpoint
-    def singleton_value(self, name: str) -> int:
-        return get_or_spawn_controller(name, Adder, 40).get(timeout=30).value.call_one().get(timeout=30)
-
-
-class Gate(Actor):
-    """A concurrent endpoint waits while the actor takes other messages."""
-
-    def __init__(self) -> None:
-        self.ready = asyncio.Event()
-        self.open = asyncio.Event()
-
-    @concurrent_endpoint
-    async def wait(self) -> str:
-        self.ready.set()
-        await self.open.wait()
-        return "through"
-
-    @endpoint
-    async def release(self) -> str:
-        await self.ready.wait()
-        self.open.set()
-        return "released"
-
-
-class Cleaner(Actor):
-    """Writes to a file when its mesh is stopped; an async one also has a task running to be cancelled."""
-
-    def __init__(self, path: str):
-        self.path = path
-
-    @endpoint
-    def ping(self) -> str:
-        return "pong"
-
-    def __cleanup__(self, exc: BaseException | None) -> None:
-        with open(self.path, "a") as f:
-            f.write(f"cleanup {exc}\n")
-
-
-class AsyncCleaner(Actor):
-    def __init__(self, path: str):
-        self.path = path
-        self.task: asyncio.Task[None] | None = None
-
-    @endpoint
-    async def start(self) -> None:
-        self.task = asyncio.create_task(self._forever())
-
-    async def _forever(self) -> None:
+    async def with_cause(self) -> None:
         try:
-            await asyncio.sleep(3600)
-        except asyncio.CancelledError:
-            with open(self.path, "a") as f:
-                f.write("task cancelled\n")
-            raise
-
-    async def __cleanup__(self, exc: BaseException | None) -> None:
-        with open(self.path, "a") as f:
-            f.write("async cleanup\n")
-
-
-class Watcher(Actor):
-    """Owns a mesh; an endpoint awaits what ``__supervise__`` hears (it runs beside the waiting endpoint)."""
-
-    def __init__(self) -> None:
-        from jupyter_mesh import this_host
-
-        self.child = this_host().spawn_procs(per_host={"gpus": 1}).spawn("watched", Adder)
-        self.heard: list[str] = []
-        self.failed = asyncio.Event()
+            raise KeyError("inner exception")
+        except KeyError as e:
+            raise ValueError("outer exception") from e
 
     @endpoint
-    async def kill_child_and_wait(self) -> list[str]:
-        pid = await self.child.pid.call_one()
-        os.kill(pid, 9)
-        await asyncio.wait_for(self.failed.wait(), 30)
-        return self.heard
+    def with_context(self) -> None:
+        try:
+            raise KeyError("inner exception")
+        except KeyError:
+            raise ValueError("outer exception")  # noqa: B904 - the context is the point
 
-    def __supervise__(self, failure: Any) -> bool:
-        self.heard.append(str(failure))
-        self.failed.set()
+
+class Ranks(Actor):
+    @endpoint
+    def rank(self) -> tuple:
+        return str(current_rank()), dict(current_rank()), os.environ["LOCAL_RANK"], os.environ["LOCAL_WORLD_SIZE"]
+
+
+class Owner(Actor):
+    """Monarch's supervision pattern: given a proc mesh, it spawns its own actors there and supervises them."""
+
+    def __init__(self, procs) -> None:
+        self.procs = procs
+        self.child = procs.spawn("child", Boom)
+        self.seen: list[str] = []
+
+    @endpoint
+    def child_ok(self) -> list:
+        return list(self.child.ok.call().get(timeout=20).values())
+
+    @endpoint
+    def child_pid(self) -> int:
+        return self.child.pid.call().get(timeout=20).item(gpus=0)
+
+    @endpoint
+    def break_child(self) -> None:
+        self.child.fail.broadcast()
+
+    @endpoint
+    def seen_failures(self) -> list:
+        return self.seen
+
+    @endpoint
+    def try_to(self, what: str) -> str:
+        try:
+            getattr(self.procs, what)()
+        except Exception as e:  # noqa: BLE001 - its type and text are what the test looks at
+            return f"{type(e).__name__}: {e}"
+        return "did it"
+
+    def __supervise__(self, failure) -> bool:
+        self.seen.append(f"{failure.kind}:{failure.mesh_name}:{failure.report().splitlines()[0]}")
         return True
 
 
-booted: list[str] = []
-
-
-def boot() -> None:
-    booted.append("yes")
-
-
-class BootProbe(Actor):
+class Finalizes(Actor):
     @endpoint
-    def booted(self) -> list[str]:
-        return booted
+    def arm(self, path: str, hang: float = 0.0) -> int:
+        """At exit, ``{path}.{pid}.atexit`` and ``{path}.{pid}.finalizer`` are written."""
+        atexit.register(_write, f"{path}.{os.getpid()}.atexit", hang)
+
+        class Resource:
+            pass
+
+        self.resource = Resource()
+        weakref.finalize(self.resource, _write, f"{path}.{os.getpid()}.finalizer", 0.0)
+        return os.getpid()
+
+    @endpoint
+    def busy(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    @endpoint
+    async def busy_async(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+def _write(path: str, hang: float) -> None:
+    with open(path, "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(hang)

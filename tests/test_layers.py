@@ -20,7 +20,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("_runtime",),
     ("_api",),
     ("jobs",),
-    ("lowlevel",),
+    ("lowlevel", "debug"),
     ("ui", "notebook"),  # views and the kernel side: they use lowlevel and the layers below, never the facade
     ("__init__",),  # the facade: what users import
     ("cli", "demo", "mypy_plugin"),

@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 from _procs import wait_dead, wait_for
-from monarch_actors import Adder, AsyncCleaner, BootProbe, Cleaner, Collector, Gate, Watcher, boot
+from monarch_names_actors import Adder, AsyncCleaner, BootProbe, Cleaner, Collector, Gate, Watcher, boot
 
 import jupyter_mesh
 from jupyter_mesh import (
@@ -189,7 +189,7 @@ def test_context_names_the_running_actor(two):
     out = list(a.whoami.call().get(timeout=30).values())
     assert len({name for name, _, _, _ in out}) == 2  # unique per rank
     assert all(size == {"gpus": 2} and inst == "named" for _, size, inst, _ in out)
-    assert out[1][3] == "<monarch_actors.Adder named{'gpus': 1/2}>"
+    assert out[1][3] == "<monarch_names_actors.Adder named{'gpus': 1/2}>"
     assert repr(context().actor_instance) == "<root>" and current_actor_name() == "root" and current_size() == {}
 
 
@@ -314,7 +314,7 @@ def test_shutdown_context_stops_everything_and_is_idempotent(tmp_path):
         import os, sys
         sys.path.insert(0, sys.argv[1])
         from jupyter_mesh import this_host, shutdown_context
-        from monarch_actors import Adder
+        from monarch_names_actors import Adder
         pm = this_host().spawn_procs(per_host={"gpus": 2})
         print(*pm.spawn("a", Adder).pid.call().get(timeout=30).values(), flush=True)
         assert shutdown_context().get() is None and shutdown_context().get() is None

@@ -422,6 +422,7 @@ class ProcMesh(_MeshTrait):
         several ranks are folded). Asked of each proc's receive thread, so a rank stuck in a
         collective or a deadlock answers; one holding the GIL in native code says so. Runtime threads
         that only wait are left out unless ``all_threads``."""
+        self._owner_only("read the stacks of")
         self._check_open()
         ranks = [self._rank_of(rank)] if rank is not None else list(self._shape.ranks())
         return self._controller.stacks(self._ref, ranks, timeout, all_threads)

@@ -35,7 +35,7 @@ from .._wire.protocol import BROKEN, NO_REPLY, OK, RAISED, STOP_ENDPOINT, Kind
 from .._wire.serialize import UNPICKLABLE_HINT, dumps, loads
 from .._wire.transport import Message, Transport
 from ..errors import Failure, MeshFailure, SerializationError, SupervisionError
-from . import cancel_signal, interrupts
+from . import cancel_signal, interrupts, remote_pdb
 from .client import set_current_client
 from .ports import ReplyPort
 from .remote_errors import error_info, safe_str
@@ -197,8 +197,24 @@ class ActorHost:
                     break  # the proc is going away
             except BaseException:  # noqa: BLE001 - a bug here must not silently stop the actor
                 print(f"[{self.name}] internal error while receiving:\n{traceback.format_exc()}", file=sys.stderr)
-        if self.closing and self.failure is None and self.instance is not None:
-            self._clean_up()  # its proc stops: the actor stops too (tasks cancelled, __cleanup__)
+        if self.closing:
+            self._construct_before_stop()
+            if self.failure is None and self.instance is not None:
+                self._clean_up()  # its proc stops: the actor stops too (tasks cancelled, __cleanup__)
+
+    def _construct_before_stop(self) -> None:
+        """The proc stops: a constructor already delivered still runs (Monarch, too, lets pending
+        spawns finish before a stop), so a failing one is reported; the calls behind it do not run."""
+        if self.instance is not None or self.failure is not None:
+            return
+        while True:
+            try:
+                mail = self._mailbox.get_nowait()
+            except queue.Empty:
+                return
+            if mail.header.get("k") == Kind.SPAWN:
+                self._run(mail)
+                return
 
     def _serve_one(self) -> bool:
         """Wait for the next message (running leftover tasks meanwhile) and handle it."""
@@ -327,6 +343,9 @@ class ActorHost:
         controller, or the actor that owns *its* mesh) then sees the failure, with this message as
         the proc's last output.
         """
+        if self.failure is not None:  # this actor is gone (stopped, dead): what it owned is not its care
+            print(f"[{self.name}] a mesh it spawned failed after it ended:\n{err}", file=sys.stderr)
+            return
         hook = getattr(self.instance, "__supervise__", None)
         for failure in err.failures:
             handled = False
@@ -436,9 +455,11 @@ class ActorHost:
             finally:
                 ours = self._leave() or self.closing  # cancelled, or interrupted by the proc's stop
         except BaseException as e:  # noqa: BLE001 - an endpoint's error is its caller's, not the proc's
+            if not ours:
+                remote_pdb.post_mortem(e)  # only if asked (``jupyter_mesh.debug.post_mortem``)
             if self.fatal and not ours and not isinstance(e, Exception):
                 self._die(h, e, "(a BaseException ends the actor)")
-            else:
+            elif h["rm"] != NO_REPLY or not ours:  # a broadcast cut by a cancel or a stop: no error of its own
                 self._respond_error(h, e, port)
             return
         if ep is None or not ep.explicit_port:
@@ -531,7 +552,7 @@ class ActorHost:
         """Tell the spawner (``told``: a caller got it already, so only an owning actor must hear;
         ``untold``: no caller will get it, even one waiting now, as with ``abort()``)."""
         rt = self.runtime
-        if self.closing:
+        if self.closing and failure.kind != "init":
             return  # the proc stops: what its end interrupted is no failure
         header = {"k": Kind.ACTOR_FAULT, "m": rt.mesh_id, "rk": rt.rank, "a": self.actor_id, "told": int(told)}
         if untold:

@@ -42,6 +42,7 @@ from ..errors import (
 from . import hooks
 from .agent_links import AgentLinks
 from .client import Client
+from .debugger import Debugger
 from .elastic import Elastic
 from .faults import Faults
 from .hooks import Embedding
@@ -190,6 +191,8 @@ class Controller:
         self.hb_timeout = self.links.hb_timeout
         self.expect_agent, self.stop_expecting = self.links.expect_agent, self.links.stop_expecting
         self.forget_agents, self.agent_lost = self.links.forget_agents, self.links.agent_lost
+        self.debugger = Debugger(self.state, self.meshes, self.transport, self.client)  # actors paused in breakpoint()
+        self.debugger.embedded = self.embedded
         self._thread: threading.Thread | None = None
         self.dispatch = self._table()
         if embedded is not None:
@@ -227,6 +230,7 @@ class Controller:
                 Kind.AGENT_UP: self.links.on_agent_up,
                 Kind.AGENT_GONE: self.links.on_agent_gone,
                 Kind.ACTOR_FAULT: self.faults.actor_fault,
+                Kind.DEBUG: self.debugger.on_event,
             },
         )
 
@@ -414,7 +418,7 @@ class Controller:
 
     def job_stopping(self, job: Job) -> None:
         """A job stops its agents, and with them every proc of its meshes: those meshes are stopped
-        (calls fail as closed), not failed (the procs' exits are not failures to report)."""
+        (calls raise SupervisionError, kind stopped), not failed (the procs' exits are not failures to report)."""
         for rec in list(self.meshes.values()):
             if rec.job is job and not rec.stopped:
                 rec.stopped = True

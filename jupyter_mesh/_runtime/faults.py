@@ -119,8 +119,8 @@ class Faults:
         """What fail fast saw, merged with what it saw before (each failure once)."""
         with self._lock:
             prev = self.pending
-            seen = {(f.mesh, tuple(sorted(f.coords.items())), f.kind) for f in (prev.failures if prev else [])}
-            new = [f for f in err.failures if (f.mesh, tuple(sorted(f.coords.items())), f.kind) not in seen]
+            seen = {_key(f) for f in (prev.failures if prev else [])}
+            new = [f for f in err.failures if _key(f) not in seen]
             self.pending = MeshFailure([*(prev.failures if prev else []), *new], err.context)
 
     def raise_pending(self) -> None:
@@ -131,3 +131,8 @@ class Faults:
             err, self.pending = self.pending, None
         if err is not None:
             raise err
+
+
+def _key(f: Failure) -> tuple[Any, ...]:
+    """One failure once: of which mesh (and actor), where, what kind."""
+    return (f.mesh, f.actor, tuple(sorted(f.coords.items())), f.kind)

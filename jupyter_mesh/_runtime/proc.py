@@ -14,6 +14,7 @@ loop. Results are sent straight from the actor's thread.
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import os
 import queue
@@ -33,7 +34,7 @@ from .._wire.protocol import DIRECT, NO_REPLY, OK, OUT_SYNC_PREFIX, Dispatch, Ki
 from .._wire.serialize import dumps, loads
 from .._wire.transport import Message, Transport
 from ..errors import SupervisionError
-from . import cancel_signal
+from . import cancel_signal, remote_pdb
 from .actor_host import ActorHost, exit_proc
 from .client import Client, set_current_client
 from .hooks import Embedding, embed
@@ -81,6 +82,8 @@ class ProcRuntime:
         _ucx.follow_bind(cfg["bind"])  # UCX, if used, on the interface our host's peers reach us by
         # casts come through our agent as their sender signed them; none it relayed before we existed
         self.transport.accept_via(cfg["agent"], cfg.get("floors"))
+        # controllers that lost this (kept-alive) job to another: whatever they still send is dropped
+        self.deposed: set[str] = {e for e in cfg.get("deposed") or [] if isinstance(e, str)}
         self.client = Client(self.transport)
         set_current_client(self.client)
         # an actor here may spawn meshes of its own: the controller made for that shares our runtime,
@@ -101,9 +104,14 @@ class ProcRuntime:
         context().identity = ProcIdentity(self.mesh_id, self.mesh_name, tuple(self.coords.items()), self.rank)
         self.actors: dict[str, ActorHost] = {}
         self._orphans: dict[str, list[Message]] = {}  # calls that overtook their actor's spawn
+        self._early_cancels: dict[str, list[tuple[str, int]]] = {}  # and cancels of such calls
         self._main_host: queue.SimpleQueue[ActorHost | None] = queue.SimpleQueue()
         self._main_claimed = False
         self.stopping = False
+        remote_pdb.install(self._debug_event)  # breakpoint() pauses the calling actor for the controller
+
+    def _debug_event(self, h: dict[str, Any]) -> None:
+        self.transport.send(self.agent_addr, Message({**h, "m": self.mesh_id, "rk": self.rank}))
 
     def claim_main_thread(self, host: ActorHost) -> bool:
         """The first actor gets the main thread (``serve`` hands it over); later ones get threads."""
@@ -159,6 +167,7 @@ class ProcRuntime:
                 Kind.STOP: lambda msg, _: self.stop(),
                 Kind.OUT_SYNC: lambda msg, _: print_sync_marker(msg.header["t"]),
                 Kind.PORT: lambda msg, _: self.client.ports.on_message(msg),
+                Kind.DEBUG_IN: lambda msg, _: remote_pdb.deliver(msg.header, self.transport),
             },
         )
 
@@ -175,11 +184,17 @@ class ProcRuntime:
         self._main_host.put(None)  # the main thread may still wait for a first actor
 
     def handle(self, msg: Message, frames: list[Any]) -> None:
+        if self.deposed and msg.header.get("se") in self.deposed:
+            self.transport.stats.dropped_deposed += 1
+            return
         self.dispatch(msg, frames)
 
     def _on_notice(self, msg: Message, frames: list[Any]) -> None:
         h = msg.header
-        if h["what"] == "failed":
+        if h["what"] == "deposed":  # our agent was taken over (keep_alive): its old controller's calls stop here
+            if isinstance(h.get("ep"), str):
+                self.deposed.add(h["ep"])
+        elif h["what"] == "failed":
             failure = loads(msg.payload, msg.buffers)
             self.client.mark_failed({h["rk"]: failure}, h["m"])
             for watch in self._failure_watchers:  # actors here that spawned actor meshes on it
@@ -198,6 +213,8 @@ class ProcRuntime:
         host = self.actors.get(msg.header["a"])
         if host is not None:
             host.cancel(msg.header["s"], msg.header["ci"])
+        elif msg.header["a"] in self._orphans:  # its call overtook the spawn: it is skipped when it comes up
+            self._early_cancels.setdefault(msg.header["a"], []).append((msg.header["s"], msg.header["ci"]))
 
     def seq_of(self, h: dict[str, Any]) -> int | None:
         """This rank's sequence number in a call or spawn header; None if it is not for this rank."""
@@ -226,6 +243,8 @@ class ProcRuntime:
         if h["k"] == Kind.SPAWN or (h["k"] == Kind.SKIP and h.get("ck") == Kind.SPAWN and actor_id not in self.actors):
             host = self.actors[actor_id] = ActorHost(self, actor_id, h.get("n", actor_id))
             host.enqueue(msg)
+            for sender, call_id in self._early_cancels.pop(actor_id, []):
+                host.cancel(sender, call_id)
             for m in self._orphans.pop(actor_id, []):
                 host.enqueue(m)
             return
@@ -295,8 +314,27 @@ def main(cfg: dict[str, Any], key: bytes, lifeline_fd: int) -> int:
     except BaseException:  # noqa: BLE001 - the agent sees the exit code and this traceback
         traceback.print_exc()
         exit_proc(3)
-    # SIGTERM (the agent's shutdown) stops the proc like STOP: finalized, if it is quick about it.
-    # The handler only starts a thread: it runs on the main thread, maybe inside the runtime's own locks
-    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=runtime.stop, daemon=True).start())
+    # SIGTERM (the agent's shutdown, ProcMesh.kill) stops the proc like STOP: finalized, if it is quick
+    # about it, and then it dies of that SIGTERM (its rank's failure says so). The handler only starts a
+    # thread: it runs on the main thread, maybe inside the runtime's own locks
+    terminated = threading.Event()
+
+    def on_sigterm(*_: Any) -> None:
+        terminated.set()
+        threading.Thread(target=runtime.stop, name="sigterm", daemon=True).start()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    atexit.register(_die_of_sigterm, terminated)  # registered first, so it runs after the user's handlers
     runtime.serve()
     return 0
+
+
+def _die_of_sigterm(terminated: threading.Event) -> None:
+    """Last of the atexit handlers (the user's ran): a proc that was sent SIGTERM dies of it."""
+    if terminated.is_set():
+        if "logging" in sys.modules:  # its own atexit handler, registered before ours, would not run
+            sys.modules["logging"].shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)

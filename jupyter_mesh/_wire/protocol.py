@@ -53,6 +53,7 @@ __all__ = [
     "Dispatch",
     "Kind",
     "check_version",
+    "debug_forward",
     "progress",
     "progress_calls",
     "reply_header",
@@ -95,6 +96,13 @@ class Kind:
     OUT_SYNC = "out_sync"  # controller -> proc: print a marker (``t``) after what it printed so far
     PORT = "port"  # any -> the process that opened port ``p``: a value (``ok``) or an exception for it
     SINGLETON = "singleton"  # any -> the root controller: get or spawn the named controller actor
+    # remote pdb (``_runtime/remote_pdb``, ``_runtime/debugger``): ``sid`` names one paused debugger
+    DEBUG = "debug"  # proc -> agent -> controller: ``ev`` paused (at ``where``), out (pdb's output up to its
+    #                  prompt, ``out``), resumed (it let the actor run on; ``step``: to stop again soon);
+    #                  ``pm``: a post-mortem stop (the endpoint raised)
+    DEBUG_IN = "debug_in"  # controller -> proc: to a paused debugger, a command ``line``, or ``src`` (the
+    #                        controller's source lines of files the proc cannot read: notebook cells); without
+    #                        ``sid``, ``pm``: post-mortem debugging on or off
     # procs and their agent
     PROC_UP = "proc_up"  # proc -> agent: the proc runs and listens at ``addr``
     ACTOR_UP = "actor_up"  # proc -> agent: an actor's inbox and thread id
@@ -162,6 +170,15 @@ def notice(what: str, mesh_id: str, rank: int | None = None, addr: str | None = 
     if addr is not None:
         h["addr"] = addr
     return h
+
+
+DEBUG_KEYS = ("k", "m", "rk", "sid", "ev", "an", "where", "out", "step", "pm")
+"""What a ``debug`` event carries: the agent forwards only these to the controller."""
+
+
+def debug_forward(header: dict[str, Any]) -> dict[str, Any]:
+    """A proc's ``debug`` event as its agent passes it on (its own transport fields dropped)."""
+    return {key: header[key] for key in DEBUG_KEYS if key in header}
 
 
 def progress(calls: dict[int, list[int]]) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from .. import debug
 from .._runtime.controller import Controller
 from ..errors import SupervisionError
 from ..lowlevel import on_send, set_actor_errors, set_fault_hook, sync_output
@@ -47,6 +48,8 @@ class Front:
         self._prev_actor_errors = set_actor_errors("survive")
         # the sidebar's Stop mesh is `%mesh down` for the meshes the magics brought up
         self._prev_stopper = set_stopper(self.magics.down_mesh_id)
+        # an actor paused in breakpoint() prompts in the cell waiting on its call (the kernel's stdin)
+        debug.prompt_while_waiting(True)
 
     def _on_fault(self, err: SupervisionError) -> None:
         lines = [
@@ -116,6 +119,7 @@ class Front:
         if self._displayhook_start is not None:
             del self.shell.displayhook.start_displayhook  # the class's method again
         set_stopper(self._prev_stopper)
+        debug.prompt_while_waiting(False)
         self.shutdown()
 
 

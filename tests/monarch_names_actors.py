@@ -1,0 +1,187 @@
+"""Actors for test_monarch_names.py (importable by the procs)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from typing import Any
+
+from jupyter_mesh import (
+    Actor,
+    Channel,
+    Port,
+    concurrent_endpoint,
+    config,
+    context,
+    current_actor_name,
+    current_size,
+    endpoint,
+    get_or_spawn_controller,
+)
+
+
+class Adder(Actor):
+    """Answers through explicit response ports: now, or later from a thread of its own."""
+
+    def __init__(self, base: int = 0):
+        self.base = base
+        self.parked: list[tuple[Port[int], int]] = []
+
+    @endpoint(explicit_response_port=True)
+    def add(self, port: Port[int], b: int) -> None:
+        port.send(self.base + b)
+
+    @endpoint(explicit_response_port=True)
+    def add_later(self, port: Port[int], b: int) -> None:
+        threading.Timer(0.2, port.send, args=(self.base + b,)).start()
+
+    @endpoint(explicit_response_port=True)
+    def refuse(self, port: Port[int]) -> None:
+        port.exception(ValueError("not today"))
+
+    @endpoint(explicit_response_port=True)
+    def crash(self, port: Port[int]) -> None:
+        raise ValueError("raised instead of answering")
+
+    @endpoint
+    def give_up(self, why: str) -> None:
+        context().actor_instance.abort(why)
+
+    @endpoint
+    def value(self) -> int:
+        return self.base
+
+    @endpoint
+    def whoami(self) -> tuple[str, dict[str, int], str, str]:
+        inst = context().actor_instance
+        return current_actor_name(), current_size(), inst.name, repr(inst)
+
+    @endpoint
+    def setting(self, key: str) -> Any:
+        return config.get_global_config()[key]
+
+    @endpoint
+    def produce(self, port: Port[int], n: int) -> None:
+        rank = context().actor_instance.rank["gpus"]
+        for i in range(n):
+            port.send(rank * 100 + i)
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+    @endpoint
+    def env(self, key: str) -> str | None:
+        return os.environ.get(key)
+
+    @endpoint
+    def cpus(self) -> list[int]:
+        return sorted(os.sched_getaffinity(0))
+
+
+class Collector(Actor):
+    """Opens a channel in its own proc and collects what its peers send there."""
+
+    @endpoint
+    async def collect(self, producers: Any, n: int) -> list[int]:
+        port, receiver = Channel[int].open()
+        producers.produce.broadcast(port, n)
+        return sorted([await receiver.recv() for _ in range(len(producers) * n)])
+
+    @endpoint
+    def singleton_value(self, name: str) -> int:
+        return get_or_spawn_controller(name, Adder, 40).get(timeout=30).value.call_one().get(timeout=30)
+
+
+class Gate(Actor):
+    """A concurrent endpoint waits while the actor takes other messages."""
+
+    def __init__(self) -> None:
+        self.ready = asyncio.Event()
+        self.open = asyncio.Event()
+
+    @concurrent_endpoint
+    async def wait(self) -> str:
+        self.ready.set()
+        await self.open.wait()
+        return "through"
+
+    @endpoint
+    async def release(self) -> str:
+        await self.ready.wait()
+        self.open.set()
+        return "released"
+
+
+class Cleaner(Actor):
+    """Writes to a file when its mesh is stopped; an async one also has a task running to be cancelled."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    @endpoint
+    def ping(self) -> str:
+        return "pong"
+
+    def __cleanup__(self, exc: BaseException | None) -> None:
+        with open(self.path, "a") as f:
+            f.write(f"cleanup {exc}\n")
+
+
+class AsyncCleaner(Actor):
+    def __init__(self, path: str):
+        self.path = path
+        self.task: asyncio.Task[None] | None = None
+
+    @endpoint
+    async def start(self) -> None:
+        self.task = asyncio.create_task(self._forever())
+
+    async def _forever(self) -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            with open(self.path, "a") as f:
+                f.write("task cancelled\n")
+            raise
+
+    async def __cleanup__(self, exc: BaseException | None) -> None:
+        with open(self.path, "a") as f:
+            f.write("async cleanup\n")
+
+
+class Watcher(Actor):
+    """Owns a mesh; an endpoint awaits what ``__supervise__`` hears (it runs beside the waiting endpoint)."""
+
+    def __init__(self) -> None:
+        from jupyter_mesh import this_host
+
+        self.child = this_host().spawn_procs(per_host={"gpus": 1}).spawn("watched", Adder)
+        self.heard: list[str] = []
+        self.failed = asyncio.Event()
+
+    @endpoint
+    async def kill_child_and_wait(self) -> list[str]:
+        pid = await self.child.pid.call_one()
+        os.kill(pid, 9)
+        await asyncio.wait_for(self.failed.wait(), 30)
+        return self.heard
+
+    def __supervise__(self, failure: Any) -> bool:
+        self.heard.append(str(failure))
+        self.failed.set()
+        return True
+
+
+booted: list[str] = []
+
+
+def boot() -> None:
+    booted.append("yes")
+
+
+class BootProbe(Actor):
+    @endpoint
+    def booted(self) -> list[str]:
+        return booted
