@@ -6,19 +6,32 @@ returning, raising, ``sys.exit``, or cancelled by an interrupt — a process gro
 destroyed, so the proc can run the next script (another ``init_process_group`` would fail on it),
 and peers still waiting on it in a collective get an error at once instead of waiting out gloo's
 30-minute timeout.
+
+Then the script's objects are released, at a moment we choose. A gloo process group's destructor
+joins its worker threads while holding the GIL, and a worker that is still letting go of its last
+finished collective needs the GIL for that (tensors decref their Python objects): the proc then
+hangs for good (seen with DDP, whose reducer holds the group, when the script's globals went away
+right after its last ``barrier``). Under ``torchrun`` the process ends with the script; here the
+proc lives on, so the workers get a moment without the GIL first, and the globals (and the cycles
+through them) are dropped right after, before the next run.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import runpy
 import sys
+import time
 from collections.abc import Sequence
 from types import TracebackType
+from typing import Any
 
 from .._runtime import interrupts
 
 __all__ = ["ScriptExit", "release_process_group", "run_program", "script_traceback"]
+
+WORKER_PAUSE, WORKER_PAUSES = 0.02, 5  # seconds without the GIL for collective threads after a run, in slices
 
 
 class ScriptExit(RuntimeError):
@@ -42,21 +55,22 @@ def run_program(script_args: Sequence[str]) -> None:
             "controller's working directory: give a path that exists on every host, or an absolute one"
         )
     saved_argv, saved_path = sys.argv, list(sys.path)
+    script_globals: dict[str, Any] = {}
     try:
         if module is not None:
             sys.argv = [module, *args[2:]]  # runpy puts the module's file in argv[0], as python -m does
             sys.path.insert(0, os.getcwd())
-            runpy.run_module(module, run_name="__main__", alter_sys=True)
+            script_globals = runpy.run_module(module, run_name="__main__", alter_sys=True)
         else:
             sys.argv = list(args)
             sys.path.insert(0, os.path.dirname(os.path.abspath(args[0])))
-            runpy.run_path(args[0], run_name="__main__")
+            script_globals = runpy.run_path(args[0], run_name="__main__")
     except SystemExit as e:
         if e.code not in (None, 0):
             raise ScriptExit(module or args[0], e.code) from None
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
-        _cleanup()
+        _cleanup(script_globals)
 
 
 def script_traceback(tb: TracebackType | None, script_args: Sequence[str]) -> TracebackType | None:
@@ -75,11 +89,17 @@ def script_traceback(tb: TracebackType | None, script_args: Sequence[str]) -> Tr
     return tb
 
 
-def _cleanup() -> None:
-    """Destroy the process group, with a cancel held off meanwhile (one that lands now waits)."""
+def _cleanup(script_globals: dict[str, Any]) -> None:
+    """Destroy the process group, let its threads finish, drop the script's objects (a cancel is
+    held off meanwhile: one that lands now waits until this is done)."""
     held = interrupts.hold()
     try:
         release_process_group()
+        if "torch.distributed" in sys.modules:
+            for _ in range(WORKER_PAUSES):  # each sleep hands the GIL to a collective thread waiting for it
+                time.sleep(WORKER_PAUSE)
+            script_globals.clear()
+            gc.collect()  # the script's functions hold its globals in a cycle: free them now, not mid-run later
     finally:
         if held:
             interrupts.release()
