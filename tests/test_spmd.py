@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from _procs import wait_dead, wait_for
 
-from jupyter_mesh import Actor, ActorError, LocalJob, MeshValueError, endpoint
+from jupyter_mesh import Actor, ActorError, LocalJob, MeshValueError, SupervisionError, endpoint
 from jupyter_mesh._core.shape import Shape
 from jupyter_mesh.spmd import (
     ScriptExit,
@@ -219,6 +219,24 @@ def test_cancel_stops_every_rank_and_the_procs_take_the_next_run(procs):
     assert fut.cancel()
     # every rank left its loop: the next run (queued behind the cancelled one on each actor) runs
     assert list(run_script(procs, [ALLREDUCE, "--steps", "2"]).get(60).values()) == [True] * 4
+
+
+def test_ranks_a_failed_run_left_in_the_rendezvous_get_new_procs_before_the_next_run(procs, capfd):
+    """Rank 2 dies before it joins: the others wait for it in init_process_group (native code, for
+    gloo's 30 minutes). The next run finds them busy and restarts their procs, as torchrun restarts a
+    worker group, instead of queueing behind them."""
+    before = procs.pids()
+    fut = run_script(procs, [ALLREDUCE, "--stall-rank", "2"])
+    assert wait_for(lambda: sum("about to join" in ln for ln in procs.logs(tail=None)) >= 4, 60), procs.logs()
+    procs.kill(2, 9)
+    with pytest.raises(SupervisionError):
+        fut.get(30)
+    assert procs.respawn() == [2]
+    capfd.readouterr()
+    assert list(run_script(procs, [ALLREDUCE, "--steps", "2"]).get(60).values()) == [True] * 4
+    assert "ranks gpus 0-1,3 were still in the run that failed" in capfd.readouterr().err
+    after = procs.pids()
+    assert all(after[r] != before[r] for r in range(4))
 
 
 # -- PyTorch Lightning, unmodified ----------------------------------------------------------------

@@ -6,22 +6,21 @@ coordinates; a rank that raised fails the cell with its traceback first (the ran
 it in a collective after); Interrupt (■) stops the script on every rank. A rank stuck in native code
 that ignores the interrupt (a collective or the rendezvous waiting on a rank that already left) would
 hold its proc until gloo's 30-minute timeout, so its proc is restarted at once (``%mesh respawn``):
-the next run finds every rank free.
+the next run finds every rank free (``run_script`` does the same for ranks a failed run left behind).
 """
 
 from __future__ import annotations
 
 import argparse
-import signal
-import time
+import itertools
 from typing import Any
 
 from IPython.core.error import UsageError
 
 from .._core.future import Future
-from .._core.state import ProcState
 from ..errors import ActorError, MeshInterrupted, MeshTimeoutError, fold_coords
 from ..spmd import root_causes_first, run_script
+from ..spmd.stuck import restart_ranks
 from .meshes import NamedMesh
 
 __all__ = ["add_parser", "run"]
@@ -90,24 +89,17 @@ def _wait(entry: NamedMesh, fut: Future[Any], timeout: float | None) -> Any:
         raise root_causes_first(e) from None
 
 
-def _restart_stuck(entry: NamedMesh, message: str, stuck: list[dict[str, int]], timeout: float = 15.0) -> str:
+def _restart_stuck(entry: NamedMesh, message: str, stuck: list[dict[str, int]]) -> str:
     """Kill and respawn the procs of ranks that did not stop; the interrupt's message, amended."""
-    head = message.split(";")[0]
-    for coords in stuck:
-        try:
-            entry.procs.kill(coords, signal.SIGKILL)
-        except Exception:  # noqa: BLE001 - gone meanwhile: respawn covers it
-            pass
-    wanted = [dict(c) for c in stuck]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:  # the kill is seen when the proc's pipe closes (ms)
-        states = {tuple(r.coords.items()): r.state for r in entry.procs.state().ranks}
-        if all(states.get(tuple(c.items())) == ProcState.FAILED for c in wanted):
-            break
-        time.sleep(0.02)
-    respawned = entry.procs.respawn()
+    index = {tuple(c.items()): i for i, c in enumerate(_coords(entry))}
+    restart_ranks(entry.procs, [index[tuple(c.items())] for c in stuck if tuple(c.items()) in index])
     return (
-        f"{head}; {fold_coords(stuck)} did not stop (native code: a collective or the rendezvous waiting "
-        f"for ranks that left), so their procs were restarted{'' if respawned else ' (not all: see %mesh status)'}; "
-        "their %%mesh variables start empty, and every rank is free for the next run."
+        f"{message.split(';')[0]}; {fold_coords(stuck)} did not stop (native code: a collective or the "
+        "rendezvous waiting for ranks that left), so their procs were restarted; their %%mesh variables "
+        "start empty, and every rank is free for the next run."
     )
+
+
+def _coords(entry: NamedMesh) -> list[dict[str, int]]:
+    sizes = entry.procs.sizes
+    return [dict(zip(sizes, c)) for c in itertools.product(*(range(n) for n in sizes.values()))]

@@ -45,6 +45,11 @@ class SPMDActor(Actor):
         return host_address(use_ipaddr, _peer_ip()), free_port()
 
     @endpoint
+    def ready(self) -> bool:
+        """Answers at once when no run holds the actor (ours: how a left-over run is found)."""
+        return True
+
+    @endpoint
     def setup_env(self, master_addr: str, master_port: int) -> None:
         """Set torchrun's variables in this proc (they stay for later code: ``%%mesh`` cells, actors)."""
         self._setup_env(master_addr, master_port)

@@ -5,7 +5,8 @@ what ``torchrun --nproc-per-node=N path args`` does, with the mesh in place of t
 every proc runs the script, the first rank hosts the rendezvous, and the call's future gives one
 ``True`` per rank or raises what the ranks raised (:func:`root_causes_first` puts the rank that failed
 first at the head). One ``SPMDActor`` mesh per proc mesh (or slice) is spawned on first use and kept:
-respawned ranks get theirs back with the rest of the mesh's actors.
+respawned ranks get theirs back with the rest of the mesh's actors. Ranks that a failed run still
+holds in native code are restarted before the next run (:mod:`.stuck`).
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from .._api.mesh import ActorMesh, ProcMesh
 from .._core.future import Future
 from .._core.shape import Shape
 from .._core.value_mesh import ValueMesh
-from ..errors import ActorError, MeshValueError, RemoteFailure
+from ..errors import ActorError, MeshCancelledError, MeshValueError, RemoteFailure
 from .actor import SPMDActor
 from .env import AddrType
+from .stuck import busy_ranks, describe, note, restart_ranks
 
 __all__ = [
     "root_causes_first",
@@ -31,19 +33,25 @@ __all__ = [
 ]
 
 _lock = threading.Lock()
-_actors: dict[tuple[str, Shape | None], tuple[ProcMesh, ActorMesh[SPMDActor]]] = {}
+_Key = tuple[str, Shape | None]
+_actors: dict[_Key, tuple[ProcMesh, ActorMesh[SPMDActor]]] = {}
+_last_run: dict[_Key, Future[ValueMesh[bool]]] = {}
+
+
+def _key(proc_mesh: ProcMesh) -> _Key:
+    return (proc_mesh._ref.mesh_id, proc_mesh._view)  # view None: the whole mesh, as it grows or shrinks
 
 
 def spmd_actors(proc_mesh: ProcMesh) -> ActorMesh[SPMDActor]:
     """The ``SPMDActor`` mesh of ``proc_mesh`` (spawned on first use, then kept for the mesh's life)."""
-    view = proc_mesh._view  # None: the whole mesh, following it when it grows or shrinks
-    key = (proc_mesh._ref.mesh_id, view)
+    key = _key(proc_mesh)
     with _lock:
         for k in [k for k, (pm, _) in _actors.items() if pm.stopped]:
             del _actors[k]  # meshes stopped since: their actors went with them
+            _last_run.pop(k, None)
         found = _actors.get(key)
         if found is None:
-            am = proc_mesh.spawn("spmd", SPMDActor, view)
+            am = proc_mesh.spawn("spmd", SPMDActor, proc_mesh._view)
             found = _actors[key] = (proc_mesh, am)
     return found[1]
 
@@ -105,19 +113,49 @@ def run_script(
     master_addr: str | None = None,
     master_port: int | None = None,
     use_ipaddr: AddrType | None = None,
+    restart_stuck: bool = True,
 ) -> Future[ValueMesh[bool]]:
     """Run ``[path, *args]`` (or ``["-m", module, *args]``) on every proc, as torchrun's workers would.
 
     Returns at once; ``.get()`` waits (Ctrl-C / ■ there stops the script on every rank). A rank
     that raised makes it raise :class:`~jupyter_mesh.ActorError` for every rank that failed; a proc
     that died, :class:`~jupyter_mesh.SupervisionError`.
+
+    After a run that lost a rank or was cancelled, ranks still held by it in native code (waiting in
+    the rendezvous for the rank that is gone) get new procs first when ``restart_stuck`` (torchrun
+    too restarts the whole group when a worker fails); a line on stderr says which. A run still in
+    progress is not touched: the new one queues behind it.
     """
     args = [str(a) for a in script_args]
     if not args:
         raise MeshValueError("run_script needs a script: [path, *args] or ['-m', module, *args]")
     am = spmd_actors(proc_mesh)
+    if restart_stuck:
+        _restart_leftovers(proc_mesh, am)
     addr, port = _master(am, master_addr, master_port, use_ipaddr)
-    return am.main.call(addr, port, args)
+    fut = am.main.call(addr, port, args)
+    with _lock:
+        _last_run[_key(proc_mesh)] = fut
+    return fut
+
+
+def _restart_leftovers(proc_mesh: ProcMesh, am: ActorMesh[SPMDActor]) -> None:
+    """New procs for ranks that the previous run (failed, or cancelled) still holds."""
+    with _lock:
+        prev = _last_run.get(_key(proc_mesh))
+    if prev is None or not prev.done():
+        return
+    err = prev.exception(0)
+    if err is None or isinstance(err, ActorError):  # every rank answered: none is held
+        return
+    stuck = busy_ranks(am)
+    if stuck:
+        restart_ranks(proc_mesh, stuck)
+        note(
+            f"{describe(proc_mesh, stuck)} were still in the run that "
+            f"{'was cancelled' if isinstance(err, MeshCancelledError) else 'failed'} (native code: the rendezvous "
+            "or a collective waiting for a rank that is gone); their procs were restarted"
+        )
 
 
 # What a rank reports when a collective broke because *another* rank left it (gloo, NCCL, the store).
