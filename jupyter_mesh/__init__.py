@@ -16,7 +16,7 @@ from ._core import value_mesh as _value_mesh_module
 from ._core.actor import Actor, Endpoint, current_rank, endpoint
 from ._core.future import Future
 from ._core.shape import Extent, Point, Shape, Slice
-from ._core.state import MeshEvent, MeshState, ProcState, RankState
+from ._core.state import HostInfo, HostState, MeshEvent, MeshState, ProcState, RankState
 from ._core.value_mesh import ValueMesh
 from ._data.buffer import RDMABuffer, get_rdma_backend
 from ._version import __version__ as __version__
@@ -35,7 +35,7 @@ from .errors import (
     SerializationError,
     SupervisionError,
 )
-from .jobs import AttachJob, LocalJob, SlurmJob, attach_to_workers, this_host
+from .jobs import AttachJob, LocalJob, SlurmJob, TorchXJob, attach_to_workers, this_host
 
 
 def _render(mesh: ProcMesh) -> dict[str, Any]:
@@ -76,7 +76,9 @@ __all__ = [
     "Extent",
     "Failure",
     "Future",
+    "HostInfo",
     "HostMesh",
+    "HostState",
     "LocalJob",
     "MeshCancelledError",
     "MeshClosedError",
@@ -99,6 +101,7 @@ __all__ = [
     "Slice",
     "SlurmJob",
     "SupervisionError",
+    "TorchXJob",
     "ValueMesh",
     "attach_to_workers",
     "current_rank",

@@ -86,6 +86,13 @@ def test_status_shows_the_mesh(kernel):
     assert re.search(r"procs \*\s+hosts=1, gpus=4\s+4 idle", out), out
 
 
+def test_stacks_show_where_each_rank_is(kernel):
+    out = kernel.ok("%mesh stacks").stream()
+    assert "stacks of 'procs' (4 ranks):" in out and "ranks 0-3:" in out and "idle" in out, out
+    out = kernel.ok("%mesh stacks --rank gpus=2 --all-threads").stream()
+    assert "rank 2 (hosts=0,gpus=2):" in out and "thread " in out, out
+
+
 def test_cell_runs_on_every_proc_keeps_namespaces_and_returns_a_value_mesh(kernel):
     kernel.ok("%%mesh\nx = current_rank()['gpus'] * 10")
     cell = kernel.ok("%%mesh\nx + 1")
@@ -301,6 +308,9 @@ def test_interrupt_during_a_mesh_cell(kernel):
         ("%mesh up --name 'x; import os'", "not a valid mesh name"),
         ("%mesh up --preload '__import__(\"os\")'", "--preload takes module names"),
         ("%mesh kill banana", "RANK is a global rank"),
+        ("%mesh stacks --rank banana", "RANK is a global rank"),
+        ("%mesh stacks --rank 9", "out of range"),
+        ("%mesh logs --rank 99", "--rank 99 is out of range"),
         ("%mesh kill 9", "out of range"),
         ("%mesh down nosuch", "no mesh named 'nosuch'"),
         ("%mesh push undefined_here", "not defined here: undefined_here"),
@@ -308,8 +318,18 @@ def test_interrupt_during_a_mesh_cell(kernel):
         ("%mesh up --hosts 'unterminated", "cannot split the arguments"),
         ("%mesh up --slurm --attach tcp://10.0.0.2:6000", "not allowed with argument"),
         ("%mesh up --attach 10.0.0.2", "--attach: expected an address like tcp://10.0.0.2:6000"),
-        ("%mesh up --partition debug", "--partition and --time are for --slurm"),
+        ("%mesh up --partition debug", "--partition, --time and --keep-alive are for --slurm"),
+        ("%mesh up --keep-alive", "--partition, --time and --keep-alive are for --slurm"),
+        ("%mesh reattach", "no record of any SLURM job kept alive"),
+        ("%mesh reattach 12 --force", "no record of SLURM job 12 kept alive"),
         ("%mesh up --attach tcp://10.0.0.2:6000 --hosts 3", "--attach names 1 agents, --hosts says 3"),
+        ("%mesh up --scheduler nosuch", "no scheduler named 'nosuch': installed are attach, local, slurm, torchx"),
+        ("%mesh up --scheduler torchx:nosuch --name tx", "TorchX has no scheduler 'nosuch': installed are"),
+        ("%mesh up --scheduler 'torchx local'", "--scheduler takes NAME or NAME:SUB"),
+        ("%mesh up --scheduler-arg queue=q", "--scheduler-arg is for --scheduler"),
+        ("%mesh up --scheduler torchx:local_cwd --scheduler-arg lgo_dir=/tmp --name tx", "no option 'lgo_dir'"),
+        ("%mesh up --scheduler torchx:slurm --partition debug", "--scheduler-arg partition=NAME"),
+        ("%mesh up --slurm --scheduler torchx:slurm", "not allowed with argument"),
         ("%%mesh --on gpus=zero\n1", "bad --on slice"),
         ("%%mesh --on cpus=0\n1", "--on cpus=0"),
         ("%%mesh --name nosuch\n1", "no mesh named 'nosuch'"),

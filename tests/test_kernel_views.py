@@ -182,3 +182,32 @@ def test_a_status_cell_is_a_snapshot_and_the_widget_says_it_is_live(kernel):
     live = _displays(_run(k, "from jupyter_mesh import ui\nui.widget(snap)"))
     assert WIDGET_MIME in live[0], live
     _run(k, "%mesh down snap")
+
+
+def test_hosts_reach_the_sidebar_and_a_lost_one_says_why(kernel):
+    """Two local agents are two hosts: the sidebar's channel carries each (address, state) with its ranks;
+    one killed turns "lost" with its cause, in the next update and in a snapshot (a ProcMesh's value)."""
+    k = kernel
+    _run(
+        k,
+        "from jupyter_mesh import LocalJob\nhjob = LocalJob(hosts=2)\n"
+        "hh = hjob.host_mesh().spawn_procs(per_host={'gpus': 1}, name='hh')",
+    )
+    try:
+        comm_id = _channel(k)
+        m = _mesh(k, comm_id, "hh")
+        assert m is not None
+        assert [(h["index"], h["address"], h["state"]) for h in m["hosts"]] == [(0, "local", "up"), (1, "local", "up")]
+        assert [r["host"] for r in m["ranks"]] == [0, 1]
+        assert m["job"] == {"kind": "local", "id": None, "keep_alive": False}
+        _run(k, "import os, signal\nos.kill(hjob.pids()[1], signal.SIGKILL)")
+
+        def host_1() -> dict:
+            return ((_mesh(k, comm_id, "hh") or {}).get("hosts") or [{}, {}])[1]
+
+        assert k.wait(lambda: host_1().get("state") == "lost", 20), _mesh(k, comm_id, "hh")
+        assert "killed by SIGKILL" in host_1()["why"], host_1()
+        html = "".join(d.get("text/html", "") for d in _displays(_run(k, "hh")))  # a snapshot, as %mesh status shows
+        assert "data-host='1' data-host-state='lost'" in html and "killed by SIGKILL" in html, html
+    finally:
+        _run(k, "hh.stop(); hjob.stop()")

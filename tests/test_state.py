@@ -117,3 +117,121 @@ def test_agent_output_lines_from_a_pipe():
         os.close(r)
         if w >= 0:
             os.close(w)
+
+
+# -- hosts ------------------------------------------------------------------------------------------
+A, B = "tcp://10.213.0.3:41234", "tcp://10.213.0.4:41234"
+
+
+def _two_hosts(t: StateTracker, job=None) -> None:
+    coords = [{"hosts": h, "gpus": g} for h in range(2) for g in range(2)]
+    t.created("m", "mesh", {"hosts": 2, "gpus": 2}, coords, [A, B], [0, 0, 1, 1], job)
+
+
+def test_hosts_and_job_in_snapshots_and_a_host_lost():
+    from jupyter_mesh import HostState
+
+    t = StateTracker()
+    events = []
+    t.subscribe(events.append)
+    job = {"kind": "slurm", "id": "12", "keep_alive": False}
+    _two_hosts(t, lambda: job)  # Job.describe itself: read at each snapshot
+    snap = t.snapshot("m")
+    assert [(h.index, h.address, h.state, h.why) for h in snap.hosts] == [
+        (0, "10.213.0.3", HostState.UP, ""),
+        (1, "10.213.0.4", HostState.UP, ""),
+    ]
+    assert [r.host for r in snap.ranks] == [0, 0, 1, 1]
+    assert snap.job == {"kind": "slurm", "id": "12", "keep_alive": False}
+    job["keep_alive"] = True  # set on the job after the spawn: the next snapshot shows it
+    assert t.snapshot("m").job["keep_alive"] is True
+
+    t.host_lost(B, "unreachable", "host 10.213.0.4 unreachable for 3.1 s (no answer to heartbeats)")
+    ev = events[-1]
+    assert (ev.kind, ev.mesh_id, ev.host) == ("host", "m", 1) and "unreachable for 3.1 s" in ev.note
+    hosts = t.snapshot("m").hosts
+    assert hosts[0].state is HostState.UP and hosts[1].state is HostState.UNREACHABLE
+    assert hosts[1].why.startswith("host 10.213.0.4 unreachable")
+    n = len(events)
+    t.host_lost(B, "lost", "its process exited")  # final: the first cause stays, nothing new is said
+    t.host_lost("tcp://10.9.9.9:1", "lost", "not one of ours")
+    assert len(events) == n and t.snapshot("m").hosts[1].state is HostState.UNREACHABLE
+
+    # a grown mesh keeps its lost host lost and adds the new one up
+    coords = [{"hosts": h, "gpus": g} for h in range(3) for g in range(2)]
+    C = "tcp://10.213.0.5:41234"
+    t.resized("m", {"hosts": 3, "gpus": 2}, coords, [A, B, C], [0, 0, 1, 1, 2, 2])
+    assert [str(h.state) for h in t.snapshot("m").hosts] == ["up", "unreachable", "up"]
+    assert [r.host for r in t.snapshot("m").ranks] == [0, 0, 1, 1, 2, 2]
+    t.stopped("m")
+    t.host_lost(A, "exiting", "it got SIGTERM")  # a stopped mesh is history: it does not change
+    assert t.snapshot("m").hosts[0].state is HostState.UP
+
+
+def test_a_mesh_without_hosts_and_host_addresses():
+    from jupyter_mesh._core.state import host_address
+
+    t = StateTracker()
+    t.created("m", "mesh", {"gpus": 2}, [{"gpus": 0}, {"gpus": 1}])  # fed by hand: no hosts known
+    snap = t.snapshot("m")
+    assert snap.hosts == () and snap.job is None and [r.host for r in snap.ranks] == [0, 0]
+    t.resized("m", {"gpus": 3}, [{"gpus": i} for i in range(3)])
+    assert [r.host for r in t.snapshot("m").ranks] == [0, 0, 0]
+    assert host_address("tcp://10.0.0.2:6000") == "10.0.0.2"
+    assert host_address("tcp://[fd00::2]:6000") == "fd00::2"
+    assert host_address("ipc:///tmp/jupyter-mesh-0/agent-1") == "local"
+
+
+def test_jobs_describe_themselves():
+    from jupyter_mesh import SlurmJob
+    from jupyter_mesh._runtime.hosts import Job
+    from jupyter_mesh.jobs.torchx import TorchXJob
+
+    class KubernetesJob(Job):  # a plugin's job: its kind comes from its class
+        keep_alive = True
+
+        def agents(self, timeout):
+            return []
+
+        def stop(self):
+            pass
+
+    assert KubernetesJob().describe() == {"kind": "kubernetes", "id": None, "keep_alive": True}
+    slurm = SlurmJob.__new__(SlurmJob)  # no sbatch here: only what describe() reads
+    slurm.job_id = "12"
+    assert slurm.describe() == {"kind": "slurm", "id": "12", "keep_alive": False}
+    torchx = TorchXJob.__new__(TorchXJob)
+    torchx.app_handle = "local_cwd://torchx/app-1"
+    assert torchx.describe() == {"kind": "torchx", "id": "local_cwd://torchx/app-1", "keep_alive": False}
+
+
+@pytest.mark.integration
+def test_two_local_hosts_in_the_state_and_how_each_was_lost(host):
+    """Two agents on this machine are two hosts ("local"); a third comes with a resize. One killed is
+    lost (with its signal), one sent SIGTERM is exiting (it said so), the other stays up."""
+    from _procs import descendants, wait_dead
+
+    from jupyter_mesh import HostState, LocalJob
+
+    before = descendants(os.getpid())
+    job = LocalJob(hosts=2)
+    try:
+        pm = job.host_mesh().spawn_procs(per_host={"gpus": 1}, name="two")
+        st = pm.state()
+        assert [(h.index, h.address, str(h.state)) for h in st.hosts] == [(0, "local", "up"), (1, "local", "up")]
+        assert [r.host for r in st.ranks] == [0, 1]
+        assert st.job == {"kind": "local", "id": None, "keep_alive": False}
+        pm.resize(hosts=3)
+        assert [r.host for r in pm.state().ranks] == [0, 1, 2] and len(pm.state().hosts) == 3
+        os.kill(job.pids()[1], signal.SIGKILL)
+        os.kill(job.pids()[2], signal.SIGTERM)
+        assert wait_for(lambda: all(h.state is not HostState.UP for h in pm.state().hosts[1:]), 10), pm.state()
+        hosts = pm.state().hosts
+        assert hosts[0].state is HostState.UP
+        assert hosts[1].state is HostState.LOST and "killed by SIGKILL" in hosts[1].why, hosts[1]
+        assert hosts[2].state is HostState.EXITING and "got SIGTERM" in hosts[2].why, hosts[2]
+        assert wait_for(lambda: [str(r.state) for r in pm.state().ranks] == ["idle", "failed", "failed"], 5)
+        pm.stop(timeout=5)
+    finally:
+        job.stop()
+    assert not wait_dead(descendants(os.getpid()) - before, 10), "the job's agents or procs outlived it"

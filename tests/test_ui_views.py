@@ -157,3 +157,155 @@ def test_state_values_match_the_wire():
     from jupyter_mesh.ui.wire import STATES
 
     assert list(STATES) == [s.value for s in ProcState] == list(COLOURS)
+
+
+# -- hosts ------------------------------------------------------------------------------------------
+A, B = "tcp://10.213.0.3:41234", "tcp://10.213.0.4:41234"
+LOST_WHY = "host 10.213.0.4 unreachable for 3.1 s (no answer to heartbeats); SLURM job 12 is <b>NODE_FAIL</b>"
+
+
+def _two_hosts(job: dict | None = None, agents=(A, B)) -> StateTracker:
+    t = StateTracker()
+    sizes = {"hosts": 2, "gpus": 4}
+    t.created("m", "train", sizes, _coords(sizes), list(agents), [r // 4 for r in range(8)], job)
+    for r in range(8):
+        t.ready("m", r, 100 + r)
+    return t
+
+
+def _lose_host_1(t: StateTracker) -> None:
+    t.host_lost(B, "unreachable", LOST_WHY)
+    for r in range(4, 8):
+        t.failed("m", r, Failure("train", {"hosts": 1, "gpus": r - 4}, "agent", f"the host agent at {B} is lost"))
+
+
+def test_ranks_grouped_by_host_with_address_state_and_job_in_every_view():
+    from jupyter_mesh.ui.table import host_groups, show_hosts
+
+    t = _two_hosts({"kind": "slurm", "id": "12", "keep_alive": True})
+    _lose_host_1(t)
+    w = mesh_wire(t.snapshot("m"))
+    assert w["hosts"][1] == {"index": 1, "address": "10.213.0.4", "state": "unreachable", "why": LOST_WHY}
+    assert w["job"] == {"kind": "slurm", "id": "12", "keep_alive": True}
+    assert [r["host"] for r in w["ranks"]] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert show_hosts(w)
+    groups = host_groups(w)
+    assert [(h and h["address"], [[r["rank"] for r in row] for _, rows in s for row in rows]) for h, s in groups] == [
+        ("10.213.0.3", [[0, 1, 2, 3]]),
+        ("10.213.0.4", [[4, 5, 6, 7]]),
+    ]
+    text = text_table([w])
+    assert "  SLURM job 12 \u00b7 kept alive past this kernel" in text
+    assert "  host 0 \u00b7 10.213.0.3 \u00b7 up \u00b7 4 procs\n    I I I I" in text
+    assert f"  host 1 \u00b7 10.213.0.4 \u00b7 unreachable \u00b7 4 procs: {LOST_WHY}\n    F F F F" in text
+    # the host's 4 ranks failed with one cause: one line names them all
+    labels = "; ".join(f"hosts=1,gpus={g}" for g in range(4))
+    assert text.count("failed [") == 1 and f"failed [{labels}] the host agent at {B} is lost" in text
+    html = html_table([w])
+    assert "data-job='slurm'" in html and "SLURM job 12 \u00b7 kept alive past this kernel" in html
+    assert "data-host='0' data-host-state='up'" in html and "<b>10.213.0.4</b>" in html
+    assert "data-host='1' data-host-state='unreachable'" in html and "&lt;b&gt;NODE_FAIL&lt;/b&gt;" in html
+    assert "<b>NODE_FAIL" not in html and html.count("<td") == 8
+    buf = io.StringIO()
+    Console(file=buf, width=200, color_system=None).print(render([w]))
+    out = buf.getvalue()
+    assert "SLURM job 12 \u00b7 kept alive past this kernel" in out
+    assert "up  host 0 \u00b7 10.213.0.3 \u00b7 4 procs" in out and "unreachable  host 1 \u00b7 10.213.0.4" in out
+    assert "NODE_FAIL" in out
+
+
+def test_a_hosts_grid_spans_its_own_dims():
+    from jupyter_mesh.ui.table import host_groups
+
+    t = StateTracker()
+    sizes = {"hosts": 2, "nodes": 2, "gpus": 3}
+    t.created("m", "big", sizes, _coords(sizes), [A, B], [r // 6 for r in range(12)])
+    groups = host_groups(mesh_wire(t.snapshot("m")))
+    # each host: nodes x gpus as 2 rows of 3, no slice label (hosts is the group)
+    assert [[(label, [[r["rank"] for r in row] for row in rows]) for label, rows in s] for _, s in groups] == [
+        [("", [[0, 1, 2], [3, 4, 5]])],
+        [("", [[6, 7, 8], [9, 10, 11]])],
+    ]
+
+
+def test_one_local_host_and_old_snapshots_render_as_before():
+    from jupyter_mesh.ui.table import show_hosts
+
+    plain = StateTracker()
+    sizes = {"hosts": 1, "gpus": 4}
+    plain.created("m", "one", sizes, _coords(sizes))
+    local = StateTracker()
+    local.created("m", "one", sizes, _coords(sizes), ["ipc:///run/jm/agent-0"], [0] * 4, {"kind": "local"})
+    before, now = mesh_wire(plain.snapshot("m")), mesh_wire(local.snapshot("m"))
+    assert now["hosts"][0]["address"] == "local" and not show_hosts(now)
+    assert text_table([now]) == text_table([before]) and html_table([now]) == html_table([before])
+    # a snapshot from a kernel that sent no hosts (an older jupyter_mesh): the views read it as before
+    old = mesh_wire(_two_hosts().snapshot("m"))
+    for key in ("hosts", "job"):
+        del old[key]  # type: ignore[misc]
+    for r in old["ranks"]:
+        del r["host"]  # type: ignore[misc]
+    assert not show_hosts(old) and "host 0" not in text_table([old]) and "I I I I" in text_table([old])
+    # one host elsewhere (an address worth reading) or one lost (its cause) gets its line
+    one = StateTracker()
+    one.created("m", "one", sizes, _coords(sizes), [A], [0] * 4, {"kind": "attach"})
+    remote = mesh_wire(one.snapshot("m"))
+    assert show_hosts(remote)
+    assert "  attached agents\n  host 0 \u00b7 10.213.0.3 \u00b7 up \u00b7 4 procs" in text_table([remote])
+    local.host_lost("ipc:///run/jm/agent-0", "lost", "its process (pid 7) killed by SIGKILL")
+    assert "host 0 \u00b7 local \u00b7 lost \u00b7 4 procs: its process (pid 7) killed by SIGKILL" in text_table(
+        [mesh_wire(local.snapshot("m"))]
+    )
+
+
+def test_a_lost_host_reaches_views_in_the_next_update():
+    t = _two_hosts()
+    hub = Hub(interval=0.05, source=TrackerSource(t))
+    batches: list[list] = []
+    remove = hub.add_view(lambda changed, gone: batches.append(changed))
+    try:
+        _lose_host_1(t)
+        assert wait_for(lambda: batches and batches[-1][0]["counts"]["failed"] == 4, 3)
+        assert batches[-1][0]["hosts"][1]["state"] == "unreachable"
+        assert batches[-1][0]["hosts"][1]["why"] == LOST_WHY
+    finally:
+        remove()
+
+
+def test_status_rows_name_hosts_and_job():
+    from jupyter_mesh._core.state import HostInfo, HostState, MeshState
+    from jupyter_mesh.notebook.meshes import _hosts_cell
+
+    def cell(hosts, job=None):
+        return _hosts_cell(MeshState("m", "m", {}, (), hosts=tuple(hosts), job=job))
+
+    up = HostInfo(0, "ipc:///run/jm/agent-0")
+    assert cell([up], {"kind": "local", "id": None, "keep_alive": False}) == "local"
+    two = [HostInfo(0, A), HostInfo(1, B, HostState.UNREACHABLE, "silent")]
+    assert (
+        cell(two, {"kind": "slurm", "id": "12", "keep_alive": True})
+        == "SLURM job 12 (kept alive): 10.213.0.3 up, 10.213.0.4 unreachable"
+    )
+    assert cell(two[:1], {"kind": "attach", "id": None, "keep_alive": False}) == "attached: 10.213.0.3"
+    assert cell([]) == "-"
+
+
+def test_status_lists_scheduler_jobs_with_hosts_and_keep_alive(tmp_path, monkeypatch):
+    import json
+    import os
+
+    from jupyter_mesh.ui.remote import scheduler_jobs
+
+    monkeypatch.setenv("JUPYTER_MESH_CONFIG_DIR", str(tmp_path))
+    monkeypatch.setenv("PATH", "")  # no squeue here: the line says what the record says
+    (tmp_path / "jobs").mkdir()
+    rec = {"scheduler": "slurm", "job_id": "12", "nodes": 2, "hosts": ["10.213.0.3", "10.213.0.4"]}
+    (tmp_path / "jobs" / "a.json").write_text(json.dumps({**rec, "controller_pid": os.getpid()}))
+    (tmp_path / "jobs" / "b.json").write_text(
+        json.dumps({**rec, "job_id": "13", "controller_pid": 2**22 + 7, "keep_alive": True})  # a pid no one has
+    )
+    assert scheduler_jobs() == [
+        f"slurm job 12: 2 host(s) (10.213.0.3, 10.213.0.4); controller pid {os.getpid()}",
+        f"slurm job 13: 2 host(s) (10.213.0.3, 10.213.0.4); controller pid {2**22 + 7} is gone: "
+        "kept alive past its kernel, it runs on",
+    ]

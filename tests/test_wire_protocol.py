@@ -103,7 +103,7 @@ def test_the_controller_refuses_an_agent_of_another_version():
         ProtocolError, match=rf"host 3 \(pid 4242\) speaks jupyter_mesh wire protocol 0, this process speaks {VERSION}"
     ):
         waiter.get(10)
-    assert not [a for a in ctl._agent_seen if "4242" in a]  # never supervised as a host
+    assert not [a for a in ctl.links.seen if "4242" in a]  # never supervised as a host
 
 
 @pytest.mark.integration

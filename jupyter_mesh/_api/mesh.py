@@ -323,6 +323,17 @@ class ProcMesh(_MeshTrait):
             for _, r, _, text in lines
         ]
 
+    def stacks(
+        self, rank: int | Mapping[str, int] | None = None, timeout: float = 5.0, all_threads: bool = False
+    ) -> Any:
+        """Where each rank is now: every thread's Python stack (``print()`` it: identical stacks of
+        several ranks are folded). Asked of each proc's receive thread, so a rank stuck in a
+        collective or a deadlock answers; one holding the GIL in native code says so. Runtime threads
+        that only wait are left out unless ``all_threads``."""
+        self._check_open()
+        ranks = [self._rank_of(rank)] if rank is not None else list(self._shape.ranks())
+        return self._controller.stacks(self._ref, ranks, timeout, all_threads)
+
     def pids(self) -> dict[int, int]:
         """Global rank -> OS pid, for the procs of this view (handy for tests and debugging)."""
         pids = self._controller.proc_pids(self._ref.mesh_id)

@@ -16,12 +16,23 @@ from __future__ import annotations
 import enum
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Union
 
 from ..errors import Failure
 
-__all__ = ["CallProgress", "MeshEvent", "MeshState", "ProcState", "RankState", "StateTracker"]
+__all__ = [
+    "CallProgress",
+    "HostInfo",
+    "HostState",
+    "MeshEvent",
+    "MeshState",
+    "ProcState",
+    "RankState",
+    "StateTracker",
+    "host_address",
+]
 
 
 class ProcState(str, enum.Enum):
@@ -36,6 +47,43 @@ class ProcState(str, enum.Enum):
         return self.value
 
 
+class HostState(str, enum.Enum):
+    """A host agent as its meshes see it. Every state but ``up`` is final: the controller never takes
+    back an agent it gave up on (a job starts a fresh one for the next mesh)."""
+
+    UP = "up"
+    UNREACHABLE = "unreachable"  # silent past the heartbeat timeout: a cut network, a stopped machine
+    EXITING = "exiting"  # the agent said it is going (SIGTERM: scancel, a time limit)
+    LOST = "lost"  # its process died (or it went for another reason)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def host_address(agent: str) -> str:
+    """What a view calls a host: the IP of a TCP agent (``tcp://10.0.0.3:41234`` -> ``10.0.0.3``),
+    ``local`` for one on this machine's private sockets (``ipc://``)."""
+    if agent.startswith("tcp://"):
+        return agent[len("tcp://") :].rsplit(":", 1)[0].strip("[]")
+    return "local"
+
+
+@dataclass(frozen=True)
+class HostInfo:
+    index: int  # the host's index in the mesh (``rank_host``)
+    agent: str  # its agent's inbox: tcp://IP:PORT, or an ipc:// path on this machine
+    state: HostState = HostState.UP
+    why: str = ""  # why it is not up: the cause its ranks failed with
+
+    @property
+    def address(self) -> str:
+        return host_address(self.agent)
+
+
+JobDescription = Union[Mapping[str, Any], Callable[[], Mapping[str, Any]]]
+"""``Job.describe()`` or the method itself (read at each snapshot: a keep_alive set later shows)."""
+
+
 @dataclass(frozen=True)
 class RankState:
     rank: int
@@ -46,6 +94,7 @@ class RankState:
     failure: Failure | None = None
     note: str = ""  # e.g. "initializing 'trainer' (42 s)", "no answer for 12 s, busy in native code ..."
     busy_s: float = 0.0  # how long it has been busy (0 unless busy)
+    host: int = 0  # index into MeshState.hosts
 
 
 @dataclass(frozen=True)
@@ -71,6 +120,8 @@ class MeshState:
     ranks: tuple[RankState, ...]
     stopped: bool = False
     progress: CallProgress | None = None  # None while no call is out
+    hosts: tuple[HostInfo, ...] = ()  # () when the runtime did not say (a tracker fed by hand)
+    job: Mapping[str, Any] | None = None  # Job.describe(): kind, id (the scheduler's), keep_alive
 
     def counts(self) -> dict[str, int]:
         out = {s.value: 0 for s in ProcState}
@@ -85,7 +136,8 @@ class MeshState:
 
 @dataclass(frozen=True)
 class MeshEvent:
-    """One change. ``kind``: created, state, failed, stopped, respawned, resized, note."""
+    """One change. ``kind``: created, state, failed, stopped, respawned, resized, note, host (``host``
+    is its index; ``note`` why it is no longer up)."""
 
     kind: str
     mesh_id: str
@@ -97,6 +149,7 @@ class MeshEvent:
     failure: Failure | None = None
     note: str = ""
     time: float = field(default_factory=time.time)
+    host: int | None = None
 
 
 Listener = Callable[[MeshEvent], None]
@@ -117,6 +170,9 @@ class _TrackedMesh:
     def __init__(self, mesh_id: str, name: str, sizes: dict[str, int], coords: list[dict[str, int]]):
         self.mesh_id, self.name, self.sizes, self.coords = mesh_id, name, sizes, coords
         n = len(coords)
+        self.hosts: list[HostInfo] = []
+        self.rank_host = [0] * n
+        self.job: JobDescription | None = None
         self.state = [ProcState.STARTING] * n
         self.inflight = [0] * n
         self.pids: list[int | None] = [None] * n
@@ -150,6 +206,25 @@ class _TrackedMesh:
         if w is None:
             return None
         return CallProgress(tuple(sorted(w.done)), tuple(sorted(w.left)), now - w.since)
+
+    def place(self, agents: Sequence[str], rank_host: Sequence[int]) -> None:
+        """Where the ranks run: the agent per host index, the host index per rank. Hosts known
+        already keep their state (a grown mesh keeps its lost host lost)."""
+        if not agents:
+            return
+        known = {h.index: h for h in self.hosts}
+        self.hosts = [known[i] if i in known and known[i].agent == a else HostInfo(i, a) for i, a in enumerate(agents)]
+        self.rank_host = [int(h) for h in rank_host][: len(self.coords)]
+        self.rank_host += [0] * (len(self.coords) - len(self.rank_host))
+
+    def job_now(self) -> Mapping[str, Any] | None:
+        job = self.job
+        if job is None or not callable(job):
+            return job
+        try:
+            return dict(job())
+        except Exception:  # noqa: BLE001 - a view must render whatever a job's describe() does
+            return None
 
     def forget_notes(self, rank: int) -> None:
         self.notes[rank] = ""
@@ -200,10 +275,36 @@ class StateTracker:
                     logging.getLogger("jupyter_mesh.state").exception("state listener failed")
 
     # -- updates from the runtime -----------------------------------------------------------------
-    def created(self, mesh_id: str, name: str, sizes: dict[str, int], coords: list[dict[str, int]]) -> None:
+    def created(
+        self,
+        mesh_id: str,
+        name: str,
+        sizes: dict[str, int],
+        coords: list[dict[str, int]],
+        agents: Sequence[str] = (),
+        rank_host: Sequence[int] = (),
+        job: JobDescription | None = None,
+    ) -> None:
+        """A new mesh; ``agents`` (inbox per host index), ``rank_host`` (host index per rank) and
+        ``job`` (``Job.describe`` or its result) say where its ranks run and who placed them."""
+        e = _TrackedMesh(mesh_id, name, sizes, coords)
+        e.place(agents, rank_host)
+        e.job = job
         with self._lock:
-            self._meshes[mesh_id] = _TrackedMesh(mesh_id, name, sizes, coords)
+            self._meshes[mesh_id] = e
         self._emit(MeshEvent("created", mesh_id, name))
+
+    def host_lost(self, agent: str, state: HostState | str, why: str) -> None:
+        """The agent ``agent`` is gone for good (``state``: unreachable, exiting, lost): every running
+        mesh with a host there says so, with ``why``. Its ranks fail through :meth:`failed`."""
+        state = HostState(state)
+        for e in list(self._meshes.values()):
+            if e.stopped:
+                continue
+            for i, h in enumerate(e.hosts):
+                if h.agent == agent and h.state is HostState.UP:
+                    e.hosts[i] = HostInfo(h.index, h.agent, state, why)
+                    self._emit(MeshEvent("host", e.mesh_id, e.name, note=why, host=h.index))
 
     def _set(
         self, e: _TrackedMesh, rank: int, new: ProcState, kind: str = "state", failure: Failure | None = None
@@ -284,12 +385,23 @@ class StateTracker:
         e.forget_notes(rank)
         self._set(e, rank, ProcState.IDLE, "respawned")
 
-    def resized(self, mesh_id: str, sizes: dict[str, int], coords: list[dict[str, int]]) -> None:
+    def resized(
+        self,
+        mesh_id: str,
+        sizes: dict[str, int],
+        coords: list[dict[str, int]],
+        agents: Sequence[str] = (),
+        rank_host: Sequence[int] = (),
+    ) -> None:
         e = self._meshes.get(mesh_id)
         if e is None:
             return
         n_old, n_new = len(e.coords), len(coords)
         e.sizes, e.coords = sizes, coords
+        if agents:
+            e.place(agents, rank_host)
+        else:  # a tracker fed by hand: new ranks on host 0
+            e.rank_host = (e.rank_host + [0] * n_new)[:n_new]
         if n_new > n_old:
             e.state += [ProcState.STARTING] * (n_new - n_old)
             e.inflight += [0] * (n_new - n_old)
@@ -324,11 +436,13 @@ class StateTracker:
         ranks = tuple(
             RankState(
                 r, e.coords[r], e.state[r], e.inflight[r], e.pids[r], e.failures[r], e.note(r, now),
-                0.0 if (t := e.busy_since[r]) is None else now - t,
+                0.0 if (t := e.busy_since[r]) is None else now - t, e.rank_host[r],
             )
             for r in range(len(e.state))
         )  # fmt: skip
-        return MeshState(e.mesh_id, e.name, dict(e.sizes), ranks, e.stopped, e.progress(now))
+        return MeshState(
+            e.mesh_id, e.name, dict(e.sizes), ranks, e.stopped, e.progress(now), tuple(e.hosts), e.job_now()
+        )
 
     def mesh_ids(self) -> list[str]:
         return list(self._meshes)

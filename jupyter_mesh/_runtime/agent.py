@@ -30,6 +30,7 @@ from ..errors import Failure, MeshValueError, SupervisionError
 from .agent_state import HostedMesh, ProcEntry, alive, describe_exit, kill, read_lines
 from .forkserver import ForkServer
 from .inboxes import ActorInboxes
+from .keep_alive import Keeper
 from .liveness import NOTE_EVERY
 from .relay import Relay
 
@@ -39,6 +40,7 @@ __all__ = ["Agent"]
 class Agent:
     def __init__(self, cfg: dict[str, Any]):
         check_version(cfg.get("v"), "the controller that started this agent")
+        self.cfg = cfg
         self.key = bytes.fromhex(cfg["key"])
         self.controller: str = cfg["controller"]
         self.host_index: int = cfg.get("host_index", 0)
@@ -58,6 +60,7 @@ class Agent:
         self.meshes: dict[str, HostedMesh] = {}
         self.inboxes = ActorInboxes(self.transport)  # relays of calls go straight to actors' inboxes
         self.relay = Relay(self)  # casts to this host's procs, and their gathered replies
+        self.keeper = Keeper(self, cfg.get("keep_alive") is True)  # outlive the controller, for the next one
         self.dispatch = self._table()
         self.shutting_down = False
         self._exiting = False  # set once, by the thread that runs shutdown()
@@ -97,6 +100,8 @@ class Agent:
 
     # -- plumbing ---------------------------------------------------------------------------------
     def _event(self, header: dict[str, Any], obj: Any = None) -> None:
+        if self.keeper.detached:  # nobody to tell: what a new controller needs, it asks for (``hosted``)
+            return
         payload, bufs = dumps(obj) if obj is not None else (b"", [])
         try:
             self.transport.send(self.controller, Message(header, payload, bufs))
@@ -127,11 +132,16 @@ class Agent:
                 Kind.STATS: lambda msg, _: self._reply(
                     (msg.header["s"], msg.header["i"]), OK, vars(self.transport.stats)
                 ),
-                Kind.SHUTDOWN: lambda msg, _: self.shutdown(
-                    orphaned=False
-                ),  # the controller stops this job; it lives on
+                Kind.SHUTDOWN: self._on_shutdown,
+                Kind.DETACH: self.keeper.on_detach,
+                Kind.REATTACH: self.keeper.on_reattach,
             },
         )
+
+    def _on_shutdown(self, msg: Message, frames: list[Any]) -> None:
+        """The controller stops this job (it lives on); an earlier one that lost the job may not."""
+        if self.keeper.from_owner(msg):
+            self.shutdown(orphaned=False)
 
     def handle(self, msg: Message, frames: list[Any]) -> None:
         self.dispatch(msg, frames)
@@ -399,11 +409,9 @@ class Agent:
     def _heartbeat_tick(self, now: float) -> None:
         """Ping every running proc; one that stops answering is watched (``liveness``): busy ones are
         reported to the controller, hung ones (stopped, deadlocked) are declared dead after hb_timeout."""
-        if now - self.last_controller > self.controller_silence:
-            print(
-                f"jupyter-mesh agent: no heartbeat from the controller for {now - self.last_controller:.0f} s; exiting",
-                file=sys.stderr,
-            )
+        silent = now - self.last_controller
+        if silent > self.controller_silence and not self.keeper.controller_silent(silent):
+            print(f"jupyter-mesh agent: no heartbeat from the controller for {silent:.0f} s; exiting", file=sys.stderr)
             self.shutdown()
         self._watch_template(now)
         with self.lock:

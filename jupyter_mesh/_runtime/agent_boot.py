@@ -32,7 +32,6 @@ import threading
 import time
 from typing import IO, Any
 
-from .._core.context import host_key
 from .._wire.addresses import local_ip_towards, parse_tcp
 from .._wire.channels import CurveKeys
 from .._wire.keyfile import default_key_path, read_key_file
@@ -40,6 +39,7 @@ from .._wire.protocol import VERSION, Kind, check_version
 from .._wire.transport import Message, Transport
 from ..errors import ProtocolError
 from .agent import Agent
+from .agent_state import hello
 
 __all__ = ["dial_back", "listen", "main", "run_agent"]
 
@@ -58,23 +58,6 @@ def _watch_stdin(agent: Agent) -> None:
     agent.shutdown()
 
 
-def _hello(cfg: dict[str, Any], addr: str, refused: str = "") -> dict[str, Any]:
-    """``agent_up``: its keys never change between versions, so a controller of another version can
-    read it and refuse this agent by name."""
-    h = {
-        "k": Kind.AGENT_UP,
-        "v": VERSION,
-        "h": cfg.get("host_index", 0),
-        "addr": addr,
-        "pid": os.getpid(),
-        "hk": host_key(),
-        "nonce": cfg.get("nonce", ""),
-    }
-    if refused:
-        h["refused"] = refused
-    return h
-
-
 def _answer_once(cfg: dict[str, Any], refused: str = "") -> None:
     """Send the controller a hello from a throwaway transport: a refusal (another protocol version,
     or a listener already serving another session), so it fails the start naming why at once instead
@@ -83,7 +66,7 @@ def _answer_once(cfg: dict[str, Any], refused: str = "") -> None:
         curve = CurveKeys.from_wire(cfg["curve"]) if cfg.get("curve") else None  # a TCP session needs them
         transport = Transport(bytes.fromhex(cfg["key"]), cfg.get("bind", "tcp://127.0.0.1"), curve)
         try:
-            transport.send(cfg["controller"], Message(_hello(cfg, cfg.get("listen", ""), refused)))
+            transport.send(cfg["controller"], Message(hello(cfg, cfg.get("listen", ""), refused)))
         finally:
             transport.close(linger_ms=2000)  # the hello must leave before we exit
     except Exception:  # noqa: BLE001 - a config too odd to answer: the job sees our exit code
@@ -108,7 +91,7 @@ def run_agent(cfg: dict[str, Any], watch_stdin: bool) -> None:
         threading.Thread(target=agent.shutdown, args=(False,), name="shutdown", daemon=True).start()
 
     signal.signal(signal.SIGTERM, on_term)
-    agent._event(_hello(cfg, agent.transport.address))
+    agent._event(hello(cfg, agent.transport.address))
     try:
         agent.io_loop()
     finally:
@@ -136,6 +119,7 @@ def dial_back(controller: str | None, key_file: str, bind_ip: str | None, host_i
         "preload": list(kf.extra.get("preload") or []),
         "hb_timeout": float(kf.extra.get("hb_timeout", 3.0)),
         "stdin_lifeline": False,  # a scheduler's stdin is not ours: the controller's heartbeats are
+        "keep_alive": kf.extra.get("keep_alive") is True,  # outlive the controller, for the next one
     }
     run_agent(cfg, watch_stdin=False)
 

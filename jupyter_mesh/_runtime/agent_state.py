@@ -11,10 +11,12 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._core.context import host_key
 from .._core.shape import Shape
+from .._wire.protocol import VERSION, Kind
 from .liveness import Liveness
 
-__all__ = ["Gather", "HostedMesh", "ProcEntry", "alive", "describe_exit", "kill", "read_lines"]
+__all__ = ["Gather", "HostedMesh", "ProcEntry", "alive", "describe_exit", "hello", "kill", "read_lines"]
 
 
 @dataclass
@@ -55,6 +57,24 @@ class Gather:
     call_id: int
     outstanding: set[int]
     entries: list[tuple[int, int, Any, list[Any]]] = field(default_factory=list)
+
+
+def hello(cfg: dict[str, Any], addr: str, refused: str = "", **more: Any) -> dict[str, Any]:
+    """``agent_up``: its keys never change between versions, so a controller of another version can
+    read it and refuse this agent by name."""
+    h = {
+        "k": Kind.AGENT_UP,
+        "v": VERSION,
+        "h": cfg.get("host_index", 0),
+        "addr": addr,
+        "pid": os.getpid(),
+        "hk": host_key(),
+        "nonce": cfg.get("nonce", ""),
+        **more,
+    }
+    if refused:
+        h["refused"] = refused
+    return h
 
 
 def describe_exit(p: ProcEntry, code: int | None = None, sig: int | None = None) -> str:

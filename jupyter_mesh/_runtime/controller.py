@@ -19,8 +19,6 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import zmq
-
 from .._core.context import context
 from .._core.future import Future
 from .._core.shape import Shape
@@ -28,9 +26,9 @@ from .._core.state import StateTracker
 from .._data import ucx as _ucx
 from .._data.owner import handle_message as handle_rdma
 from .._wire import protocol
-from .._wire.addresses import host_of, local_ip_towards
+from .._wire.addresses import local_ip_towards
 from .._wire.channels import CurveKeys, curve_wanted, default_bind, is_loopback, remove_session_dir
-from .._wire.protocol import Dispatch, Kind, check_version
+from .._wire.protocol import Dispatch, Kind
 from .._wire.serialize import dumps, loads
 from .._wire.transport import Message, Transport
 from ..errors import (
@@ -39,16 +37,17 @@ from ..errors import (
     MeshError,
     MeshTimeoutError,
     MeshValueError,
-    ProtocolError,
     SupervisionError,
 )
 from . import hooks
+from .agent_links import AgentLinks
 from .client import Client
 from .elastic import Elastic
 from .hooks import Embedding
 from .inits import Inits
 from .logs import WorkerLogs, cut_line
 from .records import MeshRecord, MeshRecords
+from .stacks import RankStacks, Stacks
 
 if TYPE_CHECKING:
     from .._core.refs import ActorMeshRef, ProcMeshRef
@@ -96,9 +95,21 @@ class Controller:
         (no job running, no mesh) is replaced by one bound to our IP on the route to that host, with
         CURVE; its state tracker and output sink carry over, so widgets and the notebook's output
         routing keep working. A busy one cannot move its running meshes: that is a clear error."""
+        return cls._listening_for(peer_ip, None)
+
+    @classmethod
+    def adopt(cls, key: bytes, curve: CurveKeys, peer_ip: str) -> Controller:
+        """The controller of a kept-alive job's session (``SlurmJob.reattach``): its keys, bound to our
+        IP on the route to ``peer_ip``. Only an idle session can become it, as for ``reachable_from``."""
+        return cls._listening_for(peer_ip, (key, curve))
+
+    @classmethod
+    def _listening_for(cls, peer_ip: str, keys: tuple[bytes, CurveKeys] | None) -> Controller:
         inst = cls.get()
         bind = inst.transport.bind
-        if bind.startswith("tcp://"):
+        if keys is not None and (inst.key, inst.transport.curve) == keys:
+            return inst  # this session is that one already
+        if bind.startswith("tcp://") and keys is None:
             if is_loopback(bind) and not is_loopback(f"tcp://{peer_ip}"):
                 raise MeshValueError(
                     f"this session listens on {bind} (loopback): a host at {peer_ip} cannot reach it; "
@@ -109,6 +120,11 @@ class Controller:
             raise MeshValueError("an actor cannot start jobs on other hosts; create them in the controller")
         busy = [j for j in inst._jobs if j.running()]
         live = [r.ref.name for r in inst.meshes.values() if not r.stopped]
+        if keys is not None and (busy or live):
+            raise MeshValueError(
+                f"this session already runs {', '.join(live) or busy[0]!r}; a kept job is reattached by a "
+                f"session of its own: stop them first (%mesh down), or reattach from a fresh kernel"
+            )
         if busy or live:
             raise MeshValueError(
                 f"this session listens on private unix sockets (this host only) and already runs "
@@ -119,21 +135,29 @@ class Controller:
         ip = local_ip_towards(peer_ip)
         inst.shutdown()  # takes the instance lock itself
         with cls._instance_lock:
-            new = cls._instance = Controller(bind=f"tcp://{ip}", carry=inst)
+            new = cls._instance = Controller(bind=f"tcp://{ip}", carry=inst, keys=keys)
             hooks.hold_faults_with(new._hold_fault)
         return new
 
-    def __init__(self, bind: str | None = None, embedded: Embedding | None = None, carry: Controller | None = None):
+    def __init__(
+        self,
+        bind: str | None = None,
+        embedded: Embedding | None = None,
+        carry: Controller | None = None,
+        keys: tuple[bytes, CurveKeys] | None = None,
+    ):
         """``embedded``: inside a proc, an actor that spawns meshes makes the proc a controller too;
-        it then shares the proc's key, transport, client and receive thread instead of its own."""
+        it then shares the proc's key, transport, client and receive thread instead of its own.
+        ``keys``: the session key and CURVE keys of a kept-alive job this controller takes over."""
         self.embedded = embedded is not None
         if embedded is not None:
             self.key, self.transport, self.client = embedded.key, embedded.transport, embedded.client
         else:
-            self.key = secrets.token_bytes(32)
+            self.key = keys[0] if keys else secrets.token_bytes(32)
             # private unix sockets unless the user asked for TCP, which then speaks CURVE (_wire/channels)
             bind = bind or default_bind()
-            self.transport = Transport(self.key, bind, CurveKeys.new() if curve_wanted(bind) else None)
+            curve = keys[1] if keys else CurveKeys.new() if curve_wanted(bind) else None
+            self.transport = Transport(self.key, bind, curve)
             _ucx.follow_bind(bind)
             self.client = Client(self.transport, reply_boxes=True)
         self.address = self.transport.address
@@ -146,7 +170,6 @@ class Controller:
         self.inits = Inits(self)  # actor constructors that take long
         self.client.hooks.constructed = self.inits.constructed
         self.output: OutputSink = print_output if carry is None else carry.output
-        self._agent_waiters: dict[str, Future[dict[str, Any]]] = {}
         self.meshes = MeshRecords()
         self.worker_logs = WorkerLogs()  # for ProcMesh.logs(): bounded in bytes, trimmed when a mesh stops
         self.client.hooks.on_stopped = self.worker_logs.stopped
@@ -160,13 +183,11 @@ class Controller:
         self.watch_init = self.inits.watch_init
         self.client.hooks.before_call = self.raise_pending_fault
         self.client.hooks.kill_ranks = self._kill_now
-        # liveness of agents: O(hosts) pings per interval, never O(procs)
-        self.hb_timeout = float(os.environ.get("JUPYTER_MESH_HEARTBEAT_TIMEOUT", "3.0"))
-        self._agent_seen: dict[str, float] = {}
-        self._agents_lost: dict[str, str] = {}  # agent address -> why it is gone for good
-        self._hb_stop = threading.Event()
-        self._hb_thread = threading.Thread(target=self._heartbeats, name="jupyter-mesh-heartbeat", daemon=True)
-        self._hb_thread.start()
+        # admission and liveness of agents: O(hosts) pings per interval, never O(procs)
+        self.links = AgentLinks(self)
+        self.hb_timeout = self.links.hb_timeout
+        self.expect_agent, self.stop_expecting = self.links.expect_agent, self.links.stop_expecting
+        self.forget_agents, self.agent_lost = self.links.forget_agents, self.links.agent_lost
         self._thread: threading.Thread | None = None
         self.dispatch = self._table()
         if embedded is not None:
@@ -199,9 +220,9 @@ class Controller:
                 Kind.PROC_EXIT: lambda msg, _: self.proc_exit(
                     msg.header["m"], msg.header["rk"], loads(msg.payload, msg.buffers)
                 ),
-                Kind.HEARTBEAT_ACK: self._on_heartbeat_ack,
-                Kind.AGENT_UP: self._on_agent_up,
-                Kind.AGENT_GONE: self._on_agent_gone,
+                Kind.HEARTBEAT_ACK: self.links.on_heartbeat_ack,
+                Kind.AGENT_UP: self.links.on_agent_up,
+                Kind.AGENT_GONE: self.links.on_agent_gone,
             },
         )
 
@@ -215,45 +236,6 @@ class Controller:
         if rec is not None:
             self.worker_logs.add(h["m"], h["rk"], h["fd"], lines, time.time())
         self.output(rec.ref.name if rec else h["m"], h["rk"], h["label"], h["fd"], lines)
-
-    def _on_heartbeat_ack(self, msg: Message, frames: list[Any]) -> None:
-        if msg.header["addr"] in self._agent_seen:
-            self._agent_seen[msg.header["addr"]] = time.monotonic()
-
-    def _on_agent_up(self, msg: Message, frames: list[Any]) -> None:
-        """An agent's hello: it listens at ``addr``; the job that started it waits on its nonce."""
-        h = msg.header
-        w = self._agent_waiters.pop(h.get("nonce", ""), None)
-        refused = h.get("refused")
-        if refused:  # a listening agent that serves another session, or speaks another version
-            err = MeshError(f"the agent at {str(h.get('addr'))[:80]} refused this controller: {str(refused)[:300]}")
-            if w is not None:
-                w._set_exception(err)
-            return
-        try:
-            check_version(h.get("v"), f"the agent of host {h.get('h')} (pid {h.get('pid')})")
-        except ProtocolError as e:
-            if w is not None:
-                w._set_exception(e)
-            else:
-                print(f"jupyter_mesh: {e}", file=sys.stderr)
-            return
-        if w is None:  # nobody waits for it (a job that gave up or stopped): it must not live on, unwatched
-            try:
-                self.transport.send(h["addr"], Message({"k": Kind.SHUTDOWN}))
-                self.transport.forget(h["addr"], linger_ms=1000)
-            except Exception:  # noqa: BLE001 - an address we cannot reach: it exits on our silence
-                pass
-            return
-        self._agent_seen[h["addr"]] = time.monotonic()
-        w._set_result(h)
-
-    def _on_agent_gone(self, msg: Message, frames: list[Any]) -> None:
-        """An agent says it is exiting (a scheduler's SIGTERM: scancel, a time limit): lost now,
-        not after the heartbeat timeout."""
-        addr = msg.header.get("addr")
-        if isinstance(addr, str) and addr in self._agent_seen:
-            self.agent_lost(addr, f"it is exiting: {str(msg.header.get('why'))[:200]}")
 
     def proc_exit(self, mesh_id: str, rank: int, failure: Failure) -> None:
         rec = self.meshes.get(mesh_id)
@@ -278,10 +260,10 @@ class Controller:
         """Tell every proc (through its agent: O(hosts) sends) that a rank failed or came back, so
         actors calling it directly fail fast, or reach its new address."""
         payload, bufs = dumps(obj) if obj is not None else (b"", [])
-        agents = [a for a in self._agent_seen if a not in self._agents_lost]
+        agents = self.links.live()
         frames = self.transport.encode(Message(header, payload, bufs), agents)
         for addr in agents:
-            if addr not in self._agents_lost:
+            if addr not in self.links.lost:
                 try:
                     self.transport.send_raw(addr, frames)
                 except Exception:  # noqa: BLE001 - closing down
@@ -331,131 +313,6 @@ class Controller:
         if err is not None:
             raise err
 
-    # -- agents -----------------------------------------------------------------------------------
-    def _heartbeats(self) -> None:
-        """Ping every agent each quarter of the timeout; they answer to a socket of this thread's
-        own, so liveness never waits behind the receive thread (which may be busy unpickling a big
-        reply for seconds: that must not make a healthy host look lost)."""
-        interval = self.hb_timeout / 4
-        try:
-            sock, address = self.transport.bind_inbox()
-        except zmq.ZMQError:  # closing down
-            return
-        try:
-            due = last = time.monotonic()
-            while not self._hb_stop.is_set():
-                now = time.monotonic()
-                if now - last > 2 * interval:
-                    # this thread could not run (the program held the GIL in a long C call, or the
-                    # machine was starved): no agent is to blame for answers we could not read
-                    self._read_acks(sock)
-                    self._forgive(now - last - interval)
-                last = now
-                if now >= due:
-                    due = now + interval
-                    self._read_acks(sock)  # answers already here count before anyone is judged
-                    if not self._ping_agents(now, address):
-                        return
-                # in slices: shutdown (``_hb_stop``) is seen within 0.1 s
-                if sock.poll(max(1, min(100, int((due - now) * 1000)))):
-                    self._read_acks(sock)
-        except zmq.ZMQError:  # the transport closed under us: shutting down
-            return
-        finally:
-            if not sock.closed:
-                sock.close(linger=0)
-
-    def _ping_agents(self, now: float, reply_to: str) -> bool:
-        for addr, seen in list(self._agent_seen.items()):
-            if addr in self._agents_lost:
-                continue
-            if now - seen > self.hb_timeout:
-                self.agent_lost(addr, self._silence(addr, now - seen))
-                continue
-            try:
-                self.transport.send(addr, Message({"k": Kind.HEARTBEAT, "hr": reply_to}))
-            except Exception:  # noqa: BLE001 - closing down
-                return False
-        return True
-
-    def _silence(self, addr: str, for_s: float) -> str:
-        """Why an agent is lost when it stops answering: on another host, most likely the network."""
-        if addr.startswith("tcp://") and not is_loopback(addr.rsplit(":", 1)[0]):
-            ip = host_of(addr)
-            if ip != host_of(self.transport.address):
-                return f"host {ip} unreachable for {for_s:.1f} s (no answer to heartbeats)"
-        return f"it stopped answering heartbeats for {for_s:.1f} s"
-
-    def _forgive(self, stall: float) -> None:
-        for addr, seen in list(self._agent_seen.items()):
-            self._agent_seen[addr] = seen + stall
-
-    def forget_agents(self, addrs: list[str]) -> None:
-        """A job stopped these agents on purpose: no more heartbeats to them, no socket kept. The
-        SHUTDOWN the job just sent may not have left yet (no connection to that agent before it):
-        its socket lingers a moment instead of dropping it, else the agent lives on until its silence
-        timer (3 heartbeat timeouts) and a listener refuses every other controller meanwhile."""
-        for addr in addrs:
-            self._agent_seen.pop(addr, None)
-            self.transport.forget(addr, linger_ms=1000)
-
-    def _read_acks(self, sock: zmq.Socket[Any]) -> None:
-        while True:
-            try:
-                frames = Transport.recv_frames(sock, zmq.NOBLOCK)
-            except zmq.ZMQError:
-                return
-            msg = self.transport.decode(frames)
-            if msg is not None and msg.header.get("k") == "hb_ack" and msg.header.get("addr") in self._agent_seen:
-                self._agent_seen[msg.header["addr"]] = time.monotonic()
-
-    def agent_lost(self, addr: str, why: str) -> None:
-        """An agent is gone for good: its process exited, or it went silent past the heartbeat timeout.
-
-        Every rank on its host fails with that cause, requests waiting on it fail now, and later ones
-        fail at once (``client.peer_lost``). A silent agent is told to shut down, and its job kills
-        it, so one that was only stalled (SIGSTOP, swapping) cannot wake up and act on stale state:
-        we never re-admit it; a ``LocalJob`` starts a fresh agent for that host on next use."""
-        with self._lock:
-            if addr in self._agents_lost or self._closed:
-                return
-            self._agents_lost[addr] = why
-        for job in list(self._jobs):
-            try:
-                said = job.explain_loss(addr)
-            except Exception:  # noqa: BLE001 - the cause we have is enough
-                said = None
-            if said:
-                why = f"{why}; {said}"
-        detail = f"the host agent at {addr} is lost: {why}"
-        try:
-            self.transport.send(addr, Message({"k": Kind.SHUTDOWN}))
-        except Exception:  # noqa: BLE001 - it may be gone already
-            pass
-        self.client.peer_lost(addr, detail)
-        for job in list(self._jobs):
-            job.agent_lost(addr)
-        self._host_lost(addr, detail)
-
-    def _host_lost(self, addr: str, detail: str) -> None:
-        """Every rank on a lost agent's host is failed (its procs die with it, or are unreachable)."""
-        for mesh_id, rec in list(self.meshes.items()):
-            if rec.stopped or addr not in rec.ref.agent_addrs:
-                continue
-            host = rec.ref.agent_addrs.index(addr)
-            ranks = [r for r, h in enumerate(rec.ref.rank_host) if h == host and r not in rec.failures]
-            for r in ranks:
-                self.proc_exit(mesh_id, r, Failure(rec.ref.name, rec.ref.coords(r), "agent", detail))
-
-    def stop_expecting(self, nonce: str) -> None:
-        """A job no longer waits for this agent: its hello, should it still come, is told to shut down."""
-        self._agent_waiters.pop(nonce, None)
-
-    def expect_agent(self, nonce: str) -> Future[dict[str, Any]]:
-        fut: Future[dict[str, Any]] = Future("agent start")
-        self._agent_waiters[nonce] = fut
-        return fut
-
     def register_job(self, job: Job) -> None:
         self._check_open()
         self._jobs.append(job)
@@ -501,7 +358,8 @@ class Controller:
         if emb is not None and self.embedded:
             rec.owner = emb.current_owner()
         self.meshes[mesh_id] = rec
-        self.state.created(mesh_id, name, dict(shape.extent), [dict(shape.point(r)) for r in range(len(shape))])
+        coords = [dict(shape.point(r)) for r in range(len(shape))]
+        self.state.created(mesh_id, name, dict(shape.extent), coords, ref.agent_addrs, ref.rank_host, job.describe)
         rec.job, rec.env, rec.preload = job, env, preload
         futs = [
             self.spawn_request(agent, ref, list(range(pos * per_host, (pos + 1) * per_host)), env, preload)
@@ -526,6 +384,7 @@ class Controller:
             if fails:
                 raise SupervisionError(fails, "while starting its procs")
             raise errors[0]
+        self.meshes_changed(rec)
         return ref
 
     def spawn_request(
@@ -570,6 +429,17 @@ class Controller:
         for addr in ref.proc_addrs:
             if addr:
                 self.client.forget_proc(addr)
+        self.meshes_changed(rec)
+
+    def job_stopping(self, job: Job) -> None:
+        """A job stops its agents, and with them every proc of its meshes: those meshes are stopped
+        (calls fail as closed), not failed (the procs' exits are not failures to report)."""
+        for rec in list(self.meshes.values()):
+            if rec.job is job and not rec.stopped:
+                rec.stopped = True
+                self.client.mark_stopped(rec.ref.mesh_id)
+                self.state.stopped(rec.ref.mesh_id)
+                self.notify_procs(protocol.notice("stopped", rec.ref.mesh_id))
 
     def _force_stop(self, rec: MeshRecord, host: int, why: str) -> None:
         """An agent did not answer a stop: kill its procs of this mesh ourselves where we can (same
@@ -597,10 +467,53 @@ class Controller:
         rec = self.meshes.get(mesh._ref.mesh_id)
         if rec is not None:
             rec.actors.append((mesh, payload, [bytes(b) for b in bufs]))
+            self.meshes_changed(rec)
+
+    def meshes_changed(self, rec: MeshRecord) -> None:
+        """A job that remembers its meshes for a later controller (``keep_alive``) saves them now."""
+        if rec.job is None:
+            return
+        try:
+            rec.job.meshes_changed()
+        except Exception as e:  # noqa: BLE001 - the mesh works; only its record for a later kernel is behind
+            print(f"jupyter_mesh: could not save the meshes of {rec.job!r}: {e}", file=sys.stderr)
 
     def logs(self, ref: ProcMeshRef, rank: int | None, tail: int | None) -> list[tuple[float, int, int, str]]:
         lines = self.worker_logs.lines(ref.mesh_id, rank)
         return lines[-tail:] if tail else lines
+
+    def stacks(self, ref: ProcMeshRef, ranks: list[int], timeout: float, all_threads: bool) -> Stacks:
+        """Every thread's stack on ``ranks`` now, asked of each proc's receive thread at once."""
+        rec = self.meshes.live(ref)
+        asked = {}
+        for r in ranks:
+            if r in rec.failures or not ref.proc_addrs[r]:
+                continue
+            asked[r] = self.client.request(ref.proc_addrs[r], {"k": Kind.STACKS}, what=f"stacks of rank {r}")
+        deadline = time.monotonic() + timeout
+        out = []
+        for r in ranks:
+            label = ",".join(f"{k}={v}" for k, v in ref.coords(r).items())
+            fut = asked.get(r)
+            if fut is None:
+                f = rec.failures.get(r)
+                out.append(RankStacks(r, label, error=f"failed: {f.detail if f else 'not running'}"))
+                continue
+            try:
+                out.append(RankStacks(r, label, list(fut.get(max(0.0, deadline - time.monotonic())))))
+            except MeshTimeoutError:
+                pid = rec.pids.get(r)
+                out.append(
+                    RankStacks(
+                        r,
+                        label,
+                        error=f"no answer within {timeout:g} s: proc {pid} holds the GIL (native code?) or is "
+                        f"stopped; `py-spy dump --native --pid {pid}` on its host shows where",
+                    )
+                )
+            except MeshError as e:
+                out.append(RankStacks(r, label, error=f"no answer: {e}"))
+        return Stacks(ref.name, out, all_threads)
 
     def is_stopped(self, mesh_id: str) -> bool:
         rec = self.meshes.get(mesh_id)
@@ -632,11 +545,14 @@ class Controller:
         with self.client.calls.lock:
             self.client.calls.stopped.update(self.meshes)
             Controller._shut_down_meshes.update(self.meshes)
-        self._hb_stop.set()
+        self.links.close()
         self.client.fail_all(MeshClosedError("the jupyter_mesh controller shut down while this call was pending"))
         for job in self._jobs:
             try:
-                job.stop()
+                if job.keep_alive and job.running():
+                    job.detach()  # its agents keep their procs for the next controller
+                else:
+                    job.stop()
             except Exception as e:  # noqa: BLE001 - keep stopping the others
                 print(f"jupyter_mesh: error stopping {job!r}: {e}", file=sys.stderr)
         if self._thread is not None:  # an embedded controller leaves the proc's transport alone

@@ -42,6 +42,8 @@ class ElasticHost(Protocol):
 
     def raise_pending_fault(self) -> None: ...
 
+    def meshes_changed(self, rec: MeshRecord) -> None: ...
+
 
 class Elastic:
     """Kill, respawn, grow and shrink the controller's proc meshes (one per controller)."""
@@ -117,6 +119,7 @@ class Elastic:
             self._grow(rec, new_shape, dim, timeout)
         elif new_n < old_n:
             self._shrink(rec, new_shape, timeout)
+        self.host.meshes_changed(rec)
 
     def _grow(self, rec: MeshRecord, new_shape: Shape, dim: str, timeout: float) -> None:
         ref = rec.ref
@@ -148,7 +151,8 @@ class Elastic:
                 ref.host_keys.append(agent.host_key)
                 ranks = [r for r in new_ranks if ref.rank_host[r] == h]
                 futs.append(self.host.spawn_request(agent, ref, ranks, rec.env, rec.preload, new_shape))
-        self.host.state.resized(ref.mesh_id, dict(new_shape.extent), [dict(new_shape.point(r)) for r in range(new_n)])
+        coords = [dict(new_shape.point(r)) for r in range(new_n)]
+        self.host.state.resized(ref.mesh_id, dict(new_shape.extent), coords, ref.agent_addrs, ref.rank_host)
         try:
             for f in futs:
                 for rank, addr, pid in f.get(timeout):
@@ -191,7 +195,8 @@ class Elastic:
         for r in removed:
             rec.pids.pop(r, None)
             rec.failures.pop(r, None)
-        self.host.state.resized(ref.mesh_id, dict(new_shape.extent), [dict(new_shape.point(r)) for r in range(new_n)])
+        coords = [dict(new_shape.point(r)) for r in range(new_n)]
+        self.host.state.resized(ref.mesh_id, dict(new_shape.extent), coords, ref.agent_addrs, ref.rank_host)
 
     def _wait_actor_spawns(self, spawns: list[Future[None]], timeout: float, context: str) -> None:
         errors = []

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import MeshValueError
 
@@ -26,6 +27,9 @@ class Job(abc.ABC):
     """What a scheduler gives jupyter_mesh: one agent per host. The controller calls these (spawning
     proc meshes, growing them, supervising agents); the optional ones say clearly what a job cannot do."""
 
+    keep_alive: bool = False
+    """Whether the job outlives its controller (``detach`` at shutdown instead of ``stop``)."""
+
     @abc.abstractmethod
     def agents(self, timeout: float) -> list[AgentHandle]:
         """The agents of every host, waiting (at most ``timeout``) for them to come up."""
@@ -33,6 +37,15 @@ class Job(abc.ABC):
     @abc.abstractmethod
     def stop(self) -> None:
         """Stop every agent of the job (and so every proc on its hosts)."""
+
+    def describe(self) -> dict[str, Any]:
+        """What views show of the job (the widget, the sidebar, ``jupyter-mesh status``): its ``kind``
+        (``local``, ``slurm``, ``attach``: the class's name without "Job"), the scheduler's ``id`` of
+        it (None when there is none) and ``keep_alive`` (it outlives this controller). Read at every
+        snapshot: keep it cheap, no I/O."""
+        name = type(self).__name__
+        kind = name[: -len("Job")] if name.endswith("Job") and len(name) > 3 else name
+        return {"kind": kind.lower(), "id": None, "keep_alive": bool(getattr(self, "keep_alive", False))}
 
     def running(self) -> bool:
         """Whether the job still has (or is starting) agents; a stopped job says False."""
@@ -51,3 +64,12 @@ class Job(abc.ABC):
         """The controller gave up on the agent at ``addr`` (it died, or went silent past the heartbeat
         timeout). A job that can replace the host does it here (on next use); by default nothing."""
         return None
+
+    def meshes_changed(self) -> None:
+        """The controller's proc or actor meshes on this job changed (spawned, stopped, resized): a job
+        that remembers them for a later controller (``keep_alive``) saves them here."""
+        return None
+
+    def detach(self) -> None:
+        """The controller goes and a kept-alive job stays: tell its agents to wait for the next one."""
+        raise MeshValueError(f"{self!r} cannot outlive its controller")

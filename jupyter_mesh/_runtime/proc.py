@@ -43,6 +43,7 @@ from .client import Client, set_current_client
 from .hooks import Embedding, embed
 from .rank_env import set_rank_env
 from .remote_errors import error_info, safe_str
+from .stacks import thread_stacks
 
 __all__ = ["ProcRuntime", "live_actor", "main"]
 
@@ -76,7 +77,9 @@ class ActorHost:
         self._bell_token = secrets.token_bytes(16)
         self._bell_lock = threading.Lock()
         self._mailbox: queue.SimpleQueue[Message] = queue.SimpleQueue()
-        self._order: dict[str, list[Any]] = {}  # sender -> [next seq, {seq: message}]
+        # (sender's reply address, its epoch) -> [next seq, {seq: message}]: a controller that takes a kept
+        # job over may get an address an old one had, and starts its sequence afresh
+        self._order: dict[tuple[str, str], list[Any]] = {}
         # cancellation: which call runs now, and calls cancelled before they started
         self._lock = threading.Lock()
         self._current: tuple[str, int] | None = None
@@ -197,9 +200,10 @@ class ActorHost:
         if seq is None:  # local mail (supervision events) carries no sequence number
             self._run(msg)
             return
-        st = self._order.get(msg.header["s"])
+        sender = (msg.header["s"], msg.header.get("oe") or msg.header.get("se", ""))  # "oe": a skip's caller
+        st = self._order.get(sender)
         if st is None:
-            st = self._order[msg.header["s"]] = [0, {}]
+            st = self._order[sender] = [0, {}]
         if seq != st[0]:
             st[1][seq] = msg
             return
@@ -494,6 +498,9 @@ class ProcRuntime:
                 Kind.CANCELLED: lambda msg, _: self.client.cancel_acks.acked(msg.header["i"], msg.header["rk"]),
                 Kind.STATS: lambda msg, _: self.transport.send(
                     msg.header["s"], Message(reply_header(msg.header["i"], OK), dumps(vars(self.transport.stats))[0])
+                ),
+                Kind.STACKS: lambda msg, _: self.transport.send(
+                    msg.header["s"], Message(reply_header(msg.header["i"], OK), dumps(thread_stacks())[0])
                 ),
                 Kind.STOP: lambda msg, _: _exit(0),
                 Kind.OUT_SYNC: lambda msg, _: print_sync_marker(msg.header["t"]),

@@ -104,6 +104,7 @@ class Relay:
             "a": h["a"],
             "n": h.get("n", ""),
             "s": h["s"],
+            "oe": h.get("se", ""),  # the caller's epoch: its calls are ordered per (address, epoch)
             "q": seq,
             "rk": p.rank,
             "ck": h["k"],

@@ -55,7 +55,7 @@ __all__ = [
     "reply_header",
 ]
 
-VERSION = 3
+VERSION = 4
 """Bump on any change a peer of the previous version would misread (a kind, a key, a code)."""
 
 # reply modes a call header carries ("rm")
@@ -83,6 +83,7 @@ class Kind:
     SUPERVISE = "supervise"  # proc runtime -> actor: a mesh this actor spawned failed
     RDMA = "rdma"  # reader -> buffer owner: a data-plane request (get, put, drop, ucx)
     STATS = "stats"  # any -> agent / proc: transport counters, as a reply
+    STACKS = "stacks"  # controller -> proc: every thread's Python stack now, as a reply (from its receive thread)
     OUT_SYNC = "out_sync"  # controller -> proc: print a marker (``t``) after what it printed so far
     # procs and their agent
     PROC_UP = "proc_up"  # proc -> agent: the proc runs and listens at ``addr``
@@ -97,6 +98,8 @@ class Kind:
     AGENT_UP = "agent_up"  # agent -> controller: the hello (address, host key, version), or why it refuses
     AGENT_GONE = "agent_gone"  # agent -> controller: it exits now (``why``: a scheduler's SIGTERM)
     ATTACH = "attach"  # controller -> a listening agent (under the mesh key): serve this session
+    DETACH = "detach"  # controller -> a kept-alive agent: this controller goes; keep the procs for the next
+    REATTACH = "reattach"  # a new controller (the session's keys) -> a kept-alive agent: report to me now
     HEARTBEAT = "hb"  # controller -> agent: alive?
     HEARTBEAT_ACK = "hb_ack"  # agent -> controller's heartbeat socket
     SPAWN_PROCS = "spawn_procs"  # controller -> agent: fork the procs of a mesh on this host

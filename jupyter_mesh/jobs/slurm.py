@@ -14,10 +14,8 @@ off: the ranks on it fail with what SLURM says (``squeue``).
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import secrets
 import shlex
 import subprocess
 import sys
@@ -26,15 +24,15 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .._api.mesh import HostMesh
-from .._core.context import host_key
+from .._api.mesh import ActorMesh, HostMesh, ProcMesh
 from .._core.future import Future
 from .._core.shape import Shape
 from .._runtime.hosts import AgentHandle, Job
-from .._wire.addresses import host_of, parse_tcp
-from .._wire.keyfile import KeyFile, config_dir, write_key_file
-from .._wire.protocol import VERSION, Kind
+from .._wire.addresses import parse_tcp
+from .._wire.keyfile import read_key_file
 from ..errors import MeshClosedError, MeshError, MeshTimeoutError, MeshValueError
+from ._dialback import ENDED, JobFiles, jobs_dir, stop_agents, sweep_stale, unlink
+from .kept import Restored, detach_agents, kept_records, reattach_agents, restore_meshes, saved_meshes
 
 __all__ = ["SlurmJob"]
 
@@ -52,7 +50,7 @@ _NEVER = (
     "QOSMaxNodePerJobLimit",
     "ReqNodeNotAvail, UnavailableNodes:",
 )
-_ENDED = ("CANCELLED", "COMPLETED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL")
+_ENDED = ENDED
 _TIME = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$")
 
 
@@ -63,7 +61,9 @@ class SlurmJob(Job):
     options, e.g. ``["--gres=gpu:4"]``) go to ``sbatch``. ``bind``: this host's IP the nodes reach
     (default: the one on the route to ``slurmctld``). ``python``: the interpreter on the nodes
     (default: this one; a cluster shares it through the file system). Inside an allocation
-    (``SLURM_JOB_ID`` set) the agents are a step of it unless ``use_allocation=False``."""
+    (``SLURM_JOB_ID`` set) the agents are a step of it unless ``use_allocation=False``.
+    ``keep_alive``: the job outlives this controller (a kernel restart or crash: its agents keep their
+    procs) until SLURM ends it or ``stop()``; ``SlurmJob.reattach()`` in the next kernel takes it back."""
 
     def __init__(
         self,
@@ -77,6 +77,7 @@ class SlurmJob(Job):
         python: str | None = None,
         name: str = "jupyter-mesh",
         use_allocation: bool | None = None,
+        keep_alive: bool = False,
     ):
         from .._runtime.controller import Controller
 
@@ -87,56 +88,45 @@ class SlurmJob(Job):
         for label, value in (("partition", partition), ("account", account), ("name", name)):
             if value is not None and not re.fullmatch(r"[\w.@+-]{1,64}", value):
                 raise MeshValueError(f"{label}={value!r} is not a SLURM {label} name")
+        if not isinstance(keep_alive, bool):
+            raise MeshValueError(f"keep_alive is True or False, got {keep_alive!r}")
+        if keep_alive and os.environ.get("SLURM_JOB_ID") and use_allocation is not False:
+            raise MeshValueError(
+                "keep_alive=True inside an allocation: our step of it would end with this kernel's allocation "
+                "anyway; pass use_allocation=False for a batch job of its own"
+            )
         self.nodes = nodes
+        self.keep_alive = keep_alive
         self.job_id: str | None = None
+        self.restored = Restored()  # what reattach() took back
         self._in_allocation = os.environ.get("SLURM_JOB_ID") if use_allocation is not False else None
         if use_allocation and not self._in_allocation:
             raise MeshValueError("use_allocation=True but SLURM_JOB_ID is not set: not inside an allocation")
         ip = bind or _slurmctld_ip()
         self._controller = Controller.reachable_from(ip)
         self._controller.register_job(self)
-        self._token = secrets.token_hex(8)
-        self._dir = os.path.join(config_dir(), "jobs")
-        os.makedirs(self._dir, mode=0o700, exist_ok=True)
-        _sweep_stale(self._dir)
-        self._key_path = os.path.join(self._dir, f"{self._token}.key")
-        self._log_path = os.path.join(self._dir, f"{self._token}.log")
-        self._state_path = os.path.join(self._dir, f"{self._token}.json")
+        self._files = JobFiles(self._controller, "slurm", nodes, "SlurmJob")
+        self._key_path = self._files.key_path
+        self._log_path = self._files.log_path
         self._lock = threading.Lock()
         self._agents: list[AgentHandle] | None = None
         self._stopped = False
         self._step: subprocess.Popen[bytes] | None = None  # srun inside an allocation
-        ctl = self._controller
-        if ctl.transport.curve is None:
-            raise MeshValueError("SlurmJob needs a CURVE session (JUPYTER_MESH_INSECURE is set): refused")
         self._save_state()  # first: a controller killed from here on leaves a record the next sweep finds
-        write_key_file(
-            self._key_path,
-            KeyFile(
-                ctl.key,
-                ctl.transport.curve,
-                {
-                    "v": VERSION,
-                    "controller": ctl.address,
-                    "nonce": self._token,
-                    "hb_timeout": ctl.hb_timeout,
-                    "preload": list(preload),
-                },
-            ),
-        )
-        self._waiters: list[Future[dict[str, Any]]] = [ctl.expect_agent(f"{self._token}/{i}") for i in range(nodes)]
+        self._waiters: list[Future[dict[str, Any]]] = self._files.write_key(preload, keep_alive)
         agent = [python or sys.executable, "-m", "jupyter_mesh.cli", "agent", "--key-file", self._key_path]
         srun = ["srun", "--ntasks-per-node=1", f"--nodes={nodes}", f"--ntasks={nodes}", "--kill-on-bad-exit=0"]
         try:
             if self._in_allocation:
                 self.job_id = self._in_allocation
-                self._step = subprocess.Popen(
-                    [*srun, f"--jobid={self.job_id}", "--overlap", *agent],
-                    stdin=subprocess.DEVNULL,
-                    stdout=open(self._log_path, "ab"),
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,  # a notebook interrupt must not reach it
-                )
+                with open(self._log_path, "ab") as log:  # the step has its own copy of the descriptor
+                    self._step = subprocess.Popen(
+                        [*srun, f"--jobid={self.job_id}", "--overlap", *agent],
+                        stdin=subprocess.DEVNULL,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,  # a notebook interrupt must not reach it
+                    )
             else:
                 script = "#!/bin/sh\n" + "exec " + shlex.join([*srun, *agent]) + "\n"
                 sbatch = ["sbatch", "--parsable", f"--nodes={nodes}", "--ntasks-per-node=1", f"--job-name={name}"]
@@ -191,8 +181,12 @@ class SlurmJob(Job):
                 out.append(AgentHandle(i, h["addr"], h["pid"], h["hk"]))
             self._agents = out
             self._save_state()
-            _unlink(self._key_path)  # every agent has read it: the session's keys leave the disk
+            if not self.keep_alive:  # every agent has read it: the session's keys leave the disk (a kept
+                self._files.key_read()  # job's stay, 0600, for the kernel that reattaches)
             return out
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "id": self.job_id}
 
     def running(self) -> bool:
         return not self._stopped
@@ -220,18 +214,9 @@ class SlurmJob(Job):
             if self._stopped:
                 return
             self._stopped = True
-        from .._wire.transport import Message  # zmq: imported with a job, not the package
-
-        ctl = self._controller
-        agents = self._agents or []
-        for a in agents:
-            try:
-                if not ctl.is_closed:
-                    ctl.transport.send(a.addr, Message({"k": Kind.SHUTDOWN}))
-            except Exception:  # noqa: BLE001 - scancel below ends it anyway
-                pass
-        if not ctl.is_closed:
-            ctl.forget_agents([a.addr for a in agents])
+        if not self._controller.is_closed:
+            self._controller.job_stopping(self)  # its meshes are stopped, not failed
+        stop_agents(self._controller, self._agents or [])
         deadline = time.monotonic() + timeout
         if self._step is not None:  # our step only: the user's allocation lives on
             while self._step.poll() is None and time.monotonic() < deadline - timeout / 2:
@@ -254,6 +239,86 @@ class SlurmJob(Job):
             if state not in ("", *_ENDED):
                 print(f"jupyter_mesh: SLURM job {self.job_id} is still {state} after scancel", file=sys.stderr)
         self._cleanup_files()
+
+    # -- kept alive past this controller -----------------------------------------------------------
+    def meshes_changed(self) -> None:
+        if self.keep_alive and not self._stopped:
+            self._save_state()
+
+    def detach(self) -> None:
+        """This controller goes (a kernel restart or shutdown); the job, its agents and procs stay,
+        waiting for ``SlurmJob.reattach()`` until SLURM ends the job (its time limit) or ``stop()``."""
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+        detach_agents(self._controller, self._agents or [])
+
+    @classmethod
+    def reattach(
+        cls, job_id: str | int | None = None, *, force: bool = False, bind: str | None = None, timeout: float = 30.0
+    ) -> SlurmJob:
+        """Take over a SLURM job that a kernel now gone kept alive (``keep_alive=True``): its agents,
+        and its meshes as they are now (``proc_meshes()``, ``actor_meshes()``; actors keep their state).
+
+        ``job_id``: which one, when several are kept. A job whose controller still runs is refused
+        unless ``force=True`` (that controller is then told it lost the job). Needs a fresh session
+        (no meshes of its own yet): the kept job's keys become this session's."""
+        from .._runtime.controller import Controller
+
+        d = jobs_dir()
+        sweep_stale(d)
+        kept = kept_records(d, "slurm")
+        if job_id is not None:
+            kept = [(t, r) for t, r in kept if str(r.get("job_id")) == str(job_id)]
+        if not kept:
+            which = f"SLURM job {job_id}" if job_id is not None else "any SLURM job"
+            raise MeshError(
+                f"no record of {which} kept alive in {d}: a job outlives its kernel only when started with "
+                f"SlurmJob(keep_alive=True) (or %mesh up --slurm --keep-alive), and until SLURM ends it"
+            )
+        if len(kept) > 1:
+            ids = ", ".join(str(r.get("job_id")) for _, r in kept)
+            raise MeshValueError(f"several SLURM jobs are kept alive ({ids}): pass job_id= to say which")
+        token, rec = kept[0]
+        job = cls.__new__(cls)
+        job.nodes, job.keep_alive, job.job_id = len(rec["agents"]), True, str(rec["job_id"])
+        job._in_allocation, job._step, job._waiters = None, None, []
+        job._lock, job._agents, job._stopped = threading.Lock(), None, False
+        job.restored = Restored()
+        state, reason = job.state()
+        if state != "RUNNING":
+            for ext in (".key", ".json"):
+                unlink(os.path.join(d, token + ext))
+            raise MeshError(
+                f"SLURM job {job.job_id} is {state or 'no longer in the queue'}{f' ({reason})' if reason else ''}: "
+                f"its agents and meshes are gone; start a new job"
+            )
+        kf = read_key_file(os.path.join(d, f"{token}.key"))
+        job._controller = ctl = Controller.adopt(kf.key, kf.curve, bind or _slurmctld_ip())
+        job._files = JobFiles(ctl, "slurm", job.nodes, "SlurmJob", token=token)
+        job._files.created = rec.get("created") or job._files.created
+        job._key_path, job._log_path = job._files.key_path, job._files.log_path
+        ctl.register_job(job)
+        try:
+            agents, hosted = reattach_agents(
+                ctl, token, [str(a) for a in rec["agents"]], force, timeout, f"SLURM job {job.job_id}"
+            )
+        except BaseException:
+            job._stopped = True  # this session gave it up: its shutdown neither stops nor detaches it
+            raise
+        job._agents = agents
+        job.restored = restore_meshes(ctl, job, rec.get("meshes") or [], hosted)
+        job._save_state()  # this controller owns it now
+        return job
+
+    def proc_meshes(self) -> dict[str, ProcMesh]:
+        """The proc meshes a reattach took back, by name (empty for a job this kernel started)."""
+        return dict(self.restored.procs)
+
+    def actor_meshes(self) -> dict[str, ActorMesh[Any]]:
+        """The actor meshes a reattach took back, by name; calls reach the live actors, state kept."""
+        return self.restored.actor_meshes()
 
     # -- SLURM's view -------------------------------------------------------------------------------
     def state(self) -> tuple[str, str]:
@@ -288,69 +353,19 @@ class SlurmJob(Job):
         return self._step is not None and self._step.poll() is not None
 
     def _log_tail(self, n: int = 15) -> str:
-        try:
-            with open(self._log_path, errors="replace") as f:
-                return "".join(f.readlines()[-n:]) or "(empty)"
-        except OSError:
-            return "(no output yet)"
+        return self._files.log_tail(n)
 
     def _save_state(self) -> None:
         """A small record under the config dir: which SLURM job, where the controller was; what
         ``jupyter-mesh status`` and a later kernel read."""
-        record = {
-            "scheduler": "slurm",
-            "job_id": self.job_id,
-            "nodes": self.nodes,
-            "controller": self._controller.address,
-            "controller_pid": os.getpid(),
-            "controller_host": host_key(),  # a shared home may hold records of other login nodes' controllers
-            "agents": [a.addr for a in self._agents or []],
-            "hosts": [host_of(a.addr) for a in self._agents or []],
-            "created": time.time(),
-        }
-        tmp = f"{self._state_path}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(record, f)
-        os.replace(tmp, self._state_path)
+        meshes = saved_meshes(self._controller, self) if self.keep_alive else []
+        self._files.save_record(self.job_id, self._agents or [], keep_alive=self.keep_alive, meshes=meshes)
 
     def _cleanup_files(self) -> None:
-        for p in (self._key_path, self._state_path):
-            _unlink(p)
+        self._files.cleanup()
 
     def __repr__(self) -> str:
         return f"<SlurmJob {self.job_id} nodes={self.nodes}>"
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
-def _sweep_stale(jobs_dir: str) -> None:
-    """Job keys and records of controllers of this host that died without stopping (``kill -9``):
-    their jobs end on their own (the agents stop hearing heartbeats), their keys must not stay."""
-    for name in os.listdir(jobs_dir):
-        token, ext = os.path.splitext(name)
-        if ext != ".json":
-            continue
-        path = os.path.join(jobs_dir, name)
-        try:
-            with open(path) as f:
-                rec = json.load(f)
-            pid = int(rec["controller_pid"])
-            if rec.get("controller_host") != host_key():
-                continue  # another machine's controller: its pid means nothing here
-            os.kill(pid, 0)
-            continue  # its controller lives
-        except ProcessLookupError:
-            pass
-        except (OSError, ValueError, KeyError, TypeError):
-            continue  # unreadable, or a pid we may not signal (alive): left alone
-        _unlink(os.path.join(jobs_dir, token + ".key"))
-        _unlink(path)
 
 
 def _run(argv: list[str], input: str | None = None, check: bool = True, timeout: float = 30.0) -> str:

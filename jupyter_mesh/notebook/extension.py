@@ -94,7 +94,7 @@ class Front:
     def shutdown(self) -> None:
         """Stop every mesh, agent and proc of this kernel (Shut Down, Restart, or unloading)."""
         try:
-            self.magics.meshes.down_all()
+            self.magics.meshes.down_all(leave_kept=True)  # a kept job waits for %mesh reattach
         finally:
             Controller.get().shutdown()
             self.router.close()

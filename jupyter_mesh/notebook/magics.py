@@ -23,8 +23,8 @@ from .._core.value_mesh import ValueMesh
 from ..errors import MeshError, MeshValueError
 from .meshes import JobSpec, MeshRegistry, NamedMesh
 from .output import SYNC_PREFIX, OutputRouter, fold_label, group_by_rank
-from .reload import Redefinitions
-from .remote_exec import CellError
+from .reload import INTERNAL_ACTORS, Redefinitions
+from .remote_exec import CellError, RemoteExec
 from .torchrun import add_parser as add_torchrun_parser
 from .torchrun import run as run_torchrun
 
@@ -91,6 +91,20 @@ def _agent_list(text: str) -> list[str]:
         raise argparse.ArgumentTypeError(f"--attach: {e}") from None
 
 
+def _scheduler(text: str) -> str:
+    """``NAME`` or ``NAME:SUB`` of the ``jupyter_mesh.jobs`` entry points (checked when the mesh comes up)."""
+    if not re.fullmatch(r"[A-Za-z_][\w.-]{0,63}(:[\w.-]{1,64})?", text):
+        raise argparse.ArgumentTypeError(f"--scheduler takes NAME or NAME:SUB (e.g. torchx:local_cwd), got {text!r}")
+    return text
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not re.fullmatch(r"[A-Za-z_][\w.-]{0,63}", key):
+        raise argparse.ArgumentTypeError(f"--scheduler-arg takes KEY=VALUE (e.g. partition=debug), got {text!r}")
+    return key, value
+
+
 def _no_agents(text: str) -> list[str]:
     raise argparse.ArgumentTypeError(f"--attach takes tcp://IP:PORT,... got {text!r}")
 
@@ -129,8 +143,11 @@ def _build_parsers() -> tuple[_Parser, _Parser]:
     )
     sub.required = True
 
-    up = sub.add_parser("up", help="start a mesh of procs: local (one host agent per --hosts), on SLURM, or attached")
-    up.add_argument("--hosts", "--nodes", dest="hosts", type=_positive, default=None, help="hosts (SLURM nodes)")
+    up = sub.add_parser(
+        "up",
+        help="start a mesh of procs: local (one host agent per --hosts), on SLURM or another scheduler, or attached",
+    )
+    up.add_argument("--hosts", "--nodes", dest="hosts", type=_positive, default=None, help="hosts (scheduler nodes)")
     where = up.add_mutually_exclusive_group()
     where.add_argument("--slurm", action="store_true", help="hosts from SLURM (sbatch; srun inside an allocation)")
     where.add_argument(
@@ -139,8 +156,27 @@ def _build_parsers() -> tuple[_Parser, _Parser]:
         metavar="ADDRS",
         help="agents started with `jupyter-mesh agent --listen`: tcp://IP:PORT,tcp://IP:PORT",
     )
+    where.add_argument(
+        "--scheduler",
+        type=_scheduler,
+        metavar="NAME[:SUB]",
+        help="hosts from a scheduler of the jupyter_mesh.jobs entry points: slurm, torchx:local_cwd, torchx:slurm, ...",
+    )
+    up.add_argument(
+        "--scheduler-arg",
+        type=_key_value,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an option of --scheduler (TorchX: its run options, e.g. partition=debug)",
+    )
     up.add_argument("--partition", type=_slurm_name, help="SLURM partition")
     up.add_argument("--time", help="SLURM time limit (HH:MM:SS; default 01:00:00)")
+    up.add_argument(
+        "--keep-alive",
+        action="store_true",
+        help="the SLURM job outlives this kernel (until its time limit or %%mesh down): %%mesh reattach takes it back",
+    )
     size = up.add_mutually_exclusive_group()
     size.add_argument("--procs", type=_positive, help="procs per host (dim 'procs'; default 2)")
     size.add_argument("--gpus", type=_positive, help="procs per host, one per GPU (dim 'gpus')")
@@ -148,6 +184,18 @@ def _build_parsers() -> tuple[_Parser, _Parser]:
     up.add_argument("--preload", type=_modules, action="append", default=[], help="modules every proc starts with")
 
     sub.add_parser("status", help="the meshes, their procs and failed ranks")
+
+    stacks = sub.add_parser("stacks", help="where every rank is now: each thread's Python stack, identical ones folded")
+    stacks.add_argument("--name", type=_name)
+    stacks.add_argument("--rank", type=_rank_or_coords, metavar="RANK", help="one rank (global, or coordinates)")
+    stacks.add_argument("--all-threads", action="store_true", help="also the runtime's waiting threads and frames")
+    stacks.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS", help="how long a rank may take")
+
+    reattach = sub.add_parser(
+        "reattach", help="take back a SLURM job an earlier kernel kept alive (--keep-alive): its meshes and actors"
+    )
+    reattach.add_argument("job_id", nargs="?", metavar="JOB_ID", help="which job, when several are kept")
+    reattach.add_argument("--force", action="store_true", help="take it from a kernel that still runs")
 
     down = sub.add_parser("down", help="stop a mesh (default: the current one)")
     down.add_argument("name", nargs="?", type=_name)
@@ -213,7 +261,7 @@ class MeshMagics(Magics):
 
     @line_cell_magic
     def mesh(self, line: str, cell: str | None = None) -> Any:
-        """%mesh up|status|down|scale|kill|respawn|logs|push|pull|reload|torchrun ...   %%mesh [--on SLICE] [--name NAME] [--no-stream]
+        """%mesh up|status|stacks|down|scale|kill|respawn|logs|push|pull|reload|reattach|torchrun ...   %%mesh [--on SLICE] [--name NAME] [--no-stream]
 
         `%mesh -h` and `%mesh up -h` explain each command.
         """
@@ -235,8 +283,15 @@ class MeshMagics(Magics):
 
     # -- %mesh commands -------------------------------------------------------------------------
     def _cmd_up(self, args: argparse.Namespace) -> None:
-        if (args.partition or args.time) and not args.slurm:
-            raise UsageError("--partition and --time are for --slurm")
+        kind = "slurm" if args.slurm else "attach" if args.attach else args.scheduler or "local"
+        if (args.partition or args.time or args.keep_alive) and kind != "slurm":
+            raise UsageError(
+                "--partition, --time and --keep-alive are for --slurm (TorchX: --scheduler-arg partition=NAME)"
+            )
+        if args.scheduler_arg and not args.scheduler:
+            raise UsageError("--scheduler-arg is for --scheduler")
+        if args.scheduler:
+            self._check_scheduler(args.scheduler, bool(args.scheduler_arg))
         if args.attach and args.hosts not in (None, len(args.attach)):
             raise UsageError(f"--attach names {len(args.attach)} agents, --hosts says {args.hosts}")
         if args.name in self.meshes and self.meshes.get(args.name).procs.stopped:
@@ -245,12 +300,7 @@ class MeshMagics(Magics):
             raise UsageError(f"mesh '{args.name}' is already up: `%mesh down {args.name}` first, or pick --name")
         dim, n = ("gpus", args.gpus) if args.gpus else ("procs", args.procs or 2)
         preload = [m for group in args.preload for m in group]
-        where = JobSpec(
-            "slurm" if args.slurm else "attach" if args.attach else "local",
-            args.attach or [],
-            args.partition,
-            args.time,
-        )
+        where = JobSpec(kind, args.attach or [], args.partition, args.time, dict(args.scheduler_arg), args.keep_alive)
         hosts = len(args.attach) if args.attach else (args.hosts or 1)
         try:
             entry = self.meshes.up(args.name, hosts, dim, n, preload, where=where)
@@ -259,7 +309,68 @@ class MeshMagics(Magics):
         except (OSError, ValueError) as e:  # a key file missing or refused, an address: what to do, no traceback
             raise UsageError(str(e)) from None
         self.shell.user_ns[args.name] = entry.procs
-        print(f"mesh '{args.name}' is up: {entry.procs.sizes} (bound to the variable `{args.name}`)")
+        job_id = getattr(entry.job, "job_id", None)
+        kept = f"; SLURM job {job_id} outlives this kernel: `%mesh reattach` takes it back" if args.keep_alive else ""
+        print(f"mesh '{args.name}' is up: {entry.procs.sizes} (bound to the variable `{args.name}`){kept}")
+
+    def _cmd_reattach(self, args: argparse.Namespace) -> None:
+        from ..jobs import SlurmJob
+
+        try:
+            job = SlurmJob.reattach(args.job_id, force=args.force)
+        except (MeshError, OSError, ValueError) as e:  # no kept job, a refusal, an unreadable key: what to do
+            raise UsageError(str(e)) from None
+        bound = []
+        for name, procs in job.proc_meshes().items():
+            execs = [a for p, a in job.restored.actors if p == name and a.name == "mesh_exec"]
+            sizes = procs.sizes
+            dim = list(sizes)[-1]
+            executor = execs[0] if execs else procs.spawn("mesh_exec", RemoteExec)
+            entry = NamedMesh(
+                name,
+                job,
+                procs,
+                executor,
+                sizes.get("hosts", 1),
+                dim,
+                sizes[dim],
+                [],
+                JobSpec("slurm", keep_alive=True),
+            )
+            self.meshes.adopt(entry)
+            if name.isidentifier():
+                self.shell.user_ns[name] = procs
+                bound.append(name)
+        for name, mesh in job.actor_meshes().items():
+            if mesh.name not in INTERNAL_ACTORS and name.isidentifier():
+                self.shell.user_ns[name] = mesh
+                bound.append(name)
+        hosts = ", ".join(sorted({a.addr.split("//")[-1].rsplit(":", 1)[0] for a in job.agents(1.0)}))
+        print(f"reattached SLURM job {job.job_id} ({job.nodes} hosts: {hosts}); bound: {', '.join(bound) or 'nothing'}")
+        for note in job.restored.notes:
+            print(f"  {note}")
+
+    @staticmethod
+    def _check_scheduler(spec: str, has_args: bool) -> None:
+        """Before anything starts: a scheduler that is not installed (or does not load) is a usage error."""
+        from ..jobs.registry import job_class
+
+        name = spec.partition(":")[0]
+        if name == "attach":
+            raise UsageError("the attach scheduler takes agents' addresses: --attach tcp://IP:PORT,...")
+        if name in ("local", "slurm") and (has_args or ":" in spec):
+            raise UsageError(f"--scheduler {spec}: the {name} scheduler takes neither :SUB nor --scheduler-arg")
+        try:
+            job_class(name)
+        except MeshError as e:
+            raise UsageError(str(e)) from None
+
+    def _cmd_stacks(self, args: argparse.Namespace) -> None:
+        entry = self.meshes.get(args.name)
+        try:
+            print(entry.procs.stacks(args.rank, timeout=args.timeout, all_threads=args.all_threads))
+        except (MeshValueError, IndexError, KeyError) as e:
+            raise UsageError(str(e.args[0] if e.args else e)) from None
 
     def _cmd_status(self, args: argparse.Namespace) -> None:
         rows = self.meshes.status_rows()
@@ -355,6 +466,12 @@ class MeshMagics(Magics):
 
     def _cmd_logs(self, args: argparse.Namespace) -> None:
         entries = [self.meshes.get(args.name)] if args.name or len(self.meshes.names()) == 1 else self.meshes.entries()
+        if args.rank is not None:
+            sizes = [len(e.procs) for e in entries]
+            if not any(0 <= args.rank < n for n in sizes):
+                raise UsageError(
+                    f"--rank {args.rank} is out of range: the mesh has ranks 0-{max(sizes, default=1) - 1}"
+                )
         lines = [ln for e in entries for ln in e.procs.logs(args.rank, None) if SYNC_PREFIX not in ln]
         if not (args.all or args.save):
             lines = lines[-args.tail :]

@@ -1,7 +1,7 @@
 """The meshes a notebook brought up with ``%mesh up``: each is a job, its proc mesh and a ``%%mesh`` executor.
 
-Only the public API is used: a job per mesh (``LocalJob``, ``SlurmJob`` or ``AttachJob``: ``%mesh down``
-stops its agents too), its ``spawn_procs``, and a :class:`~.remote_exec.RemoteExec` actor on every proc.
+Only the public API is used: a job per mesh (``LocalJob``, ``SlurmJob``, ``AttachJob``, or any scheduler
+of the ``jupyter_mesh.jobs`` entry points such as ``TorchXJob``: ``%mesh down`` stops its agents too), its ``spawn_procs``, and a :class:`~.remote_exec.RemoteExec` actor on every proc.
 """
 
 from __future__ import annotations
@@ -10,7 +10,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._api.mesh import ActorMesh, ProcMesh
+from .._core.state import MeshState
+from ..errors import MeshValueError
 from ..jobs import AttachJob, Job, LocalJob, SlurmJob
+from ..jobs.registry import make_job
 from .remote_exec import RemoteExec
 
 __all__ = ["JobSpec", "MeshRegistry", "NamedMesh"]
@@ -18,19 +21,32 @@ __all__ = ["JobSpec", "MeshRegistry", "NamedMesh"]
 
 @dataclass(frozen=True)
 class JobSpec:
-    """Where a ``%mesh up`` mesh's hosts come from: ``local``, ``slurm`` or ``attach`` (agents' addresses)."""
+    """Where a ``%mesh up`` mesh's hosts come from: ``local``, ``slurm``, ``attach`` (agents' addresses),
+    or a scheduler of the ``jupyter_mesh.jobs`` entry points (``torchx:local_cwd``) with its options."""
 
     kind: str = "local"
     agents: list[str] = field(default_factory=list)
     partition: str | None = None
     time: str | None = None
+    scheduler_args: dict[str, str] = field(default_factory=dict)
+    keep_alive: bool = False
 
-    def job(self, hosts: int, preload: list[str]) -> LocalJob | SlurmJob | AttachJob:
+    def job(self, hosts: int, preload: list[str]) -> Job:
         if self.kind == "slurm":
-            return SlurmJob(nodes=hosts, partition=self.partition, time=self.time or "01:00:00", preload=preload)
+            return SlurmJob(
+                nodes=hosts,
+                partition=self.partition,
+                time=self.time or "01:00:00",
+                preload=preload,
+                keep_alive=self.keep_alive,
+                use_allocation=False if self.keep_alive else None,
+            )
         if self.kind == "attach":
             return AttachJob(self.agents, preload=preload)
-        return LocalJob(hosts=hosts, preload=preload)
+        if self.kind == "local":
+            return LocalJob(hosts=hosts, preload=preload)
+        options = {"scheduler_args": dict(self.scheduler_args)} if self.scheduler_args else {}
+        return make_job(self.kind, hosts, preload, **options)
 
 
 @dataclass
@@ -85,10 +101,13 @@ class MeshRegistry:
         where: JobSpec | None = None,
     ) -> NamedMesh:
         where = where or JobSpec()
-        timeout = timeout or (300.0 if where.kind == "slurm" else 60.0)  # a scheduler may queue the job
+        timeout = timeout or (60.0 if where.kind in ("local", "attach") else 300.0)  # a scheduler may queue the job
         job = where.job(hosts, preload)
         try:
-            procs = job.host_mesh().spawn_procs(per_host={dim: per_host}, name=name, timeout=timeout)
+            hosts_of = getattr(job, "host_mesh", None)  # every job gives one; a plugin's Job must too
+            if hosts_of is None:
+                raise MeshValueError(f"{job!r} gives no host_mesh(): a job for %mesh up needs one")
+            procs = hosts_of().spawn_procs(per_host={dim: per_host}, name=name, timeout=timeout)
             executor = procs.spawn("mesh_exec", RemoteExec)
             assert executor.initialized is not None
             executor.initialized.get(timeout)
@@ -109,14 +128,24 @@ class MeshRegistry:
             self.default = next(reversed(self._entries), None)
         return entry
 
-    def down_all(self) -> list[NamedMesh]:
+    def down_all(self, leave_kept: bool = False) -> list[NamedMesh]:
+        """Stop every mesh; ``leave_kept`` (the kernel going away): a job kept alive stays, for
+        ``%mesh reattach`` from the next kernel."""
         entries = list(self._entries.values())
         for e in entries:
+            if leave_kept and e.job.keep_alive and e.job.running():
+                del self._entries[e.name]
+                continue
             try:
                 self.down(e.name)
             except Exception:  # noqa: BLE001 - bring the others down anyway
                 pass
         return entries
+
+    def adopt(self, entry: NamedMesh) -> None:
+        """A mesh this kernel did not bring up (``%mesh reattach``)."""
+        self._entries[entry.name] = entry
+        self.default = entry.name
 
     def status_rows(self) -> list[dict[str, Any]]:
         rows = []
@@ -134,7 +163,23 @@ class MeshRegistry:
                     "dims": ", ".join(f"{k}={v}" for k, v in st.sizes.items()),
                     "procs": counts,
                     "failed ranks": ", ".join(failed) or "-",
+                    "hosts": _hosts_cell(st),
                     "pids": " ".join(str(r.pid) for r in st.ranks),
                 }
             )
         return rows
+
+
+def _hosts_cell(st: MeshState) -> str:
+    """``local``; or ``SLURM job 12 (kept alive): 10.0.0.2 up, 10.0.0.3 unreachable``."""
+    one_up = len(st.hosts) == 1 and st.hosts[0].state == "up"
+    hosts = ", ".join(h.address if one_up else f"{h.address} {h.state}" for h in st.hosts)
+    job = st.job or {}
+    kind, job_id = str(job.get("kind") or ""), job.get("id")
+    label = {"slurm": "SLURM job", "torchx": "TorchX job", "attach": "attached", "local": "", "": ""}.get(
+        kind, f"{kind} job"
+    )
+    label = f"{label} {job_id}" if job_id is not None else label
+    if job.get("keep_alive"):
+        label = f"{label or kind} (kept alive)"
+    return f"{label}: {hosts}" if label and hosts else label or hosts or "-"

@@ -27,7 +27,8 @@ _KEEP = {"__dict__", "__weakref__", "__module__", "__qualname__", "__slots__", "
          "__static_attributes__", "__orig_bases__", "__parameters__", "__doc__"}  # fmt: skip
 
 
-_INTERNAL = frozenset({"mesh_exec", "mesh_reload"})  # actor meshes the notebook itself spawns
+# actor meshes the notebook itself spawns (spmd: %mesh torchrun's, by jupyter_mesh.spmd)
+INTERNAL_ACTORS = frozenset({"mesh_exec", "mesh_reload", "spmd"})
 
 
 @dataclass
@@ -156,7 +157,7 @@ class Redefinitions:
 
         live = {s.mesh_id for s in mesh_states()}
         # the notebook's own actors (the %%mesh executor, the reloader) are not the user's to reload
-        records = [r for r in self._spawned.values() if r.proc_mesh_id in live and r.name not in _INTERNAL]
+        records = [r for r in self._spawned.values() if r.proc_mesh_id in live and r.name not in INTERNAL_ACTORS]
         if names:
             unknown = sorted(set(names) - {r.name for r in records})
             if unknown:

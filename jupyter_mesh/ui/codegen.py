@@ -1,10 +1,10 @@
 """The front end's copies of lists whose one source is Python, written from that source.
 
-- ``labextension/src/states.ts``: the ``ProcState`` type of the TypeScript (sidebar and widget), from
-  :class:`~jupyter_mesh.ProcState`. At run time the front end takes the states, in this order, from
+- ``labextension/src/states.ts``: the ``ProcState`` and ``HostState`` types of the TypeScript (sidebar
+  and widget), from :class:`~jupyter_mesh.ProcState` and :class:`~jupyter_mesh.HostState`. At run time the front end takes the states, in this order, from
   the keys of a mesh's ``counts`` (see :func:`~jupyter_mesh.ui.wire.mesh_wire`).
 - ``labextension/style/states.css``: a colour per state, from :data:`~jupyter_mesh.ui.table.COLOURS`
-  (the palette of the HTML table and the terminal too).
+  and ``HOST_COLOURS`` (the palette of the HTML table and the terminal too).
 
 Both are committed, so a checkout builds without Python. After changing ``ProcState`` or ``COLOURS``,
 run ``python -m jupyter_mesh.ui.codegen`` in a checkout, then ``npm run build:lib`` (the widget's
@@ -18,8 +18,8 @@ import pathlib
 import sys
 from collections.abc import Callable
 
-from .._core.state import ProcState
-from .table import COLOURS
+from .._core.state import HostState, ProcState
+from .table import COLOURS, HOST_COLOURS
 
 __all__ = ["FILES", "main", "states_css", "states_ts"]
 
@@ -32,19 +32,24 @@ def _header(open_: str, close: str, source: str) -> str:
 
 def states_ts() -> str:
     states = " | ".join(f"'{s.value}'" for s in ProcState)
+    hosts = " | ".join(f"'{s.value}'" for s in HostState)
     return (
-        _header("// ", "", "ProcState in jupyter_mesh/_core/state.py")
+        _header("// ", "", "ProcState and HostState in jupyter_mesh/_core/state.py")
         + "// The states come at run time, in this order, as the keys of a mesh's `counts`.\n\n"
-        + f"export type ProcState = {states};\n"
+        + f"export type ProcState = {states};\n\n"
+        + "// A host's state (its agent): every one but 'up' is final.\n"
+        + f"export type HostState = {hosts};\n"
     )
 
 
 def states_css() -> str:
     missing = [s.value for s in ProcState if s.value not in COLOURS]
+    missing += [f"host {s.value}" for s in HostState if s.value not in HOST_COLOURS]
     if missing:
-        raise ValueError(f"jupyter_mesh/ui/table.py COLOURS has no colour for {missing}")
+        raise ValueError(f"jupyter_mesh/ui/table.py COLOURS / HOST_COLOURS have no colour for {missing}")
     rules = "".join(f".jm-{s.value} {{ background: {COLOURS[s.value]}; }}\n" for s in ProcState)
-    return _header("/* ", " */", "COLOURS in jupyter_mesh/ui/table.py") + rules
+    rules += "".join(f".jm-host-{s.value} {{ background: {HOST_COLOURS[s.value]}; }}\n" for s in HostState)
+    return _header("/* ", " */", "COLOURS and HOST_COLOURS in jupyter_mesh/ui/table.py") + rules
 
 
 FILES: dict[str, Callable[[], str]] = {

@@ -140,8 +140,10 @@ def query_kernel(connection_file: str, timeout: float = 3.0) -> KernelMeshes:
 
 
 def scheduler_jobs() -> list[str]:
-    """One line per scheduler job a controller of this user holds (``SlurmJob`` keeps a record under
-    the config dir while it runs): its id, hosts, the controller's pid, and what the scheduler says."""
+    """One line per scheduler job a controller of this user holds (``SlurmJob`` and ``TorchXJob`` keep
+    a record under the config dir while they run): its id, hosts, the controller's pid, whether it is
+    kept alive past its kernel, and for SLURM what ``squeue`` says (a TorchX ``local_cwd`` app is known
+    only to its controller's runner)."""
     import glob
     import json
     import shutil
@@ -159,15 +161,18 @@ def scheduler_jobs() -> list[str]:
             job_id, pid = str(rec["job_id"]), int(rec["controller_pid"])
         except (OSError, ValueError, KeyError, TypeError):
             continue
+        kept = bool(rec.get("keep_alive"))
         try:
             os.kill(pid, 0)
-            owner = f"controller pid {pid}"
+            owner = f"controller pid {pid}" + ("; kept alive past its kernel" if kept else "")
         except ProcessLookupError:
-            owner = f"controller pid {pid} is gone: the job ends when its agents notice"
+            owner = f"controller pid {pid} is gone: " + (
+                "kept alive past its kernel, it runs on" if kept else "the job ends when its agents notice"
+            )
         except PermissionError:
-            owner = f"controller pid {pid}"
+            owner = f"controller pid {pid}" + ("; kept alive past its kernel" if kept else "")
         state = ""
-        if shutil.which("squeue"):
+        if rec.get("scheduler") == "slurm" and shutil.which("squeue"):
             try:
                 out = subprocess.run(
                     ["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=5

@@ -20,7 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .._core.state import MeshEvent, ProcState
-from .table import COLOURS, calls_line, grid_slices, shape_label
+from .table import COLOURS, HOST_COLOURS, calls_line, fold_failures, host_groups, job_line, shape_label
 from .wire import STATES, MeshWire
 
 __all__ = ["mesh_renderable", "print_status", "render", "spawn_progress"]
@@ -38,22 +38,39 @@ def _legend(m: MeshWire) -> Text:
 
 
 def mesh_renderable(m: MeshWire) -> RenderableType:
-    """One mesh: a header line, a grid of ranks coloured by state, then its recent failures."""
+    """One mesh: a header line, its job (a scheduler's), a grid of ranks coloured by state (under a
+    line per host: its address and state, when there are several or one elsewhere), then its recent
+    failures."""
     shape = shape_label(m)
     parts: list[RenderableType] = [_legend(m)]
     if m["spawn"]["done"] < m["spawn"]["total"] and not m["stopped"]:
         parts.append(Text(f"spawning: {m['spawn']['done']}/{m['spawn']['total']} procs up", style="yellow"))
+    if job_line(m):
+        parts.append(Text(job_line(m), style="bold"))
     if m["gather"]:
         parts.append(Text(calls_line(m), style="cyan"))
-    for label, rows in grid_slices(m):
-        grid = Table.grid(padding=(0, 1))
-        if label:
-            parts.append(Text(label, style="dim"))
-        for row in rows:
-            grid.add_row(*(Text(f"{r['rank']:>3}", style=f"bold white on {COLOURS[r['state']]}") for r in row))
-        parts.append(grid)
-    for f in m["failures"]:
-        parts.append(Text(f"✗ [{f['label']}] {f['kind']}: {f['detail']}", style=COLOURS["failed"]))
+    for host, slices in host_groups(m):
+        if host is not None:
+            n = sum(len(row) for _, rows in slices for row in rows)
+            colour = HOST_COLOURS.get(host["state"], COLOURS["stopped"])
+            head = Text.assemble(
+                (f" {host['state']} ", f"bold white on {colour}"),
+                f" host {host['index']} \u00b7 ",
+                (host["address"], "bold"),
+                f" \u00b7 {n} proc{'s' if n != 1 else ''}",
+            )
+            if host["why"]:
+                head.append(f": {host['why']}", style=colour)
+            parts.append(head)
+        for label, rows in slices:
+            grid = Table.grid(padding=(0, 1))
+            if label:
+                parts.append(Text(label, style="dim"))
+            for row in rows:
+                grid.add_row(*(Text(f"{r['rank']:>3}", style=f"bold white on {COLOURS[r['state']]}") for r in row))
+            parts.append(grid)
+    for labels, kind, detail in fold_failures(m):
+        parts.append(Text(f"✗ [{labels}] {kind}: {detail}", style=COLOURS["failed"]))
     title = Text.assemble((m["name"], "bold"), f" {shape}" + (" (stopped)" if m["stopped"] else ""))
     return Panel(Group(*parts), title=title, title_align="left", expand=False)
 

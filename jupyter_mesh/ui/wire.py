@@ -9,13 +9,15 @@ The TypeScript twins of these types live in ``labextension/src/wire.ts``; keep t
 from __future__ import annotations
 
 import time
-from typing import Literal, TypedDict, Union
+from collections.abc import Mapping
+from typing import Any, Literal, TypedDict, Union
 
-from .._core.state import MeshState, ProcState
+from .._core.state import HostState, MeshState, ProcState
 from ..errors import Failure
 from ..notebook.output import SYNC_PREFIX
 
 __all__ = [
+    "HOST_STATES",
     "STATES",
     "ActionName",
     "ActionRequest",
@@ -23,6 +25,8 @@ __all__ = [
     "CallsWire",
     "FailureWire",
     "FrontMessage",
+    "HostWire",
+    "JobWire",
     "KernelMessage",
     "MeshWire",
     "Progress",
@@ -31,11 +35,13 @@ __all__ = [
     "SnapshotMessage",
     "UpdateMessage",
     "failure_wire",
+    "job_wire",
     "mesh_wire",
     "user_lines",
 ]
 
 STATES: tuple[str, ...] = tuple(s.value for s in ProcState)
+HOST_STATES: tuple[str, ...] = tuple(s.value for s in HostState)
 
 
 class FailureWire(TypedDict):
@@ -55,6 +61,7 @@ class RankWire(TypedDict):
     failure: FailureWire | None
     note: str  # why it is slow to answer: "initializing 'trainer' (42 s)", "busy in native code"; or ""
     busy_since: float | None  # since when it is busy (epoch seconds: views show a time that stays true)
+    host: int  # index into MeshWire.hosts (absent in snapshots from before hosts were sent)
 
 
 class RecentFailure(TypedDict):
@@ -82,6 +89,21 @@ class CallsWire(TypedDict):
 LEFT_MAX = 64
 
 
+class HostWire(TypedDict):
+    index: int
+    address: str  # the agent's IP, or "local" (this machine, private sockets)
+    state: str  # one of HOST_STATES
+    why: str  # why it is not up ("" while up)
+
+
+class JobWire(TypedDict):
+    """What placed the hosts (``Job.describe()``)."""
+
+    kind: str  # local, slurm, attach, ...
+    id: str | None  # the scheduler's id (SLURM job id)
+    keep_alive: bool  # the job outlives this kernel
+
+
 class MeshWire(TypedDict):
     mesh_id: str
     name: str
@@ -94,6 +116,9 @@ class MeshWire(TypedDict):
     spawn: Progress  # procs up / procs (done == total once every proc reported in)
     gather: CallsWire | None  # ranks done / ranks busy, while calls are out (live); None when idle
     failures: list[RecentFailure]  # newest last, a few only
+    # where the ranks run; views read both with .get: a snapshot from an older kernel has neither
+    hosts: list[HostWire]  # [] when unknown
+    job: JobWire | None
 
 
 def user_lines(lines: list[str]) -> list[str]:
@@ -123,6 +148,7 @@ def mesh_wire(state: MeshState, failures: list[RecentFailure] | None = None) -> 
             failure=failure_wire(r.failure),
             note=r.note,
             busy_since=round(now - r.busy_s, 2) if r.state is ProcState.BUSY else None,
+            host=r.host,
         )
         for r in state.ranks
     ]
@@ -145,6 +171,17 @@ def mesh_wire(state: MeshState, failures: list[RecentFailure] | None = None) -> 
             since=round(now - pr.elapsed, 2),
         ),
         failures=list(failures) if failures is not None else _current_failures(state, dims),
+        hosts=[HostWire(index=h.index, address=h.address, state=h.state.value, why=h.why) for h in state.hosts],
+        job=job_wire(state.job),
+    )
+
+
+def job_wire(job: Mapping[str, Any] | None) -> JobWire | None:
+    if not job:
+        return None
+    sid = job.get("id")
+    return JobWire(
+        kind=str(job.get("kind") or "job"), id=None if sid is None else str(sid), keep_alive=bool(job.get("keep_alive"))
     )
 
 

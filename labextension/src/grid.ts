@@ -1,14 +1,15 @@
 // The mesh grid: the one renderer of a mesh, for the JupyterLab sidebar (view.ts) and the notebook
-// widget. A mesh's name and shape, a chip per state, calls in flight, spawn and reply progress, its
-// procs as grids coloured by state (the last two dims as rows x columns, one grid per combination of
-// the leading dims), recent failures, and the selected proc's state and cause. Plain DOM; the caller
-// keeps the selection and redraws. The look is labextension/style/grid.css (+ states.css).
+// widget. A mesh's name and shape, its job (a scheduler's id, kept alive), a chip per state, calls in
+// flight, spawn and reply progress, its procs as grids coloured by state (the last two dims as rows x
+// columns, one grid per combination of the leading dims; grouped under a line per host with its address
+// and state when there are several hosts, or one elsewhere or gone), recent failures, and the selected
+// proc's state and cause. Plain DOM; the caller keeps the selection and redraws. The look is labextension/style/grid.css (+ states.css).
 //
 // This file alone also compiles to the widget's anywidget ESM, jupyter_mesh/ui/static/widget.js
 // (`npm run build:lib` runs labextension/build-widget.mjs). anywidget loads one self-contained file,
 // so this module imports types only; the build fails if the output imports anything.
 
-import type { ICalls, IMesh, IProgress, IRank, ProcState } from './wire';
+import type { ICalls, IHost, IMesh, IProgress, IRank, ProcState } from './wire';
 
 type Child = Node | string | null;
 
@@ -41,6 +42,36 @@ export function shapeLabel(mesh: IMesh): string {
   return mesh.dims.map((d, i) => `${d}=${mesh.sizes[i]}`).join(' × ') || '1 proc';
 }
 
+/** The hosts that run ranks of the mesh (a shrunk mesh may keep an agent with none). */
+export function usedHosts(mesh: IMesh): IHost[] {
+  const used = new Set(mesh.ranks.map(r => r.host ?? 0));
+  return (mesh.hosts ?? []).filter(h => used.has(h.index));
+}
+
+/**
+ * Whether the ranks are headed by host (jupyter_mesh/ui/table.py show_hosts): they run on several, or on
+ * one elsewhere (an address worth reading) or gone (its cause). One host on this machine, up: no header.
+ */
+export function showHosts(mesh: IMesh): boolean {
+  const hosts = usedHosts(mesh);
+  return hosts.length > 1 || hosts.some(x => x.address !== 'local' || x.state !== 'up');
+}
+
+/** "SLURM job 12", "attached agents"; "" for local agents (nothing to add) unless kept alive
+ * (jupyter_mesh/ui/table.py job_line). */
+export function jobLabel(mesh: IMesh): string {
+  const job = mesh.job;
+  if (!job || (job.kind === 'local' && !job.keep_alive)) {
+    return '';
+  }
+  const names: Record<string, string> = { attach: 'attached agents', local: 'local agents' };
+  if (names[job.kind] !== undefined && !job.id) {
+    return names[job.kind];
+  }
+  const schedulers: Record<string, string> = { slurm: 'SLURM', torchx: 'TorchX' };
+  return `${schedulers[job.kind] ?? job.kind} job` + (job.id ? ` ${job.id}` : ''); // "SLURM job 12"
+}
+
 export interface IMeshOptions {
   /** The rank whose detail shows, or null. */
   selected: number | null;
@@ -63,6 +94,11 @@ export function renderMesh(mesh: IMesh, opts: IMeshOptions): HTMLElement {
       h('span', { class: 'jm-shape' }, ` ${shapeLabel(mesh)}` + (mesh.stopped ? ' (stopped)' : '')),
       h('span', { class: 'jm-dim' }, ` · ${mesh.ranks.length} procs`))
   );
+  const job = jobLabel(mesh);
+  if (job) {
+    box.append(h('div', { class: 'jm-job', 'data-job': mesh.job?.kind ?? '' }, job,
+      mesh.job?.keep_alive ? h('span', { class: 'jm-kept', 'data-kept': 'true' }, ' · kept alive past this kernel') : null));
+  }
   const chips = h('div', { class: 'jm-chips' });
   // the keys of counts are every state, in ProcState order (jupyter_mesh/ui/wire.py)
   for (const s of Object.keys(mesh.counts) as ProcState[]) {
@@ -88,9 +124,20 @@ export function renderMesh(mesh: IMesh, opts: IMeshOptions): HTMLElement {
     box.append(detail(mesh, selected, opts));
   }
   if (mesh.failures.length) {
-    const list = h('ul', { class: 'jm-failures' });
+    // one line per cause, newest first: the ranks of a lost host all fail with its cause, which reads once
+    const folded = new Map<string, { labels: string[]; kind: string; detail: string }>();
     for (const f of [...mesh.failures].reverse()) {
-      list.append(h('li', {}, `[${f.label}] ${f.kind}: ${f.detail}`));
+      const key = `${f.kind}\n${f.detail}`;
+      const seen = folded.get(key);
+      if (seen) {
+        seen.labels.push(f.label);
+      } else {
+        folded.set(key, { labels: [f.label], kind: f.kind, detail: f.detail });
+      }
+    }
+    const list = h('ul', { class: 'jm-failures' });
+    for (const f of folded.values()) {
+      list.append(h('li', {}, `[${f.labels.join('; ')}] ${f.kind}: ${f.detail}`));
     }
     box.append(h('div', { class: 'jm-dim' }, 'Recent failures'), list);
   }
@@ -119,15 +166,55 @@ function calls(g: ICalls): HTMLElement {
 
 function grids(mesh: IMesh, opts: IMeshOptions): HTMLElement {
   const out = h('div', { class: 'jm-grids' });
-  const n = mesh.dims.length;
-  const cols = n ? mesh.sizes[n - 1] : 1;
-  const rows = n >= 2 ? mesh.sizes[n - 2] : 1;
-  const lead = Math.max(0, n - 2);
   const ranks = [...mesh.ranks].sort((a, b) => a.rank - b.rank);
+  if (!showHosts(mesh)) {
+    layout(out, mesh, mesh.dims.map((_, i) => i), mesh.sizes, ranks, opts);
+    return out;
+  }
+  for (const host of usedHosts(mesh)) {
+    const mine = ranks.filter(r => (r.host ?? 0) === host.index);
+    const group = h('div', {
+      class: `jm-host-group jm-host-group-${host.state}`,
+      'data-host': String(host.index),
+      'data-host-state': host.state,
+      'data-address': host.address
+    }, hostHead(host, mine.length));
+    // a host's grid spans the dims along which its ranks differ (gpus of hosts x gpus)
+    const spread = (i: number): number => new Set(mine.map(r => r.coords[i])).size;
+    const at = mesh.dims.map((_, i) => i).filter(i => spread(i) > 1);
+    const sizes = at.map(spread);
+    if (sizes.reduce((a, b) => a * b, 1) === mine.length) {
+      layout(group, mesh, at, sizes, mine, opts);
+    } else {
+      layout(group, mesh, [], [], mine, opts); // not a block of the mesh (never, today): one row
+    }
+    out.append(group);
+  }
+  return out;
+}
+
+/** "up host 1 · 10.0.0.3 · 4 procs", and why a host that is not up went. */
+function hostHead(host: IHost, procs: number): HTMLElement {
+  return h('div', { class: 'jm-host-head' },
+    h('span', { class: `jm-chip jm-host-${host.state}`, 'data-host-label': host.state }, host.state),
+    h('span', {}, `host ${host.index} · `),
+    h('b', { class: 'jm-host-address' }, host.address),
+    h('span', { class: 'jm-dim' }, ` · ${procs} proc${procs === 1 ? '' : 's'}`),
+    host.why ? h('div', { class: 'jm-host-why' }, host.why) : null);
+}
+
+/** `ranks` (sorted) as grids along the dims `at` of the mesh, of `sizes`: the last two as rows x columns,
+ * one grid per combination of the ones before; no dims: one row. */
+function layout(out: HTMLElement, mesh: IMesh, at: number[], sizes: number[], ranks: IRank[], opts: IMeshOptions): void {
+  const n = at.length;
+  const cols = n ? sizes[n - 1] : Math.max(1, ranks.length);
+  const rows = n >= 2 ? sizes[n - 2] : 1;
+  const lead = Math.max(0, n - 2);
   for (let s = 0; s < ranks.length; s += rows * cols) {
     const chunk = ranks.slice(s, s + rows * cols);
     if (lead) {
-      out.append(h('div', { class: 'jm-slice-label' }, coordLabel(mesh, chunk[0].coords, lead)));
+      const label = at.slice(0, lead).map(i => `${mesh.dims[i]}=${chunk[0].coords[i]}`).join(',');
+      out.append(h('div', { class: 'jm-slice-label' }, label));
     }
     const grid = h('div', { class: 'jm-grid' });
     grid.style.gridTemplateColumns = `repeat(${cols}, auto)`;
@@ -150,7 +237,6 @@ function grids(mesh: IMesh, opts: IMeshOptions): HTMLElement {
     }
     out.append(grid);
   }
-  return out;
 }
 
 function detail(mesh: IMesh, r: IRank, opts: IMeshOptions): HTMLElement {

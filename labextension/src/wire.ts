@@ -2,9 +2,9 @@
 
 export const COMM_TARGET = 'jupyter_mesh.sidebar';
 
-import type { ProcState } from './states';
+import type { HostState, ProcState } from './states';
 
-export type { ProcState };
+export type { HostState, ProcState };
 
 export interface IFailure {
   kind: string;
@@ -23,6 +23,21 @@ export interface IRank {
   failure: IFailure | null;
   note: string; // why it is slow to answer: "initializing 'trainer' (42 s)", "busy in native code"; or ""
   busy_since: number | null; // since when it is busy (epoch seconds), null unless busy
+  host?: number; // index into IMesh.hosts (absent in snapshots from kernels before hosts were sent)
+}
+
+export interface IHost {
+  index: number;
+  address: string; // the agent's IP, or "local" (this machine, private sockets)
+  state: HostState;
+  why: string; // why it is not up ("" while up)
+}
+
+/** What placed the hosts (Job.describe()). */
+export interface IJob {
+  kind: string; // local, slurm, attach, ...
+  id: string | null; // the scheduler's id (SLURM job id)
+  keep_alive: boolean; // the job outlives this kernel
 }
 
 export interface IRecentFailure {
@@ -56,6 +71,8 @@ export interface IMesh {
   spawn: IProgress;
   gather: ICalls | null; // while calls are out (live: ranks report as they finish), else null
   failures: IRecentFailure[];
+  hosts?: IHost[]; // where the ranks run; absent from older kernels, [] when unknown
+  job?: IJob | null;
 }
 
 export interface ISnapshotMessage {

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import time
 
 import netns
@@ -122,3 +123,13 @@ def _leaves_cluster_clean(request):
             cluster.cancel_all()
             problems.append(f"SLURM jobs {jobs} left queued or running (cancelled now)")
     assert not problems, "; ".join(problems)
+
+
+@pytest.fixture
+def config_dir(tmp_path, monkeypatch):
+    """A private config dir with a fresh mesh key, for this test's controllers and agents."""
+    d = tmp_path / "cfg"
+    d.mkdir(mode=0o700)
+    monkeypatch.setenv("JUPYTER_MESH_CONFIG_DIR", str(d))
+    subprocess.run([sys.executable, "-m", "jupyter_mesh.cli", "keygen"], check=True, timeout=60, capture_output=True)
+    return d

@@ -221,6 +221,7 @@ def run_slurm_fault(nodes: int, fault: str, arg: str) -> None:
     procs = hosts_mesh.spawn_procs(per_host={"gpus": 1})
     probes = procs.spawn("probe", Probe)
     probes.where.call().get(timeout=60)
+    say("hosts", **_hosts(procs.state()))
     fut = probes.nap.call(60)
     time.sleep(0.5)
     t0 = time.monotonic()
@@ -240,11 +241,82 @@ def run_slurm_fault(nodes: int, fault: str, arg: str) -> None:
     if fault == "cut":
         subprocess.run(["ip", "link", "set", arg, "up"], check=True, timeout=30)
     states = procs.state()
-    say("state", text=str(states))
+    say("state", text=str(states), **_hosts(states))
     t1 = time.monotonic()
     procs.stop(timeout=10)
     job.stop()
     say("job_stopped", job_id=job.job_id, seconds=time.monotonic() - t1)
+
+
+def _hosts(state) -> dict:
+    """What the views get of a mesh's hosts and job (the widget's, the sidebar's, ``jupyter-mesh status``)."""
+    from jupyter_mesh.ui.table import text_table
+    from jupyter_mesh.ui.wire import mesh_wire
+
+    wire = mesh_wire(state)
+    return {"hosts": wire["hosts"], "job": wire["job"], "table": text_table([wire])}
+
+
+class Counter(Actor):
+    """State that must survive a change of controller."""
+
+    def __init__(self, start: int):
+        self.n = start
+
+    @endpoint
+    def incr(self) -> int:
+        self.n += 1
+        return self.n
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def run_keep(nodes: int, then: str) -> None:
+    """A kept-alive job with a proc mesh and a counter actor; then ``exit`` (a normal exit: the
+    controller detaches), ``kill`` (SIGKILL itself: the agents detach on its silence) or ``hold``
+    (stay until stdin closes, reporting what a call says then)."""
+    job = SlurmJob(nodes=nodes, partition="debug", time="00:10:00", keep_alive=True)
+    procs = job.host_mesh().spawn_procs(per_host={"gpus": 2}, name="train")
+    counter = procs.spawn("counter", Counter, 10)
+    for _ in range(3):
+        counts = counter.incr.call().get(timeout=60)
+    pids = counter.pid.call().get(timeout=60)
+    say("kept", job_id=job.job_id, counts=list(counts.values()), pids=list(pids.values()))
+    if then == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if then == "hold":
+        sys.stdin.readline()
+        try:
+            counter.incr.call().get(timeout=30)
+            say("after", error=None)
+        except Exception as e:  # noqa: BLE001
+            say("after", error=f"{type(e).__name__}: {e}")
+        os._exit(0)  # the job is someone else's now: no stop, no detach
+
+
+def run_reattach(force: str, then: str, kill_rank: str = "") -> None:
+    """Take the kept job back; the counters go on from where they were; ``then``: ``stop`` or ``exit``."""
+    try:
+        job = SlurmJob.reattach(force=force == "force", timeout=30)
+    except Exception as e:  # noqa: BLE001
+        say("reattach", error=f"{type(e).__name__}: {e}")
+        return
+    procs, actors = job.proc_meshes(), job.actor_meshes()
+    counter = actors["counter"]
+    say("reattach", error=None, procs=sorted(procs), actors=sorted(actors), notes=job.restored.notes)
+    st = procs["train"].state()
+    if kill_rank:
+        ok = [r.rank for r in st.ranks if r.state.value != "failed"]
+        say("found", running=ok)
+        procs["train"].respawn()
+    counts = counter.incr.call().get(timeout=60)
+    pids = counter.pid.call().get(timeout=60)
+    say("counted", counts=list(counts.values()), pids=list(pids.values()))
+    if then == "stop":
+        job.stop()
+        say("job_stopped", job_id=job.job_id)
 
 
 def main() -> None:
@@ -264,6 +336,10 @@ def main() -> None:
             run_slurm(int(args[0]), int(args[1]))
         elif scenario == "slurm_fault":
             run_slurm_fault(int(args[0]), args[1], args[2] if len(args) > 2 else "")
+        elif scenario == "keep":
+            run_keep(int(args[0]), args[1])
+        elif scenario == "reattach":
+            run_reattach(args[0], args[1], args[2] if len(args) > 2 else "")
         else:
             raise SystemExit(f"unknown scenario {scenario}")
     except Exception as e:  # noqa: BLE001

@@ -20,16 +20,6 @@ DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mesh_driver.p
 PY = sys.executable
 
 
-@pytest.fixture
-def config_dir(tmp_path, monkeypatch):
-    """A private config dir with a fresh mesh key, for this test's controllers and agents."""
-    d = tmp_path / "cfg"
-    d.mkdir(mode=0o700)
-    monkeypatch.setenv("JUPYTER_MESH_CONFIG_DIR", str(d))
-    subprocess.run([PY, "-m", "jupyter_mesh.cli", "keygen"], check=True, timeout=60, capture_output=True)
-    return d
-
-
 def _env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"
@@ -162,18 +152,19 @@ def test_a_second_controller_is_refused_and_a_wrong_key_never_gets_in(netns_host
     assert _no_mesh_processes_in(hosts) == []
 
 
-def test_slurm_job_places_agents_on_its_nodes_and_leaves_nothing(netns_hosts, slurm, config_dir):
-    steps = drive("slurm", "2", "2", env={**_env(), **slurm.env})
+@pytest.mark.parametrize(("nodes", "per_host"), [(2, 2), (4, 1)])
+def test_slurm_job_places_agents_on_its_nodes_and_leaves_nothing(netns_hosts, slurm, config_dir, nodes, per_host):
+    steps = drive("slurm", str(nodes), str(per_host), env={**_env(), **slurm.env})
     agents = step(steps, "agents")
-    assert agents["state"] == "RUNNING" and len(agents["nodes"]) == 2
+    assert agents["state"] == "RUNNING" and len(agents["nodes"]) == nodes
     where = step(steps, "spawned")["where"]
     assert {w["node"] for w in where} == set(agents["nodes"])  # each agent runs on its own node
-    assert len({w["netns"] for w in where}) == 2
+    assert len({w["netns"] for w in where}) == nodes
     assert step(steps, "adverbs")["bad"] == []
     stopped = step(steps, "job_stopped")
     job_id = stopped["job_id"]
     status = step(steps, "status")["lines"]
-    assert len(status) == 1 and f"slurm job {job_id}: 2 host(s)" in status[0] and "RUNNING" in status[0], status
+    assert len(status) == 1 and f"slurm job {job_id}: {nodes} host(s)" in status[0] and "RUNNING" in status[0], status
     assert stopped["status"] == []  # the record goes with the job
     assert slurm.job_state(job_id)[0] in ("", "CANCELLED", "COMPLETED")
     assert slurm.job_ids() == []
@@ -198,3 +189,23 @@ def test_a_host_lost_under_slurm_fails_its_ranks_with_the_cause(netns_hosts, slu
     step(steps, "job_stopped")  # stop() returned (it is bounded; the driver's own timeout catches a hang)
     assert slurm.job_ids() == []
     assert _no_mesh_processes_in(list(netns_hosts)) == []
+
+
+def test_the_state_names_each_hosts_ip_and_a_cut_one_unreachable(netns_hosts, slurm, config_dir):
+    """What the widget, the sidebar and ``jupyter-mesh status`` render of a SLURM mesh: each host's IP
+    and state, the job's id; a host cut off turns "unreachable" with why, the other stays up."""
+    cut_host = netns_hosts[1]  # SLURM fills nodes in order: a 2-node job is on n0, n1
+    steps = drive("slurm_fault", "2", "cut", cut_host.veth, env={**_env(), **slurm.env})
+    job_id = step(steps, "job_stopped")["job_id"]
+    before = step(steps, "hosts")
+    assert before["job"] == {"kind": "slurm", "id": str(job_id), "keep_alive": False}, before
+    by_ip = {h["address"]: h for h in before["hosts"]}
+    assert sorted(by_ip) == sorted([netns_hosts[0].ip, cut_host.ip]), before["hosts"]
+    assert all(h["state"] == "up" and h["why"] == "" for h in before["hosts"]), before["hosts"]
+    assert f"SLURM job {job_id}" in before["table"] and f"\u00b7 {cut_host.ip} \u00b7 up" in before["table"]
+    after = {h["address"]: h for h in step(steps, "state")["hosts"]}
+    assert after[netns_hosts[0].ip]["state"] == "up", after
+    lost = after[cut_host.ip]
+    assert lost["state"] == "unreachable" and f"host {cut_host.ip} unreachable" in lost["why"], lost
+    table = step(steps, "state")["table"]
+    assert f"\u00b7 {cut_host.ip} \u00b7 unreachable \u00b7 1 proc: host {cut_host.ip} unreachable" in table, table

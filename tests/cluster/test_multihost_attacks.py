@@ -24,15 +24,6 @@ DRIVER = os.path.join(HERE, "attack_driver.py")
 PY = sys.executable
 
 
-@pytest.fixture
-def config_dir(tmp_path, monkeypatch):
-    d = tmp_path / "cfg"
-    d.mkdir(mode=0o700)
-    monkeypatch.setenv("JUPYTER_MESH_CONFIG_DIR", str(d))
-    subprocess.run([PY, "-m", "jupyter_mesh.cli", "keygen"], check=True, timeout=60, capture_output=True)
-    return d
-
-
 def _env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONUNBUFFERED": "1", **extra}
 

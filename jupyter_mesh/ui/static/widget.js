@@ -1,9 +1,10 @@
 // GENERATED from labextension/ by `npm run build:lib` (labextension/build-widget.mjs): do not edit.
 // The mesh grid: the one renderer of a mesh, for the JupyterLab sidebar (view.ts) and the notebook
-// widget. A mesh's name and shape, a chip per state, calls in flight, spawn and reply progress, its
-// procs as grids coloured by state (the last two dims as rows x columns, one grid per combination of
-// the leading dims), recent failures, and the selected proc's state and cause. Plain DOM; the caller
-// keeps the selection and redraws. The look is labextension/style/grid.css (+ states.css).
+// widget. A mesh's name and shape, its job (a scheduler's id, kept alive), a chip per state, calls in
+// flight, spawn and reply progress, its procs as grids coloured by state (the last two dims as rows x
+// columns, one grid per combination of the leading dims; grouped under a line per host with its address
+// and state when there are several hosts, or one elsewhere or gone), recent failures, and the selected
+// proc's state and cause. Plain DOM; the caller keeps the selection and redraws. The look is labextension/style/grid.css (+ states.css).
 //
 // This file alone also compiles to the widget's anywidget ESM, jupyter_mesh/ui/static/widget.js
 // (`npm run build:lib` runs labextension/build-widget.mjs). anywidget loads one self-contained file,
@@ -30,14 +31,47 @@ export function coordLabel(mesh, coords, upto = mesh.dims.length) {
 export function shapeLabel(mesh) {
     return mesh.dims.map((d, i) => `${d}=${mesh.sizes[i]}`).join(' × ') || '1 proc';
 }
+/** The hosts that run ranks of the mesh (a shrunk mesh may keep an agent with none). */
+export function usedHosts(mesh) {
+    var _a;
+    const used = new Set(mesh.ranks.map(r => { var _a; return (_a = r.host) !== null && _a !== void 0 ? _a : 0; }));
+    return ((_a = mesh.hosts) !== null && _a !== void 0 ? _a : []).filter(h => used.has(h.index));
+}
+/**
+ * Whether the ranks are headed by host (jupyter_mesh/ui/table.py show_hosts): they run on several, or on
+ * one elsewhere (an address worth reading) or gone (its cause). One host on this machine, up: no header.
+ */
+export function showHosts(mesh) {
+    const hosts = usedHosts(mesh);
+    return hosts.length > 1 || hosts.some(x => x.address !== 'local' || x.state !== 'up');
+}
+/** "SLURM job 12", "attached agents"; "" for local agents (nothing to add) unless kept alive
+ * (jupyter_mesh/ui/table.py job_line). */
+export function jobLabel(mesh) {
+    var _a;
+    const job = mesh.job;
+    if (!job || (job.kind === 'local' && !job.keep_alive)) {
+        return '';
+    }
+    const names = { attach: 'attached agents', local: 'local agents' };
+    if (names[job.kind] !== undefined && !job.id) {
+        return names[job.kind];
+    }
+    const schedulers = { slurm: 'SLURM', torchx: 'TorchX' };
+    return `${(_a = schedulers[job.kind]) !== null && _a !== void 0 ? _a : job.kind} job` + (job.id ? ` ${job.id}` : ''); // "SLURM job 12"
+}
 export function renderMesh(mesh, opts) {
-    var _a, _b;
+    var _a, _b, _c, _d, _e;
     const box = h('section', {
         class: 'jm-mesh' + (mesh.stopped ? ' jm-stopped-mesh' : ''),
         'data-mesh': mesh.name,
         'data-procs': String(mesh.ranks.length)
     });
     box.append(h('div', { class: 'jm-head' }, h('b', { class: 'jm-name' }, mesh.name), h('span', { class: 'jm-shape' }, ` ${shapeLabel(mesh)}` + (mesh.stopped ? ' (stopped)' : '')), h('span', { class: 'jm-dim' }, ` · ${mesh.ranks.length} procs`)));
+    const job = jobLabel(mesh);
+    if (job) {
+        box.append(h('div', { class: 'jm-job', 'data-job': (_b = (_a = mesh.job) === null || _a === void 0 ? void 0 : _a.kind) !== null && _b !== void 0 ? _b : '' }, job, ((_c = mesh.job) === null || _c === void 0 ? void 0 : _c.keep_alive) ? h('span', { class: 'jm-kept', 'data-kept': 'true' }, ' · kept alive past this kernel') : null));
+    }
     const chips = h('div', { class: 'jm-chips' });
     // the keys of counts are every state, in ProcState order (jupyter_mesh/ui/wire.py)
     for (const s of Object.keys(mesh.counts)) {
@@ -54,7 +88,7 @@ export function renderMesh(mesh, opts) {
         box.append(calls(mesh.gather));
     }
     box.append(grids(mesh, opts));
-    const actions = (_b = (_a = opts.actions) === null || _a === void 0 ? void 0 : _a.call(opts, mesh)) !== null && _b !== void 0 ? _b : null;
+    const actions = (_e = (_d = opts.actions) === null || _d === void 0 ? void 0 : _d.call(opts, mesh)) !== null && _e !== void 0 ? _e : null;
     if (actions) {
         box.append(actions);
     }
@@ -63,9 +97,21 @@ export function renderMesh(mesh, opts) {
         box.append(detail(mesh, selected, opts));
     }
     if (mesh.failures.length) {
-        const list = h('ul', { class: 'jm-failures' });
+        // one line per cause, newest first: the ranks of a lost host all fail with its cause, which reads once
+        const folded = new Map();
         for (const f of [...mesh.failures].reverse()) {
-            list.append(h('li', {}, `[${f.label}] ${f.kind}: ${f.detail}`));
+            const key = `${f.kind}\n${f.detail}`;
+            const seen = folded.get(key);
+            if (seen) {
+                seen.labels.push(f.label);
+            }
+            else {
+                folded.set(key, { labels: [f.label], kind: f.kind, detail: f.detail });
+            }
+        }
+        const list = h('ul', { class: 'jm-failures' });
+        for (const f of folded.values()) {
+            list.append(h('li', {}, `[${f.labels.join('; ')}] ${f.kind}: ${f.detail}`));
         }
         box.append(h('div', { class: 'jm-dim' }, 'Recent failures'), list);
     }
@@ -88,15 +134,49 @@ function calls(g) {
 }
 function grids(mesh, opts) {
     const out = h('div', { class: 'jm-grids' });
-    const n = mesh.dims.length;
-    const cols = n ? mesh.sizes[n - 1] : 1;
-    const rows = n >= 2 ? mesh.sizes[n - 2] : 1;
-    const lead = Math.max(0, n - 2);
     const ranks = [...mesh.ranks].sort((a, b) => a.rank - b.rank);
+    if (!showHosts(mesh)) {
+        layout(out, mesh, mesh.dims.map((_, i) => i), mesh.sizes, ranks, opts);
+        return out;
+    }
+    for (const host of usedHosts(mesh)) {
+        const mine = ranks.filter(r => { var _a; return ((_a = r.host) !== null && _a !== void 0 ? _a : 0) === host.index; });
+        const group = h('div', {
+            class: `jm-host-group jm-host-group-${host.state}`,
+            'data-host': String(host.index),
+            'data-host-state': host.state,
+            'data-address': host.address
+        }, hostHead(host, mine.length));
+        // a host's grid spans the dims along which its ranks differ (gpus of hosts x gpus)
+        const spread = (i) => new Set(mine.map(r => r.coords[i])).size;
+        const at = mesh.dims.map((_, i) => i).filter(i => spread(i) > 1);
+        const sizes = at.map(spread);
+        if (sizes.reduce((a, b) => a * b, 1) === mine.length) {
+            layout(group, mesh, at, sizes, mine, opts);
+        }
+        else {
+            layout(group, mesh, [], [], mine, opts); // not a block of the mesh (never, today): one row
+        }
+        out.append(group);
+    }
+    return out;
+}
+/** "up host 1 · 10.0.0.3 · 4 procs", and why a host that is not up went. */
+function hostHead(host, procs) {
+    return h('div', { class: 'jm-host-head' }, h('span', { class: `jm-chip jm-host-${host.state}`, 'data-host-label': host.state }, host.state), h('span', {}, `host ${host.index} · `), h('b', { class: 'jm-host-address' }, host.address), h('span', { class: 'jm-dim' }, ` · ${procs} proc${procs === 1 ? '' : 's'}`), host.why ? h('div', { class: 'jm-host-why' }, host.why) : null);
+}
+/** `ranks` (sorted) as grids along the dims `at` of the mesh, of `sizes`: the last two as rows x columns,
+ * one grid per combination of the ones before; no dims: one row. */
+function layout(out, mesh, at, sizes, ranks, opts) {
+    const n = at.length;
+    const cols = n ? sizes[n - 1] : Math.max(1, ranks.length);
+    const rows = n >= 2 ? sizes[n - 2] : 1;
+    const lead = Math.max(0, n - 2);
     for (let s = 0; s < ranks.length; s += rows * cols) {
         const chunk = ranks.slice(s, s + rows * cols);
         if (lead) {
-            out.append(h('div', { class: 'jm-slice-label' }, coordLabel(mesh, chunk[0].coords, lead)));
+            const label = at.slice(0, lead).map(i => `${mesh.dims[i]}=${chunk[0].coords[i]}`).join(',');
+            out.append(h('div', { class: 'jm-slice-label' }, label));
         }
         const grid = h('div', { class: 'jm-grid' });
         grid.style.gridTemplateColumns = `repeat(${cols}, auto)`;
@@ -118,7 +198,6 @@ function grids(mesh, opts) {
         }
         out.append(grid);
     }
-    return out;
 }
 function detail(mesh, r, opts) {
     var _a, _b;
