@@ -12,13 +12,13 @@ joins its worker threads while holding the GIL, and a worker that is still letti
 finished collective needs the GIL for that (tensors decref their Python objects): the proc then
 hangs for good (seen with DDP, whose reducer holds the group, when the script's globals went away
 right after its last ``barrier``). Under ``torchrun`` the process ends with the script; here the
-proc lives on, so the workers get a moment without the GIL first, and the globals (and the cycles
-through them) are dropped right after, before the next run.
+proc lives on, so the workers get a moment without the GIL first: idle workers hold nothing, and the
+group can then go whenever its last reference does (the script's globals right after; objects in
+reference cycles at a later collection).
 """
 
 from __future__ import annotations
 
-import gc
 import os
 import runpy
 import sys
@@ -98,8 +98,7 @@ def _cleanup(script_globals: dict[str, Any]) -> None:
         if "torch.distributed" in sys.modules:
             for _ in range(WORKER_PAUSES):  # each sleep hands the GIL to a collective thread waiting for it
                 time.sleep(WORKER_PAUSE)
-            script_globals.clear()
-            gc.collect()  # the script's functions hold its globals in a cycle: free them now, not mid-run later
+            script_globals.clear()  # what only the script held goes now; cycles at the next collection, safely
     finally:
         if held:
             interrupts.release()
