@@ -64,10 +64,10 @@ def main() -> None:
         console.print(f"spawned {procs!r} and its actors in {time.perf_counter() - t0:.2f} s")
 
         table = Table(title="trainers.where.call()  ->  ValueMesh")
-        for col in ("hosts", "gpus", "pid"):
+        for col in ("gpus", "pid"):  # this_host() has no dims (as in Monarch): the mesh's are per_host's
             table.add_column(col, justify="right")
         for _point, info in where.items():
-            table.add_row(str(info["hosts"]), str(info["gpus"]), str(info["pid"]))
+            table.add_row(str(info["gpus"]), str(info["pid"]))
         console.print(table)
 
         losses = trainers.step.call(0.5).get()

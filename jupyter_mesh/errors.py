@@ -3,10 +3,16 @@
 ::
 
     MeshError                       base of everything below
-    ├── ActorError                  an endpoint (or an actor's __init__) raised on a remote rank
-    ├── SupervisionError            a proc or host died or stopped answering (a peer *broke* it)
+    ├── ActorError                  an endpoint raised on a remote rank, and its caller gets it
+    ├── SupervisionError            a rank is gone: its proc or host died or stopped answering (a peer
+    │   │                           *broke* it), its actor died (``__init__`` raised, an error no caller
+    │   │                           could receive), or its proc mesh or actor mesh was stopped
+    │   │                           (also a builtin ``RuntimeError``, as in Monarch)
+    │   └── MeshFailure             what the fault hook (and Monarch's ``unhandled_fault_hook``) gets:
+    │                               a failure that no pending call was told about
     ├── DeliveryError               a message could not be handed to a rank that is still alive
-    ├── MeshClosedError             you stopped the mesh (or it was never started): it is *closed*
+    ├── MeshClosedError             the runtime or a job was shut down (or never started): it is
+    │                               *closed* (also a ``RuntimeError``)
     ├── MeshTimeoutError            a wait ran out; ``phase`` says which (spawn, call, stop, transfer)
     │                               (also a builtin ``TimeoutError``)
     ├── MeshCancelledError          you cancelled the call (``Future.cancel()``, Ctrl-C, notebook ■)
@@ -36,6 +42,7 @@ __all__ = [
     "MeshCancelledError",
     "MeshClosedError",
     "MeshError",
+    "MeshFailure",
     "MeshInterrupted",
     "MeshTimeoutError",
     "MeshValueError",
@@ -147,8 +154,10 @@ class ActorError(MeshError):
 
 @dataclass(frozen=True)
 class Failure:
-    """Why a rank stopped working: ``kind`` is one of exit, signal, heartbeat, agent, init, start, stopped
-    (or ``delivery``: the rank works, one message did not reach it; see :class:`DeliveryError`)."""
+    """Why a rank stopped working: ``kind`` is one of exit, signal, heartbeat, agent, start, stopped (its
+    proc), or init, died, broadcast, stopped (its actor ``actor``: the proc lives on). ``delivery``: the
+    rank works, one message did not reach it (see :class:`DeliveryError`). ``broadcast`` is reported
+    also where the actor lives on (the kernel's default): an error no caller could receive."""
 
     mesh: str
     coords: Mapping[str, int]
@@ -157,6 +166,16 @@ class Failure:
     traceback: str = ""
     exit_code: int | None = None
     signal: int | None = None
+    actor: str = ""  # the actor mesh, for a failure of one actor (its proc lives on)
+
+    @property
+    def mesh_name(self) -> str:
+        """Monarch's name for it: the actor mesh that failed, else the proc mesh."""
+        return self.actor or self.mesh
+
+    def report(self) -> str:
+        """Monarch's user-readable report of this failure: where, and why."""
+        return self.describe() + (f"\n{self.traceback.rstrip()}" if self.traceback else "")
 
     def describe(self) -> str:
         if not self.mesh:  # a host's agent, not a rank
@@ -172,15 +191,24 @@ _KIND_HINTS = {
     "this_host(), LocalJob and attached hosts bring a fresh agent up for it; a SLURM job that ended needs a new SlurmJob",
     "init": "the actor's __init__ raised or overran its init_timeout; fix the constructor and spawn the actor mesh "
     "again (or respawn the ranks whose proc was killed)",
+    "died": "the actor died (an error no caller could receive, or a BaseException such as SystemExit); its proc "
+    "lives on: spawn the actor mesh again",
+    "broadcast": "an endpoint called with broadcast() raised, and a broadcast has no caller to receive it; fix "
+    "the endpoint (use call() to get its errors back)",
     "start": "the proc failed to start; check the preload modules and the environment",
-    "stopped": "its proc mesh was stopped; spawn a new one",
+    "stopped": "it was stopped; spawn a new one",
 }
 
 
-class SupervisionError(MeshError):
-    """One or more ranks failed (proc death, lost heartbeat, failed start or init).
+_ACTOR_KINDS = frozenset({"init", "died", "broadcast"})  # failures whose traceback is the actor's own
 
-    ``failures`` lists every failed rank that the call touched, not only the first.
+
+class SupervisionError(MeshError, RuntimeError):
+    """One or more ranks failed (proc death, lost heartbeat, failed start or init, a dead actor) or were
+    stopped.
+
+    ``failures`` lists every failed rank that the call touched, not only the first. A ``RuntimeError``
+    too, as Monarch's is.
     """
 
     def __init__(self, failures: Sequence[Failure], context: str = ""):
@@ -202,13 +230,40 @@ class SupervisionError(MeshError):
             lines.append(f"  ... and {len(self.failures) - 16} more")
         with_tb = next((f for f in self.failures if f.traceback), None)
         if with_tb is not None:
-            label = "Remote traceback" if with_tb.kind == "init" else "Last output of the proc"
+            label = "Remote traceback" if with_tb.kind in _ACTOR_KINDS else "Last output of the proc"
             lines.append(f"{label}:\n" + with_tb.traceback.rstrip())
         lines.append("What to do: " + _KIND_HINTS.get(first.kind, "inspect the failure, then respawn"))
         return "\n".join(lines)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.failures, self.context))
+
+
+class MeshFailure(SupervisionError):
+    """A failure no pending call was told about, as the fault hook gets it (Monarch's ``MeshFailure``):
+    ``mesh_name``, ``crashed_ranks`` and ``report()`` as there, and, being a ``SupervisionError``, it can
+    be raised as it is (fail fast raises it at the next call)."""
+
+    @property
+    def mesh_name(self) -> str:
+        """The actor mesh (or proc mesh) that failed."""
+        return self.failures[0].mesh_name
+
+    @property
+    def mesh(self) -> None:
+        """Monarch gives no mesh object here either (``mesh_name`` says which)."""
+        return None
+
+    @property
+    def crashed_ranks(self) -> list[dict[str, int]]:
+        return [dict(f.coords) for f in self.failures]
+
+    def report(self) -> str:
+        return str(self)
+
+    def __repr__(self) -> str:
+        kinds = ",".join(sorted({f.kind for f in self.failures}))
+        return f"MeshFailure(mesh_name={self.mesh_name!r}, crashed_ranks={self.crashed_ranks}, kind={kinds})"
 
 
 class DeliveryError(MeshError):
@@ -238,8 +293,9 @@ class DeliveryError(MeshError):
         return (type(self), (self.failures, self.context))
 
 
-class MeshClosedError(MeshError):
-    """The mesh (or runtime) was stopped by this program; it cannot be used any more."""
+class MeshClosedError(MeshError, RuntimeError):
+    """The runtime (or a job) was shut down by this program; it cannot be used any more. A stopped proc
+    mesh or actor mesh fails its calls with :class:`SupervisionError` (kind ``stopped``), as in Monarch."""
 
 
 class MeshCancelledError(MeshError):

@@ -19,7 +19,7 @@ def test_kill_then_respawn_in_place(procs):
     faulty = procs.slice(gpus=slice(2, 4)).spawn("faulty", Faulty)
     assert list(counters.incr.call().get(timeout=10).values()) == [11] * 4
     old = procs.pids()
-    procs.kill({"hosts": 0, "gpus": 2})
+    procs.kill({"gpus": 2})
     assert not wait_dead([old[2]], 3)
     assert wait_for(lambda: procs.state().ranks[2].state == ProcState.FAILED, 3)
     with pytest.raises(SupervisionError, match="killed on request"):
@@ -28,7 +28,7 @@ def test_kill_then_respawn_in_place(procs):
     assert procs.pids()[2] != old[2] and procs.state().ranks[2].state == ProcState.IDLE
     # the respawned rank has fresh actors built from the original spawn arguments
     assert list(counters.incr.call().get(timeout=10).values()) == [12, 12, 11, 12]
-    assert counters.slice(gpus=2).whoami.call_one().get(timeout=10) == {"hosts": 0, "gpus": 2}
+    assert counters.slice(gpus=2).whoami.call_one().get(timeout=10) == {"gpus": 2}
     assert list(faulty.ok.call().get(timeout=10).values()) == ["fine", "fine"]
     # ordering still holds on the new proc
     futs = [counters.slice(gpus=2).incr.call_one() for _ in range(20)]
@@ -52,7 +52,7 @@ def test_logs_are_kept_per_rank(procs):
     f.shout.call("line for the log").get(timeout=10)
     assert wait_for(lambda: len([x for x in procs.logs() if "line for the log" in x]) == 4, 3)
     one = procs.logs(rank=3, tail=1)
-    assert one == ["[" + procs.name + " hosts=0,gpus=3] line for the log"]
+    assert one == ["[" + procs.name + " gpus=3] line for the log"]
 
 
 def test_grow_and_shrink_per_host_dim(host):
@@ -62,10 +62,10 @@ def test_grow_and_shrink_per_host_dim(host):
         part = c.slice(gpus=0)
         assert list(c.incr.call().get(timeout=10).values()) == [8, 8]
         pm.resize(gpus=4)
-        assert pm.sizes == {"hosts": 1, "gpus": 4} and len(pm.pids()) == 4
+        assert pm.sizes == {"gpus": 4} and len(pm.pids()) == 4
         # the whole-mesh actor mesh followed: new ranks got actors built with the spawn arguments
         assert list(c.incr.call().get(timeout=10).values()) == [9, 9, 8, 8]
-        assert c.slice(gpus=3).whoami.call_one().get(timeout=10) == {"hosts": 0, "gpus": 3}
+        assert c.slice(gpus=3).whoami.call_one().get(timeout=10) == {"gpus": 3}
         assert part.incr.call_one().get(timeout=10) == 10  # views stay as they were
         assert [r.state for r in pm.state().ranks] == [ProcState.IDLE] * 4
         removed = [pm.pids()[2], pm.pids()[3]]

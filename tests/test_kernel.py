@@ -157,6 +157,40 @@ def test_actor_error_renders_remote_frames_first_with_rank_and_actor(kernel):
     assert "magics.py" not in plain and "client.py" not in plain  # no internals
 
 
+CHAINED = """
+class Chained(Actor):
+    @endpoint
+    def fail(self):
+        try:
+            {}["missing key"]
+        except KeyError as e:
+            raise RuntimeError("while loading the batch") from e
+
+chained = procs.spawn("chained", Chained)
+chained.fail.call().get(10)
+"""
+
+
+def test_a_remote_exception_chain_renders_with_its_causes(kernel):
+    cell = kernel.run(CHAINED)
+    assert cell.status == "error" and cell.error["ename"] == "ActorError"
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(cell.error["traceback"]))
+    cause, effect = plain.index("KeyError: 'missing key'"), plain.index("RuntimeError: while loading the batch")
+    assert cause < plain.index("The above exception was the direct cause") < effect
+    assert (
+        '{}["missing key"]' in plain and 'raise RuntimeError("while loading the batch") from e' in plain
+    )  # cell source
+
+
+def test_an_error_under_broadcast_is_shown_and_the_actor_lives_on(kernel):
+    """Unlike a script (where, as in Monarch, it ends the actor), the kernel keeps its actors: the error
+    of a broadcast shows in the cell that made it, with a note, and the actor answers the next call."""
+    cell = kernel.ok("w.fail_on.broadcast([1])\nimport time; time.sleep(1)")
+    err = cell.stream("stderr")
+    assert "rank 1 refuses" in err and "under broadcast() (the actor lives on)" in err, err
+    assert "gpus=1: 1" in kernel.ok("w.fail_on.call([]).get(10)").result
+
+
 def _run_and_watch(kernel, code: str, until, timeout: float = 20.0) -> tuple[str, list[dict]]:
     """Run ``code`` and return its msg_id with every IOPub message seen, whichever cell it is for,
     until the cell is idle and ``until(messages)`` holds (at most ``timeout`` seconds)."""

@@ -21,7 +21,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("_api",),
     ("jobs",),
     ("spmd",),  # torchrun-style environments and scripts over meshes (the public API below it only)
-    ("lowlevel",),
+    ("lowlevel", "debug"),
     ("ui", "notebook"),  # views and the kernel side: they use lowlevel and the layers below, never the facade
     ("__init__",),  # the facade: what users import
     ("cli", "demo", "mypy_plugin"),
@@ -144,6 +144,7 @@ def test_the_facade_names_itself_and_keeps_plumbing_in_lowlevel():
         "mesh_states",
         "on_send",
         "proc_mesh",
+        "set_actor_errors",
         "set_fault_hook",
         "subscribe",
         "sync_output",

@@ -36,6 +36,18 @@ def test_quickstart_runs_headless():
     assert "stopped: procs" in text
 
 
+def test_debugging_runs_headless():
+    isolate_jupyter_dirs()
+    nb = execute(str(NOTEBOOKS / "debugging.ipynb"), timeout=60)
+    errors = [o.ename for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+    assert errors == [], errors
+    text = render(nb, color=False)
+    assert "3 paused" in text, text
+    assert "trainers  procs  hosts=0,gpus=2" in text, text
+    assert "--- trainers on procs hosts=0,gpus=1 ---\n1.5" in text, text
+    assert "continued trainers on procs hosts=0,gpus=2" in text, text
+
+
 def test_ddp_trains_loses_a_rank_and_resumes_headless():
     """notebooks/ddp.ipynb: DDP (gloo, CPU) by an unmodified torchrun script on 4 procs through
     %mesh torchrun; rank 2 killed mid-training, respawned, the run resumed from the last checkpoint."""

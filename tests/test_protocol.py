@@ -139,6 +139,7 @@ def test_every_public_error_survives_pickling_with_its_attributes():
     samples = {
         jm.ActorError: jm.ActorError([rf], 2),
         jm.SupervisionError: jm.SupervisionError([f], "during x"),
+        errors.MeshFailure: errors.MeshFailure([f], "while nothing was waiting on it"),
         jm.DeliveryError: jm.DeliveryError([f], "during x"),
         jm.MeshTimeoutError: jm.MeshTimeoutError("call", 2.5, "inner call"),
         jm.MeshInterrupted: jm.MeshInterrupted("stopped", [{"gpus": 1}]),

@@ -25,7 +25,7 @@ def test_issue_example_verbatim(procs):
     counters = procs.spawn("counter", Counter, 0)
     vm = counters.incr.call().get()
     assert isinstance(vm, ValueMesh) and list(vm.values()) == [1, 1, 1, 1]
-    assert vm.sizes == {"hosts": 1, "gpus": 4}
+    assert vm.sizes == {"gpus": 4}  # this_host() has no dims, as in Monarch
     assert counters.slice(gpus=2).incr.call_one(5).get() == 6
     counters.incr.broadcast()
     assert counters.incr.choose().get() in (3, 8)
@@ -36,7 +36,7 @@ def test_issue_example_verbatim(procs):
         return await counters.incr.call()
 
     vm2 = asyncio.run(awaited())
-    assert vm2.item(hosts=0, gpus=2) == 8 or vm2.item(hosts=0, gpus=2) == 9
+    assert vm2.item(gpus=2) == 8 or vm2.item(gpus=2) == 9
 
 
 def test_current_rank_inside_and_outside(procs):
@@ -50,13 +50,13 @@ def test_slices_views_and_item(procs):
     c = procs.spawn("c", Counter, 100)
     part = c.slice(gpus=slice(1, 3))
     vm = part.incr.call(2).get(timeout=10)
-    assert vm.sizes == {"hosts": 1, "gpus": 2}
-    assert vm.item(hosts=0, gpus=0) == 102  # coordinates are relative to the view
+    assert vm.sizes == {"gpus": 2}
+    assert vm.item(gpus=0) == 102  # coordinates are relative to the view
     flat = c.flatten("rank")
     assert list(flat.value.call().get(timeout=10).values()) == [100, 102, 102, 100]
     ren = c.rename(gpus="workers")
-    assert ren.value.call().get(timeout=10).sizes == {"hosts": 1, "workers": 4}
-    assert c.size() == 4 and c.size("gpus") == 4 and c.extent["hosts"] == 1
+    assert ren.value.call().get(timeout=10).sizes == {"workers": 4}
+    assert c.size() == 4 and c.size("gpus") == 4 and "hosts" not in c.extent
 
 
 def test_call_one_needs_exactly_one(procs):
@@ -76,7 +76,7 @@ def test_remote_exception_is_actor_error_and_mesh_survives(procs):
     with pytest.raises(ActorError) as ei:
         f.slice(gpus=1).fail_on.call_one([1]).get(timeout=10)
     e = ei.value
-    assert e.actor == "faulty" and e.endpoint == "fail_on" and e.coords == {"hosts": 0, "gpus": 1}
+    assert e.actor == "faulty" and e.endpoint == "fail_on" and e.coords == {"gpus": 1}
     assert isinstance(e.exception, ValueError)
     assert "rank 1 refuses" in str(e) and "raise ValueError" in str(e) and "fail_on" in e.failures[0].traceback
     # several failed ranks: one error listing all of them
@@ -207,12 +207,14 @@ def test_worker_output_reaches_controller_with_rank(procs):
         f = procs.spawn("f", Faulty)
         f.shout.call("hello from a worker").get(timeout=10)
         assert wait_for(lambda: len([s for s in seen if s[2] == "hello from a worker"]) == 4, 5)
-        assert {s[0] for s in seen if s[2] == "hello from a worker"} == {f"hosts=0,gpus={i}" for i in range(4)}
+        assert {s[0] for s in seen if s[2] == "hello from a worker"} == {f"gpus={i}" for i in range(4)}
     finally:
         ctl.output = old
 
 
-def test_stop_and_closed_errors(host):
+def test_stop_and_stopped_errors(host):
+    """As in Monarch: calls to a stopped mesh raise SupervisionError (kind stopped), a RuntimeError;
+    spawning on it raises a RuntimeError too."""
     from _procs import wait_dead
 
     with host.spawn_procs(per_host={"gpus": 2}) as pm:
@@ -221,11 +223,15 @@ def test_stop_and_closed_errors(host):
         pids = set(pm.pids().values())
     assert pm.stopped
     assert not wait_dead(pids, 5)
-    with pytest.raises(MeshClosedError, match="stopped"):
+    with pytest.raises(SupervisionError, match="stopped") as ei:
         c.incr.call()
-    with pytest.raises(MeshClosedError):
+    assert isinstance(ei.value, RuntimeError) and {f.kind for f in ei.value.failures} == {"stopped"}
+    with pytest.raises(RuntimeError, match="stopped"):
+        c.slice(gpus=0).incr.call_one()
+    with pytest.raises(MeshClosedError) as ei2:
         pm.spawn("again", Counter, 0)
-    pm.stop()  # idempotent
+    assert isinstance(ei2.value, RuntimeError)
+    assert pm.stop().get(timeout=1) is None  # idempotent, and a Future as in Monarch
 
 
 def test_pending_call_fails_on_stop(host):
@@ -233,7 +239,7 @@ def test_pending_call_fails_on_stop(host):
     f = pm.spawn("f", Faulty)
     fut = f.sleep.call(30)
     pm.stop(timeout=1)
-    with pytest.raises(MeshClosedError):
+    with pytest.raises(SupervisionError, match="stopped"):
         fut.get(timeout=5)
 
 
@@ -313,7 +319,7 @@ _HANDLE_AFTER_SHUTDOWN = """
 import sys, time
 sys.path.insert(0, sys.argv[1])
 import jupyter_mesh
-from jupyter_mesh import MeshClosedError, this_host
+from jupyter_mesh import SupervisionError, this_host
 from actors import Counter
 c = this_host().spawn_procs(per_host={"gpus": 1}).spawn("c", Counter, 0)
 assert c.incr.call_one().get(timeout=20) == 1
@@ -323,13 +329,14 @@ for _ in range(2):  # the first call starts a new controller; the second one run
     try:
         c.incr.call_one().get(timeout=10)
         print("answered?!")
-    except MeshClosedError as e:
-        print("closed", round(time.monotonic() - t0))
+    except SupervisionError as e:  # its proc mesh was stopped with the runtime
+        assert {f.kind for f in e.failures} == {"stopped"}, e
+        print("stopped", round(time.monotonic() - t0))
 """
 
 
-def test_a_handle_from_a_shut_down_controller_fails_as_closed():
-    """After shutdown() (a kernel restarting the runtime) a kept actor mesh fails at once as closed; its
+def test_a_handle_from_a_shut_down_controller_fails_as_stopped():
+    """After shutdown() (a kernel restarting the runtime) a kept actor mesh fails at once as stopped; its
     calls went to the old agents' closed addresses and waited out their timeout."""
     import os
     import subprocess
@@ -340,4 +347,4 @@ def test_a_handle_from_a_shut_down_controller_fails_as_closed():
         [sys.executable, "-c", _HANDLE_AFTER_SHUTDOWN, here], capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.splitlines() == ["closed 0", "closed 0"], out.stdout
+    assert out.stdout.splitlines() == ["stopped 0", "stopped 0"], out.stdout

@@ -28,16 +28,11 @@ ALLREDUCE = str(SCRIPTS / "allreduce.py")
 FOREVER = ["--steps", "1000000000", "--step-time", "0.001", "--announce"]
 
 # Monarch's rules, written out per rank: (RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE,
-# WORLD_SIZE) by coordinates. The last dim is the node-local one; GROUP_RANK = RANK // LOCAL_WORLD_SIZE.
+# WORLD_SIZE) by rank. The last dim is the node-local one; GROUP_RANK = RANK // LOCAL_WORLD_SIZE.
 EXPECTED = {
-    "1x4": (
-        {"hosts": 1, "gpus": 4},
-        {(0, g): (g, g, 4, 0, 1, 4) for g in range(4)},
-    ),
-    "2x2": (
-        {"hosts": 2, "gpus": 2},
-        {(h, g): (2 * h + g, g, 2, h, 2, 4) for h in range(2) for g in range(2)},
-    ),
+    "1x4": ({"hosts": 1, "gpus": 4}, {g: (g, g, 4, 0, 1, 4) for g in range(4)}),
+    "2x2": ({"hosts": 2, "gpus": 2}, {2 * h + g: (2 * h + g, g, 2, h, 2, 4) for h in range(2) for g in range(2)}),
+    "4": ({"gpus": 4}, {g: (g, g, 4, 0, 1, 4) for g in range(4)}),  # this_host(): no hosts dim
 }
 
 
@@ -66,7 +61,7 @@ def test_env_follows_monarchs_rules(layout):
     for i in range(len(shape)):
         point = shape.point(i)
         env = torch_elastic_env(point, "node0", 29500)
-        _check(env, table[tuple(point.values())])
+        _check(env, table[point.rank])
         assert env["MASTER_ADDR"] == "node0" and env["MASTER_PORT"] == "29500"
 
 
@@ -100,35 +95,39 @@ def procs(host):
     assert not wait_dead(pids, 5.0), "procs leaked"
 
 
-def _read_env(pm) -> dict[tuple[int, ...], dict[str, str]]:
+def _read_env(pm) -> dict[int, dict[str, str]]:
     got = pm.spawn("env_reader", EnvReader).env.call().get(30)
-    return {tuple(point.values()): env for point, env in got.items()}
+    return {point.rank: env for point, env in got.items()}
 
 
-def test_setup_torch_elastic_env_on_a_1x4_mesh(procs):
+def test_setup_torch_elastic_env_on_this_hosts_4_procs(procs):
     setup_torch_elastic_env(procs)
     envs = _read_env(procs)
-    _, table = EXPECTED["1x4"]
+    _, table = EXPECTED["4"]
     assert set(envs) == set(table)
-    for coords, env in envs.items():
-        _check(env, table[coords])
+    for rank, env in envs.items():
+        _check(env, table[rank])
     # every rank meets at the first proc's host, on one port
     assert len({(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in envs.values()}) == 1
-    assert int(envs[(0, 0)]["MASTER_PORT"]) > 0 and envs[(0, 0)]["MASTER_ADDR"]
+    assert int(envs[0]["MASTER_PORT"]) > 0 and envs[0]["MASTER_ADDR"]
 
 
-def test_setup_torch_elastic_env_on_a_2x2_mesh(host):
-    job = LocalJob(hosts=2)
+@pytest.mark.parametrize(("layout", "hosts", "master"), [("1x4", 1, None), ("2x2", 2, ("10.9.8.7", 4321))])
+def test_setup_torch_elastic_env_on_host_meshes(host, layout, hosts, master):
+    sizes, table = EXPECTED[layout]
+    job = LocalJob(hosts=hosts)
     try:
-        pm = job.host_mesh().spawn_procs(per_host={"gpus": 2})
+        pm = job.host_mesh().spawn_procs(per_host={"gpus": sizes["gpus"]})
+        assert pm.sizes == sizes
         pids = set(pm.pids().values())
-        setup_torch_elastic_env(pm, "10.9.8.7", 4321)  # given: used as is
+        setup_torch_elastic_env(pm, *(master or ()))
         envs = _read_env(pm)
-        _, table = EXPECTED["2x2"]
         assert set(envs) == set(table)
-        for coords, env in envs.items():
-            _check(env, table[coords])
-            assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("10.9.8.7", "4321")
+        for rank, env in envs.items():
+            _check(env, table[rank])
+        assert len({(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in envs.values()}) == 1
+        if master:  # given: used as is
+            assert (envs[0]["MASTER_ADDR"], envs[0]["MASTER_PORT"]) == (master[0], str(master[1]))
         pm.stop(timeout=5)
     finally:
         job.stop()
@@ -157,7 +156,7 @@ def test_a_slice_of_the_mesh_is_a_job_of_its_own(procs):
 def test_monarchs_way_spawn_spmd_actor_and_call_main(procs, tmp_path):
     """As Monarch's docs do it: spawn SPMDActor, ask the first rank for the rendezvous, call main."""
     actors = procs.spawn("spmd_by_hand", SPMDActor)
-    addr, port = actors.slice(hosts=0, gpus=0).get_host_port.call_one(None).get(30)
+    addr, port = actors.slice(gpus=0).get_host_port.call_one(None).get(30)
     args = [ALLREDUCE, "--steps", "2", "--out", str(tmp_path)]
     done = actors.main.call(addr, port, args).get(60)
     assert list(done.values()) == [True] * 4
@@ -183,7 +182,7 @@ def test_a_rank_that_raises_is_named_first_and_the_mesh_runs_again(procs):
     with pytest.raises(ActorError) as caught:
         run_script(procs, [ALLREDUCE, "--steps", "5", "--fail-rank", "1"]).get(60)
     err = root_causes_first(caught.value)
-    assert err.coords == {"hosts": 0, "gpus": 1}
+    assert err.coords == {"gpus": 1}
     assert str(err).startswith("ValueError: rank 1 fails on purpose at step 0\n  raised in spmd.main on")
     first = err.failures[0].traceback
     # the remote traceback starts at the script: no frames of ours or runpy's

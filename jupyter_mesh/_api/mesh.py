@@ -18,7 +18,7 @@ from .._core.refs import ProcMeshRef, new_id
 from .._core.shape import Extent, Shape
 from .._core.state import MeshEvent, MeshState
 from .._core.value_mesh import ValueMesh
-from ..errors import MeshClosedError, MeshValueError
+from ..errors import MeshClosedError, MeshValueError, SupervisionError
 
 if TYPE_CHECKING:
     from .._runtime.client import Client
@@ -110,6 +110,8 @@ class ActorMesh(_MeshTrait, Generic[A]):
         self._class_name, self._endpoint_names = class_name, endpoint_names
         self._view = view  # None: the whole proc mesh, following it when it grows or shrinks
         self.initialized: Future[None] | None = None  # set by ProcMesh.spawn in the spawning process
+        if "stop" in endpoint_names:  # the actor's own endpoint wins over ActorMesh.stop
+            self.stop = MeshEndpoint(self, "stop")  # type: ignore[method-assign,assignment]
 
     @property
     def _shape(self) -> Shape:
@@ -144,6 +146,29 @@ class ActorMesh(_MeshTrait, Generic[A]):
     @property
     def name(self) -> str:
         return self._name
+
+    def stop(self, reason: str = "stopped by client") -> Future[None]:
+        """Stop these actors (Monarch's ``ActorMesh.stop``): each stops after the calls this process
+        sent it before, and answers every later call with ``SupervisionError`` (kind ``stopped``);
+        their procs, and other actors there, live on. ``reason`` is Monarch's argument, unused.
+        (An actor class with an endpoint named ``stop`` keeps it: then ``mesh.stop`` is that endpoint.)"""
+        from .._wire.protocol import STOP_ENDPOINT
+
+        done: Future[None] = Future(f"stop of actor mesh '{self._name}'")
+        try:
+            calls = _client().cast(self, STOP_ENDPOINT, (), {}, mode="call")
+        except SupervisionError:  # its procs are stopped or dead: so are these actors
+            return Future.completed(None, done._what)
+
+        def copy(f: Future[Any]) -> None:
+            err = f.exception(0)
+            if err is None or isinstance(err, SupervisionError):  # a dead actor is stopped too
+                done._set_result(None)
+            else:
+                done._set_exception(err)
+
+        calls.add_done_callback(copy)
+        return done
 
     def __repr__(self) -> str:
         return f"<ActorMesh '{self._name}' {self._class_name} {self._shape}>"
@@ -190,11 +215,28 @@ class MeshEndpoint(Generic[P, R]):
 
 
 class ProcMesh(_MeshTrait):
-    """Processes spawned on a host mesh; ``spawn`` puts one actor on each of them."""
+    """Processes spawned on a host mesh; ``spawn`` puts one actor on each of them.
+
+    A ProcMesh can be passed to an actor (an argument, or a spawn argument), which can then spawn its
+    own actor meshes on those procs (and supervise them: ``__supervise__``). Stopping, killing,
+    respawning and resizing stay with the program that spawned the procs.
+    """
 
     def __init__(self, controller: Controller, ref: ProcMeshRef, view: Shape | None = None):
         self._controller, self._ref = controller, ref
         self._view = view  # None: the whole mesh, whatever its current size
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        self._controller.faults.lend(self._ref.mesh_id)  # passed to an actor: it supervises what it spawns
+        return (_proc_mesh_ref, (self._ref, self._view))
+
+    def _owner_only(self, what: str) -> None:
+        """Only the process whose controller spawned the procs holds their record (pids, agents, logs)."""
+        if self._ref.mesh_id not in self._controller.meshes and not self.stopped:
+            raise MeshValueError(
+                f"cannot {what} proc mesh '{self._ref.name}' here: it was passed in from the program that "
+                "spawned it, and only that program can; spawn actors on it, or ask that program to"
+            )
 
     @property
     def _shape(self) -> Shape:
@@ -246,13 +288,22 @@ class ProcMesh(_MeshTrait):
         mesh: ActorMesh[A] = ActorMesh(
             self._ref, new_id(name), name, cls.__qualname__, frozenset(endpoints_of(cls)), self._view
         )
+        self._controller.faults.spawning(mesh._actor_id, self._ref.mesh_id)  # in an actor: it supervises them
         mesh.initialized = _client().spawn_actors(mesh, cls, args, kwargs)
         self._controller.watch_init(mesh, mesh.initialized, limit)
         return mesh
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop every proc of the mesh (graceful, then SIGKILL after ``timeout``); idempotent."""
+    def stop(self, reason: str = "stopped by client", *, timeout: float = 10.0) -> Future[None]:
+        """Stop every proc of the mesh; idempotent. Each proc finalizes (``atexit`` handlers, ``weakref``
+        finalizers) and exits; one that has not within ``timeout`` seconds is killed. Later calls to its
+        actors raise :class:`SupervisionError` (kind ``stopped``).
+
+        The stop is done when this returns; the :class:`Future` it returns (already complete) is for
+        Monarch's ``await pm.stop()`` and ``pm.stop().get()``. ``reason`` is Monarch's argument, unused.
+        """
+        self._owner_only("stop")
         self._controller.stop_procs(self._ref, timeout)
+        return Future.completed(None, f"stop of '{self._ref.name}'")
 
     def __enter__(self) -> ProcMesh:
         return self
@@ -260,8 +311,15 @@ class ProcMesh(_MeshTrait):
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    async def __aenter__(self) -> ProcMesh:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.stop()
+
     def state(self) -> MeshState:
         """A snapshot of every rank's state (starting, idle, busy, paused, failed, stopped)."""
+        self._owner_only("read the state of")
         return self._controller.state.snapshot(self._ref.mesh_id)
 
     def subscribe(self, listener: Callable[[MeshEvent], None]) -> Callable[[], None]:
@@ -270,6 +328,7 @@ class ProcMesh(_MeshTrait):
         Listeners run on the runtime's threads (its receive thread, or a caller's thread while it reads
         its own replies in ``get()``): keep them quick, non-blocking and thread-safe.
         """
+        self._owner_only("subscribe to")
         return self._controller.state.subscribe(listener, self._ref.mesh_id)
 
     def _rank_of(self, rank: int | Mapping[str, int]) -> int:
@@ -289,6 +348,7 @@ class ProcMesh(_MeshTrait):
         The rank then counts as failed, like any other death: calls to it raise SupervisionError
         until :meth:`respawn` gives it a new proc.
         """
+        self._owner_only("kill")
         self._check_open()
         self._controller.kill(self._ref, self._rank_of(rank), sig)
 
@@ -296,6 +356,7 @@ class ProcMesh(_MeshTrait):
         """New procs for failed ranks (all of them by default), at the same coordinates; every actor
         mesh spawned on this proc mesh from this program is re-created there with its original
         arguments. Returns the respawned global ranks."""
+        self._owner_only("respawn")
         self._check_open()
         targets = None if ranks is None else [self._rank_of(r) for r in ranks]
         return self._controller.respawn(self._ref, targets, timeout)
@@ -307,6 +368,7 @@ class ProcMesh(_MeshTrait):
         Ranks keep their numbers, so only the outermost dim of size > 1 can change (``gpus`` on one
         host, or ``hosts``). Shrinking stops the procs past the new end.
         """
+        self._owner_only("resize")
         self._check_open()
         if self._view is not None:
             raise MeshValueError("resize() the whole proc mesh, not a slice of it")
@@ -317,6 +379,7 @@ class ProcMesh(_MeshTrait):
 
     def logs(self, rank: int | None = None, tail: int | None = 200) -> list[str]:
         """The last ``tail`` output lines of the procs (or of one global ``rank``), prefixed by rank."""
+        self._owner_only("read the logs of")
         lines = self._controller.logs(self._ref, rank, tail)
         return [
             f"[{self._ref.name} {','.join(f'{k}={v}' for k, v in self._ref.coords(r).items())}] {text}"
@@ -330,12 +393,14 @@ class ProcMesh(_MeshTrait):
         several ranks are folded). Asked of each proc's receive thread, so a rank stuck in a
         collective or a deadlock answers; one holding the GIL in native code says so. Runtime threads
         that only wait are left out unless ``all_threads``."""
+        self._owner_only("read the stacks of")
         self._check_open()
         ranks = [self._rank_of(rank)] if rank is not None else list(self._shape.ranks())
         return self._controller.stacks(self._ref, ranks, timeout, all_threads)
 
     def pids(self) -> dict[int, int]:
         """Global rank -> OS pid, for the procs of this view (handy for tests and debugging)."""
+        self._owner_only("list the pids of")
         pids = self._controller.proc_pids(self._ref.mesh_id)
         return {r: pids[r] for r in self._shape.ranks()}
 
@@ -349,6 +414,17 @@ class ProcMesh(_MeshTrait):
         if renderer is None:
             return {"text/plain": repr(self)}
         return renderer(self)
+
+
+def _proc_mesh_ref(ref: ProcMeshRef, view: Shape | None) -> ProcMesh:
+    """A ProcMesh unpickled in another process (an actor it was passed to): bound to that process's
+    controller, which inside a proc shares the proc's runtime. Back in the spawning program, the
+    controller's own record of it (kept current by respawns and resizes) is used."""
+    from .._runtime.controller import Controller
+
+    ctl = Controller.get()
+    rec = ctl.meshes.get(ref.mesh_id)
+    return ProcMesh(ctl, rec.ref if rec is not None else ref, view)
 
 
 renderer: Callable[[ProcMesh], dict[str, Any]] | None = None
@@ -409,8 +485,30 @@ class HostMesh(_MeshTrait):
             env=dict(env or {}),
             preload=list(preload),
             timeout=timeout,
+            host_dims=len(self._shape.labels),
         )
         return ProcMesh(self._controller, ref)
+
+    def stop(self, *, timeout: float = 10.0) -> Future[None]:
+        """Stop every proc mesh spawned on this host mesh's job (as ``ProcMesh.stop``), keeping its
+        hosts (agents) for new ones. Done when this returns; the Future is Monarch's."""
+        for rec in list(self._controller.meshes.values()):
+            if rec.job is self._job and not rec.stopped:
+                self._controller.stop_procs(rec.ref, timeout)
+        return Future.completed(None, "stop of a host mesh")
+
+    def shutdown(self, *, timeout: float = 10.0) -> Future[None]:
+        """Stop its proc meshes, then its hosts' agents: the hosts cannot be used any more (a new
+        ``this_host()`` starts a fresh agent). Done when this returns; the Future is Monarch's."""
+        self.stop(timeout=timeout)
+        self._job.stop()
+        return Future.completed(None, "shutdown of a host mesh")
+
+    async def __aenter__(self) -> HostMesh:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.shutdown()
 
     def __repr__(self) -> str:
         return f"<HostMesh {self._shape}>"

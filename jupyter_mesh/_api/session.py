@@ -8,13 +8,22 @@ from typing import TYPE_CHECKING, Any, cast
 from .._core import context as _context
 from .._core.context import Requester
 from .._core.state import MeshEvent, MeshState
-from ..errors import MeshValueError, SupervisionError
+from ..errors import MeshFailure, MeshValueError
 
 if TYPE_CHECKING:
     from .._core.refs import ActorMeshRef
     from .mesh import ActorMesh, ProcMesh
 
-__all__ = ["mesh_states", "on_send", "proc_mesh", "set_fault_hook", "shutdown", "subscribe", "sync_output"]
+__all__ = [
+    "mesh_states",
+    "on_send",
+    "proc_mesh",
+    "set_actor_errors",
+    "set_fault_hook",
+    "shutdown",
+    "subscribe",
+    "sync_output",
+]
 
 
 def mesh_states(include_stopped: bool = False) -> list[MeshState]:
@@ -85,8 +94,9 @@ def shutdown() -> None:
         inst.shutdown()
 
 
-def set_fault_hook(hook: Callable[[SupervisionError], None] | None) -> Callable[[SupervisionError], None]:
-    """Choose what happens to a failure no pending call was told about; returns the previous hook.
+def set_fault_hook(hook: Callable[[MeshFailure], None] | None) -> Callable[[MeshFailure], None]:
+    """Choose what happens to a failure no pending call was told about (a :class:`MeshFailure`, which
+    is a ``SupervisionError``); returns the previous hook.
 
     Default (``None``): fail fast - print it, raise it at the next API call, exit non-zero at the end
     if it was never raised. Jupyter kernels install a hook that shows it and keeps the kernel alive.
@@ -94,6 +104,16 @@ def set_fault_hook(hook: Callable[[SupervisionError], None] | None) -> Callable[
     from .._runtime import hooks
 
     return hooks.set_fault_hook(hook)
+
+
+def set_actor_errors(mode: str) -> str:
+    """What an error that no caller receives (under ``broadcast()``, or a ``BaseException``) does to
+    the actor, for actor meshes spawned from now on; returns the previous mode. ``"fatal"`` (the
+    default, Monarch's): the actor dies, later calls raise ``SupervisionError``, the fault hook hears
+    of it. ``"survive"`` (the ``mesh`` kernel's): it is reported, and the actor lives on."""
+    from .._runtime import actor_errors
+
+    return actor_errors.set_actor_errors(mode)
 
 
 def _controller_client() -> Requester:

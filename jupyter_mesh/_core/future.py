@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Callable, Generator
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -40,6 +41,19 @@ class Driver(Protocol):
     def wake(self) -> None: ...
 
 
+class PauseHook(Protocol):
+    """A front that serves debugger prompts on the thread waiting in ``get()`` (the notebook: an actor
+    paused in ``breakpoint()`` prompts in the cell that waits on its call). ``watch`` says the thread
+    waits on ``fut`` now (it returns the function that ends the watch, or None: not this thread); the
+    front calls ``fut._poke()`` when a pause needs the waiter, and ``get()`` then calls ``serve``."""
+
+    def watch(self, fut: Future[Any]) -> Callable[[], None] | None: ...
+    def serve(self) -> None: ...
+
+
+pause_hook: PauseHook | None = None  # set by ``jupyter_mesh.debug.prompt_while_waiting``
+
+
 class Future(Generic[T]):
     """A value that arrives later. ``get(timeout)`` blocks; ``await fut`` suspends."""
 
@@ -49,6 +63,7 @@ class Future(Generic[T]):
         "_lock",
         "_on_cancel",
         "_on_interrupt",
+        "_poked",
         "_remote_cancelled",
         "_state",
         "_value",
@@ -68,6 +83,7 @@ class Future(Generic[T]):
         self._on_interrupt: Callable[[], BaseException] | None = None
         self._remote_cancelled = False
         self._driver: Driver | None = None
+        self._poked = False  # a debugger pause wants the waiting thread (``PauseHook``)
 
     # -- producer side (the runtime) --------------------------------------------------------------
     def _finish(self, state: int, value: Any) -> bool:
@@ -86,6 +102,18 @@ class Future(Generic[T]):
         if self._driver is not None:
             self._driver.wake()
         return True
+
+    def _poke(self) -> None:
+        """Wake the thread waiting in ``get()`` without a value: a debugger pause needs it."""
+        with self._lock:
+            if self._state != _PENDING:
+                return
+            self._poked = True
+            waiters, self._waiters = self._waiters, None
+        for w in waiters or ():
+            w.release()
+        if self._driver is not None:
+            self._driver.wake()
 
     def _set_result(self, value: T) -> None:
         self._finish(_VALUE, value)
@@ -114,8 +142,8 @@ class Future(Generic[T]):
         waiter = threading.Lock()
         waiter.acquire()
         with self._lock:
-            if self._state != _PENDING:
-                return True
+            if self._state != _PENDING or self._poked:
+                return self._state != _PENDING
             if self._waiters is None:
                 self._waiters = []
             self._waiters.append(waiter)
@@ -137,12 +165,17 @@ class Future(Generic[T]):
         Ctrl-C (or a notebook interrupt) while waiting cancels the remote work, then re-raises.
         """
         if self._state == _PENDING:
-            wait = timeout
             try:
-                if self._driver is not None:
-                    wait = self._driver.drive(self, wait)
-                if not self._wait(wait):
-                    raise MeshTimeoutError("call", timeout, self._what)
+                hook = pause_hook
+                if hook is None:
+                    self._poked = False  # a poke that came too late for a front gone since: not ours
+                    wait = timeout
+                    if self._driver is not None:
+                        wait = self._driver.drive(self, wait)
+                    if not self._wait(wait):
+                        raise MeshTimeoutError("call", timeout, self._what)
+                else:
+                    self._get_serving(hook, timeout)
             except KeyboardInterrupt:
                 if self._on_interrupt is None or self._state != _PENDING:
                     self.cancel()
@@ -151,6 +184,30 @@ class Future(Generic[T]):
         if self._state == _ERROR:
             raise self._value
         return self._value  # type: ignore[no-any-return]
+
+    def _get_serving(self, hook: PauseHook, timeout: float | None) -> None:
+        """``get()``'s wait while a front serves debugger prompts on this thread: time spent at a
+        prompt does not count against ``timeout``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            stop = hook.watch(self)
+            try:
+                if self._driver is not None:
+                    wait = self._driver.drive(self, wait)
+                done = self._wait(wait)
+            finally:
+                if stop is not None:
+                    stop()
+            if done:
+                return
+            if not self._poked:
+                raise MeshTimeoutError("call", timeout, self._what)
+            self._poked = False
+            began = time.monotonic()
+            hook.serve()
+            if deadline is not None:
+                deadline += time.monotonic() - began
 
     def cancel(self) -> bool:
         """Stop waiting and ask the remote side to stop; False if the result was already there."""

@@ -138,6 +138,11 @@ class Point(Mapping[str, int]):
     def __repr__(self) -> str:
         return "Point({" + ", ".join(f"'{k}': {v}" for k, v in self.items()) + f"}}, rank={self.rank})"
 
+    def __str__(self) -> str:
+        """As Monarch prints a rank: ``{'hosts': 0/1, 'gpus': 3/4}`` (coordinate/size per dim)."""
+        sizes = dict(zip(self.extent.labels, self.extent.sizes))
+        return "{" + ", ".join(f"'{k}': {v}/{sizes[k]}" for k, v in self.items()) + "}"
+
     def __reduce__(self) -> tuple[Any, ...]:
         return (Point, (self.rank, self.extent))
 

@@ -2,7 +2,7 @@
 ``jupyter-mesh status`` render. Pure data and callbacks: no sockets, no Jupyter.
 
 A rank is *starting* until its proc reports in, then *idle* or *busy* (calls from this controller in
-flight), *failed* (with a :class:`~jupyter_mesh.errors.Failure`), or *stopped*.
+flight), *paused* (an actor of it stopped in the debugger), *failed* (with a :class:`~jupyter_mesh.errors.Failure`), or *stopped*.
 A rank's ``note`` says what a state alone cannot: an actor still in its ``__init__`` ("initializing
 'trainer' (42 s)"), or a proc that does not answer because it is busy in native code.
 
@@ -39,12 +39,15 @@ class ProcState(str, enum.Enum):
     STARTING = "starting"
     IDLE = "idle"
     BUSY = "busy"
-    PAUSED = "paused"  # reserved for a rank stopped in a debugger (remote pdb); nothing sets it yet
+    PAUSED = "paused"  # an actor of the rank stopped in the debugger (``breakpoint()``); its note says where
     FAILED = "failed"
     STOPPED = "stopped"
 
     def __str__(self) -> str:
         return self.value
+
+
+_IN_CALL = (ProcState.BUSY, ProcState.PAUSED)  # a paused rank is still in its call
 
 
 class HostState(str, enum.Enum):
@@ -184,15 +187,16 @@ class _TrackedMesh:
         self.stopped = False
 
     def moved(self, rank: int, old: ProcState, new: ProcState) -> None:
-        """Keep the busy clocks and the current wave in step with a rank's state change."""
-        if new == ProcState.BUSY and old != ProcState.BUSY:
+        """Keep the busy clocks and the current wave in step with a rank's state change (a paused
+        rank is still in its call: busy for the wave)."""
+        if new in _IN_CALL and old not in _IN_CALL:
             now = time.monotonic()
             self.busy_since[rank] = now
             if self.wave is None:
                 self.wave = _Wave(now)
             self.wave.left.add(rank)
             self.wave.done.discard(rank)
-        elif old == ProcState.BUSY and new != ProcState.BUSY:
+        elif old in _IN_CALL and new not in _IN_CALL:
             self.busy_since[rank] = None
             w = self.wave
             if w is not None and rank in w.left:
@@ -332,6 +336,26 @@ class StateTracker:
             return
         e.notes[rank] = text
         self._emit(MeshEvent("note", e.mesh_id, e.name, rank, e.coords[rank], e.state[rank], note=text))
+
+    def paused(self, mesh_id: str, rank: int, where: str) -> None:
+        """An actor of ``rank`` stopped in the debugger at ``where`` ("file:line"); the rest of the
+        mesh runs on. Until :meth:`resumed`, calls starting or ending there leave it paused."""
+        e = self._meshes.get(mesh_id)
+        if e is None or e.stopped or rank >= len(e.state) or e.state[rank] in (ProcState.FAILED, ProcState.STOPPED):
+            return
+        e.notes[rank] = f"paused at {where}"
+        if e.state[rank] == ProcState.PAUSED:  # another stop of the same rank: only the note changes
+            self._emit(MeshEvent("note", e.mesh_id, e.name, rank, e.coords[rank], e.state[rank], note=e.notes[rank]))
+        else:
+            self._set(e, rank, ProcState.PAUSED)
+
+    def resumed(self, mesh_id: str, rank: int) -> None:
+        """No actor of ``rank`` is in the debugger any more: busy or idle as its calls say."""
+        e = self._meshes.get(mesh_id)
+        if e is None or e.stopped or rank >= len(e.state) or e.state[rank] != ProcState.PAUSED:
+            return
+        e.notes[rank] = ""
+        self._set(e, rank, ProcState.BUSY if e.inflight[rank] else ProcState.IDLE)
 
     def initializing(self, mesh_id: str, ranks: list[int], actor_id: str, name: str = "", done: bool = False) -> None:
         """Actor ``actor_id`` (``name``) is being constructed on ``ranks`` (until called again with ``done``)."""

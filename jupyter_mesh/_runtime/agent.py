@@ -23,7 +23,17 @@ from typing import Any
 
 from .._core.shape import Point, Shape
 from .._wire.channels import CurveKeys
-from .._wire.protocol import BROKEN, OK, OUT_SYNC_PREFIX, RAISED, Dispatch, Kind, check_version, reply_header
+from .._wire.protocol import (
+    BROKEN,
+    OK,
+    OUT_SYNC_PREFIX,
+    RAISED,
+    Dispatch,
+    Kind,
+    check_version,
+    debug_forward,
+    reply_header,
+)
 from .._wire.serialize import dumps
 from .._wire.transport import Message, Transport
 from ..errors import Failure, MeshValueError, SupervisionError
@@ -101,6 +111,7 @@ class Agent:
     # -- plumbing ---------------------------------------------------------------------------------
     def _event(self, header: dict[str, Any], obj: Any = None) -> None:
         if self.keeper.detached:  # nobody to tell: what a new controller needs, it asks for (``hosted``)
+            self.keeper.hold(header, obj)  # a proc's exit, for a silent controller that comes back
             return
         payload, bufs = dumps(obj) if obj is not None else (b"", [])
         try:
@@ -135,6 +146,7 @@ class Agent:
                 Kind.SHUTDOWN: self._on_shutdown,
                 Kind.DETACH: self.keeper.on_detach,
                 Kind.REATTACH: self.keeper.on_reattach,
+                Kind.DEBUG: lambda msg, _: self._event(debug_forward(msg.header)),  # remote pdb
             },
         )
 
@@ -144,6 +156,8 @@ class Agent:
             self.shutdown(orphaned=False)
 
     def handle(self, msg: Message, frames: list[Any]) -> None:
+        if self.keeper.deposed and self.keeper.refuses(msg):  # from a controller that lost this job
+            return
         self.dispatch(msg, frames)
 
     def _on_gathered_reply(self, msg: Message, frames: list[Any]) -> None:
@@ -165,6 +179,8 @@ class Agent:
             self.transport.send_raw(addr, frames)
 
     def _on_heartbeat(self, msg: Message, frames: list[Any]) -> None:
+        if not self.keeper.on_heartbeat(msg):  # kept alive: only the controller that owns the job counts
+            return
         self.last_controller = time.monotonic()
         # to the controller's heartbeat socket: its liveness must not queue behind replies
         self.transport.send(
@@ -243,6 +259,7 @@ class Agent:
                 "mesh_id": mesh.mesh_id,
                 "mesh_name": mesh.name,
                 "shape": cfg0["shape"],
+                "host_dims": cfg0.get("host_dims", 1),
                 "agent": self.transport.address,
                 "env": cfg0.get("env") or {},
                 "preload": cfg0.get("preload") or [],
@@ -250,6 +267,7 @@ class Agent:
                 "curve": self.curve.to_wire() if self.curve else None,
                 # what we relayed before it existed: a replay of that must not run in it
                 "floors": self.transport.floors(self.transport.address),
+                "deposed": list(self.keeper.deposed),  # controllers that lost this job: nothing of theirs runs
                 "cwd": cfg0.get("cwd"),
                 "path": cfg0.get("path"),
             }

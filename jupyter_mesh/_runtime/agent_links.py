@@ -98,8 +98,10 @@ class AgentLinks:
                 print(f"jupyter_mesh: {e}", file=sys.stderr)
             return
         if w is None:  # nobody waits for it (a job that gave up or stopped): it must not live on, unwatched
+            # but a kept agent answering a reattach that gave up keeps its procs for the next try
+            late = {"k": Kind.DETACH, "nonce": h.get("nonce")} if "hosted" in h else {"k": Kind.SHUTDOWN}
             try:
-                self.transport.send(h["addr"], Message({"k": Kind.SHUTDOWN}))
+                self.transport.send(h["addr"], Message(late))
                 self.transport.forget(h["addr"], linger_ms=1000)
             except Exception:  # noqa: BLE001 - an address we cannot reach: it exits on our silence
                 pass

@@ -29,13 +29,12 @@ from ..errors import (
     DeliveryError,
     Failure,
     MeshCancelledError,
-    MeshClosedError,
     MeshError,
     MeshValueError,
     SerializationError,
     SupervisionError,
 )
-from . import cancels, interrupts
+from . import actor_errors, cancels, interrupts
 from .calls import CallTable, ClientHooks
 from .inboxes import ActorInboxes
 from .outcomes import Outcomes
@@ -46,7 +45,7 @@ from .supervision import Supervision
 if TYPE_CHECKING:
     from .._core.refs import ActorMeshRef, ProcMeshRef
 
-__all__ = ["Client", "current_client", "set_current_client"]
+__all__ = ["Client", "current_client", "set_current_client", "stopped_error"]
 
 
 def current_client() -> Client:
@@ -81,6 +80,7 @@ class Client:
         self.rank_moved = self.supervision.rank_moved
         self.reset_ranks = self.supervision.reset_ranks
         self.waits_on = self.supervision.waits_on
+        self.waits_on_actor = self.supervision.waits_on_actor
         self.constructing = self.supervision.constructing
         self.peer_lost = self.supervision.peer_lost
         self.fail_all = self.supervision.fail_all
@@ -116,7 +116,7 @@ class Client:
         ):
             return None  # the common case, cheaply
         if ref.mesh_id in self.calls.stopped:
-            return MeshClosedError(f"proc mesh '{ref.name}' was stopped; {context} cannot run. Spawn a new proc mesh.")
+            return stopped_error(ref, ranks, context)
         gone = [r for r in ranks if r >= len(ref.proc_addrs)]
         if gone:
             return MeshValueError(
@@ -247,6 +247,7 @@ class Client:
             "sl": mesh._shape.slice.to_wire(),
             "s": self.address,
             "rm": DIRECT,  # one reply per rank, not per host: each constructor is known done when it is
+            "fa": int(actor_errors.fatal()),
         }
         self._send_cast(mesh, ranks, header, payload, bufs, p)
         if self.hooks.on_spawn is not None:
@@ -270,6 +271,7 @@ class Client:
                 "rm": DIRECT,
                 "i": call_id,
                 "q": self._seqs(mesh, [rank]),
+                "fa": int(actor_errors.fatal()),
             }
             try:
                 self.transport.send(self._proc_addr(mesh._ref, rank), Message(header, payload, bufs))
@@ -307,6 +309,7 @@ class Client:
             return None
         fut: Future[Any] = Future(f"{mesh._class_name}.{endpoint}")
         p = Pending(fut, mesh._ref.mesh_id, mode, mesh._name, endpoint, mesh._shape, ranks, set(ranks), ref=mesh._ref)
+        p.actor_id = mesh._actor_id
         fut._on_cancel = lambda: self._cancel(p, mesh._actor_id)
         if self.boxes is not None:  # the controller: Ctrl-C reports where the call stopped (not in procs)
             fut._on_interrupt = lambda: self._interrupt(p)
@@ -479,7 +482,7 @@ class Client:
     def check_rank(self, mesh_id: str, mesh_name: str, rank: int, context: str) -> None:
         """Raise the error a call to ``rank`` of that proc mesh would raise now (stopped, failed)."""
         if mesh_id in self.calls.stopped:
-            raise MeshClosedError(f"proc mesh '{mesh_name}' was stopped; {context} cannot run. Spawn a new proc mesh.")
+            raise SupervisionError([Failure(mesh_name, {}, "stopped", STOPPED)], context)
         failure = self.calls.failed.get((mesh_id, rank))
         if failure is not None:
             raise SupervisionError([failure], context)
@@ -514,6 +517,18 @@ class Client:
         return fut
 
     # -- supervision -----------------------------------------------------------------------------------
+
+
+STOPPED = "its proc mesh was stopped"
+
+
+def stopped_error(ref: ProcMeshRef, ranks: list[int], context: str) -> SupervisionError:
+    """What a call to a stopped proc mesh raises, as in Monarch: a SupervisionError (kind ``stopped``)."""
+    shown = ranks[:16]
+    fails = [Failure(ref.name, ref.coords(r) if r < len(ref.proc_addrs) else {}, "stopped", STOPPED) for r in shown]
+    if len(ranks) > len(shown):  # the message lists 16 anyway; the count says the rest
+        fails += [Failure(ref.name, {}, "stopped", STOPPED)] * (len(ranks) - len(shown))
+    return SupervisionError(fails or [Failure(ref.name, {}, "stopped", STOPPED)], context)
 
 
 def _same_host(ref: ProcMeshRef, rank: int) -> bool:

@@ -42,7 +42,9 @@ from ..errors import (
 from . import hooks
 from .agent_links import AgentLinks
 from .client import Client
+from .debugger import Debugger
 from .elastic import Elastic
+from .faults import Faults
 from .hooks import Embedding
 from .inits import Inits
 from .logs import WorkerLogs, cut_line
@@ -84,7 +86,7 @@ class Controller:
                 inst = cls._instance
                 if inst is None:
                     inst = cls._instance = Controller(embedded=hooks.embedding())
-                    hooks.hold_faults_with(inst._hold_fault)
+                    hooks.hold_faults_with(inst.faults.hold)
         return inst
 
     @classmethod
@@ -136,7 +138,7 @@ class Controller:
         inst.shutdown()  # takes the instance lock itself
         with cls._instance_lock:
             new = cls._instance = Controller(bind=f"tcp://{ip}", carry=inst, keys=keys)
-            hooks.hold_faults_with(new._hold_fault)
+            hooks.hold_faults_with(new.faults.hold)
         return new
 
     def __init__(
@@ -176,11 +178,12 @@ class Controller:
         self._jobs: list[Job] = []
         self._lock = threading.Lock()
         self._closed = False
-        self.pending_fault: SupervisionError | None = None
         self.killed_on_request: set[tuple[str, int]] = set()
+        self.faults = Faults(self)  # who hears of a failure; what fail fast holds
         self.elastic = Elastic(self)
         self.kill, self.respawn, self.resize = self.elastic.kill, self.elastic.respawn, self.elastic.resize
         self.watch_init = self.inits.watch_init
+        self.raise_pending_fault = self.faults.raise_pending
         self.client.hooks.before_call = self.raise_pending_fault
         self.client.hooks.kill_ranks = self._kill_now
         # admission and liveness of agents: O(hosts) pings per interval, never O(procs)
@@ -188,6 +191,8 @@ class Controller:
         self.hb_timeout = self.links.hb_timeout
         self.expect_agent, self.stop_expecting = self.links.expect_agent, self.links.stop_expecting
         self.forget_agents, self.agent_lost = self.links.forget_agents, self.links.agent_lost
+        self.debugger = Debugger(self.state, self.meshes, self.transport, self.client)  # actors paused in breakpoint()
+        self.debugger.embedded = self.embedded
         self._thread: threading.Thread | None = None
         self.dispatch = self._table()
         if embedded is not None:
@@ -223,6 +228,8 @@ class Controller:
                 Kind.HEARTBEAT_ACK: self.links.on_heartbeat_ack,
                 Kind.AGENT_UP: self.links.on_agent_up,
                 Kind.AGENT_GONE: self.links.on_agent_gone,
+                Kind.ACTOR_FAULT: self.faults.actor_fault,
+                Kind.DEBUG: self.debugger.on_event,
             },
         )
 
@@ -250,7 +257,7 @@ class Controller:
         # order matters: whoever wakes up from a failed call, or sees the rank failed, may rely on
         # the fault having been handled and the state updated already
         try:
-            self._supervise(rec, rank, failure, self.client.waits_on(mesh_id, rank))
+            self.faults.rank_failed(rec, rank, failure, self.client.waits_on(mesh_id, rank))
         finally:
             self.state.failed(mesh_id, rank, failure)
             self.client.mark_failed({rank: failure}, mesh_id)
@@ -269,22 +276,6 @@ class Controller:
                 except Exception:  # noqa: BLE001 - closing down
                     return
 
-    def _supervise(self, rec: MeshRecord, rank: int, failure: Failure, told: bool) -> None:
-        """Who handles a failure: the actor that owns the mesh, else the fault hook if no call was told."""
-        if (rec.ref.mesh_id, rank) in self.killed_on_request:
-            return
-        emb = hooks.embedding()
-        if rec.owner is not None and emb is not None:
-            emb.supervise(rec.owner, SupervisionError([failure], f"in mesh '{rec.ref.name}' that it owns"))
-            return
-        if not told:
-            try:
-                hooks.fault_hook(SupervisionError([failure], "while nothing was waiting on it"))
-            except Exception:  # noqa: BLE001 - a broken hook must not break supervision
-                import traceback
-
-                traceback.print_exc()
-
     def _kill_now(self, ref: ProcMeshRef, ranks: list[int]) -> list[int]:
         """SIGKILL the procs of ``ranks`` (a second interrupt): the ranks they killed."""
         killed = []
@@ -296,22 +287,10 @@ class Controller:
                 print(f"jupyter_mesh: could not kill rank {r} of '{ref.name}': {e}", file=sys.stderr)
         return killed
 
-    # -- fail fast (the default fault hook in scripts) ---------------------------------------------
-    def _hold_fault(self, err: SupervisionError) -> None:
-        with self._lock:
-            prev = self.pending_fault
-            seen = {(f.mesh, tuple(sorted(f.coords.items())), f.kind) for f in (prev.failures if prev else [])}
-            new = [f for f in err.failures if (f.mesh, tuple(sorted(f.coords.items())), f.kind) not in seen]
-            self.pending_fault = SupervisionError([*(prev.failures if prev else []), *new], err.context)
-
-    def raise_pending_fault(self) -> None:
-        """Raise an unhandled failure at the next API call (once), as fail-fast promises."""
-        if self.pending_fault is None:
-            return
-        with self._lock:
-            err, self.pending_fault = self.pending_fault, None
-        if err is not None:
-            raise err
+    @property
+    def pending_fault(self) -> SupervisionError | None:
+        """A failure fail fast holds, to raise at the next API call (or exit 1 at the end)."""
+        return self.faults.pending
 
     def register_job(self, job: Job) -> None:
         self._check_open()
@@ -335,7 +314,9 @@ class Controller:
         env: dict[str, str],
         preload: list[str],
         timeout: float,
+        host_dims: int = 1,
     ) -> ProcMeshRef:
+        """``host_dims``: how many leading dims of ``shape`` are the host mesh's (0 for ``this_host()``)."""
         from .._core.refs import ProcMeshRef, new_id
 
         self._check_open()
@@ -352,6 +333,7 @@ class Controller:
             [r // per_host for r in range(len(shape))],
             [a.addr for a in hosts],
             [a.host_key for a in hosts],
+            host_dims,
         )
         rec = MeshRecord(ref, {})
         emb = hooks.embedding()
@@ -396,7 +378,9 @@ class Controller:
         preload: list[str],
         shape: Shape | None = None,
     ) -> Future[Any]:
-        req = protocol.spawn_procs(ref.mesh_id, ref.name, ranks, (shape or ref.shape).to_wire(), env, preload)
+        req = protocol.spawn_procs(
+            ref.mesh_id, ref.name, ranks, (shape or ref.shape).to_wire(), env, preload, ref.host_dims
+        )
         if agent.host_key == context().host_key:  # same machine: procs see our modules and relative paths
             req.update(cwd=os.getcwd(), path=sys.path)
         return self.client.request(agent.addr, req, what=f"spawn of proc mesh '{ref.name}'")
@@ -433,7 +417,7 @@ class Controller:
 
     def job_stopping(self, job: Job) -> None:
         """A job stops its agents, and with them every proc of its meshes: those meshes are stopped
-        (calls fail as closed), not failed (the procs' exits are not failures to report)."""
+        (calls raise SupervisionError, kind stopped), not failed (the procs' exits are not failures to report)."""
         for rec in list(self.meshes.values()):
             if rec.job is job and not rec.stopped:
                 rec.stopped = True
@@ -517,7 +501,9 @@ class Controller:
 
     def is_stopped(self, mesh_id: str) -> bool:
         rec = self.meshes.get(mesh_id)
-        return rec is None or rec.stopped
+        if rec is None:  # a mesh another process spawned (passed to an actor here): as its notices say
+            return mesh_id in self.client.calls.stopped
+        return rec.stopped
 
     def proc_pids(self, mesh_id: str) -> dict[int, int]:
         return dict(self.meshes[mesh_id].pids)

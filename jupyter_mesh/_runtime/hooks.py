@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from .._core.context import context
-from ..errors import SupervisionError
+from ..errors import MeshFailure, SupervisionError
 
 if TYPE_CHECKING:
     from .._wire.protocol import Dispatch
@@ -39,6 +39,8 @@ class Embedding:
     # the actor that is spawning (per thread), so its __supervise__ hears of its meshes' failures
     current_owner: Callable[[], Any]
     supervise: Callable[[Any, SupervisionError], None]
+    # (callback): the proc calls it with (proc mesh id, rank, Failure) for every rank failure it hears of
+    watch_failures: Callable[[Callable[[str, int, Any], None]], None]
 
 
 def embed(value: Embedding) -> None:
@@ -51,8 +53,9 @@ def embedding() -> Embedding | None:
     return cast("Embedding | None", context().embedding)
 
 
-FaultHook = Callable[[SupervisionError], None]
-"""Called (on the runtime's receive thread) with a failure that no pending call was told about."""
+FaultHook = Callable[[MeshFailure], None]
+"""Called (on the runtime's receive thread) with a failure that no pending call was told about: a
+:class:`MeshFailure`, which is a ``SupervisionError`` (hooks written for one still work)."""
 
 
 def fail_fast(err: SupervisionError) -> None:
@@ -63,10 +66,10 @@ def fail_fast(err: SupervisionError) -> None:
         hold(err)
 
 
-_fault_holder: FaultHook | None = None
+_fault_holder: Callable[[SupervisionError], None] | None = None
 
 
-def hold_faults_with(holder: FaultHook | None) -> None:
+def hold_faults_with(holder: Callable[[SupervisionError], None] | None) -> None:
     """The controller of this program keeps failures that ``fail_fast`` saw, to raise them at the
     next API call (set when it starts, cleared when it closes)."""
     global _fault_holder
@@ -86,6 +89,6 @@ def set_fault_hook(hook: FaultHook | None) -> FaultHook:
     return prev
 
 
-def fault_hook(err: SupervisionError) -> None:
+def fault_hook(err: MeshFailure) -> None:
     """Hand ``err`` to the installed hook."""
     _hook(err)

@@ -12,6 +12,12 @@ an old one sent again. The agent answers with a hello that carries what it hosts
 rank its address, pid, and whether it lives (and if not, how it ended) — and reports to the new
 controller from then on. A controller still heard from is not taken over unless the new one says
 ``force``: two kernels must not drive one job by accident; when forced, the old one is told why.
+
+A controller that lost the job (it was stopped — SIGSTOP, swapping — or forced out) may wake up and
+go on: whatever it sends from then on (heartbeats, casts, stops; by its epoch) is dropped here and
+in the procs, and it is told, so its calls fail naming the new one. One that was only silent, whose
+job nobody took meanwhile, is reported to again when its heartbeats come back, with the proc exits
+it missed.
 """
 
 from __future__ import annotations
@@ -56,9 +62,14 @@ class Keeper:
         self.agent = agent
         self.enabled = enabled
         self.detached = False
-        # the epoch of the controller that took this agent over: a SHUTDOWN or DETACH from an earlier
-        # one (it lost the job, and may not know yet) must not end or detach the job under the new one
+        self.on_purpose = False  # detached by a DETACH (the controller went), not by its silence
+        # the epoch of the controller this agent reports to: learned from its first heartbeat, then set
+        # by each reattach. A SHUTDOWN or DETACH from another one must not end or detach the job
         self.owner_epoch: str | None = None
+        self.nonce = ""  # of the reattach this agent answered last: a DETACH for an older one is late
+        self.deposed: dict[str, str] = {}  # controllers that lost this job (epoch -> address)
+        self._told: dict[str, float] = {}  # when each of them was last told so
+        self.missed: list[tuple[dict[str, Any], Any]] = []  # proc exits while the controller was silent
 
     def from_owner(self, msg: Message) -> bool:
         if self.owner_epoch is None or msg.header.get("se") == self.owner_epoch:
@@ -70,6 +81,43 @@ class Keeper:
         )
         return False
 
+    def refuses(self, msg: Message) -> bool:
+        """A message from a controller that lost this job (all but a reattach): dropped, since its
+        calls must not run under the new owner, and that controller is told why (once a second)."""
+        se = msg.header.get("se")
+        if se not in self.deposed or msg.header.get("k") == Kind.REATTACH:
+            return False
+        a = self.agent
+        a.transport.stats.dropped_deposed += 1
+        now = time.monotonic()
+        if now - self._told.get(se, 0.0) >= 1.0:
+            self._told[se] = now
+            self._tell_taken(self.deposed[se], a.controller)
+        return True
+
+    def on_heartbeat(self, msg: Message) -> bool:
+        """Whether a heartbeat counts (and is answered): only the owner's. One that comes back after
+        a silence that detached this agent, with nobody having taken the job, is reported to again."""
+        if not self.enabled:
+            return True
+        se = msg.header.get("se")
+        if self.owner_epoch is None:
+            self.owner_epoch = se  # the controller that started the job
+        if se != self.owner_epoch or (self.detached and self.on_purpose):
+            return False  # a key holder this job does not report to, or one that said it goes
+        if self.detached:
+            self.detached = False
+            missed, self.missed = self.missed, []
+            print("jupyter-mesh agent: the controller is back; reporting to it again", file=sys.stderr, flush=True)
+            for header, obj in missed:
+                self.agent._event(header, obj)
+        return True
+
+    def hold(self, header: dict[str, Any], obj: Any) -> None:
+        """An event while detached: a proc's exit is kept for a controller that comes back (bounded)."""
+        if not self.on_purpose and header.get("k") == Kind.PROC_EXIT and len(self.missed) < 4096:
+            self.missed.append((header, obj))
+
     def controller_silent(self, for_s: float) -> bool:
         """The controller has been silent for ``for_s`` (past the limit): True when the agent lives on."""
         if not self.enabled:
@@ -79,14 +127,28 @@ class Keeper:
         return True
 
     def on_detach(self, msg: Message, frames: list[Any]) -> None:
+        nonce = msg.header.get("nonce")
+        if nonce is not None and nonce != self.nonce:
+            return  # the answer to a reattach that gave up, overtaken by a newer one
         if self.enabled and self.from_owner(msg):
-            self._detach("the controller detached (it stopped, keeping this job alive)")
+            self._detach("the controller detached (it stopped, keeping this job alive)", on_purpose=True)
 
-    def _detach(self, why: str) -> None:
+    def _detach(self, why: str, on_purpose: bool = False) -> None:
         a = self.agent
-        self.detached = True
+        self.detached, self.on_purpose = True, on_purpose
+        if on_purpose:
+            self.missed.clear()
         a.transport.forget(a.controller)  # what it queued for the gone controller is dropped
         print(f"jupyter-mesh agent: {why}; keeping the procs and waiting to be reattached", file=sys.stderr, flush=True)
+
+    def _tell_taken(self, old: str, new: str) -> None:
+        a = self.agent
+        gone = {"k": Kind.AGENT_GONE, "addr": a.transport.address, "why": f"a controller at {new} took it over"}
+        try:
+            a.transport.send(old, Message(gone))
+            a.transport.forget(old, linger_ms=1000)
+        except Exception:  # noqa: BLE001 - an address we cannot reach: it is gone
+            pass
 
     def on_reattach(self, msg: Message, frames: list[Any]) -> None:
         a = self.agent
@@ -113,19 +175,29 @@ class Keeper:
             a.transport.send(new, Message(hello(cfg, a.transport.address, refused)))
             a.transport.forget(new, linger_ms=1000)
             return
-        old = a.controller
-        if not self.detached and new != old:  # forced: the old controller hears it lost this host, and why
-            a.transport.send(
-                old,
-                Message(
-                    {"k": Kind.AGENT_GONE, "addr": a.transport.address, "why": f"a controller at {new} took it over"}
-                ),
-            )
-            a.transport.forget(old, linger_ms=1000)
-        a.controller, a.last_controller, self.detached = new, time.monotonic(), False
-        self.owner_epoch = str(h.get("se"))
+        old, old_epoch, epoch = a.controller, self.owner_epoch, str(h.get("se"))
+        if new != old and not (self.detached and self.on_purpose):
+            # forced, or only silent (stopped, swapping): it may wake up, and must hear it lost this host
+            self._tell_taken(old, new)
+        if old_epoch is not None and old_epoch != epoch:
+            self._depose(old_epoch, old)
+        self.deposed.pop(epoch, None)
+        a.controller, a.last_controller, self.detached, self.on_purpose = new, time.monotonic(), False, False
+        self.owner_epoch, self.nonce = epoch, nonce
+        self.missed.clear()  # what the new controller needs, the hello says
         print(f"jupyter-mesh agent: reattached by {new}", file=sys.stderr, flush=True)
         a._event(hello(cfg, a.transport.address, hosted=self.hosted()))
+
+    def _depose(self, epoch: str, addr: str) -> None:
+        """From now on nothing of the controller at ``addr`` runs here, nor in this host's procs."""
+        a = self.agent
+        self.deposed[epoch] = addr
+        while len(self.deposed) > 64:
+            del self.deposed[next(iter(self.deposed))]
+        with a.lock:
+            procs = [p.addr for p in a.procs.values() if p.alive and p.up]
+        for addr in procs:
+            a.transport.send(addr, Message({"k": Kind.NOTICE, "what": "deposed", "ep": epoch}))
 
     def hosted(self) -> dict[str, Any]:
         """Every mesh this agent hosts: its name, shape and, per rank, [rank, address, pid, lives, how it ended]."""

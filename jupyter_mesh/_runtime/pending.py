@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import linecache
 import queue
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -12,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from .._core.future import Future
 from .._core.shape import Shape
-from .._wire.serialize import loads
 from ..errors import Failure, RemoteFailure
+from .remote_errors import exception_of, render_traceback
 
 if TYPE_CHECKING:
     from .._core.refs import ProcMeshRef
@@ -47,7 +46,7 @@ class Pending:
     ref: ProcMeshRef | None = None
     stream_q: queue.SimpleQueue[Future[Any]] | None = None
     call_id: int = 0
-    actor_id: str = ""  # spawns: whose inbox addresses the replies carry
+    actor_id: str = ""  # the actor called (spawns: whose inbox addresses the replies carry)
     box: ReplyBox | None = None  # where the replies go, if not to the client's inbox
     peer: str = ""  # control requests: the agent that must answer (its loss fails the request)
 
@@ -160,30 +159,10 @@ class Stream(Iterator[Future[Any]]):
 
 def remote_failure(info: Any, p: Pending, rank: int) -> RemoteFailure:
     coords = p.ref.coords(rank) if p.ref else {}
-    exc = None
-    if info.get("exc") is not None:
-        try:
-            exc = loads(info["exc"])
-        except Exception:  # noqa: BLE001 - the class may not exist here; the text is enough
-            exc = None
     tb = render_traceback(info) or info["tb"]
-    return RemoteFailure(coords, p.actor, info.get("endpoint", p.endpoint), info["type"], info["msg"], tb, exc)
-
-
-def render_traceback(info: dict[str, Any]) -> str:
-    """Re-render the remote frames here, filling source lines from this process's linecache: code
-    defined in a notebook cell exists only in the kernel's linecache, not on the worker."""
-    frames = info.get("frames")
-    if not frames:
-        return ""
-    out = ["Traceback (most recent call last):\n"]
-    for filename, lineno, name, line in frames:
-        out.append(f'  File "{filename}", line {lineno}, in {name}\n')
-        line = line or linecache.getline(filename, lineno or 0).strip()
-        if line:
-            out.append(f"    {line}\n")
-    out.append(info.get("tail") or f"{info['type']}: {info['msg']}\n")
-    return "".join(out)
+    return RemoteFailure(
+        coords, p.actor, info.get("endpoint", p.endpoint), info["type"], info["msg"], tb, exception_of(info)
+    )
 
 
 def pack_gathered(

@@ -87,7 +87,7 @@ class ReplyBox:
                 self._boxes.adopt(self)
                 return timeout
             nested = interrupts.held()  # inside a dispatch on this thread: stay interruptible while waiting
-            while not fut._done():
+            while not fut._done() and not fut._poked:  # poked: a debugger prompt needs this thread
                 wait_ms = -1 if deadline is None else int(max(0.0, deadline - time.monotonic()) * 1000)
                 # Ctrl-C here loses nothing: nothing was read (zmq_poll: Socket.poll builds a Poller).
                 # With no time left it still looks once: get(timeout=0) finds a reply already here

@@ -7,7 +7,7 @@ import pickle
 from typing import TYPE_CHECKING, Any
 
 from .._wire.protocol import BROKEN
-from ..errors import Failure, MeshClosedError
+from ..errors import Failure, MeshClosedError, SupervisionError
 
 if TYPE_CHECKING:
     from .calls import CallTable, ClientHooks
@@ -52,6 +52,15 @@ class Supervision:
         with self.calls.lock:
             return any(
                 p.mesh_id == mesh_id and rank in p.outstanding and p.mode != "spawn"
+                for p in self.calls.pending.values()
+            )
+
+    def waits_on_actor(self, actor_id: str, rank: int) -> bool:
+        """Whether a call from here (not a spawn) waits on that actor at ``rank``: it will hear of the
+        actor's failure."""
+        with self.calls.lock:
+            return any(
+                p.actor_id == actor_id and rank in p.outstanding and p.mode != "spawn"
                 for p in self.calls.pending.values()
             )
 
@@ -105,23 +114,25 @@ class Supervision:
             )
 
     def mark_stopped(self, mesh_id: str) -> None:
+        """Its proc mesh was stopped: what waits on it fails as Monarch's would (``SupervisionError``,
+        kind ``stopped``), and so will later calls (``client.stopped_error``)."""
         with self.calls.lock:
             self.calls.stopped.add(mesh_id)
             hit = [(cid, p) for cid, p in self.calls.pending.items() if p.mesh_id == mesh_id]
             for cid, _ in hit:
                 self.calls.pending.pop(cid, None)
         for _, p in hit:
-            p.fail(
-                MeshClosedError(f"proc mesh of '{p.actor}' was stopped while {p.endpoint} was pending"),
-                len(p.outstanding),
-            )
+            name = p.ref.name if p.ref is not None else mesh_id
+            fails = [
+                Failure(name, p.ref.coords(r) if p.ref is not None else {}, "stopped", "its proc mesh was stopped")
+                for r in sorted(p.outstanding)[:16]
+            ] or [Failure(name, {}, "stopped", "its proc mesh was stopped")]
+            p.fail(SupervisionError(fails, f"while {p.actor}.{p.endpoint} was pending"), len(p.outstanding))
         if self.hooks.on_stopped is not None:
             self.hooks.on_stopped(mesh_id)
 
     def peer_lost(self, address: str, why: str) -> None:
         """An agent is gone for good: requests waiting on it fail now, later ones at once."""
-        from ..errors import SupervisionError
-
         with self.calls.lock:
             self.calls.lost_peers[address] = why
             hit = [p for p in self.calls.pending.values() if p.peer == address]

@@ -44,7 +44,8 @@ def _preload(mods: list[str]) -> list[str]:
 def _child(
     sock: socket.socket, wake: tuple[int, int], fds: list[int], cfg: dict[str, Any], key: bytes, lifeline: int
 ) -> None:
-    """Runs in the forked child; becomes a proc and never returns."""
+    """Runs in the forked child; becomes a proc. A stopped proc leaves by ``SystemExit`` through the
+    template's frames, so its interpreter finalizes as at any normal exit; everything else ends here."""
     try:
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -70,10 +71,11 @@ def _child(
         sys.stderr = open(2, "w", buffering=1, closefd=False)
         from . import proc
 
-        proc.main(cfg, key, lifeline)
+        code = proc.main(cfg, key, lifeline)
     except BaseException:  # noqa: BLE001
         traceback.print_exc()
-    os._exit(3)
+        os._exit(3)
+    raise SystemExit(code)
 
 
 def main() -> None:

@@ -15,6 +15,8 @@ q     a call's sequence number(s) (per sender and actor; ``_q`` after delivery: 
 sl    the ranks a cast reaches, as a ``Slice``                    rm   the reply mode (below)
 rt    a reply box address (replies that bypass the caller's receive thread)
 ok    a reply's status (below)                                    to   where a gathered reply goes
+fa    a spawn asks its actors to end on errors no caller receives (Monarch's way; 0 or absent: live on)
+told  an ``actor_fault``'s failure already reached a caller (only an owning actor must still hear it)
 ====  =======================================================================================
 
 Every header also carries what the transport adds, signed with the rest: ``v`` the protocol version,
@@ -46,17 +48,23 @@ __all__ = [
     "OK",
     "OUT_SYNC_PREFIX",
     "RAISED",
+    "STOP_ENDPOINT",
     "VERSION",
     "Dispatch",
     "Kind",
     "check_version",
+    "debug_forward",
     "progress",
     "progress_calls",
     "reply_header",
 ]
 
-VERSION = 4
+VERSION = 5
 """Bump on any change a peer of the previous version would misread (a kind, a key, a code)."""
+
+STOP_ENDPOINT = "__stop__"
+"""The endpoint a call of ``ActorMesh.stop()`` names: it runs in its sender's order, after the calls
+sent before it (no user's endpoint is called so: a mesh's attributes starting with ``_`` are not)."""
 
 # reply modes a call header carries ("rm")
 NO_REPLY, DIRECT, GATHER = 0, 1, 2
@@ -81,10 +89,18 @@ class Kind:
     CANCEL = "cancel"  # client -> proc: cancel a running call of one actor
     CANCELLED = "cancelled"  # proc -> caller: a rank stopped working on a cancelled call
     SUPERVISE = "supervise"  # proc runtime -> actor: a mesh this actor spawned failed
+    ACTOR_FAULT = "actor_fault"  # proc -> an actor mesh's spawner: one of its actors failed (a Failure)
     RDMA = "rdma"  # reader -> buffer owner: a data-plane request (get, put, drop, ucx)
     STATS = "stats"  # any -> agent / proc: transport counters, as a reply
     STACKS = "stacks"  # controller -> proc: every thread's Python stack now, as a reply (from its receive thread)
     OUT_SYNC = "out_sync"  # controller -> proc: print a marker (``t``) after what it printed so far
+    # remote pdb (``_runtime/remote_pdb``, ``_runtime/debugger``): ``sid`` names one paused debugger
+    DEBUG = "debug"  # proc -> agent -> controller: ``ev`` paused (at ``where``), out (pdb's output up to its
+    #                  prompt, ``out``), resumed (it let the actor run on; ``step``: to stop again soon);
+    #                  ``pm``: a post-mortem stop (the endpoint raised)
+    DEBUG_IN = "debug_in"  # controller -> proc: to a paused debugger, a command ``line``, or ``src`` (the
+    #                        controller's source lines of files the proc cannot read: notebook cells); without
+    #                        ``sid``, ``pm``: post-mortem debugging on or off
     # procs and their agent
     PROC_UP = "proc_up"  # proc -> agent: the proc runs and listens at ``addr``
     ACTOR_UP = "actor_up"  # proc -> agent: an actor's inbox and thread id
@@ -116,10 +132,11 @@ class Kind:
 
 
 def spawn_procs(mesh_id: str, name: str, ranks: list[int], shape: Any, env: dict[str, str],
-                preload: list[str]) -> dict[str, Any]:  # fmt: skip
-    """Fork ``ranks`` of a new proc mesh (``shape``: its wire form) on the agent's host."""
+                preload: list[str], host_dims: int = 1) -> dict[str, Any]:  # fmt: skip
+    """Fork ``ranks`` of a new proc mesh (``shape``: its wire form) on the agent's host; its first
+    ``host_dims`` dims are the hosts' (torchrun's LOCAL_* variables count the others)."""
     return {"k": Kind.SPAWN_PROCS, "m": mesh_id, "name": name, "ranks": ranks, "shape": shape, "env": env,
-            "preload": preload}  # fmt: skip
+            "preload": preload, "host_dims": host_dims}  # fmt: skip
 
 
 def start_procs(mesh_id: str, ranks: list[int], shape: Any = None) -> dict[str, Any]:
@@ -151,6 +168,15 @@ def notice(what: str, mesh_id: str, rank: int | None = None, addr: str | None = 
     if addr is not None:
         h["addr"] = addr
     return h
+
+
+DEBUG_KEYS = ("k", "m", "rk", "sid", "ev", "an", "where", "out", "step", "pm")
+"""What a ``debug`` event carries: the agent forwards only these to the controller."""
+
+
+def debug_forward(header: dict[str, Any]) -> dict[str, Any]:
+    """A proc's ``debug`` event as its agent passes it on (its own transport fields dropped)."""
+    return {key: header[key] for key in DEBUG_KEYS if key in header}
 
 
 def progress(calls: dict[int, list[int]]) -> dict[str, Any]:

@@ -59,6 +59,7 @@ class TransportStats:
     dropped_other_version: int = 0  # signed by our key, written by a jupyter_mesh of another version
     dropped_misaddressed: int = 0  # signed for another destination (or another incarnation of this one)
     dropped_replayed: int = 0  # a copy of a message already received, or older than this receiver
+    dropped_deposed: int = 0  # from a controller that lost its kept job to another (``keep_alive``)
 
     @property
     def dropped(self) -> int:
@@ -68,6 +69,7 @@ class TransportStats:
             + self.dropped_other_version
             + self.dropped_misaddressed
             + self.dropped_replayed
+            + self.dropped_deposed
         )
 
 

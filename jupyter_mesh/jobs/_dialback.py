@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import time
 from collections.abc import Sequence
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
     from .._runtime.controller import Controller
     from .._runtime.hosts import AgentHandle
 
-__all__ = ["ENDED", "JobFiles", "jobs_dir", "still_queued", "stop_agents", "sweep_stale", "unlink"]
+__all__ = ["ENDED", "SLURM_JOB_ID", "JobFiles", "jobs_dir", "kept_job_ended", "stop_agents", "sweep_stale", "unlink"]
 
 
 class JobFiles:
@@ -148,9 +149,11 @@ def unlink(path: str) -> None:
         pass
 
 
-def sweep_stale(jobs_dir: str) -> None:
+def sweep_stale(jobs_dir: str) -> list[str]:
     """Job keys and records of controllers of this host that died without stopping (``kill -9``):
-    their jobs end on their own (the agents stop hearing heartbeats), their keys must not stay."""
+    their jobs end on their own (the agents stop hearing heartbeats), their keys must not stay; and
+    those of kept jobs SLURM says ended. Returns the kept jobs swept ("SLURM job 12 (CANCELLED)")."""
+    ended = []
     for name in os.listdir(jobs_dir):
         token, ext = os.path.splitext(name)
         if ext != ".json":
@@ -159,9 +162,13 @@ def sweep_stale(jobs_dir: str) -> None:
         try:
             with open(path) as f:
                 rec = json.load(f)
+            if not isinstance(rec, dict):
+                continue  # not one of our records: left alone
             if rec.get("keep_alive") is True:  # outlives its controller on purpose, until its job ends
-                if still_queued(rec):
+                state = kept_job_ended(rec)
+                if state is None:
                     continue
+                ended.append(f"SLURM job {rec['job_id']} ({state or 'no longer known to SLURM'})")
                 raise ProcessLookupError
             pid = int(rec["controller_pid"])
             if rec.get("controller_host") != host_key():
@@ -174,22 +181,30 @@ def sweep_stale(jobs_dir: str) -> None:
             continue  # unreadable, or a pid we may not signal (alive): left alone
         unlink(os.path.join(jobs_dir, token + ".key"))
         unlink(path)
+    return ended
 
 
-def still_queued(rec: dict[str, Any]) -> bool:
-    """Whether the scheduler still has a kept job (any state but ended); True when it cannot tell."""
-    if rec.get("scheduler") != "slurm" or not rec.get("job_id"):
-        return True
+def kept_job_ended(rec: dict[str, Any]) -> str | None:
+    """The state a kept job ended in ("" when SLURM no longer knows it), or None while the scheduler
+    still has it — or cannot say (slurmctld down, no SLURM client here, a record that names no job
+    id): only SLURM saying the job ended, or that it forgot it, makes its key go."""
+    job_id = str(rec.get("job_id"))
+    if rec.get("scheduler") != "slurm" or not SLURM_JOB_ID.fullmatch(job_id):
+        return None
     import subprocess
 
     try:
-        out = subprocess.run(
-            ["squeue", "-h", "-j", str(rec["job_id"]), "-o", "%T"], capture_output=True, text=True, timeout=30
-        ).stdout.strip()
+        p = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
-        return True
-    return bool(out) and out.split()[0] not in ENDED
+        return None
+    if p.returncode != 0:
+        return "" if "Invalid job id specified" in p.stderr else None  # SLURM forgot it, or cannot say
+    state = (p.stdout.split() or [""])[0]
+    return state if not state or state in ENDED else None
 
+
+SLURM_JOB_ID = re.compile(r"\d{1,12}(_\d{1,9})?")
+"""What a SLURM job id looks like (an array task: ``12_3``); a record's is checked against it."""
 
 ENDED = ("CANCELLED", "COMPLETED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL")
 """SLURM job states it does not leave."""

@@ -21,14 +21,26 @@ from .._core.refs import ProcMeshRef
 from .._core.shape import Shape
 from .._runtime.hosts import AgentHandle
 from .._runtime.records import MeshRecord
+from .._wire.addresses import parse_tcp
 from .._wire.protocol import Kind
 from ..errors import Failure, MeshError, MeshTimeoutError
+from ._dialback import SLURM_JOB_ID
 
 if TYPE_CHECKING:
+    from .._core.future import Future
     from .._runtime.controller import Controller
     from .._runtime.hosts import Job
 
-__all__ = ["Restored", "detach_agents", "kept_records", "reattach_agents", "restore_meshes", "saved_meshes"]
+__all__ = [
+    "Restored",
+    "detach_agents",
+    "kept_records",
+    "reattach_agents",
+    "record_problem",
+    "restore_meshes",
+    "saved_meshes",
+    "when_created",
+]
 
 SPAWN_KEPT_MAX = 4 << 20
 """Actors whose spawn arguments are larger than this are remembered without them (not re-created on
@@ -112,7 +124,14 @@ def restore_meshes(ctl: Controller, job: Job, saved: list[dict[str, Any]], hoste
                 proc_addrs[r], rank_host[r], pids[r] = addr, h, pid
                 lives[r], ended[r] = bool(alive), str(how)[:300]
         ref = ProcMeshRef(
-            str(m["id"]), name, shape, proc_addrs, rank_host, agents, [str(k) for k in m["host_keys"]], m["host_dims"]
+            str(m["id"]),
+            name,
+            shape,
+            proc_addrs,
+            rank_host,
+            agents,
+            [str(k) for k in m["host_keys"]],
+            m.get("host_dims", 1),
         )
         rec = MeshRecord(ref, {r: p for r, p in pids.items() if p})
         rec.job, rec.env, rec.preload = job, dict(m.get("env") or {}), list(m.get("preload") or [])
@@ -152,35 +171,125 @@ def _b64(b: bytes) -> str:
     return base64.b64encode(b).decode()
 
 
-def kept_records(jobs_dir: str, scheduler: str) -> list[tuple[str, dict[str, Any]]]:
-    """(token, record) of every ``scheduler`` job kept alive whose key file is still there, oldest first."""
-    out = []
+def kept_records(jobs_dir: str, scheduler: str) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
+    """(token, record) of every ``scheduler`` job kept alive whose key file is still there, oldest
+    first; and what is wrong with those that cannot be used (``TOKEN.json: why``), never trusted."""
+    out, problems = [], []
     for name in sorted(os.listdir(jobs_dir)):
         token, ext = os.path.splitext(name)
         if ext != ".json" or not os.path.exists(os.path.join(jobs_dir, token + ".key")):
             continue
         try:
-            with open(os.path.join(jobs_dir, name)) as f:
-                rec = json.load(f)
-        except (OSError, ValueError):
+            with open(os.path.join(jobs_dir, name), "rb") as f:
+                rec = json.loads(f.read(RECORD_MAX + 1))
+        except OSError as e:
+            problems.append(f"{name}: cannot be read ({e.strerror})")
             continue
-        if (
-            isinstance(rec, dict)
-            and rec.get("keep_alive") is True
-            and rec.get("scheduler") == scheduler
-            and rec.get("job_id")
-            and isinstance(rec.get("agents"), list)
-            and rec["agents"]
-        ):
+        except ValueError:
+            problems.append(f"{name}: is not JSON (or larger than {RECORD_MAX >> 20} MiB)")
+            continue
+        if not (isinstance(rec, dict) and rec.get("keep_alive") is True and rec.get("scheduler") == scheduler):
+            continue  # another scheduler's, or a job not kept alive
+        why = record_problem(rec)
+        if why:
+            problems.append(f"{name}: {why}")
+        else:
             out.append((token, rec))
-    return sorted(out, key=lambda tr: tr[1].get("created") or 0)
+    return sorted(out, key=lambda tr: when_created(tr[1].get("created"))), problems
+
+
+def when_created(created: Any) -> float:
+    """A record's ``created`` as a time (0 when it is none)."""
+    return float(created) if isinstance(created, (int, float)) and not isinstance(created, bool) else 0.0
+
+
+RECORD_MAX = 256 << 20
+"""A record larger than this is not read (the spawn arguments it keeps are each at most SPAWN_KEPT_MAX)."""
+
+_MAX_HOSTS = 65536
+
+
+def record_problem(rec: dict[str, Any]) -> str | None:
+    """What makes a kept job's record unusable, or None: it is the user's file, but read back as
+    data it must hold what a reattach sends and builds from, and nothing else (types, sizes)."""
+    job_id, nodes, agents = rec.get("job_id"), rec.get("nodes"), rec.get("agents")
+    if isinstance(job_id, bool) or not isinstance(job_id, (str, int)) or not SLURM_JOB_ID.fullmatch(str(job_id)):
+        return f"job_id {str(job_id)[:40]!r} is not a SLURM job id"
+    if type(nodes) is not int or not 1 <= nodes <= _MAX_HOSTS:
+        return f"nodes {str(nodes)[:40]!r} is not a number of hosts"
+    if not (isinstance(agents, list) and len(agents) == nodes and all(_tcp(a) for a in agents)):
+        return f"agents is not a list of {nodes} agent addresses (tcp://IP:PORT)"
+    if len(set(agents)) != len(agents):
+        return "agents names one address twice"
+    meshes = rec.get("meshes", [])
+    if not isinstance(meshes, list) or len(meshes) > 10000:
+        return "meshes is not a list of meshes"
+    for i, m in enumerate(meshes):
+        why = _mesh_problem(m, set(agents))
+        if why:
+            return f"meshes[{i}]: {why}"
+    return None
+
+
+def _tcp(addr: Any) -> bool:
+    if not (isinstance(addr, str) and len(addr) < 200):
+        return False
+    try:
+        parse_tcp(addr)
+    except ValueError:
+        return False
+    return True
+
+
+def _texts(x: Any, most: int = 100000) -> bool:
+    return isinstance(x, list) and len(x) <= most and all(isinstance(v, str) and len(v) <= 1000 for v in x)
+
+
+def _mesh_problem(m: Any, agents: set[str]) -> str | None:
+    if not isinstance(m, dict):
+        return "not a mesh"
+    if not (isinstance(m.get("id"), str) and isinstance(m.get("name"), str)):
+        return "its id and name are not texts"
+    hosts = m.get("agents")
+    if not (_texts(hosts) and hosts and set(hosts) <= agents):
+        return "its agents are not agents of the job"
+    if not (_texts(m.get("host_keys")) and len(m["host_keys"]) == len(hosts)):
+        return "its host_keys are not one text per agent"
+    if type(m.get("host_dims", 1)) is not int:
+        return "host_dims is not a number"
+    env = m.get("env") or {}
+    if not (isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
+        return "env is not texts by name"
+    if not _texts(m.get("preload") or []):
+        return "preload is not a list of module names"
+    actors = m.get("actors") or []
+    if not isinstance(actors, list):
+        return "actors is not a list"
+    for a in actors:
+        if not (isinstance(a, dict) and all(isinstance(a.get(k), str) for k in ("id", "name", "class"))):
+            return "an actor mesh's id, name or class is not a text"
+        if not _texts(a.get("endpoints")):
+            return f"actor mesh {a['name'][:40]!r}: endpoints is not a list of names"
+        try:
+            if a.get("view") is not None:
+                Shape.from_wire(a["view"])
+            spawn = a.get("spawn")
+            if spawn is not None:
+                payload, bufs = spawn
+                base64.b64decode(payload, validate=True)
+                for b in bufs:
+                    base64.b64decode(b, validate=True)
+        except (TypeError, ValueError, IndexError, KeyError, AttributeError):
+            return f"actor mesh {a['name'][:40]!r}: its view or spawn arguments are malformed"
+    return None
 
 
 def reattach_agents(
-    ctl: Controller, token: str, addrs: list[str], force: bool, timeout: float, what: str
+    ctl: Controller, token: str, addrs: list[str], force: bool, timeout: float, what: str, ending: str
 ) -> tuple[list[AgentHandle], dict[str, Any]]:
     """Ask each kept agent at ``addrs`` to report to ``ctl`` (the session's keys); their handles and
-    what each hosts. On any failure those that answered are detached again, for a next try."""
+    what each hosts. On any failure those that answered are detached again, for a next try.
+    ``ending``: how the user ends the job when an agent is gone (named in that error)."""
     from .._wire.transport import Message  # zmq: imported with a job, not the package
 
     waiters = []
@@ -200,19 +309,34 @@ def reattach_agents(
                 raise MeshTimeoutError(
                     "reattach",
                     timeout,
-                    f"the agent of host {i} of {what} ({addr}) did not answer: its node may be unreachable, "
-                    f"or the agent gone",
+                    f"the agent of host {i} of {what} ({addr}) did not answer: its node may be unreachable "
+                    f"(try again once it is back), or the agent gone ({ending})",
                 ) from None
             except MeshError as e:
                 raise MeshError(f"cannot reattach {what}: {e}") from None
             agents.append(AgentHandle(i, h["addr"], h["pid"], h["hk"]))
             hosted[h["addr"]] = h.get("hosted") if isinstance(h.get("hosted"), dict) else {}
     except BaseException:
-        detach_agents(ctl, agents)
-        for _, nonce, _ in waiters:
-            ctl.stop_expecting(nonce)
+        _give_up(ctl, waiters)
         raise
     return agents, hosted
+
+
+def _give_up(ctl: Controller, waiters: list[tuple[str, str, Future[dict[str, Any]]]]) -> None:
+    """A reattach failed: every agent that took this controller (some may answer after the one that
+    failed it) waits for the next one again, and none that did not answer yet gets it later."""
+    for _, nonce, _ in waiters:
+        ctl.stop_expecting(nonce)  # from now on a hello is late: it is told to wait (``AgentLinks``)
+    for i, (addr, _, w) in enumerate(waiters):
+        if not w.done():  # a reattach still queued for a host cut off must not reach it once it is back
+            ctl.transport.forget(addr, linger_ms=0)
+
+        def took(f: Future[dict[str, Any]], i: int = i) -> None:
+            if f.exception(0) is None:
+                h = f.result(0)
+                detach_agents(ctl, [AgentHandle(i, h["addr"], h["pid"], h["hk"])])
+
+        w.add_done_callback(took)  # now, or when a hello that raced with the give-up lands
 
 
 def detach_agents(ctl: Controller, agents: list[AgentHandle]) -> None:

@@ -196,7 +196,10 @@ _this_host: HostMesh | None = None
 
 
 def this_host(preload: Sequence[str] | None = None) -> HostMesh:
-    """The host mesh of this machine (one host, dims ``{"hosts": 1}``); its agent starts on first use.
+    """The host mesh of this machine: one host and no dims, as in Monarch, so
+    ``this_host().spawn_procs(per_host={"gpus": 4})`` has dims ``{"gpus": 4}`` (and
+    ``per_host={"hosts": 1, "gpus": 4}`` names a ``hosts`` dim itself). Its agent starts on first use;
+    ``LocalJob(n).host_mesh()`` is the one with a ``hosts`` dim (what ``%mesh up`` uses).
 
     ``preload`` (default: ``$JUPYTER_MESH_PRELOAD``, comma separated) names modules that the host's
     template process imports once, so procs forked from it start with them loaded.
@@ -205,8 +208,8 @@ def this_host(preload: Sequence[str] | None = None) -> HostMesh:
     from .._runtime.controller import Controller
 
     ctl = Controller.get()
-    if _this_host is None or _this_host._controller is not ctl:
+    if _this_host is None or _this_host._controller is not ctl or not _this_host._job.running():
         if preload is None:
             preload = [m for m in os.environ.get("JUPYTER_MESH_PRELOAD", "").split(",") if m.strip()]
-        _this_host = LocalJob(1, preload).host_mesh()
+        _this_host = LocalJob(1, preload).host_mesh().slice(hosts=0)
     return _this_host

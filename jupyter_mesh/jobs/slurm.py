@@ -14,6 +14,7 @@ off: the ranks on it fail with what SLURM says (``squeue``).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -32,7 +33,7 @@ from .._wire.addresses import parse_tcp
 from .._wire.keyfile import read_key_file
 from ..errors import MeshClosedError, MeshError, MeshTimeoutError, MeshValueError
 from ._dialback import ENDED, JobFiles, jobs_dir, stop_agents, sweep_stale, unlink
-from .kept import Restored, detach_agents, kept_records, reattach_agents, restore_meshes, saved_meshes
+from .kept import Restored, detach_agents, kept_records, reattach_agents, restore_meshes, saved_meshes, when_created
 
 __all__ = ["SlurmJob"]
 
@@ -216,6 +217,16 @@ class SlurmJob(Job):
             self._stopped = True
         if not self._controller.is_closed:
             self._controller.job_stopping(self)  # its meshes are stopped, not failed
+        taker = self._taken_by()
+        if taker:  # its agents obey the new controller only: the job, its key and record are its now
+            if not self._controller.is_closed:
+                self._controller.forget_agents([a.addr for a in self._agents or []])
+            print(
+                f"jupyter_mesh: SLURM job {self.job_id} was taken over by the controller at {taker}: "
+                f"left running for it (stop it from there)",
+                file=sys.stderr,
+            )
+            return
         stop_agents(self._controller, self._agents or [])
         deadline = time.monotonic() + timeout
         if self._step is not None:  # our step only: the user's allocation lives on
@@ -242,8 +253,19 @@ class SlurmJob(Job):
 
     # -- kept alive past this controller -----------------------------------------------------------
     def meshes_changed(self) -> None:
-        if self.keep_alive and not self._stopped:
+        if self.keep_alive and not self._stopped and not self._taken_by():
             self._save_state()
+
+    def _taken_by(self) -> str | None:
+        """The controller that took this kept job over (its record names it), or None."""
+        if not self.keep_alive:
+            return None
+        try:
+            with open(self._files.state_path) as f:
+                ctl = json.load(f).get("controller")
+        except (OSError, ValueError, AttributeError):
+            return None
+        return ctl if isinstance(ctl, str) and ctl != self._controller.address else None
 
     def detach(self) -> None:
         """This controller goes (a kernel restart or shutdown); the job, its agents and procs stay,
@@ -267,12 +289,23 @@ class SlurmJob(Job):
         from .._runtime.controller import Controller
 
         d = jobs_dir()
-        sweep_stale(d)
-        kept = kept_records(d, "slurm")
+        ended = sweep_stale(d)
+        kept, problems = kept_records(d, "slurm")
         if job_id is not None:
             kept = [(t, r) for t, r in kept if str(r.get("job_id")) == str(job_id)]
+            ended = [e for e in ended if e.startswith(f"SLURM job {job_id} ")]
         if not kept:
             which = f"SLURM job {job_id}" if job_id is not None else "any SLURM job"
+            if ended:
+                raise MeshError(
+                    f"{', '.join(ended)} ended while no kernel was attached: its agents and meshes are gone "
+                    f"(its output: {d}); start a new job"
+                )
+            if problems:
+                raise MeshError(
+                    f"no usable record of {which} kept alive in {d}: {'; '.join(problems)}. A record is the job's "
+                    f"controller's; fix or delete it (the job itself ends at its time limit, or with scancel)"
+                )
             raise MeshError(
                 f"no record of {which} kept alive in {d}: a job outlives its kernel only when started with "
                 f"SlurmJob(keep_alive=True) (or %mesh up --slurm --keep-alive), and until SLURM ends it"
@@ -287,6 +320,11 @@ class SlurmJob(Job):
         job._lock, job._agents, job._stopped = threading.Lock(), None, False
         job.restored = Restored()
         state, reason = job.state()
+        if state == "UNKNOWN":
+            raise MeshError(
+                f"cannot ask SLURM about job {job.job_id} ({reason}); its record and key are kept: try again "
+                f"once SLURM answers"
+            )
         if state != "RUNNING":
             for ext in (".key", ".json"):
                 unlink(os.path.join(d, token + ext))
@@ -296,17 +334,32 @@ class SlurmJob(Job):
             )
         kf = read_key_file(os.path.join(d, f"{token}.key"))
         job._controller = ctl = Controller.adopt(kf.key, kf.curve, bind or _slurmctld_ip())
+        for other in (j for j in ctl._jobs if isinstance(j, SlurmJob) and j.job_id == job.job_id):
+            taker = other._taken_by()  # this session drives it already, or drove it and lost it
+            raise MeshValueError(
+                f"SLURM job {job.job_id} was taken from this session by the controller at {taker}: take it back "
+                f"from a fresh kernel (force=True)"
+                if taker
+                else f"SLURM job {job.job_id} is attached to this session already: use its SlurmJob "
+                f"(proc_meshes(), actor_meshes())"
+            )
         job._files = JobFiles(ctl, "slurm", job.nodes, "SlurmJob", token=token)
-        job._files.created = rec.get("created") or job._files.created
+        job._files.created = when_created(rec.get("created")) or job._files.created
         job._key_path, job._log_path = job._files.key_path, job._files.log_path
-        ctl.register_job(job)
         try:
             agents, hosted = reattach_agents(
-                ctl, token, [str(a) for a in rec["agents"]], force, timeout, f"SLURM job {job.job_id}"
+                ctl,
+                token,
+                [str(a) for a in rec["agents"]],
+                force,
+                timeout,
+                f"SLURM job {job.job_id}",
+                f"`scancel {job.job_id}` ends the job",
             )
         except BaseException:
             job._stopped = True  # this session gave it up: its shutdown neither stops nor detaches it
             raise
+        ctl.register_job(job)
         job._agents = agents
         job.restored = restore_meshes(ctl, job, rec.get("meshes") or [], hosted)
         job._save_state()  # this controller owns it now
@@ -323,24 +376,11 @@ class SlurmJob(Job):
     # -- SLURM's view -------------------------------------------------------------------------------
     def state(self) -> tuple[str, str]:
         """(state, reason): ``scontrol``'s (it says CANCELLED while ``squeue`` still says COMPLETING),
-        else ``squeue``'s; ("", "") once SLURM forgot the job."""
+        else ``squeue``'s; ("", "") once SLURM forgot the job; ("UNKNOWN", why) when SLURM cannot
+        be asked (slurmctld down, no client here): that is not the job's end."""
         if self.job_id is None:
             return "", ""
-        try:
-            out = _run(["scontrol", "-o", "show", "job", self.job_id], check=False)
-            fields = dict(f.split("=", 1) for f in out.split() if "=" in f)
-            if fields.get("JobId") == self.job_id and fields.get("JobState"):
-                reason = fields.get("Reason", "")
-                return fields["JobState"], "" if reason in ("None", "") else reason
-        except MeshError:
-            pass
-        try:
-            out = _run(["squeue", "-h", "-j", self.job_id, "-o", "%T|%r"], check=False)
-        except MeshError:
-            return "", ""
-        line = out.strip().splitlines()[0] if out.strip() else ""
-        state, _, reason = line.partition("|")
-        return state.strip(), "" if reason.strip() in ("None", "") else reason.strip()
+        return job_state(self.job_id)
 
     def node_names(self) -> list[str]:
         """The allocation's nodes, in SLURM's order (``scontrol show hostnames``)."""
@@ -366,6 +406,45 @@ class SlurmJob(Job):
 
     def __repr__(self) -> str:
         return f"<SlurmJob {self.job_id} nodes={self.nodes}>"
+
+
+def job_state(job_id: str) -> tuple[str, str]:
+    """SLURM's (state, reason) of a job: see ``SlurmJob.state``."""
+    why = ""
+    for argv in (["scontrol", "-o", "show", "job", job_id], ["squeue", "-h", "-j", job_id, "-o", "%T|%r"]):
+        try:
+            p = _ask(argv)
+        except MeshError as e:
+            why = str(e)
+            continue
+        if p.returncode != 0:
+            if _FORGOT in p.stderr:
+                return "", ""  # SLURM no longer knows the job: it ended a while ago
+            why = f"`{shlex.join(argv)}` failed (exit {p.returncode}): {p.stderr.strip()[:300]}"
+            continue
+        if argv[0] == "scontrol":
+            fields = dict(f.split("=", 1) for f in p.stdout.split() if "=" in f)
+            if fields.get("JobId") == job_id and fields.get("JobState"):
+                reason = fields.get("Reason", "")
+                return fields["JobState"], "" if reason in ("None", "") else reason
+            continue
+        line = p.stdout.strip().splitlines()[0] if p.stdout.strip() else ""
+        state, _, reason = line.partition("|")
+        return state.strip(), "" if reason.strip() in ("None", "") else reason.strip()
+    return "UNKNOWN", why
+
+
+_FORGOT = "Invalid job id specified"
+"""What ``scontrol``/``squeue`` say (exit 1) of a job SLURM no longer knows."""
+
+
+def _ask(argv: list[str], timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError:
+        raise MeshError(f"`{argv[0]}` is not installed here: SlurmJob needs the SLURM client commands") from None
+    except subprocess.TimeoutExpired:
+        raise MeshError(f"`{shlex.join(argv)}` did not answer within {timeout:.0f} s: is slurmctld up?") from None
 
 
 def _run(argv: list[str], input: str | None = None, check: bool = True, timeout: float = 30.0) -> str:

@@ -9,9 +9,10 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from .. import debug
 from .._runtime.controller import Controller
 from ..errors import SupervisionError
-from ..lowlevel import on_send, set_fault_hook, sync_output
+from ..lowlevel import on_send, set_actor_errors, set_fault_hook, sync_output
 from ..ui.sidebar_comm import set_stopper
 from . import tracebacks
 from .magics import MeshMagics
@@ -42,18 +43,27 @@ class Front:
         self._displayhook_start = self._wait_output_before_results()
         # a failure nobody waits on is shown, never raised later: the kernel must live on
         self._prev_fault_hook = set_fault_hook(self._on_fault)
+        # an error no caller receives (a broadcast's) is shown, and the actor lives on: a typo in a cell
+        # must not cost the notebook its actors (scripts get Monarch's way: the actor dies)
+        self._prev_actor_errors = set_actor_errors("survive")
         # the sidebar's Stop mesh is `%mesh down` for the meshes the magics brought up
         self._prev_stopper = set_stopper(self.magics.down_mesh_id)
+        # an actor paused in breakpoint() prompts in the cell waiting on its call (the kernel's stdin)
+        debug.prompt_while_waiting(True)
 
     def _on_fault(self, err: SupervisionError) -> None:
         lines = [
             f"jupyter_mesh: {f.mesh} [{','.join(f'{k}={v}' for k, v in f.coords.items())}] {f.detail}"
             for f in err.failures
         ]
-        self.router.notify(
-            "\n".join(lines) + "\n(calls to it raise SupervisionError; `%mesh respawn` or "
-            "ProcMesh.respawn() brings it back)\n"
-        )
+        kinds = {f.kind for f in err.failures}
+        if kinds <= {"broadcast"}:  # the actor lives on; its traceback is in the cell that broadcast
+            hint = "(a broadcast has no caller to raise it in; use call() to get it as an exception)"
+        elif kinds <= {"init", "died"}:
+            hint = "(calls to that actor mesh raise SupervisionError; its procs live on: spawn it again)"
+        else:
+            hint = "(calls to it raise SupervisionError; `%mesh respawn` or ProcMesh.respawn() brings it back)"
+        self.router.notify("\n".join(lines) + f"\n{hint}\n")
 
     def _sent(self, mesh: Any, ranks: list[int]) -> None:
         """A call went to ``ranks`` (on the sending thread): their output goes to the running cell;
@@ -104,10 +114,12 @@ class Front:
         self.shell.events.unregister("post_execute", self.post_execute)
         self.shell.set_custom_exc((), None)
         set_fault_hook(self._prev_fault_hook)
+        set_actor_errors(self._prev_actor_errors)
         on_send(None)
         if self._displayhook_start is not None:
             del self.shell.displayhook.start_displayhook  # the class's method again
         set_stopper(self._prev_stopper)
+        debug.prompt_while_waiting(False)
         self.shutdown()
 
 

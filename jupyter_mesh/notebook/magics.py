@@ -21,6 +21,7 @@ from .._core.future import Future
 from .._core.shape import Shape
 from .._core.value_mesh import ValueMesh
 from ..errors import MeshError, MeshValueError
+from . import debug_magic
 from .meshes import JobSpec, MeshRegistry, NamedMesh
 from .output import SYNC_PREFIX, OutputRouter, fold_label, group_by_rank
 from .reload import INTERNAL_ACTORS, Redefinitions
@@ -191,6 +192,8 @@ def _build_parsers() -> tuple[_Parser, _Parser]:
     stacks.add_argument("--all-threads", action="store_true", help="also the runtime's waiting threads and frames")
     stacks.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS", help="how long a rank may take")
 
+    debug_magic.add_parser(sub, _rank_or_coords)
+
     reattach = sub.add_parser(
         "reattach", help="take back a SLURM job an earlier kernel kept alive (--keep-alive): its meshes and actors"
     )
@@ -261,7 +264,7 @@ class MeshMagics(Magics):
 
     @line_cell_magic
     def mesh(self, line: str, cell: str | None = None) -> Any:
-        """%mesh up|status|stacks|down|scale|kill|respawn|logs|push|pull|reload|reattach|torchrun ...   %%mesh [--on SLICE] [--name NAME] [--no-stream]
+        """%mesh up|status|stacks|debug|down|scale|kill|respawn|logs|push|pull|reload|reattach|torchrun ...   %%mesh [--on SLICE] [--name NAME] [--no-stream]
 
         `%mesh -h` and `%mesh up -h` explain each command.
         """
@@ -320,12 +323,18 @@ class MeshMagics(Magics):
             job = SlurmJob.reattach(args.job_id, force=args.force)
         except (MeshError, OSError, ValueError) as e:  # no kept job, a refusal, an unreadable key: what to do
             raise UsageError(str(e)) from None
-        bound = []
+        bound: list[str] = []
+        notes = list(job.restored.notes)
         for name, procs in job.proc_meshes().items():
             execs = [a for p, a in job.restored.actors if p == name and a.name == "mesh_exec"]
             sizes = procs.sizes
             dim = list(sizes)[-1]
-            executor = execs[0] if execs else procs.spawn("mesh_exec", RemoteExec)
+            executor = execs[0] if execs else None
+            if executor is None:  # kept from Python: no %%mesh executor yet
+                try:
+                    executor = procs.spawn("mesh_exec", RemoteExec)
+                except MeshError:  # a rank is down: spawned at the first %%mesh once it runs again
+                    notes.append(f"%%mesh on '{name}' waits for its ranks to run again (`{name}.respawn()`)")
             entry = NamedMesh(
                 name,
                 job,
@@ -347,7 +356,7 @@ class MeshMagics(Magics):
                 bound.append(name)
         hosts = ", ".join(sorted({a.addr.split("//")[-1].rsplit(":", 1)[0] for a in job.agents(1.0)}))
         print(f"reattached SLURM job {job.job_id} ({job.nodes} hosts: {hosts}); bound: {', '.join(bound) or 'nothing'}")
-        for note in job.restored.notes:
+        for note in notes:
             print(f"  {note}")
 
     @staticmethod
@@ -371,6 +380,9 @@ class MeshMagics(Magics):
             print(entry.procs.stacks(args.rank, timeout=args.timeout, all_threads=args.all_threads))
         except (MeshValueError, IndexError, KeyError) as e:
             raise UsageError(str(e.args[0] if e.args else e)) from None
+
+    def _cmd_debug(self, args: argparse.Namespace) -> None:
+        debug_magic.run(args, parse_slice)
 
     def _cmd_status(self, args: argparse.Namespace) -> None:
         rows = self.meshes.status_rows()
@@ -503,17 +515,18 @@ class MeshMagics(Magics):
         if missing:
             raise UsageError(f"not defined here: {', '.join(missing)}")
         values = {n: self.shell.user_ns[n] for n in args.names}
-        _wait(entry.executor.push.call(values))
-        print(f"pushed {', '.join(args.names)} to {len(entry.executor)} procs of '{entry.name}'")
+        executor = entry.exec_mesh()
+        _wait(executor.push.call(values))
+        print(f"pushed {', '.join(args.names)} to {len(executor)} procs of '{entry.name}'")
 
     def _cmd_pull(self, args: argparse.Namespace) -> ValueMesh[Any]:
         entry = self.meshes.get(args.mesh)
-        return _wait(entry.executor.pull.call(args.var))
+        return _wait(entry.exec_mesh().pull.call(args.var))
 
     # -- %%mesh ---------------------------------------------------------------------------------
     def _run_cell(self, args: argparse.Namespace, code: str) -> ValueMesh[Any] | None:
         entry = self.meshes.get(args.name)
-        view = entry.executor
+        view = entry.exec_mesh()
         if args.on:
             try:
                 view = view.slice(**parse_slice(args.on))

@@ -54,12 +54,19 @@ class NamedMesh:
     name: str
     job: Job
     procs: ProcMesh
-    executor: ActorMesh[RemoteExec]
+    executor: ActorMesh[RemoteExec] | None  # None: spawned at first use (``exec_mesh``)
     hosts: int
     dim: str
     per_host: int
     preload: list[str] = field(default_factory=list)
     where: JobSpec = field(default_factory=JobSpec)
+
+    def exec_mesh(self) -> ActorMesh[RemoteExec]:
+        """The ``%%mesh`` executor. A mesh taken back without one (``%mesh reattach`` of a job kept
+        from Python, a rank down) gets it here, once its ranks run."""
+        if self.executor is None:
+            self.executor = self.procs.spawn("mesh_exec", RemoteExec)
+        return self.executor
 
 
 class MeshRegistry:

@@ -57,13 +57,14 @@ def remote_blocks(e: BaseException) -> list[str]:
             lines.append(f"  ... and {len(e.failures) - 16} more")
         head = f"mesh '{e.failures[0].mesh}': {len(e.failures)} rank(s) failed" + (f" {e.context}" if e.context else "")
         blocks.append(_rule(head) + "\n" + "\n".join(lines))
-        tails: dict[str, list[Any]] = {}
+        tails: dict[tuple[str, str], list[Any]] = {}
         for sf in e.failures:
             tail = "\n".join(ln for ln in sf.traceback.rstrip().splitlines() if SYNC_PREFIX not in ln)
-            if tail.strip():
-                tails.setdefault(tail, []).append(sf.coords)
-        for text, coords in tails.items():
-            blocks.append(_rule(f"last output of {_ranks(coords)}") + "\n" + text)
+            if tail.strip():  # an actor's own failure carries its traceback; a proc's, its last output
+                what = f"remote traceback: {sf.actor}" if sf.actor else "last output"
+                tails.setdefault((what, tail), []).append(sf.coords)
+        for (what, text), coords in tails.items():
+            blocks.append(_rule(f"{what} of {_ranks(coords)}") + "\n" + text)
     return blocks
 
 

@@ -1,0 +1,512 @@
+"""One actor in a proc: its thread, its inbox and mailbox, the order of its senders' messages, how one
+call runs (and is cancelled), and what ends the actor while its proc lives on.
+
+An endpoint that raises answers its caller with the exception (``ActorError`` there) and the actor
+lives on. What no caller can receive ends the actor as Monarch does, where the spawn asked for it
+(``fatal``, the default outside the ``mesh`` kernel): an exception under ``broadcast()``, and a
+``BaseException`` that is not our own cancellation (``SystemExit``, a custom ``BaseException``). The
+actor then answers every later call with that failure (``SupervisionError`` there) and the failure is
+reported to whoever spawned it (``ACTOR_FAULT``): that process's ``__supervise__`` or fault hook. A
+failed ``__init__`` is reported the same way. Where the spawn did not ask (the kernel), such errors are
+reported and the actor lives on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import inspect
+import os
+import queue
+import secrets
+import signal
+import sys
+import threading
+import traceback
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any, Protocol
+
+import zmq
+
+from .._core.actor import Endpoint, endpoints_of
+from .._core.context import context
+from .._wire.protocol import BROKEN, NO_REPLY, OK, RAISED, STOP_ENDPOINT, Kind
+from .._wire.serialize import UNPICKLABLE_HINT, dumps, loads
+from .._wire.transport import Message, Transport
+from ..errors import Failure, SerializationError, SupervisionError
+from . import cancel_signal, interrupts, remote_pdb
+from .client import set_current_client
+from .remote_errors import error_info, safe_str
+
+if TYPE_CHECKING:
+    from .client import Client
+
+__all__ = ["ActorHost", "ProcSide", "exit_proc"]
+
+
+class ProcSide(Protocol):
+    """What an actor needs of its proc's runtime (``proc.ProcRuntime``)."""
+
+    transport: Transport
+    client: Client
+    mesh_id: str
+    mesh_name: str
+    rank: int
+    coords: dict[str, int]
+    agent_addr: str
+
+    def claim_main_thread(self, host: ActorHost) -> bool: ...
+    def reply(self, h: dict[str, Any], ok: int, payload: bytes, bufs: list[Any]) -> None: ...
+    def seq_of(self, h: dict[str, Any]) -> int | None: ...
+
+
+class ActorHost:
+    """One actor instance, its thread, its inbox and its mailbox."""
+
+    def __init__(self, runtime: ProcSide, actor_id: str, name: str):
+        self.runtime, self.actor_id, self.name = runtime, actor_id, name
+        self.instance: Any = None
+        self.endpoints: dict[str, Endpoint[..., Any]] = {}
+        self.failure: Failure | None = None  # the actor is gone (its __init__ raised, it died, it was
+        # stopped): every call is answered with this
+        self.spawner = ""  # who spawned it (the spawn's sender): it hears of the actor's failures
+        self.fatal = False  # the spawn asked that errors no caller receives end the actor (Monarch's way)
+        self.closing = False  # the proc stops: the loop ends after the message it handles
+        self.loop = asyncio.new_event_loop()
+        # direct calls land in this inbox and wake the actor thread itself (a thread hop costs
+        # 50-90 us on 2 cores); mail from the receive thread goes into a C-level queue, announced by
+        # a doorbell frame on the same inbox, so the thread waits on one socket only. The bell
+        # carries a secret: a one-frame message from the wire is not mistaken for one.
+        inproc = f"inproc://actor-{actor_id}"
+        self._inbox, self.address = runtime.transport.bind_inbox(inproc)
+        self._bell = runtime.transport.doorbell(inproc)
+        self._bell_token = secrets.token_bytes(16)
+        self._bell_lock = threading.Lock()
+        self._mailbox: queue.SimpleQueue[Message] = queue.SimpleQueue()
+        # (sender's reply address, its epoch) -> [next seq, {seq: message}]: a controller that takes a kept
+        # job over may get an address an old one had, and starts its sequence afresh
+        self._order: dict[tuple[str, str], list[Any]] = {}
+        # cancellation: which call runs now, and calls cancelled before they started
+        self._lock = threading.Lock()
+        self._current: tuple[str, int] | None = None
+        self._busy = False  # a call runs (a broadcast has no key in ``_current``)
+        self._stopping: tuple[str, int] | None = None  # the running call a cancel was aimed at
+        self._task: asyncio.Task[Any] | None = None
+        self._cancelled: set[tuple[str, int]] = set()
+        self._started: dict[str, int] = {}  # sender -> id of its last call that started here
+        self._interrupted = False  # an async KeyboardInterrupt was aimed at this thread
+        self._used_loop = False  # only then can tasks be left running between messages
+        # the proc's first actor runs on its main thread, where signals are handled: a cancel then
+        # interrupts even a blocking call (sleep, select, socket, lock waits) — see ``cancel``
+        self.on_main = runtime.claim_main_thread(self)
+        if self.on_main:
+            self.thread = threading.main_thread()
+        else:
+            self.thread = threading.Thread(target=self._main, name=f"actor-{name}", daemon=True)
+            self.thread.start()
+
+    def cancel(self, sender: str, call_id: int) -> None:
+        """From the receive thread: stop call ``(sender, call_id)`` if it runs, skip it if queued."""
+        key = (sender, call_id)
+        with self._lock:
+            if self._current != key:
+                # a sender's call ids grow in the order its calls run here: at or below the last one
+                # started, this call already ran (its cancel came late), so there is nothing to skip
+                if call_id > self._started.get(sender, 0):
+                    self._cancelled.add(key)  # skipped when it comes up: nothing of it will run
+                done = True
+            else:
+                done = False
+                self._stopping = key  # acknowledged when it ends (``_leave``)
+                self._interrupt()
+        if done:
+            self._ack_cancel(key)
+
+    def _interrupt(self) -> None:
+        """Stop the call that runs now (caller holds ``_lock``)."""
+        if self._task is not None:
+            self.loop.call_soon_threadsafe(self._task.cancel)
+        elif self.on_main:  # a sync endpoint on the main thread: a signal ends even a blocking call
+            self._interrupted = True
+            signal.pthread_kill(self.thread.ident or 0, cancel_signal.CANCEL_SIGNAL)
+        else:  # a sync endpoint on its own thread: KeyboardInterrupt at its next Python instruction
+            self._interrupted = True
+            self._raise_in_thread()
+
+    def _raise_in_thread(self) -> None:
+        """KeyboardInterrupt in this actor's own thread, unless it is in a critical stretch of the
+        runtime or inside an import right now: then a moment later (caller holds ``_lock``)."""
+        ident = self.thread.ident or 0
+        if not self._interrupted:
+            return
+        if interrupts.held_by(ident) or cancel_signal.importing(sys._current_frames().get(ident)):
+            cancel_signal.retry_later(self._retry_raise)
+            return
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(KeyboardInterrupt))
+
+    def _retry_raise(self) -> None:
+        with self._lock:
+            self._raise_in_thread()
+
+    def close(self) -> None:
+        """From the receive thread, the proc stopping: interrupt the call that runs (a broadcast's
+        too), then end the loop."""
+        with self._lock:
+            self.closing = True
+            if self._busy:
+                self._interrupt()
+        with self._bell_lock:
+            self._bell.send(self._bell_token)
+
+    def enqueue(self, msg: Message) -> None:
+        """From any other thread: hand the actor a message (in order) and wake it."""
+        self._mailbox.put(msg)
+        with self._bell_lock:
+            self._bell.send(self._bell_token)
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        context().actor.proc, context().actor.host = self.runtime, self
+        set_current_client(self.runtime.client)
+        while not self.closing:
+            try:
+                if not self._serve_one():
+                    break  # the proc is going away
+            except BaseException:  # noqa: BLE001 - a bug here must not silently stop the actor
+                print(f"[{self.name}] internal error while receiving:\n{traceback.format_exc()}", file=sys.stderr)
+        if self.closing:
+            self._construct_before_stop()
+
+    def _construct_before_stop(self) -> None:
+        """The proc stops: a constructor already delivered still runs (Monarch, too, lets pending
+        spawns finish before a stop), so a failing one is reported; the calls behind it do not run."""
+        if self.instance is not None or self.failure is not None:
+            return
+        while True:
+            try:
+                mail = self._mailbox.get_nowait()
+            except queue.Empty:
+                return
+            if mail.header.get("k") == Kind.SPAWN:
+                self._run(mail)
+                return
+
+    def _serve_one(self) -> bool:
+        """Wait for the next message (running leftover tasks meanwhile) and handle it."""
+        # tasks can be alive only if the loop ever ran, or a task was just created (it is then
+        # ready to run); checking that first spares asyncio.all_tasks (~2 us) on every message
+        if (
+            (self._used_loop or self.loop._ready)  # type: ignore[attr-defined]
+            and not self._has_mail()
+            and any(not t.done() for t in asyncio.all_tasks(self.loop))
+        ):
+            self._used_loop = True
+            self.loop.run_until_complete(self._run_tasks_until_mail())
+        try:
+            frames = Transport.recv_frames(self._inbox)
+        except zmq.ZMQError:
+            return False
+        if len(frames) == 1:
+            if frames[0] != self._bell_token:
+                self.runtime.transport.stats.dropped_malformed += 1
+                return True
+            while not self.closing:  # one ring may announce several messages (and later rings none)
+                try:
+                    mail = self._mailbox.get_nowait()
+                except queue.Empty:
+                    return True
+                self._in_order(mail, mail.header.get("_q"))
+            return False
+        msg = self.runtime.transport.decode(frames, self.address)
+        if msg is None:
+            return True
+        h = msg.header
+        if h.get("k") != "c" or h.get("a") != self.actor_id:
+            self.runtime.transport.stats.dropped_malformed += 1
+            return True
+        seq = self.runtime.seq_of(h)
+        if seq is not None:
+            self._in_order(msg, seq)
+        return True
+
+    def _has_mail(self) -> bool:
+        events: int = self._inbox.getsockopt(zmq.EVENTS)  # type: ignore[assignment]
+        return bool(events & zmq.POLLIN)
+
+    def _in_order(self, msg: Message, seq: int | None) -> None:
+        """Run ``msg`` when it is its sender's next; run the ones it was holding up after it."""
+        if seq is None:  # local mail (supervision events) carries no sequence number
+            self._run(msg)
+            return
+        sender = (msg.header["s"], msg.header.get("oe") or msg.header.get("se", ""))  # "oe": a skip's caller
+        st = self._order.get(sender)
+        if st is None:
+            st = self._order[sender] = [0, {}]
+        if seq != st[0]:
+            st[1][seq] = msg
+            return
+        while msg is not None:
+            st[0] += 1
+            self._run(msg)
+            msg = st[1].pop(st[0], None)
+
+    def _run(self, msg: Message) -> None:
+        try:
+            self._handle(msg)
+        except BaseException as e:  # noqa: BLE001 - the actor must outlive any one message
+            self._last_resort(msg.header, e)
+
+    def _handle(self, msg: Message) -> None:
+        k = msg.header["k"]
+        if k == Kind.SPAWN:
+            self._spawn(msg)
+        elif k == Kind.SKIP:  # a message the agent could not relay: its number is released, nothing runs
+            if msg.header.get("ck") == Kind.SPAWN:  # and this actor never came to be: say so to its callers
+                self.failure = self._failure(
+                    "init",
+                    f"{self.name} was never created on this proc (its spawn could not be relayed); "
+                    "spawn the actor mesh again",
+                )
+        elif k == "supervise":
+            self._used_loop = True
+            self.loop.run_until_complete(self._supervise(msg.payload))  # type: ignore[arg-type]
+        elif msg.header["ep"] == STOP_ENDPOINT:
+            self._stop(msg.header)
+        else:
+            ep = self.endpoints.get(msg.header["ep"])
+            if ep is not None and ep.is_async:
+                self._used_loop = True
+                self.loop.run_until_complete(self._call(msg, ep))
+            else:
+                _run_now(self._call(msg, ep))
+
+    def _last_resort(self, h: dict[str, Any], e: BaseException) -> None:
+        """Replying itself failed (a broken exception, a full /dev/shm...): release the caller with a
+        plain-text error so nothing waits forever, and keep the actor serving."""
+        print(f"[{self.name}] could not reply to {h.get('ep', h.get('k'))}: {safe_str(e)}", file=sys.stderr)
+        if h.get("k") not in ("c", "spawn") or not h.get("i"):
+            return
+        info = {"type": type(e).__qualname__, "msg": safe_str(e), "tb": "", "exc": None, "endpoint": h.get("ep", "")}
+        try:
+            self.runtime.reply(h, RAISED, dumps(info)[0], [])
+        except BaseException:  # noqa: BLE001 - nothing more can be done from here
+            pass
+
+    async def _run_tasks_until_mail(self) -> None:
+        """Tasks an async endpoint left running keep running while the actor waits for mail."""
+        waiter: asyncio.Future[None] = self.loop.create_future()
+
+        def readable() -> None:  # ZeroMQ's descriptor is edge-triggered: ask the socket itself
+            if not waiter.done() and self._has_mail():
+                waiter.set_result(None)
+
+        fd = int(self._inbox.getsockopt(zmq.FD))  # type: ignore[arg-type]
+        self.loop.add_reader(fd, readable)
+        try:
+            readable()  # mail that came before the reader was armed raises no new edge
+            await waiter
+        finally:
+            self.loop.remove_reader(fd)
+
+    async def _supervise(self, err: SupervisionError) -> None:
+        """A mesh this actor spawned lost ranks: ask ``__supervise__``; unhandled means this proc fails.
+
+        Our unit of failure is the proc, so escalation is the proc exiting: its own supervisor (the
+        controller, or the actor that owns *its* mesh) then sees the failure, with this message as
+        the proc's last output.
+        """
+        if self.failure is not None:  # this actor is gone (stopped, dead): what it owned is not its care
+            print(f"[{self.name}] a mesh it spawned failed after it ended:\n{err}", file=sys.stderr)
+            return
+        hook = getattr(self.instance, "__supervise__", None)
+        for failure in err.failures:
+            handled = False
+            if hook is not None:
+                try:
+                    handled = hook(failure)
+                    if inspect.isawaitable(handled):
+                        handled = await handled
+                except BaseException as e:  # noqa: BLE001 - a raising supervisor did not handle it
+                    print(
+                        f"[{self.name}] __supervise__ raised:\n" + error_info(e, "__supervise__")["tb"],
+                        file=sys.stderr,
+                    )
+                    handled = False
+            if not handled:
+                print(f"[{self.name}] unhandled failure of a mesh it owns, so this proc fails:\n{err}", file=sys.stderr)
+                exit_proc(75)
+
+    def _spawn(self, msg: Message) -> None:
+        rt = self.runtime
+        self.spawner, self.fatal = msg.header["s"], bool(msg.header.get("fa"))
+        try:
+            cls, args, kwargs = loads(msg.payload, msg.buffers)
+            self.endpoints = endpoints_of(cls)
+            self.instance = cls(*args, **kwargs)
+        except BaseException as e:  # noqa: BLE001 - reported to the caller, the proc lives on
+            info = error_info(e, "__init__", skip_frames=1)
+            self.failure = self._failure("init", f"{self.name}: __init__ raised {info['type']}: {info['msg']}", info)
+            rt.reply(msg.header, BROKEN, dumps(self.failure)[0], [])
+            self._report(self.failure, told=False)  # a spawn's future is rarely waited on: its owner must hear
+            return
+        # callers and the agent send this actor's calls straight to its inbox from now on
+        up = {  # the agent's liveness checks look at this thread when the proc stops answering
+            "k": Kind.ACTOR_UP,
+            "a": self.actor_id,
+            "pa": rt.transport.address,
+            "addr": self.address,
+            "tid": threading.get_native_id(),
+        }
+        rt.transport.send(rt.agent_addr, Message(up))
+        rt.reply(msg.header, OK, dumps((rt.transport.address, self.address))[0], [])
+
+    def _begin(self, h: dict[str, Any]) -> bool:
+        """Before an endpoint runs: False (and the reply sent) if the actor is broken."""
+        if self.failure is not None:
+            self.runtime.reply(h, BROKEN, dumps(self.failure)[0], [])
+            return False
+        return True
+
+    def _enter(self, h: dict[str, Any]) -> None:
+        """Mark the call as running (so a cancel can reach it), unless it was cancelled while queued."""
+        key = (h["s"], h["i"])
+        with self._lock:
+            if h["i"]:
+                self._started[h["s"]] = h["i"]
+            if self._cancelled and key in self._cancelled:
+                self._cancelled.discard(key)
+                raise asyncio.CancelledError(f"{h['ep']} was cancelled before it started")
+            if self.closing:  # the proc stops: nothing more starts
+                raise asyncio.CancelledError(f"{h['ep']} did not start: the proc is stopping")
+            self._current = key if h["i"] else None
+            self._busy = True
+
+    def _ack_cancel(self, key: tuple[str, int]) -> None:
+        """Tell the canceller that this rank no longer works on its call (it waits to report that)."""
+        try:
+            self.runtime.transport.send(key[0], Message({"k": Kind.CANCELLED, "i": key[1], "rk": self.runtime.rank}))
+        except Exception:  # noqa: BLE001 - the canceller is gone: nobody to tell
+            pass
+
+    def _leave(self) -> bool:
+        """The call ended; True if a cancel was aimed at it (what it raised then is our interrupt)."""
+        with self._lock:
+            stopped = self._stopping if self._stopping == self._current else None
+            self._current, self._task, self._stopping, self._busy = None, None, None, False
+            if self._interrupted:  # drop a KeyboardInterrupt that arrived too late
+                self._interrupted = False  # (a late cancel signal finds this False and does nothing)
+                if not self.on_main:
+                    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.thread.ident or 0), None)
+        if stopped is not None:
+            self._ack_cancel(stopped)
+        return stopped is not None
+
+    async def _call(self, msg: Message, ep: Endpoint[..., Any] | None) -> None:
+        """Run one call and reply. For a sync endpoint this coroutine never suspends, so the actor
+        thread drives it by hand (``_run_now``) without an event-loop turn."""
+        h = msg.header
+        if not self._begin(h):
+            return
+        ours = True  # what is raised before the endpoint runs (unpickling, a cancel while queued) is ours
+        try:
+            # arguments first: unpickling may import modules (torch), which a cancel must not cut
+            args, kwargs = loads(msg.payload, msg.buffers)
+            self._enter(h)
+            ours = False
+            try:
+                if ep is None:
+                    raise AttributeError(f"{type(self.instance).__qualname__} has no endpoint '{h['ep']}'")
+                if ep.is_async:
+                    self._task = self.loop.create_task(ep.fn(self.instance, *args, **kwargs))
+                    result = await self._task
+                else:
+                    result = ep.fn(self.instance, *args, **kwargs)
+            finally:
+                ours = self._leave() or self.closing  # cancelled, or interrupted by the proc's stop
+        except BaseException as e:  # noqa: BLE001 - an endpoint's error is its caller's, not the proc's
+            if not ours:
+                remote_pdb.post_mortem(e)  # only if asked (``jupyter_mesh.debug.post_mortem``)
+            if self.fatal and not ours and not isinstance(e, Exception):
+                self._die(h, e, "(a BaseException ends the actor)")
+            elif h["rm"] != NO_REPLY or not ours:  # a broadcast cut by a cancel or a stop: no error of its own
+                self._respond_error(h, e)
+            return
+        self._respond(h, result)
+
+    def _respond_error(self, h: dict[str, Any], e: BaseException) -> None:
+        method = h["ep"]
+        if h["rm"] != NO_REPLY:
+            self.runtime.reply(h, RAISED, dumps(error_info(e, method))[0], [])
+        elif self.fatal:
+            self._die(h, e, "under broadcast(), where no caller can receive it, so the actor died")
+        else:  # the kernel's way: the actor lives on; its traceback shows in the cell that broadcast
+            info = error_info(e, method)
+            print(f"[{self.name}.{method}] broadcast raised:\n" + info["tb"], file=sys.stderr)
+            detail = f"{self.name}.{method} raised {info['type']}: {info['msg']} under broadcast() (the actor lives on)"
+            self._report(self._failure("broadcast", detail, info), told=False)
+
+    # -- what ends the actor (its proc lives on) ----------------------------------------------------
+    def _failure(self, kind: str, detail: str, info: dict[str, Any] | None = None) -> Failure:
+        rt = self.runtime
+        return Failure(rt.mesh_name, rt.coords, kind, detail, info["tb"] if info else "", actor=self.name)
+
+    def _die(self, h: dict[str, Any], e: BaseException, how: str) -> None:
+        """An error no caller receives (or a BaseException) ends the actor, as in Monarch: a caller
+        waiting gets the failure, later calls too, and the spawner hears of it."""
+        info = error_info(e, h["ep"])
+        self.failure = self._failure("died", f"{self.name}.{h['ep']} raised {info['type']}: {info['msg']} {how}", info)
+        told = h["rm"] != NO_REPLY
+        if told:
+            self.runtime.reply(h, BROKEN, dumps(self.failure)[0], [])
+        self._report(self.failure, told)
+
+    def _stop(self, h: dict[str, Any]) -> None:
+        """``ActorMesh.stop()``: every later call is answered as stopped; the stop itself succeeds."""
+        if self.failure is None:
+            self.failure = self._failure("stopped", f"actor mesh '{self.name}' was stopped")
+            self.instance = None  # its resources go now, as its proc's would
+        self.runtime.reply(h, OK, dumps(None)[0], [])
+
+    def _report(self, failure: Failure, told: bool) -> None:
+        """Tell the spawner (``told``: a caller got it already, so only an owning actor must hear)."""
+        rt = self.runtime
+        if self.closing and failure.kind != "init":
+            return  # the proc stops: what its end interrupted is no failure
+        header = {"k": Kind.ACTOR_FAULT, "m": rt.mesh_id, "rk": rt.rank, "a": self.actor_id, "told": int(told)}
+        try:
+            rt.transport.send(self.spawner, Message(header, dumps(failure)[0]))
+        except Exception as e:  # noqa: BLE001 - the spawner is gone: the log is all that is left
+            print(f"[{self.name}] {failure.detail} (its spawner could not be told: {safe_str(e)})", file=sys.stderr)
+
+    def _respond(self, h: dict[str, Any], result: Any) -> None:
+        if h["rm"] == NO_REPLY:
+            return
+        try:
+            payload, bufs = dumps(result)
+        except SerializationError as e:
+            err = SerializationError(
+                f"{type(self.instance).__qualname__}.{h['ep']} ran, but its return value "
+                f"({type(result).__name__}) does not pickle ({e.__cause__ or e}). {UNPICKLABLE_HINT}"
+            )
+            self.runtime.reply(h, RAISED, dumps(error_info(err, h["ep"], 0))[0], [])
+            return
+        self.runtime.reply(h, OK, payload, bufs)
+
+
+def _run_now(coro: Coroutine[Any, Any, None]) -> None:
+    """Run a coroutine that never suspends to its end, on this thread, without an event loop."""
+    try:
+        coro.send(None)
+    except StopIteration:
+        return
+    coro.close()
+    raise RuntimeError("a sync endpoint's call suspended; it must not await")
+
+
+def exit_proc(code: int) -> None:
+    """End this proc now, its output flushed (no interpreter finalization: for failures)."""
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)

@@ -1,0 +1,138 @@
+"""Who hears of a failure. A rank whose proc died is its proc mesh's owner's business: the actor that
+spawned the procs (``__supervise__``), else this program's fault hook, unless a call of ours was told
+already. An actor that died (its ``__init__`` raised, an error no caller received) is reported by its
+proc to whoever spawned its actor mesh (``ACTOR_FAULT``), and routed the same way: the spawning actor
+here, else the fault hook. A proc mesh lent to actors (passed to one) is theirs to supervise: its rank
+failures reach the actors here that spawned actor meshes on it. Fail fast (the default hook in
+scripts) keeps what it saw, to raise it at the next API call. The controller owns one ``Faults``.
+"""
+
+from __future__ import annotations
+
+import threading
+import traceback
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .._wire.serialize import loads
+from ..errors import Failure, MeshFailure, SupervisionError
+from . import hooks
+
+if TYPE_CHECKING:
+    from .._wire.transport import Message
+    from .client import Client
+    from .records import MeshRecord, MeshRecords
+
+__all__ = ["Faults"]
+
+
+class FaultsHost(Protocol):
+    """What the routing of failures needs of the controller."""
+
+    client: Client
+    meshes: MeshRecords
+    embedded: bool
+    killed_on_request: set[tuple[str, int]]
+
+
+class Faults:
+    """Routes failures to their owner or the fault hook; holds the failure fail fast will raise."""
+
+    def __init__(self, host: FaultsHost):
+        self.host = host
+        self.pending: SupervisionError | None = None  # fail fast: raised at the next API call
+        self._lock = threading.Lock()
+        # actor meshes spawned from this proc (embedded controller only): actor id -> (the actor that
+        # spawned it, its proc mesh id). That actor's __supervise__ hears of their failures
+        self.owners: dict[str, tuple[Any, str]] = {}
+        self.lent: set[str] = set()  # our proc meshes passed to actors: they supervise what they spawn there
+        emb = hooks.embedding()
+        if host.embedded and emb is not None:
+            emb.watch_failures(self.notice_failed)
+
+    # -- ownership ----------------------------------------------------------------------------------
+    def spawning(self, actor_id: str, mesh_id: str) -> None:
+        """An actor mesh is being spawned from this thread: in a proc, the actor running here owns it."""
+        emb = hooks.embedding()
+        if self.host.embedded and emb is not None:
+            owner = emb.current_owner()
+            if owner is not None:
+                self.owners[actor_id] = (owner, mesh_id)
+
+    def lend(self, mesh_id: str) -> None:
+        """A proc mesh of ours is being pickled for an actor: failures there are its to handle too."""
+        if mesh_id in self.host.meshes:
+            self.lent.add(mesh_id)
+
+    # -- rank failures (a proc died) ------------------------------------------------------------------
+    def rank_failed(self, rec: MeshRecord, rank: int, failure: Failure, told: bool) -> None:
+        """Who handles a proc's failure: the actor that owns the mesh, else the fault hook if no call was
+        told (and the mesh was not lent to actors, who supervise what they spawned on it)."""
+        if (rec.ref.mesh_id, rank) in self.host.killed_on_request:
+            return
+        emb = hooks.embedding()
+        if rec.owner is not None and emb is not None:
+            emb.supervise(rec.owner, SupervisionError([failure], f"in mesh '{rec.ref.name}' that it owns"))
+            return
+        if not told and rec.ref.mesh_id not in self.lent:
+            self._to_hook(MeshFailure([failure], "while nothing was waiting on it"))
+
+    def notice_failed(self, mesh_id: str, rank: int, failure: Any) -> None:
+        """In a proc: a rank of a proc mesh another process owns failed (its notice). Actors here that
+        spawned actor meshes on it hear of it, once each (a mesh of our own is ``rank_failed``'s)."""
+        if mesh_id in self.host.meshes or not isinstance(failure, Failure):
+            return
+        emb = hooks.embedding()
+        if emb is None:
+            return
+        owners = {id(o): o for o, m in list(self.owners.values()) if m == mesh_id}
+        for owner in owners.values():
+            emb.supervise(owner, SupervisionError([failure], f"in mesh '{failure.mesh}' it spawned actors on"))
+
+    # -- actor failures (the proc lives on) -----------------------------------------------------------
+    def actor_fault(self, msg: Message, frames: list[Any]) -> None:
+        """``ACTOR_FAULT`` from a proc: an actor of a mesh spawned from here failed."""
+        h = msg.header
+        try:
+            failure = loads(msg.payload, msg.buffers)
+        except Exception:  # noqa: BLE001 - signed by one of our procs, but a class may not load here
+            return
+        actor_id, rank = h.get("a"), h.get("rk")
+        if not isinstance(failure, Failure) or not isinstance(actor_id, str) or type(rank) is not int:
+            return
+        emb = hooks.embedding()
+        owned = self.owners.get(actor_id)
+        if owned is not None and emb is not None:
+            emb.supervise(owned[0], SupervisionError([failure], f"in actor mesh '{failure.actor}' that it owns"))
+            return
+        if h.get("told") or self.host.client.waits_on_actor(actor_id, rank):
+            return  # the caller has it, as a SupervisionError or in its cell
+        self._to_hook(MeshFailure([failure], "while nothing was waiting on it"))
+
+    def _to_hook(self, err: MeshFailure) -> None:
+        try:
+            hooks.fault_hook(err)
+        except Exception:  # noqa: BLE001 - a broken hook must not break supervision
+            traceback.print_exc()
+
+    # -- fail fast ------------------------------------------------------------------------------------
+    def hold(self, err: SupervisionError) -> None:
+        """What fail fast saw, merged with what it saw before (each failure once)."""
+        with self._lock:
+            prev = self.pending
+            seen = {_key(f) for f in (prev.failures if prev else [])}
+            new = [f for f in err.failures if _key(f) not in seen]
+            self.pending = MeshFailure([*(prev.failures if prev else []), *new], err.context)
+
+    def raise_pending(self) -> None:
+        """Raise an unhandled failure at the next API call (once), as fail-fast promises."""
+        if self.pending is None:
+            return
+        with self._lock:
+            err, self.pending = self.pending, None
+        if err is not None:
+            raise err
+
+
+def _key(f: Failure) -> tuple[Any, ...]:
+    """One failure once: of which mesh (and actor), where, what kind."""
+    return (f.mesh, f.actor, tuple(sorted(f.coords.items())), f.kind)

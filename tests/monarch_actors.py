@@ -1,0 +1,138 @@
+"""Actors for the tests of Monarch's semantics (importable by procs: they get our sys.path)."""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import os
+import time
+import weakref
+
+from jupyter_mesh import Actor, current_rank, endpoint
+
+
+class Dies(BaseException):
+    """A BaseException of the user's own: in Monarch it ends the actor."""
+
+
+class Boom(Actor):
+    def __init__(self, bad: bool = False):
+        if bad:
+            raise ValueError("this is an exception from __init__")
+
+    @endpoint
+    def fail(self) -> None:
+        raise ValueError("this is a test exception")
+
+    @endpoint
+    def exit(self) -> None:
+        raise SystemExit(3)
+
+    @endpoint
+    async def die(self) -> None:
+        raise Dies("simulated actor failure")
+
+    @endpoint
+    def ok(self) -> str:
+        return "ok"
+
+    @endpoint
+    def sleep(self, seconds: float) -> str:
+        time.sleep(seconds)
+        return "slept"
+
+    @endpoint
+    async def nap(self, seconds: float) -> str:
+        await asyncio.sleep(seconds)
+        return "napped"
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class Nested(Actor):
+    @endpoint
+    async def with_cause(self) -> None:
+        try:
+            raise KeyError("inner exception")
+        except KeyError as e:
+            raise ValueError("outer exception") from e
+
+    @endpoint
+    def with_context(self) -> None:
+        try:
+            raise KeyError("inner exception")
+        except KeyError:
+            raise ValueError("outer exception")  # noqa: B904 - the context is the point
+
+
+class Ranks(Actor):
+    @endpoint
+    def rank(self) -> tuple:
+        return str(current_rank()), dict(current_rank()), os.environ["LOCAL_RANK"], os.environ["LOCAL_WORLD_SIZE"]
+
+
+class Owner(Actor):
+    """Monarch's supervision pattern: given a proc mesh, it spawns its own actors there and supervises them."""
+
+    def __init__(self, procs) -> None:
+        self.procs = procs
+        self.child = procs.spawn("child", Boom)
+        self.seen: list[str] = []
+
+    @endpoint
+    def child_ok(self) -> list:
+        return list(self.child.ok.call().get(timeout=20).values())
+
+    @endpoint
+    def child_pid(self) -> int:
+        return self.child.pid.call().get(timeout=20).item(gpus=0)
+
+    @endpoint
+    def break_child(self) -> None:
+        self.child.fail.broadcast()
+
+    @endpoint
+    def seen_failures(self) -> list:
+        return self.seen
+
+    @endpoint
+    def try_to(self, what: str) -> str:
+        try:
+            getattr(self.procs, what)()
+        except Exception as e:  # noqa: BLE001 - its type and text are what the test looks at
+            return f"{type(e).__name__}: {e}"
+        return "did it"
+
+    def __supervise__(self, failure) -> bool:
+        self.seen.append(f"{failure.kind}:{failure.mesh_name}:{failure.report().splitlines()[0]}")
+        return True
+
+
+class Finalizes(Actor):
+    @endpoint
+    def arm(self, path: str, hang: float = 0.0) -> int:
+        """At exit, ``{path}.{pid}.atexit`` and ``{path}.{pid}.finalizer`` are written."""
+        atexit.register(_write, f"{path}.{os.getpid()}.atexit", hang)
+
+        class Resource:
+            pass
+
+        self.resource = Resource()
+        weakref.finalize(self.resource, _write, f"{path}.{os.getpid()}.finalizer", 0.0)
+        return os.getpid()
+
+    @endpoint
+    def busy(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    @endpoint
+    async def busy_async(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+def _write(path: str, hang: float) -> None:
+    with open(path, "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(hang)

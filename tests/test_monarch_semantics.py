@@ -1,0 +1,303 @@
+"""What a ported Monarch program relies on beyond the names (issue #17): stop() is a Future, a ProcMesh
+travels to actors, this_host() has no dims, actor failures reach the fault hook, an error no caller
+receives ends the actor, remote exception chains survive, stopped meshes raise SupervisionError, and
+a stopped proc finalizes. Real procs throughout; the kernel's own defaults are in test_kernel.py."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from _procs import wait_dead, wait_for
+from monarch_actors import Boom, Finalizes, Nested, Owner, Ranks
+
+from jupyter_mesh import ActorError, Future, LocalJob, MeshClosedError, SupervisionError, lowlevel
+from jupyter_mesh.errors import MeshFailure
+
+pytestmark = pytest.mark.integration
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _new_faults(recorded_faults, start):
+    return [f for f in recorded_faults[start:] if isinstance(f, MeshFailure)]
+
+
+# -- 1. stop() is a Future ----------------------------------------------------------------------------
+def test_stop_returns_a_future_for_every_mesh(host):
+    pm = host.spawn_procs(per_host={"gpus": 2})
+    pids = set(pm.pids().values())
+    stopping = pm.stop()
+    assert isinstance(stopping, Future) and stopping.get(timeout=1) is None  # Monarch's last line
+    assert not wait_dead(pids, 5)
+
+    async def monarch_main():
+        pm = host.spawn_procs(per_host={"gpus": 1})
+        await pm.stop()  # Monarch's other last line
+        async with host.spawn_procs(per_host={"gpus": 1}) as pm2:
+            assert pm2.spawn("b", Boom).ok.call_one().get(timeout=20) == "ok"
+        return pm, pm2
+
+    pm, pm2 = asyncio.run(monarch_main())
+    assert pm.stopped and pm2.stopped
+
+    # ActorMesh.stop(): those actors answer as stopped; the procs and their other actors live on
+    pm = host.spawn_procs(per_host={"gpus": 2})
+    try:
+        a, b = pm.spawn("a", Boom), pm.spawn("b", Boom)
+        assert a.stop().get(timeout=10) is None
+        with pytest.raises(SupervisionError, match="actor mesh 'a' was stopped") as ei:
+            a.ok.call().get(timeout=10)
+        assert {f.kind for f in ei.value.failures} == {"stopped"}
+        assert list(b.ok.call().get(timeout=10).values()) == ["ok", "ok"]
+    finally:
+        pm.stop()
+
+
+def test_host_mesh_stop_and_shutdown_are_futures():
+    job = LocalJob(1)
+    hm = job.host_mesh()
+    pm = hm.spawn_procs(per_host={"gpus": 1})
+    a = pm.spawn("a", Boom)
+    assert a.ok.call_one().get(timeout=20) == "ok"
+    assert hm.stop().get(timeout=1) is None  # its proc meshes stop; its agent stays for new ones
+    assert pm.stopped
+    pm2 = hm.spawn_procs(per_host={"gpus": 1})
+    assert pm2.spawn("a", Boom).ok.call_one().get(timeout=20) == "ok"
+    assert hm.shutdown().get(timeout=1) is None  # and now the agent goes too
+    assert pm2.stopped and not job.running()
+    assert not wait_dead(job.pids(), 5)
+
+
+# -- 2. a ProcMesh travels to actors ------------------------------------------------------------------
+def test_an_actor_given_a_proc_mesh_spawns_on_it_and_supervises_it(host, recorded_faults):
+    """Monarch's __supervise__ pattern: the owner spawns its own actors on a proc mesh it was given;
+    their failures reach its __supervise__, not this program's fault hook."""
+    start = len(recorded_faults)
+    pm, pm2 = host.spawn_procs(per_host={"gpus": 1}), host.spawn_procs(per_host={"gpus": 1})
+    try:
+        assert pickle.loads(pickle.dumps(pm2)).sizes == {"gpus": 1}  # no "cannot pickle '_hashlib.HMAC'"
+        owner = pm.spawn("owner", Owner, pm2).slice(gpus=0)
+        assert owner.child_ok.call_one().get(timeout=30) == ["ok"]
+        # stopping or killing the procs stays with the program that spawned them
+        refused = owner.try_to.call_one("stop").get(timeout=10)
+        assert refused.startswith("MeshValueError: cannot stop proc mesh") and "passed in" in refused
+        # the child actor dies (an error under broadcast): its owner hears of it
+        owner.break_child.call_one().get(timeout=10)
+        seen = wait_for(lambda: owner.seen_failures.call_one().get(timeout=5), 10)
+        assert seen == ["died:child:[gpus=0] child.fail raised ValueError: this is a test exception under "
+                        "broadcast(), where no caller can receive it, so the actor died"]  # fmt: skip
+        # the child's proc dies: its owner hears of that too
+        os.kill(pm2.pids()[0], signal.SIGKILL)
+        seen = wait_for(lambda: len(owner.seen_failures.call_one().get(timeout=5)) == 2, 10)
+        assert seen and owner.seen_failures.call_one().get(timeout=5)[1].startswith("signal:")
+        assert _new_faults(recorded_faults, start) == []  # handled where it belongs: nothing unhandled here
+    finally:
+        pm.stop()
+        pm2.stop()
+
+
+# -- 3. this_host() has no dims; ranks print as Monarch's ---------------------------------------------
+def test_this_host_has_no_dims_and_ranks_print_as_in_monarch(host):
+    assert host.sizes == {}
+    pm = host.spawn_procs(per_host={"gpus": 2})
+    try:
+        assert pm.sizes == {"gpus": 2}
+        vm = pm.spawn("r", Ranks).rank.call().get(timeout=20)
+        assert vm.item(gpus=1) == ("{'gpus': 1/2}", {"gpus": 1}, "1", "2")
+    finally:
+        pm.stop()
+    pm = host.spawn_procs(per_host={"hosts": 1, "gpus": 2})  # Monarch's test_rank_string
+    try:
+        vm = pm.spawn("r", Ranks).rank.call().get(timeout=20)
+        assert vm.item(hosts=0, gpus=0)[0] == "{'hosts': 0/1, 'gpus': 0/2}"
+        assert vm.item(hosts=0, gpus=1)[0] == "{'hosts': 0/1, 'gpus': 1/2}"
+        assert vm.item(hosts=0, gpus=1)[2:] == ("1", "2")  # a dim of per_host: local ranks count it
+    finally:
+        pm.stop()
+
+
+# -- 4. a failed __init__ reaches the fault hook -------------------------------------------------------
+def test_init_failure_reaches_the_fault_hook(procs, recorded_faults):
+    start = len(recorded_faults)
+    bad = procs.spawn("exception_actor", Boom, True)
+    bad.ok.broadcast()  # no call waits: only the hook can tell
+    faults = wait_for(lambda: len(_new_faults(recorded_faults, start)) >= 4, 10) and _new_faults(recorded_faults, start)
+    assert len(faults) == 4 and all(isinstance(f, SupervisionError) for f in faults)  # Monarch: one per rank
+    for f in faults:
+        assert f.mesh_name == "exception_actor" and "this is an exception from __init__" in str(f)
+        assert f.failures[0].kind == "init" and len(f.crashed_ranks) == 1
+    assert sorted(f.crashed_ranks[0]["gpus"] for f in faults) == [0, 1, 2, 3]
+
+
+_FAILED_INIT_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, sys.argv[1])
+    from monarch_actors import Boom
+    from jupyter_mesh import this_host
+
+    procs = this_host().spawn_procs(per_host={"gpus": 1})
+    actors = procs.spawn("exception_actor", Boom, True)
+    actors.ok.broadcast()
+    procs.stop().get()
+    print("REACHED THE END", flush=True)
+    """
+)
+
+
+def test_a_failed_init_with_only_broadcasts_fails_the_script(tmp_path):
+    """The README promises: an unhandled failure makes a script exit 1 (Monarch's hook: sys.exit(1))."""
+    script = tmp_path / "failed_init.py"
+    script.write_text(_FAILED_INIT_SCRIPT)
+    out = subprocess.run([sys.executable, str(script), HERE], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1, (out.stdout, out.stderr[-3000:])
+    assert "this is an exception from __init__" in out.stderr
+
+
+# -- 5. an exception under broadcast() ends the actor, and is reported -----------------------------------
+def test_broadcast_exception_ends_the_actor_and_reaches_the_hook(procs, recorded_faults):
+    start = len(recorded_faults)
+    a, other = procs.spawn("exception_actor", Boom), procs.spawn("other", Boom)
+    a.fail.broadcast()
+    faults = wait_for(lambda: len(_new_faults(recorded_faults, start)) >= 4, 10) and _new_faults(recorded_faults, start)
+    assert len(faults) == 4
+    assert all(f.failures[0].kind == "died" and "this is a test exception" in str(f) for f in faults)
+    assert "raise ValueError" in faults[0].report()  # the remote traceback comes with it
+    with pytest.raises(SupervisionError, match="this is a test exception"):
+        a.ok.call().get(timeout=10)  # the actor is gone
+    assert list(other.ok.call().get(timeout=10).values()) == ["ok"] * 4  # its procs are not
+
+
+def test_broadcast_exception_leaves_the_actor_alive_where_asked(procs, recorded_faults):
+    """The kernel's way (``survive``): reported, and the actor lives on."""
+    prev = lowlevel.set_actor_errors("survive")
+    try:
+        a = procs.spawn("survivor", Boom)
+    finally:
+        lowlevel.set_actor_errors(prev)
+    start = len(recorded_faults)
+    a.fail.broadcast()
+    faults = wait_for(lambda: len(_new_faults(recorded_faults, start)) >= 4, 10) and _new_faults(recorded_faults, start)
+    assert {f.failures[0].kind for f in faults} == {"broadcast"} and len(faults) == 4
+    assert list(a.ok.call().get(timeout=10).values()) == ["ok"] * 4
+
+
+# -- 6. a BaseException ends the actor ---------------------------------------------------------------
+def test_base_exception_ends_the_actor_with_a_supervision_error(procs, recorded_faults):
+    start = len(recorded_faults)
+    a = procs.spawn("error", Boom).slice(gpus=0)
+    with pytest.raises(SupervisionError, match="Dies: simulated actor failure"):
+        a.die.call_one().get(timeout=10)
+    with pytest.raises(RuntimeError, match="simulated actor failure"):  # Monarch's tests catch it so
+        a.ok.call_one().get(timeout=10)
+    b = procs.spawn("exits", Boom).slice(gpus=1)
+    with pytest.raises(SupervisionError, match="SystemExit"):
+        b.exit.call_one().get(timeout=10)
+    assert _new_faults(recorded_faults, start) == []  # the callers were told: nothing unhandled
+    # our own cancellation is no BaseException of the user's: the actor lives on
+    c = procs.spawn("cancelled", Boom).slice(gpus=2)
+    fut = c.nap.call_one(60)
+    assert wait_for(lambda: procs.state().ranks[2].state == "busy", 10)
+    fut.cancel()
+    assert c.ok.call_one().get(timeout=10) == "ok"
+    # and where the spawn asked to survive (the kernel), a BaseException is the caller's ActorError
+    prev = lowlevel.set_actor_errors("survive")
+    try:
+        d = procs.spawn("survives", Boom).slice(gpus=3)
+    finally:
+        lowlevel.set_actor_errors(prev)
+    with pytest.raises(ActorError, match="simulated actor failure"):
+        d.die.call_one().get(timeout=10)
+    assert d.ok.call_one().get(timeout=10) == "ok"
+
+
+# -- 7. the remote exception chain survives ------------------------------------------------------------
+def test_actor_error_keeps_the_remote_exception_chain(procs):
+    n = procs.spawn("nested", Nested)
+    with pytest.raises(ActorError) as ei:
+        n.with_cause.call().get(timeout=10)
+    text = str(ei.value)
+    assert "inner exception" in text and "outer exception" in text
+    assert "The above exception was the direct cause of the following exception" in text
+    assert text.index("inner exception") < text.index("direct cause") < text.rindex("outer exception")
+    assert isinstance(ei.value.exception, ValueError) and isinstance(ei.value.exception.__cause__, KeyError)
+    with pytest.raises(ActorError) as ei:
+        n.with_context.call().get(timeout=10)
+    assert "During handling of the above exception, another exception occurred" in str(ei.value)
+    assert ei.value.exception.__cause__ is None and isinstance(ei.value.exception.__context__, KeyError)
+
+
+# -- 8. errors as Monarch's: stopped meshes, RuntimeError, MeshFailure ------------------------------------
+def test_error_types_as_in_monarch(host, recorded_faults):
+    assert issubclass(SupervisionError, RuntimeError) and issubclass(MeshClosedError, RuntimeError)
+    assert issubclass(MeshFailure, SupervisionError)
+    pm = host.spawn_procs(per_host={"gpus": 2})
+    a = pm.spawn("a", Boom)
+    start = len(recorded_faults)
+    os.kill(pm.pids()[1], signal.SIGKILL)  # nothing waits on it: the hook gets a MeshFailure
+    faults = wait_for(lambda: _new_faults(recorded_faults, start), 10)
+    assert faults and faults[0].mesh_name == pm.name and faults[0].crashed_ranks == [{"gpus": 1}]
+    assert "SIGKILL" in faults[0].report() and repr(faults[0]).startswith("MeshFailure(mesh_name=")
+    pm.stop()
+    with pytest.raises(SupervisionError, match="stopped"):  # not MeshClosedError: Monarch's type
+        a.ok.call().get(timeout=10)
+
+
+# -- 9. a stopped proc finalizes -----------------------------------------------------------------------
+def test_stopped_procs_run_atexit_handlers_and_finalizers(host, tmp_path):
+    pm = host.spawn_procs(per_host={"gpus": 3})
+    f = pm.spawn("f", Finalizes)
+    pids = list(f.arm.call(str(tmp_path / "p")).get(timeout=20).values())
+    busy = f.slice(gpus=1).busy.call_one(60)  # blocking, on the proc's main thread: the stop interrupts it
+    napping = f.slice(gpus=2).busy_async.call_one(60)
+    assert wait_for(lambda: [r.state for r in pm.state().ranks][1:] == ["busy", "busy"], 10)
+    pm.stop(timeout=30)
+    assert not wait_dead(set(pids), 5)
+    for pid in pids:
+        assert (tmp_path / f"p.{pid}.atexit").read_text() == str(pid)
+        assert (tmp_path / f"p.{pid}.finalizer").read_text() == str(pid)
+    for fut in (busy, napping):
+        with pytest.raises(SupervisionError, match="stopped"):
+            fut.get(timeout=5)
+
+
+def test_a_proc_that_does_not_finalize_in_time_is_killed(host, tmp_path):
+    pm = host.spawn_procs(per_host={"gpus": 1})
+    f = pm.spawn("f", Finalizes)
+    pid = f.arm.call_one(str(tmp_path / "p"), 600).get(timeout=20)  # its atexit handler hangs
+    pm.stop(timeout=1)
+    assert not wait_dead({pid}, 5)  # killed once the stop's timeout ran out
+    assert (tmp_path / f"p.{pid}.atexit").read_text() == str(pid)  # it did start finalizing
+
+
+_UNSTOPPED_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, sys.argv[1])
+    from monarch_actors import Finalizes
+    from jupyter_mesh import this_host
+
+    procs = this_host().spawn_procs(per_host={"gpus": 2})
+    print(*procs.spawn("f", Finalizes).arm.call(sys.argv[2]).get(timeout=30).values())
+    """
+)
+
+
+def test_procs_of_a_script_that_never_stops_them_finalize_too(tmp_path):
+    """At the end of a script the agents stop their procs (SIGTERM): they finalize as on stop()."""
+    script = tmp_path / "unstopped.py"
+    script.write_text(_UNSTOPPED_SCRIPT)
+    out = subprocess.run(
+        [sys.executable, str(script), HERE, str(tmp_path / "p")], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    pids = [int(p) for p in out.stdout.split()]
+    assert not wait_dead(set(pids), 5)
+    for pid in pids:
+        assert (tmp_path / f"p.{pid}.atexit").read_text() == str(pid)
