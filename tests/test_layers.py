@@ -20,6 +20,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("_runtime",),
     ("_api",),
     ("jobs",),
+    ("spmd",),  # torchrun-style environments and scripts over meshes (the public API below it only)
     ("lowlevel", "debug"),
     ("ui", "notebook"),  # views and the kernel side: they use lowlevel and the layers below, never the facade
     ("__init__",),  # the facade: what users import

@@ -1,4 +1,4 @@
-"""``%mesh`` (up, status, down, scale, kill, logs, push, pull, reload) and ``%%mesh`` (run a cell on every proc).
+"""``%mesh`` (up, status, down, scale, kill, logs, push, pull, reload, torchrun) and ``%%mesh`` (run a cell on every proc).
 
 Arguments are parsed with argparse from ``shlex.split(line)`` and never evaluated; a bad argument is an
 IPython ``UsageError`` that ends with the usage line. Errors from the meshes themselves (a rank that
@@ -26,6 +26,8 @@ from .meshes import JobSpec, MeshRegistry, NamedMesh
 from .output import SYNC_PREFIX, OutputRouter, fold_label, group_by_rank
 from .reload import INTERNAL_ACTORS, Redefinitions
 from .remote_exec import CellError, RemoteExec
+from .torchrun import add_parser as add_torchrun_parser
+from .torchrun import run as run_torchrun
 
 __all__ = ["MeshMagics", "parse_slice"]
 
@@ -138,7 +140,7 @@ def _rank_or_coords(text: str) -> int | dict[str, int]:
 def _build_parsers() -> tuple[_Parser, _Parser]:
     line = _Parser(prog="%mesh", description="Bring meshes of procs up and down, look at them, move data.")
     sub = line.add_subparsers(
-        dest="cmd", metavar="{up,status,down,scale,kill,respawn,logs,push,pull,reload}", parser_class=_Parser
+        dest="cmd", metavar="{up,status,down,scale,kill,respawn,logs,push,pull,reload,torchrun}", parser_class=_Parser
     )
     sub.required = True
 
@@ -239,6 +241,8 @@ def _build_parsers() -> tuple[_Parser, _Parser]:
     )
     reload.add_argument("names", nargs="*", metavar="NAME", help="actor mesh names (default: every redefined one)")
 
+    add_torchrun_parser(sub, _name)
+
     cell = _Parser(prog="%%mesh", description="Run the cell on every proc of a mesh (or a slice of it).")
     cell.add_argument("--on", metavar="SLICE", help="e.g. gpus=0:2 or hosts=0,gpus=1")
     cell.add_argument("--name", type=_name)
@@ -260,7 +264,7 @@ class MeshMagics(Magics):
 
     @line_cell_magic
     def mesh(self, line: str, cell: str | None = None) -> Any:
-        """%mesh up|status|stacks|debug|down|scale|kill|respawn|logs|push|pull|reload|reattach ...   %%mesh [--on SLICE] [--name NAME] [--no-stream]
+        """%mesh up|status|stacks|debug|down|scale|kill|respawn|logs|push|pull|reload|reattach|torchrun ...   %%mesh [--on SLICE] [--name NAME] [--no-stream]
 
         `%mesh -h` and `%mesh up -h` explain each command.
         """
@@ -501,6 +505,9 @@ class MeshMagics(Magics):
         except TypeError as e:
             raise UsageError(str(e)) from None
         print("\n".join(lines))
+
+    def _cmd_torchrun(self, args: argparse.Namespace) -> None:
+        run_torchrun(self.meshes.get(args.name), args)
 
     def _cmd_push(self, args: argparse.Namespace) -> None:
         entry = self.meshes.get(args.mesh)

@@ -27,7 +27,8 @@ _KEEP = {"__dict__", "__weakref__", "__module__", "__qualname__", "__slots__", "
          "__static_attributes__", "__orig_bases__", "__parameters__", "__doc__"}  # fmt: skip
 
 
-INTERNAL_ACTORS = frozenset({"mesh_exec", "mesh_reload"})  # actor meshes the notebook itself spawns
+# actor meshes the notebook itself spawns (spmd: %mesh torchrun's, by jupyter_mesh.spmd)
+INTERNAL_ACTORS = frozenset({"mesh_exec", "mesh_reload", "spmd"})
 
 
 @dataclass
