@@ -109,6 +109,8 @@ class Agent(ProcWatch):
                 Kind.HEARTBEAT: self._on_heartbeat,
                 Kind.CALL: self._on_call,
                 Kind.SPAWN: self._on_call,
+                Kind.GATHERED: lambda msg, _: self.relay.subtree_gathered(msg),  # from an agent below (tree)
+                Kind.PRUNE: lambda msg, _: self.relay.prune(msg.header),  # the caller lost an agent below
                 Kind.ACTOR_UP: self._on_actor_up,
                 Kind.PROC_UP: lambda msg, _: self._proc_up(msg.header),
                 Kind.SPAWN_PROCS: lambda msg, _: self._spawn_procs(msg.header),

@@ -191,7 +191,8 @@ class Controller:
         self.hb_timeout = self.links.hb_timeout
         self.expect_agent, self.stop_expecting = self.links.expect_agent, self.links.stop_expecting
         self.forget_agents, self.agent_lost = self.links.forget_agents, self.links.agent_lost
-        self.debugger = Debugger(self.state, self.meshes, self.transport, self.client)  # actors paused in breakpoint()
+        # actors paused in breakpoint()
+        self.debugger: Debugger = Debugger(self.state, self.meshes, self.transport, self.client)
         self.debugger.embedded = self.embedded
         self._thread: threading.Thread | None = None
         self.dispatch = self._table()
