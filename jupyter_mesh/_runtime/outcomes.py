@@ -190,7 +190,9 @@ class Outcomes:
             if deaths:
                 known = {r: self.calls.failed[(p.mesh_id, r)] for r in p.ranks if (p.mesh_id, r) in self.calls.failed}
                 known.update(deaths)
-                p.broken = [known[r] for r in sorted(known)]
+                # and what else broke before (ranks cut off by a lost relaying agent, undelivered ones)
+                others = [f for f in p.broken if f.kind not in _PROC_DEATH]
+                p.broken = [known[r] for r in sorted(known)] + others
                 finished += sorted(p.outstanding)
                 p.outstanding.clear()
             busy = [r for r in finished if r not in p.progressed] if p.progressed else finished

@@ -10,24 +10,24 @@ parent agent (or to the caller at the top). A reduce folds what it holds into on
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import sys
+import threading
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .._core.shape import Slice
 from .._wire.protocol import BROKEN, DIRECT, GATHER, NO_REPLY, OK, RAISED, REDUCED, Kind
-from .._wire.serialize import dumps, loads
+from .._wire.serialize import dumps
 from .._wire.transport import Message
 from ..errors import Failure
 from .agent_state import Gather, ProcEntry, kill
 from .pending import pack_gathered
 from .progress import ProgressSender
-from .reduce_ops import fold, resolve
+from .reduce_ops import agent_loads, fold, resolve
 from .tree import children
 
 if TYPE_CHECKING:
-    import threading
-
     from .._wire.transport import Transport
     from .agent_state import HostedMesh
     from .inboxes import ActorInboxes
@@ -56,6 +56,8 @@ class Relay:
         self.gathers: dict[tuple[str, int], Gather] = {}  # (caller, call id) -> replies so far
         # ranks that answered a gather still open, batched to their callers (to the inbox its
         # receive thread reads, not a reply box: the caller's state, not its waiting thread, wants them)
+        self._folds: queue.SimpleQueue[Gather] = queue.SimpleQueue()  # reduces to fold, off the receive thread
+        self._folder: threading.Thread | None = None
         self.progress = ProgressSender(lambda to, header: self.agent.transport.send(to, Message(header)))
         # fault injection, for tests of the undelivered path: "c:2,spawn:1" fails the next two relays of
         # calls and the next one of a spawn, as a send error would
@@ -246,6 +248,14 @@ class Relay:
         self._send_gathered(g)
 
     def _send_gathered(self, g: Gather) -> None:
+        if g.op is not None and threading.current_thread() is not self._folder:
+            # folding unpickles results (a first tensor imports torch: seconds) and runs the user's op:
+            # never on the receive thread, which must go on answering heartbeats and relaying
+            if self._folder is None:
+                self._folder = threading.Thread(target=self._folding, name="jupyter-mesh-fold", daemon=True)
+                self._folder.start()
+            self._folds.put(g)
+            return
         entries, header = g.entries, {"k": Kind.GATHERED, "i": g.call_id}
         if g.op is not None:
             entries, header["rr"] = self._fold(g)
@@ -254,6 +264,16 @@ class Relay:
         if g.up:
             header["to"], header["up"] = g.caller, g.up
         self.agent.transport.send(g.sender, Message(header, payload_all, bufs_all))
+
+    def _folding(self) -> None:
+        while True:
+            g = self._folds.get()
+            try:
+                self._send_gathered(g)
+            except Exception:  # noqa: BLE001 - the next reduce must still be folded
+                import traceback
+
+                traceback.print_exc()
 
     def _fold(self, g: Gather) -> tuple[list[tuple[int, int, Any, list[Any]]], list[int]]:
         """A reduce: the results that came back OK, and the partials from below, become one entry
@@ -269,8 +289,9 @@ class Relay:
         name = "reduce op"
         try:
             name, fn = resolve(g.op)
-            values = [loads(e[2], e[3]) for e in g.entries if e[1] == OK]
-            values += [loads(p[1], p[2]) for p in g.partials]
+            named = isinstance(g.op, str)
+            values = [agent_loads(e[2], e[3], named) for e in g.entries if e[1] == OK]
+            values += [agent_loads(p[1], p[2], named) for p in g.partials]
             payload, bufs = dumps(fold(fn, values))
             return [*rest, (-1, REDUCED, payload, bufs)], ranks
         except Exception as e:  # noqa: BLE001 - the op's error goes to the caller, the agent lives on
