@@ -13,9 +13,9 @@ import time
 import pytest
 
 from jupyter_mesh import LocalJob, MeshError, MeshValueError, ReduceError, SupervisionError
-from jupyter_mesh.config import configured
 from jupyter_mesh._runtime import tree
 from jupyter_mesh._runtime.client import current_client
+from jupyter_mesh.config import configured
 
 pytestmark = pytest.mark.integration
 
@@ -85,7 +85,7 @@ def test_layout_is_a_complete_tree_of_the_fanout():
 def test_fanout_setting_is_checked():
     with configured(fanout="x"), pytest.raises(MeshValueError, match="fanout must be an integer"):
         tree.fanout()
-    with configured(fanout=1), pytest.raises(MeshValueError, match="0 .always direct. or >= 2"):
+    with configured(fanout=1), pytest.raises(MeshValueError, match=r"0 \(always direct\) or >= 2"):
         tree.fanout()
     with configured(fanout=0):
         assert tree.fanout() == 0
@@ -98,7 +98,7 @@ def test_adverbs_through_the_tree(tree_mesh, adverb, payload):
     at most fan-out messages for it."""
     from tree_actors import Caller, Echo
 
-    job, pm, echo = tree_mesh
+    _, pm, echo = tree_mesh
     x = _payload(payload)
     with configured(fanout=FANOUT):
         if adverb == "call":
@@ -127,7 +127,7 @@ def test_adverbs_through_the_tree(tree_mesh, adverb, payload):
 def test_actor_streams_and_reduces_through_the_tree(tree_mesh):
     from tree_actors import Caller
 
-    job, pm, echo = tree_mesh
+    _, pm, echo = tree_mesh
     caller = pm.slice(hosts=0).spawn("caller_sr", Caller)
     streamed, n = caller.cast.call_one(echo, "stream", "hi").get(60)
     assert streamed == ["hi"] * HOSTS and n <= FANOUT
@@ -137,7 +137,7 @@ def test_actor_streams_and_reduces_through_the_tree(tree_mesh):
 
 
 def test_direct_below_the_fanout(tree_mesh):
-    job, pm, echo = tree_mesh
+    echo = tree_mesh[2]
     with configured(fanout=0):
         vm, n = _sends(lambda: echo.rank.call().get(60))
     assert list(vm.values()) == list(range(HOSTS)) and n == HOSTS
@@ -152,7 +152,7 @@ def test_reduce_named_ops(tree_mesh, op, kind):
     import numpy
     import torch
 
-    job, pm, echo = tree_mesh
+    echo = tree_mesh[2]
     each = list(echo.value.call(kind).get(60).values())
     with configured(fanout=FANOUT):
         got, n = _sends(lambda: echo.value.reduce(op, kind).get(60))
@@ -174,7 +174,7 @@ def test_reduce_named_ops(tree_mesh, op, kind):
 
 
 def test_reduce_with_a_function_and_its_errors(tree_mesh):
-    job, pm, echo = tree_mesh
+    echo = tree_mesh[2]
     with configured(fanout=FANOUT):
         assert echo.rank.reduce(lambda a, b: a if a > b else b).get(60) == HOSTS - 1
 
@@ -192,8 +192,8 @@ def test_reduce_with_a_function_and_its_errors(tree_mesh):
 
 
 def test_reduce_carries_rank_errors(tree_mesh):
-    job, pm, echo = tree_mesh
-    with configured(fanout=FANOUT), pytest.raises(MeshError, match="not supported|unsupported|TypeError"):
+    echo = tree_mesh[2]
+    with configured(fanout=FANOUT), pytest.raises(MeshError, match=r"TypeError"):
         echo.echo.reduce("sum", object).get(60)  # classes do not add up: each rank's fold fails
 
 
@@ -216,7 +216,7 @@ def test_mid_tree_agent_lost_mid_call(tmp_path, sig):
 
     before = descendants(os.getpid())
     with configured(fanout=FANOUT):
-        job, pm, echo = _fault_mesh(tmp_path)
+        job, _, echo = _fault_mesh(tmp_path)
         try:
             gate = tmp_path / "open"
             fut = echo.wait.call(str(gate))
@@ -252,7 +252,7 @@ def test_cast_stuck_in_a_stopped_agent_leaves_no_gap(tmp_path):
 
     before = descendants(os.getpid())
     with configured(fanout=FANOUT):
-        job, pm, echo = _fault_mesh(tmp_path)
+        job, _, echo = _fault_mesh(tmp_path)
         agent = job.pids()[MID]
         try:
             os.kill(agent, signal.SIGSTOP)
