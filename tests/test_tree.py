@@ -12,7 +12,15 @@ import time
 
 import pytest
 
-from jupyter_mesh import LocalJob, MeshError, MeshValueError, ReduceError, SupervisionError
+from jupyter_mesh import (
+    ActorError,
+    LocalJob,
+    MeshCancelledError,
+    MeshError,
+    MeshValueError,
+    ReduceError,
+    SupervisionError,
+)
 from jupyter_mesh._runtime import tree
 from jupyter_mesh._runtime.client import current_client
 from jupyter_mesh.config import configured
@@ -64,6 +72,19 @@ def tree_mesh():
             pm.stop(timeout=5)
         finally:
             job.stop()
+
+
+@pytest.fixture(autouse=True)
+def no_rank_left_busy(request):
+    """Every call through the tree ends its ranks' busy counts (progress and the views rely on them)."""
+    yield
+    if "tree_mesh" in request.fixturenames:
+        from _procs import wait_for
+
+        pm = request.getfixturevalue("tree_mesh")[1]
+        assert wait_for(lambda: all(r.inflight == 0 for r in pm.state().ranks), 10), [
+            r.inflight for r in pm.state().ranks
+        ]
 
 
 def _sends(fn):
@@ -192,9 +213,65 @@ def test_reduce_with_a_function_and_its_errors(tree_mesh):
 
 
 def test_reduce_carries_rank_errors(tree_mesh):
+    """A rank's error fails the reduce as it fails a call (naming the rank); values the op cannot
+    fold fail it as a ReduceError."""
     echo = tree_mesh[2]
-    with configured(fanout=FANOUT), pytest.raises(MeshError, match=r"TypeError"):
-        echo.echo.reduce("sum", object).get(60)  # classes do not add up: each rank's fold fails
+    with configured(fanout=FANOUT):
+        with pytest.raises(ActorError, match="rank 6 refuses") as e:
+            echo.fail_on.reduce("sum", 6).get(60)  # host 6: the bottom of the tree
+        assert [f.coords["hosts"] for f in e.value.failures] == [6]
+        with pytest.raises(ReduceError, match=r"TypeError"):
+            echo.echo.reduce("sum", object).get(60)  # classes do not add up
+        assert echo.fail_on.reduce("sum", -1).get(60) == HOSTS
+
+
+def test_progress_cancel_and_reuse_through_the_tree(tree_mesh, tmp_path):
+    """Ranks that answered show as done while the gather is still open, deep ones included; a
+    cancelled call through the tree stops its ranks and the next call runs."""
+    from _procs import wait_for
+    from gate_actors import Gate
+
+    _, pm, _ = tree_mesh
+    gate = pm.spawn("gate", Gate)
+    gate.initialized.get(timeout=60)
+    opened = tmp_path / "open"
+    with configured(fanout=FANOUT):
+        fut = gate.wait.call(str(opened), [0, 6])  # host 0 (the top), host 6 (three agents deep)
+        try:
+            assert wait_for(lambda: (p := pm.state().progress) is not None and p.done == (0, 6), 30), (
+                pm.state().progress
+            )
+        finally:
+            opened.touch()
+        assert list(fut.get(timeout=60).values()) == list(range(HOSTS))
+        running = gate.wait.call(str(tmp_path / "never"), [])
+        time.sleep(0.3)
+        assert running.cancel()
+        with pytest.raises(MeshCancelledError):
+            running.get(timeout=5)
+        assert list(gate.wait.call(str(opened), []).get(timeout=30).values()) == list(range(HOSTS))
+    gate.stop().get(timeout=30)
+
+
+def test_proc_dies_mid_call_at_the_bottom_of_the_tree(tmp_path):
+    from _procs import descendants, wait_dead
+
+    before = descendants(os.getpid())
+    with configured(fanout=FANOUT):
+        job, _, echo = _fault_mesh(tmp_path)
+        try:
+            pids = echo.pid.call().get(30)
+            fut = echo.wait.call(str(tmp_path / "open"))
+            time.sleep(0.3)
+            os.kill(pids.item(hosts=HOSTS - 1, gpus=0), signal.SIGKILL)
+            with pytest.raises(SupervisionError, match="SIGKILL") as e:
+                fut.get(30)
+            assert [f.coords["hosts"] for f in e.value.failures] == [HOSTS - 1]
+            (tmp_path / "open").touch()
+            assert list(echo.slice(hosts=slice(0, HOSTS - 1)).rank.call().get(30).values()) == list(range(HOSTS - 1))
+        finally:
+            job.stop()
+    assert not wait_dead(descendants(os.getpid()) - before, 15), "the job's agents or procs outlived it"
 
 
 def _fault_mesh(tmp_path):

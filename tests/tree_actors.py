@@ -31,6 +31,10 @@ class Echo(Actor):
         return self.held
 
     @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+    @endpoint
     def rank(self) -> int:
         return current_rank().rank
 
@@ -47,6 +51,12 @@ class Echo(Actor):
 
             return numpy.array([r, -r, r % 3, 1.0]) + 1
         return r + 1
+
+    @endpoint
+    def fail_on(self, rank: int) -> int:
+        if current_rank().rank == rank:
+            raise ValueError(f"rank {rank} refuses")
+        return 1
 
     @endpoint
     def wait(self, path: str) -> int:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import pickle
 import queue
+import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
@@ -369,6 +370,10 @@ class Client:
         trackers: list[Any] = []
         undelivered: list[tuple[int, Failure]] = []
         interrupted: BaseException | None = None
+        # busy before the send: a fast reply (the ranks' -1) must not come before the +1
+        counted = p is not None and self.hooks.activity is not None
+        if counted:
+            self.hooks.activity(ref.mesh_id, ranks, 1)  # type: ignore[misc]
         held = interrupts.hold()  # Ctrl-C waits until the call is sent and counted, or known unsent
         try:
             with self.calls.lock:
@@ -414,12 +419,12 @@ class Client:
             self.cast_sends += len(trackers)
             if held:
                 interrupts.release()
+            if counted and not trackers:  # not sent (blocked, or no host got it): not busy after all
+                self.hooks.activity(ref.mesh_id, ranks, -1)  # type: ignore[misc]
         if tp is not None and trackers:
-            self.trees.record(TreeCast(ref, header, hosts, ranks, p))
+            self.trees.record(TreeCast(ref, header, hosts, ranks, weakref.ref(p) if p is not None else None))
         for tracker in trackers:
             self.transport.wait_sent(tracker)
-        if p is not None and self.hooks.activity is not None:
-            self.hooks.activity(ref.mesh_id, ranks, 1)
         if undelivered and p is not None:
             for r, f in undelivered:
                 self.outcomes.add(p, p.call_id, r, BROKEN, pickle.dumps(f), [])

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -48,7 +49,11 @@ class TreeCast:
     header: dict[str, Any]  # as signed (k, a, m, n, sl, q, rm, i, rt, dst, tp)
     hosts: list[int]  # the host index of each agent in ``dst``
     ranks: list[int]
-    p: Pending | None
+    pending: weakref.ref[Pending] | None  # weak: a finished call's results must not live on here
+
+    @property
+    def p(self) -> Pending | None:
+        return self.pending() if self.pending is not None else None
 
 
 class TreeCasts:
@@ -74,7 +79,8 @@ class TreeCasts:
         h, dst, tp = c.header, c.header["dst"], c.header["tp"]
         x = dst.index(addr)
         below = {c.hosts[j] for j in subtree(tp, x) if j != x}  # x's own ranks fail with its host
-        if not below and (c.p is None or tp[x] < 0):
+        p = c.p
+        if not below and (p is None or tp[x] < 0):
             return
         ranks = [r for r in c.ranks if c.ref.rank_host[r] in below]
         detail = (
@@ -82,7 +88,6 @@ class TreeCasts:
             f"the call's fan-out tree), was lost ({why}): the call may not have reached the rank, and its "
             "reply is lost"
         )
-        p = c.p
         if p is not None and h["rm"] == GATHER:
             with self.calls.lock:
                 live = p.call_id in self.calls.pending
