@@ -313,3 +313,18 @@ def test_another_user_cannot_reach_the_debug_socket(procs):
     assert "connected" in out.stdout, out.stdout + out.stderr
     answer = json.loads(json.loads(out.stdout)["connected"])
     assert "refused" in answer["error"] and "65534" in answer["error"], answer
+
+
+def test_two_terminals_on_one_rank_the_second_is_told_who_has_it(procs, term):
+    st = procs.spawn("stop", Stopper)
+    fut = st.slice(gpus=0).step.call_one(2)
+    _wait_paused(1)
+    first = term("attach", "stop", "0")
+    first.expect("(Pdb) ")
+    out = one_shot("attach", "stop", "0")
+    assert f"is being debugged from jupyter-mesh debug (pid {first.proc.pid}" in out, out
+    assert "2" in first.do("p x", "(Pdb) ").splitlines()
+    first.send("c")
+    first.expect("runs on ---")
+    assert fut.get(30) == 20
+    assert first.finish()[0] == 0
