@@ -328,3 +328,18 @@ def test_two_terminals_on_one_rank_the_second_is_told_who_has_it(procs, term):
     first.expect("runs on ---")
     assert fut.get(30) == 20
     assert first.finish()[0] == 0
+
+
+def test_the_socket_of_a_killed_controller_is_swept_and_a_missing_one_said():
+    directory = debug_dir(create=True)
+    stale = os.path.join(directory, "999999999.sock")
+    import socket as _socket
+
+    s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    s.bind(stale)  # bound, never listening, then closed: what a kill -9 leaves
+    s.close()
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    args = [sys.executable, "-m", "jupyter_mesh.cli", "debug", "--pid", "999999999", "list"]
+    out = subprocess.run(args, capture_output=True, text=True, timeout=60, env=env, stdin=subprocess.DEVNULL)
+    assert out.returncode != 0 and not os.path.exists(stale), out.stdout + out.stderr
+    assert "999999999" in out.stderr, out.stderr  # no such controller: said, with the ones that run

@@ -91,7 +91,9 @@ class DebugSocket:
         if os.environ.get(ENV_DEBUG_SOCKET, "").strip() in ("0", "false", "no"):
             return None
         try:
-            path = os.path.join(debug_dir(create=True), f"{os.getpid()}.sock")
+            directory = debug_dir(create=True)
+            _sweep(directory)
+            path = os.path.join(directory, f"{os.getpid()}.sock")
             if len(path.encode()) > 100:
                 return None  # beyond a unix socket's path limit: no terminal attach, nothing else lost
             return cls(debugger, path)
@@ -160,6 +162,12 @@ class DebugSocket:
     def _send(conn: socket.socket, obj: dict[str, Any]) -> None:
         conn.sendall(json.dumps(obj).encode() + b"\n")
 
+    @staticmethod
+    def _release(held: list[PausedActor]) -> None:
+        for p in held:
+            p.release()
+        held.clear()
+
     def _find(self, key: str) -> PausedActor | None:
         return next((p for p in self.debugger.paused() if key_of(p) == key), None)
 
@@ -170,9 +178,7 @@ class DebugSocket:
         if op == "list":
             return {"paused": [_row(p) for p in self.debugger.paused()]}
         if op == "attach":
-            for p in held:
-                p.release()
-            held.clear()
+            self._release(held)
             p = self._find(str(req["key"]))
             if p is None:
                 return {"error": "that actor is no longer paused; `list` shows those paused now"}
@@ -188,29 +194,27 @@ class DebugSocket:
                 return {"error": "not attached to any actor"}
             return self._wait(conn, held[0], str(req["line"]), held)
         if op == "detach":
-            for p in held:
-                p.release()
-            held.clear()
+            self._release(held)
             return {}
         if op == "cast":
             return self._cast([str(k) for k in req["keys"]], str(req["line"]), held)
         if op == "continue":
             done, skipped = [], []
             for key in req["keys"]:
-                p = self._find(str(key))
-                if p is None:
+                q = self._find(str(key))
+                if q is None:
                     continue
-                if p.attached and p not in held:
-                    skipped.append(f"{p.actor} on {p.mesh} {p.label} is being debugged from {p.attached_by}")
+                if q.attached and q not in held:
+                    skipped.append(f"{q.actor} on {q.mesh} {q.label} is being debugged from {q.attached_by}")
                     continue
                 try:
-                    p.cont()
-                    done.append(f"{p.actor} on {p.mesh} {p.label}")
+                    q.cont()
+                    done.append(f"{q.actor} on {q.mesh} {q.label}")
                 except MeshError as e:
                     skipped.append(str(e))
-                if p in held:
-                    held.remove(p)
-                    p.release()
+                if q in held:
+                    held.remove(q)
+                    q.release()
             return {"continued": done, "skipped": skipped}
         return {"error": f"unknown request {op!r}"}
 
@@ -265,6 +269,26 @@ class DebugSocket:
             with ThreadPoolExecutor(max_workers=min(16, len(mine))) as pool:
                 out.extend(pool.map(one, mine))
         return {"out": out}
+
+
+def _sweep(directory: str) -> None:
+    """Remove the sockets of controllers that were killed (nobody listens: the connect is refused)."""
+    for name in os.listdir(directory):
+        if not name.endswith(".sock"):
+            continue
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        probe.settimeout(0.5)
+        try:
+            probe.connect(os.path.join(directory, name))
+        except ConnectionRefusedError:
+            try:
+                os.unlink(os.path.join(directory, name))
+            except OSError:
+                pass
+        except OSError:
+            pass
+        finally:
+            probe.close()
 
 
 def _row(p: PausedActor) -> dict[str, Any]:

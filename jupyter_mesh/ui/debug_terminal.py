@@ -240,7 +240,7 @@ class Terminal:
             if cmd in ("h", "help", "?"):
                 self.out(HELP)
             elif cmd in ("l", "list", "ls"):
-                self.list()
+                self.show_list()
             elif cmd in ("a", "attach"):
                 self.attach(rest)
             elif cmd == "cast":
@@ -253,7 +253,7 @@ class Terminal:
             self.out(f"error: {e}")
         return True
 
-    def list(self) -> None:
+    def show_list(self) -> None:
         rows = self.rows()
         if not rows:
             self.out("no actor is paused in the debugger")
@@ -385,8 +385,9 @@ def main(pid: int | None = None, command: list[str] | None = None, timeout: floa
     for p in problems:
         print(f"jupyter-mesh debug: {p}", file=sys.stderr)
     if not found:
+        which = f" with pid {pid}" if pid is not None else ""
         print(
-            "jupyter-mesh debug: no running jupyter_mesh controller of this user on this host "
+            f"jupyter-mesh debug: no running jupyter_mesh controller{which} of this user on this host "
             "(a kernel or script that imported jupyter_mesh and started a mesh)",
             file=sys.stderr,
         )
