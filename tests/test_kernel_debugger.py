@@ -165,7 +165,8 @@ def test_interrupt_still_works_with_the_debugger_attached(kernel):
     k.km.interrupt_kernel()
     reply = shell_reply(k, msg_id)
     assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt", reply
-    assert k.ok("print(sorted(s.ping.call().get(30).values()))").stream().strip() == "[0, 1]"
+    cell = k.run("print(sorted(s.ping.call().get(30).values()))")
+    assert cell.status == "ok" and cell.stream().strip() == "[0, 1]", (cell.reply["content"], cell.stream())
 
 
 def test_after_the_debugger_disconnects_the_kernel_and_its_mesh_run_on(kernel):
