@@ -343,3 +343,18 @@ def test_the_socket_of_a_killed_controller_is_swept_and_a_missing_one_said():
     out = subprocess.run(args, capture_output=True, text=True, timeout=60, env=env, stdin=subprocess.DEVNULL)
     assert out.returncode != 0 and not os.path.exists(stale), out.stdout + out.stderr
     assert "999999999" in out.stderr, out.stderr  # no such controller: said, with the ones that run
+
+
+def test_attaching_again_after_a_detach_prompts_at_once(procs):
+    """pdb waits at a prompt whose output a front already showed: a second attach must not wait for
+    more output (it used to wait for good)."""
+    st = procs.spawn("stop", Stopper)
+    fut = st.slice(gpus=2).step.call_one(6)
+    (p,) = _wait_paused(1)
+    debug.attach(p, lambda prompt: "detach")
+    answers = iter(["p x", "c"])
+    again = threading.Thread(target=debug.attach, args=(p, lambda prompt: next(answers)), daemon=True)
+    again.start()
+    again.join(30)
+    assert not again.is_alive(), "the second attach waits for output that never comes"
+    assert fut.get(30) == 62
