@@ -145,8 +145,9 @@ class DebugSocket:
                 try:
                     req = json.loads(raw)
                     answer = self._handle(conn, req, held, str(req.get("front") or front))
-                except (ValueError, TypeError, KeyError, AttributeError) as e:
-                    answer = {"error": f"bad request: {type(e).__name__}: {e}"}
+                except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as e:
+                    # RecursionError: JSON nested deeper than the parser goes ("[[[[...")
+                    answer = {"error": f"bad request: {type(e).__name__}: {e}"[:500]}
                 if answer is None:
                     return  # the terminal went away while pdb ran its command
                 self._send(conn, answer)
