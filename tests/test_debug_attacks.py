@@ -4,15 +4,20 @@ away. Each test failed before its fix."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import socket
 import tempfile
+import threading
+import time
 from typing import Any
 
 import pytest
 
+from jupyter_mesh import debug
 from jupyter_mesh._runtime.debug_socket import DebugSocket
+from jupyter_mesh._runtime.debugger import PausedActor
 
 
 class _NoPauses:
@@ -57,3 +62,51 @@ def test_hostile_lines_get_an_answer_and_the_connection_stays_usable(server):
     finally:
         reader.close()
         c.close()
+
+
+# -- %mesh debug cast / continue against a rank another front holds ----------------------------------
+class _FakeDebugger:
+    """What a PausedActor needs of its Debugger, recording the pdb lines sent."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self.sent: list[tuple[int, str]] = []
+
+    def _tell(self, s: Any) -> None:
+        pass
+
+    def command(self, s: Any, line: str, timeout: float | None) -> str:
+        self.sent.append((s.rank, line))
+        return "ok\n(Pdb) "
+
+    def send_line(self, s: Any, line: str) -> None:
+        self.sent.append((s.rank, line))
+
+
+def _paused(dbg: _FakeDebugger, rank: int) -> PausedActor:
+    return PausedActor("m", "mid", rank, {"gpus": rank}, "stop", "x.py:1", time.time(), f"s{rank}", dbg)  # type: ignore[arg-type]
+
+
+def _magic(*argv: str) -> None:
+    from jupyter_mesh.notebook import debug_magic
+    from jupyter_mesh.notebook.magics import _rank_or_coords, parse_slice
+
+    args = argparse.Namespace(action=argv[0], rest=list(argv[1:]), rank_type=_rank_or_coords)
+    debug_magic.run(args, parse_slice)
+
+
+def test_mesh_debug_cast_and_continue_leave_a_rank_another_front_holds_alone(monkeypatch, capsys):
+    dbg = _FakeDebugger()
+    free, held = _paused(dbg, 0), _paused(dbg, 1)
+    assert held.claim("jupyter-mesh debug (pid 42)") == ""
+    monkeypatch.setattr(debug, "paused", lambda: [free, held])
+    _magic("cast", "stop", "gpus=0:2", "p", "x")
+    out = capsys.readouterr().out
+    assert dbg.sent == [(0, "p x")], dbg.sent  # not typed into the terminal's session
+    assert "being debugged from jupyter-mesh debug (pid 42)" in out, out
+    assert not free.attached and held.attached_by == "jupyter-mesh debug (pid 42)"
+    dbg.sent.clear()
+    _magic("continue", "all")
+    out = capsys.readouterr().out
+    assert dbg.sent == [(0, "c")], dbg.sent
+    assert "not continued" in out and "pid 42" in out, out

@@ -41,7 +41,14 @@ def run(args: argparse.Namespace, parse_slice: Callable[[str], dict[str, int | s
         if not chosen:
             print("no actor is paused")
         for p in chosen:
-            p.cont()
+            if p.attached:  # another front (`jupyter-mesh debug`) is in the middle of a session with it
+                print(f"not continued: {p.actor} on {p.mesh} {p.label} is being debugged from {p.attached_by}")
+                continue
+            try:
+                p.cont()
+            except MeshError as e:  # it ran on or its proc died since the list was taken
+                print(f"not continued: {e}")
+                continue
             print(f"continued {p.actor} on {p.mesh} {p.label}")
     elif args.action == "post-mortem":
         if args.rest not in (["on"], ["off"]):
@@ -68,10 +75,16 @@ def run(args: argparse.Namespace, parse_slice: Callable[[str], dict[str, int | s
         if not found:
             raise UsageError(f"no actor '{actor}' is paused in {args.rest[1]}; `%mesh debug` lists them")
         for p in sorted(found, key=lambda p: (p.mesh, p.rank)):
+            holder = p.claim(debug.this_front())  # one front at a time: never type into another's session
+            if holder:
+                print(f"--- {p.actor} on {p.mesh} {p.label} ---\nnot sent: it is being debugged from {holder}")
+                continue
             try:
                 out = p.send(line)
             except MeshError as e:
                 out = f"{e}\n"
+            finally:
+                p.release()
             print(f"--- {p.actor} on {p.mesh} {p.label} ---\n{out.removesuffix('(Pdb) ').rstrip()}")
 
 
