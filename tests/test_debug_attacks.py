@@ -110,3 +110,32 @@ def test_mesh_debug_cast_and_continue_leave_a_rank_another_front_holds_alone(mon
     out = capsys.readouterr().out
     assert dbg.sent == [(0, "c")], dbg.sent
     assert "not continued" in out and "pid 42" in out, out
+
+
+# -- the terminal -------------------------------------------------------------------------------------
+def test_ctrl_c_in_the_terminal_after_its_controller_died_is_said_not_a_traceback(tmp_path, capsys, monkeypatch):
+    """Ctrl-C while pdb runs a command reconnects; if the controller was killed meanwhile, ``main``
+    says it went away (it used to end in a ConnectionRefused/FileNotFound traceback)."""
+    from jupyter_mesh.ui import debug_terminal
+
+    class Dead:
+        path, pid, title, paused = str(tmp_path / "gone.sock"), 4242, "kernel", 1
+
+        def request(self, **req: Any) -> dict[str, Any]:
+            if req["op"] == "line":
+                raise KeyboardInterrupt  # Ctrl-C while pdb ran the command
+            return {"text": "(Pdb) ", "ended": ""}
+
+        def close(self) -> None:
+            pass
+
+    term = debug_terminal.Terminal(Dead(), read=lambda prompt: "n", out=lambda s: None)  # type: ignore[arg-type]
+    term.attached = {"actor": "stop", "mesh": "m", "label": "gpus=0"}
+    with pytest.raises(ConnectionError, match="pid 4242"):
+        term.loop()
+    monkeypatch.setattr(debug_terminal, "find_controllers", lambda timeout: ([Dead()], []))
+    monkeypatch.setattr(debug_terminal, "Terminal", lambda ctl, read, out: term)
+    term.ctl = Dead()  # type: ignore[assignment]
+    term.attached = {"actor": "stop", "mesh": "m", "label": "gpus=0"}
+    assert debug_terminal.main(pid=4242) == 1
+    assert "went away" in capsys.readouterr().err

@@ -126,12 +126,18 @@ class Controller:
         self.path = path
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(timeout)
-        self.sock.connect(path)
-        self._reader = self.sock.makefile("rb")
-        hello = self.request(op="hello", front=_front())
-        if "error" in hello:
-            raise PermissionError(hello["error"])
-        self.pid, self.title, self.paused = int(hello["pid"]), str(hello["title"]), int(hello["paused"])
+        try:
+            self.sock.connect(path)
+            self._reader = self.sock.makefile("rb")
+            hello = self.request(op="hello", front=_front())
+            if "error" in hello:
+                raise PermissionError(hello["error"])
+            self.pid, self.title, self.paused = int(hello["pid"]), str(hello["title"]), int(hello["paused"])
+        except BaseException:  # refused, no answer, not ours: leave no socket open behind
+            if hasattr(self, "_reader"):
+                self._reader.close()
+            self.sock.close()
+            raise
         self.sock.settimeout(None)  # pdb commands take as long as they take (Ctrl-C leaves)
 
     def request(self, **req: Any) -> dict[str, Any]:
@@ -355,10 +361,13 @@ class Terminal:
     def reconnect(self) -> None:
         """After Ctrl-C in the middle of a request: a fresh connection (the server gives back what
         the old one held once it sees it closed)."""
-        path = self.ctl.path
+        path, pid = self.ctl.path, getattr(self.ctl, "pid", "?")
         self.ctl.close()
         self.attached = None
-        self.ctl = Controller(path)
+        try:
+            self.ctl = Controller(path)
+        except OSError as e:  # it was killed meanwhile (its socket gone, or nobody listening)
+            raise ConnectionError(f"the controller (pid {pid}) no longer answers: {e}") from None
 
 
 def _choose(found: list[Controller], pid: int | None, out: Callable[[str], None]) -> Controller | None:
