@@ -57,7 +57,8 @@ def _input(prompt: str) -> str:
 def post_mortem(on: bool = True) -> int:
     """Post-mortem debugging on the procs running now: an endpoint that raises stops in pdb where it
     raised (a paused actor like any other) and its caller gets the error once it is continued.
-    Procs started later do not have it: call it again. Returns how many procs were told."""
+    A rank respawned later keeps it; procs of meshes spawned later do not have it: call it again.
+    Returns how many procs were told."""
     from ._runtime.controller import Controller
 
     return Controller.get().debugger.set_post_mortem(on)

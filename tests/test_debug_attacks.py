@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import socket
 import tempfile
 import threading
@@ -14,8 +15,9 @@ import time
 from typing import Any
 
 import pytest
+from pdb_actors import Stopper
 
-from jupyter_mesh import debug
+from jupyter_mesh import ProcState, debug
 from jupyter_mesh._runtime.debug_socket import DebugSocket
 from jupyter_mesh._runtime.debugger import PausedActor
 
@@ -139,3 +141,41 @@ def test_ctrl_c_in_the_terminal_after_its_controller_died_is_said_not_a_tracebac
     term.attached = {"actor": "stop", "mesh": "m", "label": "gpus=0"}
     assert debug_terminal.main(pid=4242) == 1
     assert "went away" in capsys.readouterr().err
+
+
+# -- post-mortem across a respawn ---------------------------------------------------------------------
+def _wait_paused(n: int, timeout: float = 30.0) -> list[PausedActor]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if len(debug.paused()) >= n:
+            return debug.paused()
+        time.sleep(0.05)
+    raise AssertionError(f"expected {n} paused actors, got {debug.paused()}")
+
+
+@pytest.mark.integration
+def test_a_respawned_rank_keeps_post_mortem_debugging(procs):
+    """The user turned post-mortem on for their ranks; a rank that died and was respawned is the same
+    rank to them (it used to come back with post-mortem silently off: the error, no pdb)."""
+    from jupyter_mesh import ActorError
+
+    st = procs.spawn("stop", Stopper)
+    st.initialized.get(30)
+    assert debug.post_mortem(True) >= 4
+    try:
+        procs.kill(2, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while procs.state().ranks[2].state != ProcState.FAILED:
+            assert time.monotonic() < deadline, "the killed rank never counted as failed"
+            time.sleep(0.05)
+        assert procs.respawn([2], timeout=60) == [2]
+        fut = st.slice(gpus=2).fail.call_one(7)
+        (p,) = _wait_paused(1)
+        assert p.post_mortem and p.rank == 2, p
+        assert "7" in p.send("p x")
+        p.cont()
+        with pytest.raises(ActorError, match="ZeroDivisionError"):
+            fut.get(30)
+    finally:
+        debug.post_mortem(False)
+        debug.continue_all()

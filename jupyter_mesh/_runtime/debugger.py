@@ -113,6 +113,7 @@ class Debugger:
         self._listeners: list[Callable[[PausedActor], None]] = []
         self.embedded = False  # this controller lives in a proc (an actor's meshes): nothing prompts here
         self._version = 0  # grows with every pause, prompt and end: what ``wait_change`` waits on
+        self._post_mortem = False  # set_post_mortem's last word: a respawned rank gets it too
         state.subscribe(self._on_state)
 
     # -- views ------------------------------------------------------------------------------------
@@ -210,6 +211,12 @@ class Debugger:
         """A rank failed, stopped or was respawned: its pauses are over."""
         if ev.kind not in ("failed", "stopped", "respawned"):
             return
+        if ev.kind == "respawned" and ev.rank is not None and self._post_mortem:
+            # the same rank to the user: it keeps post-mortem debugging (sent before respawn() returns,
+            # so on the one connection to the new proc it comes ahead of any call made after it)
+            rec = self._meshes.get(ev.mesh_id)
+            if rec is not None and ev.rank < len(rec.ref.proc_addrs) and rec.ref.proc_addrs[ev.rank]:
+                self._transport.send(rec.ref.proc_addrs[ev.rank], Message({"k": Kind.DEBUG_IN, "pm": True}))
         whole = ev.kind == "stopped" or ev.rank is None
         with self._cond:
             every = [*self._sessions.values(), *self._stepping.values()]
@@ -264,7 +271,9 @@ class Debugger:
 
     def set_post_mortem(self, on: bool, timeout: float = 10.0) -> int:
         """Post-mortem debugging on every running proc of this controller's meshes, once each has
-        answered (calls sent after this find it set); how many did."""
+        answered (calls sent after this find it set), and on the procs that respawn their ranks
+        later; how many did."""
+        self._post_mortem = on
         asked = []
         for rec in list(self._meshes.values()):
             if rec.stopped:
