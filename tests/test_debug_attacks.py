@@ -179,3 +179,38 @@ def test_a_respawned_rank_keeps_post_mortem_debugging(procs):
     finally:
         debug.post_mortem(False)
         debug.continue_all()
+
+
+# -- the socket's directory, made first by another user ----------------------------------------------
+def test_a_debug_dir_another_user_made_first_is_refused_and_the_message_says_what_to_do(request, monkeypatch, capsys):
+    """Another user can make ``/tmp/jupyter_mesh_debug-<uid>`` before us (with XDG_RUNTIME_DIR unset):
+    the controller must not listen in it, and both it and the terminal say how to get out of it."""
+    from jupyter_mesh._runtime.debug_socket import debug_dir
+    from jupyter_mesh.ui.debug_terminal import find_controllers
+
+    import pathlib
+    import shutil
+
+    base = pathlib.Path(tempfile.mkdtemp(prefix="jmrun"))  # short: a long base falls back to /tmp
+    request.addfinalizer(lambda: shutil.rmtree(base, ignore_errors=True))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(base))
+    monkeypatch.delenv("JUPYTER_MESH_DEBUG_SOCKET", raising=False)
+    theirs = base / f"jupyter_mesh_debug-{os.geteuid()}"
+    theirs.mkdir(mode=0o777)
+    os.chmod(theirs, 0o777)
+    if os.geteuid() == 0:
+        os.chown(theirs, 65534, 65534)  # as `nobody` would have made it
+    from jupyter_mesh._wire.channels import _base
+
+    assert _base() == str(base)
+    srv = DebugSocket.start(_NoPauses())  # type: ignore[arg-type]
+    if srv is not None:
+        srv.close()
+    assert srv is None
+    err = capsys.readouterr().err
+    assert "not a private directory" in err and "XDG_RUNTIME_DIR" in err and "remove it" in err, err
+    assert not any(p.name.endswith(".sock") for p in theirs.iterdir())
+    found, problems = find_controllers(1.0)
+    assert found == [] and any("remove it" in p for p in problems), problems
+    with pytest.raises(PermissionError):
+        debug_dir()

@@ -43,7 +43,13 @@ def debug_dir(create: bool = False) -> str:
     path = os.path.join(_base(), f"jupyter_mesh_debug-{os.geteuid()}")
     if create:
         os.makedirs(path, mode=0o700, exist_ok=True)
-    check_private_dir(path)
+    try:
+        check_private_dir(path)
+    except PermissionError as e:  # made by someone else (or opened up): say what to do about it
+        raise PermissionError(
+            f"{e}; remove it (`ls -ld {path}` shows who made it) or set XDG_RUNTIME_DIR to a private "
+            "directory of yours, in the controller's environment and the terminal's"
+        ) from None
     return path
 
 
