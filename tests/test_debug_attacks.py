@@ -59,6 +59,15 @@ def test_hostile_lines_get_an_answer_and_the_connection_stays_usable(server):
             c.sendall(bad + b"\n")
             answer = json.loads(reader.readline())
             assert isinstance(answer, dict), answer
+        # a line longer than the server reads (a pasted blob): refused with a word, not a hang-up
+        # that the terminal reports as "the controller went away"
+        c.settimeout(30)
+        blob = b'{"op": "line", "line": "' + b"x" * (3 << 20) + b'"}\n'
+        sender = threading.Thread(target=c.sendall, args=(blob,), daemon=True)
+        sender.start()
+        answer = json.loads(reader.readline())
+        sender.join(30)
+        assert "longer than" in answer["error"], answer
         c.sendall(b'{"op": "hello"}\n')
         assert json.loads(reader.readline())["pid"] == os.getpid()
     finally:

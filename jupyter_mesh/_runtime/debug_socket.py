@@ -146,6 +146,13 @@ class DebugSocket:
             reader = conn.makefile("rb")
             while True:
                 raw = reader.readline(_LINE_MAX)
+                if len(raw) == _LINE_MAX and not raw.endswith(b"\n"):  # too long: drop the rest of it
+                    while (more := reader.readline(_LINE_MAX)) and not more.endswith(b"\n"):
+                        pass
+                    if not more:
+                        return
+                    self._send(conn, {"error": f"refused a request longer than {_LINE_MAX >> 20} MiB"})
+                    continue
                 if not raw or not raw.endswith(b"\n"):
                     return
                 try:
