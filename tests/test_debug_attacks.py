@@ -223,3 +223,20 @@ def test_a_debug_dir_another_user_made_first_is_refused_and_the_message_says_wha
     assert found == [] and any("remove it" in p for p in problems), problems
     with pytest.raises(PermissionError):
         debug_dir()
+
+
+# -- stacks -------------------------------------------------------------------------------------------
+@pytest.mark.integration
+def test_stacks_refuses_a_timeout_that_is_not_a_bound(procs):
+    """``%mesh stacks --timeout inf`` waited for good on a stopped rank; ``0`` said every rank
+    "holds the GIL (native code?) or is stopped"."""
+    from jupyter_mesh import MeshValueError
+
+    os.kill(procs.pids()[0], signal.SIGSTOP)
+    try:
+        for bad in (float("inf"), float("nan"), 0, -1):
+            with pytest.raises(MeshValueError, match="above 0"):
+                procs.stacks(timeout=bad)
+        assert "no answer within 1 s" in str(procs.stacks(rank=0, timeout=1))
+    finally:
+        os.kill(procs.pids()[0], signal.SIGCONT)

@@ -430,6 +430,8 @@ class ProcMesh(_MeshTrait):
         that only wait are left out unless ``all_threads``."""
         self._owner_only("read the stacks of")
         self._check_open()
+        if not 0 < timeout < float("inf"):  # 0 blames every rank; inf (or nan) waits on a stopped one for good
+            raise MeshValueError(f"stacks(timeout={timeout!r}): give a number of seconds above 0, e.g. 5")
         ranks = [self._rank_of(rank)] if rank is not None else list(self._shape.ranks())
         return self._controller.stacks(self._ref, ranks, timeout, all_threads)
 
