@@ -42,6 +42,7 @@ from .forkserver import ForkServer
 from .inboxes import ActorInboxes
 from .keep_alive import Keeper
 from .liveness import NOTE_EVERY
+from .quiet import QuietProcs
 from .relay import Relay
 
 __all__ = ["Agent"]
@@ -57,6 +58,8 @@ class Agent:
         # liveness: procs must answer pings within hb_timeout; the controller must ping us
         self.hb_timeout: float = float(cfg.get("hb_timeout", 3.0))
         self.hb_interval = self.hb_timeout / 4
+        # idle procs are told from /proc, not pinged (``quiet``); JUPYTER_MESH_PING_IDLE=1 pings all
+        self.quiet = QuietProcs(enabled=os.environ.get("JUPYTER_MESH_PING_IDLE") != "1")
         # a controller silent this long is taken for dead; with a stdin lifeline (LocalJob) its death
         # closes our stdin, and silence only means it is busy (a long C call holding its GIL)
         self.controller_silence = float("inf") if cfg.get("stdin_lifeline") else 3 * self.hb_timeout
@@ -425,8 +428,9 @@ class Agent:
                     traceback.print_exc()
 
     def _heartbeat_tick(self, now: float) -> None:
-        """Ping every running proc; one that stops answering is watched (``liveness``): busy ones are
-        reported to the controller, hung ones (stopped, deadlocked) are declared dead after hb_timeout."""
+        """Ping every running proc but the idle ones (``quiet``); one that stops answering is watched
+        (``liveness``): busy ones are reported to the controller, hung ones (stopped, deadlocked) are
+        declared dead after hb_timeout."""
         silent = now - self.last_controller
         if silent > self.controller_silence and not self.keeper.controller_silent(silent):
             print(f"jupyter-mesh agent: no heartbeat from the controller for {silent:.0f} s; exiting", file=sys.stderr)
@@ -434,9 +438,13 @@ class Agent:
         self._watch_template(now)
         with self.lock:
             running = [p for p in self.procs.values() if p.alive and p.up and not p.stopping]
+        self.quiet.prune({p.pid for p in running})
         for p in running:
             if not p.last_seen:
                 p.last_seen = now
+            if now - p.last_seen <= self.hb_interval * 1.5 and self.quiet.idle(p.pid, p.last_seen, now):
+                p.last_seen = now  # idle since it last answered (no I/O, not stopped): as good as a pong
+                continue
             silent = now - p.last_seen
             w = p.liveness
             w.answered(p.last_seen)
