@@ -9,6 +9,8 @@ Each (system, hosts, procs per host) point runs in a fresh program (``_CHILD``),
 * ``call_p50_ms``/``call_p90_ms``: ``noop.call().get()`` (broadcast to every rank, gather the replies)
 * ``controller_sends_per_call``: messages the calling thread sent per broadcast (jupyter_mesh only;
   heartbeats go from a thread of their own and are not counted)
+* ``floor_pyzmq``: the same topology in bare pyzmq processes (caller -> H relays -> P workers each, each
+  relay gathering its P replies): what processes, sockets and wake-ups alone cost on this machine
 * ``idle_cpu_pct``: CPU of the controller and every process below it (agents, procs, templates),
   in % of one core, from ``/proc/<pid>/stat`` over ``--idle`` seconds with the mesh idle
 jupyter_mesh: ``LocalJob(hosts=H)``, H agents on this machine. Monarch 0.7 (``--monarch`` names a Python
@@ -140,6 +142,86 @@ print(json.dumps({"spawn_s": round(spawn, 2), "call_p50_ms": pct(lat, 0.5), "cal
 """
 )
 
+# the floor: the same topology in bare pyzmq over unix sockets, no signing, no actors, no bookkeeping:
+# caller -> H relay processes -> P worker processes each; each relay gathers its P replies into one
+_FLOOR_WORKER = r"""
+import sys, zmq, msgpack, pickle
+ctx = zmq.Context(); inbox = ctx.socket(zmq.PULL); inbox.bind(sys.argv[1])
+out = ctx.socket(zmq.PUSH); out.connect(sys.argv[2]); rank = int(sys.argv[3])
+print("up", flush=True)
+while True:
+    h, p = inbox.recv_multipart(); h = msgpack.unpackb(h); pickle.loads(p)
+    if h.get("stop"): break
+    out.send_multipart([msgpack.packb({"k": "r", "i": h["i"], "rk": rank}), pickle.dumps(None)])
+"""
+
+_FLOOR_RELAY = r"""
+import sys, os, zmq, msgpack, pickle, subprocess
+d, me, P, worker = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+ctx = zmq.Context(); inbox = ctx.socket(zmq.PULL); inbox.bind(f"ipc://{d}/{me}")
+back = ctx.socket(zmq.PULL); back.bind(f"ipc://{d}/{me}-back")
+ws = [subprocess.Popen([sys.executable, "-c", worker, f"ipc://{d}/{me}-w{r}", f"ipc://{d}/{me}-back", str(r)],
+                       stdout=subprocess.PIPE, text=True) for r in range(P)]
+outs = []
+for r, w in enumerate(ws):
+    w.stdout.readline(); s = ctx.socket(zmq.PUSH); s.connect(f"ipc://{d}/{me}-w{r}"); outs.append(s)
+up = ctx.socket(zmq.PUSH); up.connect(f"ipc://{d}/caller")
+up.send_multipart([b"up", b""])
+while True:
+    h, p = inbox.recv_multipart(); hd = msgpack.unpackb(h)
+    for s in outs: s.send_multipart([h, p])
+    if hd.get("stop"): break
+    got = [back.recv_multipart()[1] for _ in range(P)]
+    up.send_multipart([msgpack.packb({"k": "g", "i": hd["i"]}), b"".join(got)])
+for w in ws: w.wait()
+"""
+
+_FLOOR = r"""
+import sys, os, time, json, tempfile, subprocess, zmq, msgpack, pickle
+H, P, N, worker, relay = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+d = tempfile.mkdtemp(prefix="jm-floor-")
+ctx = zmq.Context(); inbox = ctx.socket(zmq.PULL); inbox.bind(f"ipc://{d}/caller")
+t0 = time.perf_counter()
+rs = [subprocess.Popen([sys.executable, "-c", relay, d, f"r{i}", str(P), worker]) for i in range(H)]
+for _ in range(H): inbox.recv_multipart()
+spawn = time.perf_counter() - t0
+outs = []
+for i in range(H):
+    s = ctx.socket(zmq.PUSH); s.connect(f"ipc://{d}/r{i}"); outs.append(s)
+lat = []
+for i in range(N + 5):
+    t = time.perf_counter()
+    h = msgpack.packb({"k": "c", "i": i, "ep": "noop"}); p = pickle.dumps(((), {}))
+    for s in outs: s.send_multipart([h, p])
+    for _ in range(H): msgpack.unpackb(inbox.recv_multipart()[0])
+    if i >= 5: lat.append(time.perf_counter() - t)
+for s in outs: s.send_multipart([msgpack.packb({"k": "c", "i": -1, "stop": 1}), pickle.dumps(None)])
+for r in rs: r.wait(30)
+lat.sort()
+print(json.dumps({"spawn_s": round(spawn, 2), "call_p50_ms": round(1e3 * lat[len(lat) // 2], 2),
+                  "call_p90_ms": round(1e3 * lat[int(0.9 * len(lat))], 2)}))
+"""
+
+
+def floor(h: int, p: int, calls: int, timeout: float) -> dict[str, Any]:
+    t0 = time.monotonic()
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", _FLOOR, str(h), str(p), str(calls), _FLOOR_WORKER, _FLOOR_RELAY],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        lines = out.stdout.strip().splitlines()
+        r: dict[str, Any] = (
+            json.loads(lines[-1]) if out.returncode == 0 and lines else {"error": out.stderr.strip()[-400:]}
+        )
+    except subprocess.TimeoutExpired:
+        r = {"error": f"ran past {timeout:.0f} s"}
+    r["wall_s"] = round(time.monotonic() - t0, 1)
+    r["leftover"] = _sweep()
+    return r
+
 
 def _descendants() -> list[int]:
     out, todo = [], [os.getpid()]
@@ -208,6 +290,7 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=100)
     ap.add_argument("--idle", type=int, default=10, help="seconds over which idle CPU is measured")
     ap.add_argument("--timeout", type=float, default=240, help="seconds per point")
+    ap.add_argument("--no-floor", action="store_true", help="skip the bare pyzmq floor of each point")
     a = ap.parse_args()
     if a.quick:
         grid = [(1, 4), (2, 8), (8, 32)]
@@ -232,6 +315,9 @@ def main() -> None:
         for name, python, program in systems:  # side by side: each point on both, one after the other
             row[name] = point(python, program, h, p, a.calls, a.idle, a.timeout)
             print(f"{name} {h}x{p}: {json.dumps(row[name])}", file=sys.stderr, flush=True)
+        if not a.no_floor:
+            row["floor_pyzmq"] = floor(h, p, a.calls, a.timeout)
+            print(f"floor {h}x{p}: {json.dumps(row['floor_pyzmq'])}", file=sys.stderr, flush=True)
         results["points"].append(row)
     with open("/proc/loadavg") as f:
         results["machine"]["loadavg_1m_after"] = f.read().split()[0]
