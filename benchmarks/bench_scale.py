@@ -8,7 +8,8 @@ Each (system, hosts, procs per host) point runs in a fresh program (``_CHILD``),
 * ``spawn_s``: ``spawn_procs(per_host={"gpus": P})`` + ``spawn(Bench)`` until every rank answered a call
 * ``call_p50_ms``/``call_p90_ms``: ``noop.call().get()`` (broadcast to every rank, gather the replies)
 * ``controller_sends_per_call``: messages the calling thread sent per broadcast (jupyter_mesh only;
-  heartbeats go from a thread of their own and are not counted)
+  heartbeats go from a thread of their own and are not counted); ``controller_receives_per_call``:
+  messages it decoded per broadcast (gathered replies, progress), heartbeat answers aside
 * ``floor_pyzmq``: the same topology in bare pyzmq processes (caller -> H relays -> P workers each, each
   relay gathering its P replies): what processes, sockets and wake-ups alone cost on this machine
 * ``idle_cpu_pct``: CPU of the controller and every process below it (agents, procs, templates),
@@ -87,25 +88,30 @@ spawn = time.perf_counter() - t0
 for _ in range(5):
     b.noop.call().get(timeout=60)
 # messages sent by this (the calling) thread per broadcast; heartbeats go from their own thread
-tr, me, sends = Controller.get().transport, threading.get_ident(), [0]
-inner = tr._send_frames
+tr, me, sends, recvs = Controller.get().transport, threading.get_ident(), [0], [0]
+inner, inner_decode = tr._send_frames, tr.decode
 def counting(*a, **k):
     if threading.get_ident() == me:
         sends[0] += 1
     return inner(*a, **k)
-tr._send_frames = counting
+def counting_decode(*a, **k):  # what reaches the controller, heartbeat answers aside
+    if threading.current_thread().name != "jupyter-mesh-heartbeat":
+        recvs[0] += 1
+    return inner_decode(*a, **k)
+tr._send_frames, tr.decode = counting, counting_decode
 lat = []
 for _ in range(N):
     t = time.perf_counter()
     b.noop.call().get(timeout=60)
     lat.append(time.perf_counter() - t)
-tr._send_frames = inner
+tr._send_frames, tr.decode = inner, inner_decode
 time.sleep(3)  # the agents learn the procs are idle (a few heartbeat intervals)
 idle, nproc = idle_cpu(IDLE)
 procs.stop()
 job.stop()
 print(json.dumps({"spawn_s": round(spawn, 2), "call_p50_ms": pct(lat, 0.5), "call_p90_ms": pct(lat, 0.9),
-                  "controller_sends_per_call": round(sends[0] / N, 2), "idle_cpu_pct": idle, "processes": nproc}))
+                  "controller_sends_per_call": round(sends[0] / N, 2),
+                  "controller_receives_per_call": round(recvs[0] / N, 2), "idle_cpu_pct": idle, "processes": nproc}))
 """
 )
 
