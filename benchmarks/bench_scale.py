@@ -296,6 +296,7 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=100)
     ap.add_argument("--idle", type=int, default=10, help="seconds over which idle CPU is measured")
     ap.add_argument("--timeout", type=float, default=240, help="seconds per point")
+    ap.add_argument("--monarch-max-procs", type=int, default=64, help="larger Monarch points are skipped")
     ap.add_argument("--no-floor", action="store_true", help="skip the bare pyzmq floor of each point")
     a = ap.parse_args()
     if a.quick:
@@ -319,6 +320,9 @@ def main() -> None:
     for h, p in grid:
         row: dict[str, Any] = {"hosts": h, "procs_per_host": p, "procs": h * p}
         for name, python, program in systems:  # side by side: each point on both, one after the other
+            if name == "monarch" and h * p > a.monarch_max_procs:
+                row[name] = {"skipped": f"over --monarch-max-procs {a.monarch_max_procs} (memory of its procs)"}
+                continue
             row[name] = point(python, program, h, p, a.calls, a.idle, a.timeout)
             print(f"{name} {h}x{p}: {json.dumps(row[name])}", file=sys.stderr, flush=True)
         if not a.no_floor:

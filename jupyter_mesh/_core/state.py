@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Union
 
@@ -251,26 +251,39 @@ class StateTracker:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._meshes: dict[str, _TrackedMesh] = {}
-        self._listeners: list[tuple[str | None, Listener]] = []
+        self._listeners: list[tuple[str | None, Listener, frozenset[str] | None]] = []
+        # which event kinds someone listens to (None in a listener's entry: all): a rank's busy/idle
+        # change on every call is built into an event only when someone wants "state" events
+        self._wants_all = False
+        self._wants: frozenset[str] = frozenset()
 
     # -- listeners --------------------------------------------------------------------------------
-    def subscribe(self, fn: Listener, mesh_id: str | None = None) -> Callable[[], None]:
-        entry = (mesh_id, fn)
+    def subscribe(
+        self, fn: Listener, mesh_id: str | None = None, kinds: Collection[str] | None = None
+    ) -> Callable[[], None]:
+        """``fn(event)`` on every change (of ``mesh_id`` only, of ``kinds`` only, if given)."""
+        entry = (mesh_id, fn, frozenset(kinds) if kinds is not None else None)
         with self._lock:
             self._listeners.append(entry)
+            self._recount()
 
         def unsubscribe() -> None:
             with self._lock:
                 if entry in self._listeners:
                     self._listeners.remove(entry)
+                    self._recount()
 
         return unsubscribe
+
+    def _recount(self) -> None:
+        self._wants_all = any(k is None for _, _, k in self._listeners)
+        self._wants = frozenset().union(*(k for _, _, k in self._listeners if k is not None))
 
     def _emit(self, ev: MeshEvent) -> None:
         if not self._listeners:
             return
-        for mesh_id, fn in list(self._listeners):
-            if mesh_id is None or mesh_id == ev.mesh_id:
+        for mesh_id, fn, kinds in list(self._listeners):
+            if (mesh_id is None or mesh_id == ev.mesh_id) and (kinds is None or ev.kind in kinds):
                 try:
                     fn(ev)
                 except Exception:
@@ -318,7 +331,7 @@ class StateTracker:
             return
         e.state[rank] = new
         e.moved(rank, old, new)
-        if self._listeners:  # on the call path: build the event only for someone
+        if self._wants_all or kind in self._wants:  # on the call path: build the event only for someone
             self._emit(MeshEvent(kind, e.mesh_id, e.name, rank, e.coords[rank], new, old, failure))
 
     def ready(self, mesh_id: str, rank: int, pid: int) -> None:
