@@ -300,7 +300,7 @@ def main() -> None:
     ap.add_argument("--no-floor", action="store_true", help="skip the bare pyzmq floor of each point")
     a = ap.parse_args()
     if a.quick:
-        grid = [(1, 4), (2, 8), (8, 32)]
+        grid = [(1, 4), (1, 16), (2, 8), (8, 32)]
         a.calls, a.idle = min(a.calls, 30), min(a.idle, 5)
     else:
         grid = [(h, p) for h in map(int, a.hosts.split(",")) for p in map(int, a.procs.split(","))]
