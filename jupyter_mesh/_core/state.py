@@ -250,6 +250,10 @@ class StateTracker:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        # a rank's state, in-flight count and the mesh's wave change from two threads at once (the
+        # caller's, starting a call; the receive thread, ending the last one): each change is made
+        # whole under this lock (listeners run outside it)
+        self._moves = threading.Lock()
         self._meshes: dict[str, _TrackedMesh] = {}
         self._listeners: list[tuple[str | None, Listener, frozenset[str] | None]] = []
         # which event kinds someone listens to (None in a listener's entry: all): a rank's busy/idle
@@ -326,11 +330,12 @@ class StateTracker:
     def _set(
         self, e: _TrackedMesh, rank: int, new: ProcState, kind: str = "state", failure: Failure | None = None
     ) -> None:
-        old = e.state[rank]
-        if old == new and failure is None:
-            return
-        e.state[rank] = new
-        e.moved(rank, old, new)
+        with self._moves:
+            old = e.state[rank]
+            if old == new and failure is None:
+                return
+            e.state[rank] = new
+            e.moved(rank, old, new)
         if self._wants_all or kind in self._wants:  # on the call path: build the event only for someone
             self._emit(MeshEvent(kind, e.mesh_id, e.name, rank, e.coords[rank], new, old, failure))
 
@@ -400,10 +405,20 @@ class StateTracker:
         e = self._meshes.get(mesh_id)
         if e is None:
             return
-        for r in ranks:
-            n = e.inflight[r] = max(0, e.inflight[r] + delta)
-            if e.state[r] in (ProcState.IDLE, ProcState.BUSY):
-                self._set(e, r, ProcState.BUSY if n else ProcState.IDLE)
+        moved = []
+        with self._moves:
+            for r in ranks:
+                n = e.inflight[r] = max(0, e.inflight[r] + delta)
+                old = e.state[r]
+                if old in (ProcState.IDLE, ProcState.BUSY):
+                    new = ProcState.BUSY if n else ProcState.IDLE
+                    if new != old:
+                        e.state[r] = new
+                        e.moved(r, old, new)
+                        moved.append((r, old, new))
+        if self._wants_all or "state" in self._wants:
+            for r, old, new in moved:
+                self._emit(MeshEvent("state", e.mesh_id, e.name, r, e.coords[r], new, old))
 
     def failed(self, mesh_id: str, rank: int, failure: Failure) -> None:
         e = self._meshes.get(mesh_id)
@@ -470,6 +485,8 @@ class StateTracker:
     def snapshot(self, mesh_id: str) -> MeshState:
         e = self._meshes[mesh_id]
         now = time.monotonic()
+        with self._moves:  # the wave's sets change under a call that starts or ends meanwhile
+            progress = e.progress(now)
         ranks = tuple(
             RankState(
                 r, e.coords[r], e.state[r], e.inflight[r], e.pids[r], e.failures[r], e.note(r, now),
@@ -477,9 +494,7 @@ class StateTracker:
             )
             for r in range(len(e.state))
         )  # fmt: skip
-        return MeshState(
-            e.mesh_id, e.name, dict(e.sizes), ranks, e.stopped, e.progress(now), tuple(e.hosts), e.job_now()
-        )
+        return MeshState(e.mesh_id, e.name, dict(e.sizes), ranks, e.stopped, progress, tuple(e.hosts), e.job_now())
 
     def mesh_ids(self) -> list[str]:
         return list(self._meshes)

@@ -8,11 +8,13 @@ through an eventfd, a ``read``/``write`` the kernel counts in ``/proc/<pid>/io``
 ``syscw``) even when that thread never gets the GIL. So a proc that
 
 * answered our last ping,
-* did no I/O between the moment that ping was sent and now except the ping's own exchange, and
+* did no I/O between the moment that ping was sent and now except the ping's own exchange,
+* has every thread asleep where an idle proc's threads sleep (``idle_shaped``: a call that came just
+  before the ping may hold the GIL now without any I/O), and
 * is not stopped (``/proc/<pid>/stat``: not ``T``, ``t``, ``Z``, ``X``; a stopped proc does no I/O),
 
-is as alive as its pong said, and stays so while its counters stay put: the agent counts it as having
-answered and sends nothing. A proc with any traffic (a call, a cast, a notice) is pinged every tick as
+is as alive as its pong said, and stays so while its I/O counters and CPU time stay put: the agent
+counts it as having answered and sends nothing. A proc with any traffic (a call, a cast, a notice) is pinged every tick as
 before; so is one whose ``/proc`` files cannot be read. Two limits, both bounded by a ping every
 ``QUIET_PING_EVERY`` ticks regardless: a thread of the proc that hangs without any I/O (a user's
 background thread taking the GIL into a native deadlock), and a message that reached the proc in the
@@ -46,14 +48,15 @@ class _Proc:
             raise
         self.at_ping: tuple[int, int] | None = None  # I/O counters just before the last ping
         self.ping_time = 0.0  # when that ping was sent
-        self.base: tuple[int, int] | None = None  # counters while known idle (None: not known idle)
+        self.base: tuple[int, int, int] | None = None  # I/O and CPU while known idle (None: not known idle)
         self.skipped = 0  # ticks without a ping since it was last pinged
 
-    def read(self) -> tuple[int, int] | None:
-        """(syscr, syscw), or None when it is stopped, a zombie, gone, or unreadable."""
+    def read(self) -> tuple[int, int, int] | None:
+        """(syscr, syscw, CPU ticks of all its threads), or None when it is stopped, a zombie, gone,
+        or unreadable."""
         try:
-            stat = os.pread(self.stat_fd, 512, 0)
-            if stat.rsplit(b")", 1)[1].split(None, 1)[0].decode() in _STOPPED:
+            fields = os.pread(self.stat_fd, 1024, 0).rsplit(b")", 1)[1].split()
+            if fields[0].decode() in _STOPPED:
                 return None
             io = os.pread(self.io_fd, 512, 0)
         except (OSError, IndexError):
@@ -61,11 +64,36 @@ class _Proc:
         lines = io.split(b"\n", 4)  # rchar, wchar, syscr, syscw, ... (man 5 proc)
         if len(lines) < 5 or not (lines[2].startswith(b"syscr:") and lines[3].startswith(b"syscw:")):
             return None
-        return int(lines[2][6:]), int(lines[3][6:])
+        # after "pid (comm)": utime and stime are fields 14 and 15 (man 5 proc)
+        return int(lines[2][6:]), int(lines[3][6:]), int(fields[11]) + int(fields[12])
 
     def close(self) -> None:
         os.close(self.stat_fd)
         os.close(self.io_fd)
+
+
+# where the threads of an idle proc sleep: its actor and receive threads in ZeroMQ's poll, ZeroMQ's
+# own in epoll, the lifeline thread on its pipe. A thread anywhere else (running, waiting for the GIL
+# or a lock, sleeping on a timer, in native code) may be doing something: not idle.
+_IDLE_WCHANS = ("poll_schedule_timeout", "do_sys_poll", "do_epoll_wait", "ep_poll", "pipe_read", "pipe_wait")
+
+
+def idle_shaped(pid: int) -> bool:
+    """Every thread of ``pid`` sleeps where an idle proc's threads sleep (read once per idle spell:
+    a message that reached it just before the ping may have started a call that holds the GIL
+    without any further I/O, and only its thread's state shows it)."""
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+                if f.read().rsplit(b")", 1)[1].split(None, 1)[0] != b"S":
+                    return False
+            with open(f"/proc/{pid}/task/{tid}/wchan") as f:
+                wchan = f.read().strip()
+            if not any(w in wchan for w in _IDLE_WCHANS):
+                return False
+    except (OSError, IndexError):
+        return False
+    return True
 
 
 class QuietProcs:
@@ -94,16 +122,16 @@ class QuietProcs:
         io = q.read()
         if io is not None:
             if q.base is not None and io == q.base and q.skipped < QUIET_PING_EVERY:
-                q.skipped += 1
+                q.skipped += 1  # no I/O and no CPU since it was found idle
                 return True
             if q.at_ping is not None and last_pong >= q.ping_time:  # answered the ping sent at at_ping
                 diff = (io[0] - q.at_ping[0], io[1] - q.at_ping[1])
                 if self.exchange is None or diff < self.exchange:
                     self.exchange = diff  # learned; not trusted yet for this proc
-                elif diff == self.exchange:
+                elif diff == self.exchange and idle_shaped(pid):
                     q.base, q.at_ping, q.skipped = io, None, 0
                     return True
-        q.base, q.at_ping, q.ping_time, q.skipped = None, io, now, 0
+        q.base, q.at_ping, q.ping_time, q.skipped = None, io[:2] if io else None, now, 0
         return False
 
     def prune(self, alive: Collection[int]) -> None:
