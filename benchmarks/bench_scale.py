@@ -273,6 +273,7 @@ def point(python: str, program: str, h: int, p: int, calls: int, idle: int, time
             text=True,
             timeout=timeout,
             env=env,
+            cwd=os.path.dirname(HERE),  # ``-c`` puts the working directory first: this checkout's package
         )
         lines = out.stdout.strip().splitlines()
         r: dict[str, Any] = (
