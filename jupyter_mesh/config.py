@@ -44,6 +44,9 @@ OURS: dict[str, tuple[str, Any]] = {
     "init_timeout": ("JUPYTER_MESH_INIT_TIMEOUT", None),
     "heartbeat_timeout": ("JUPYTER_MESH_HEARTBEAT_TIMEOUT", None),
     "max_frame": ("JUPYTER_MESH_MAX_FRAME", None),
+    # a call waited on longer than this (seconds) shows, in its cell and the views, which ranks have not
+    # answered and where each is (its stack's top frame, or "paused at file:line"); 0 turns it off
+    "slow_call_after": ("JUPYTER_MESH_SLOW_CALL_AFTER", 10.0),
 }
 
 MONARCH_KEYS = frozenset(

@@ -15,6 +15,7 @@ from typing import Any, Literal, TypedDict, Union
 from .._core.state import HostState, MeshState, ProcState
 from ..errors import Failure
 from ..notebook.output import SYNC_PREFIX
+from .slow_calls import WaitWire
 
 __all__ = [
     "HOST_STATES",
@@ -84,6 +85,8 @@ class CallsWire(TypedDict):
     total: int
     left: list[int]  # the first LEFT_MAX of them
     since: float  # when the first of them got busy (epoch seconds)
+    # past ``slow_call_after``: where the ranks left are (ui/slow_calls.py); absent or None before
+    waits: list[WaitWire] | None
 
 
 LEFT_MAX = 64
@@ -134,7 +137,9 @@ def failure_wire(f: Failure | None) -> FailureWire | None:
     return FailureWire(kind=f.kind, detail=f.detail, traceback=tail, exit_code=f.exit_code, signal=f.signal)
 
 
-def mesh_wire(state: MeshState, failures: list[RecentFailure] | None = None) -> MeshWire:
+def mesh_wire(
+    state: MeshState, failures: list[RecentFailure] | None = None, waits: list[WaitWire] | None = None
+) -> MeshWire:
     dims = list(state.sizes)
     pr, now = state.progress, time.time()
     counts = state.counts()
@@ -169,6 +174,7 @@ def mesh_wire(state: MeshState, failures: list[RecentFailure] | None = None) -> 
             total=len(pr.done) + len(pr.left),
             left=list(pr.left[:LEFT_MAX]),
             since=round(now - pr.elapsed, 2),
+            waits=waits,
         ),
         failures=list(failures) if failures is not None else _current_failures(state, dims),
         hosts=[HostWire(index=h.index, address=h.address, state=h.state.value, why=h.why) for h in state.hosts],
