@@ -157,3 +157,36 @@ def test_unknown_requests_and_meshes_say_what_to_do(kernel):
     assert bad["status"] == "error" and "expected attach, send, take or stacks" in bad["error"], bad
     gone = _control(kernel, {"op": "stacks", "mesh_id": "nope"})
     assert gone["status"] == "error" and "no proc mesh with id 'nope'" in gone["error"], gone
+
+
+def test_the_text_views_list_the_ranks_left_and_the_cache_follows_the_call():
+    # `%mesh status` (text, HTML) and `jupyter-mesh status` (rich) print the same list; no kernel needed
+    from jupyter_mesh._core.state import CallProgress, MeshState, ProcState, RankState
+    from jupyter_mesh.config import configured
+    from jupyter_mesh.ui import slow_calls
+    from jupyter_mesh.ui.table import html_table, text_table
+    from jupyter_mesh.ui.terminal import render
+    from jupyter_mesh.ui.wire import mesh_wire
+    from rich.console import Console
+
+    ranks = tuple(
+        RankState(r, {"gpus": r}, ProcState.PAUSED if r == 3 else ProcState.BUSY, note="paused at t.py:9" if r == 3 else "")
+        for r in range(4)
+    )
+    state = MeshState("m1", "procs", {"gpus": 4}, ranks, progress=CallProgress((0, 1), (3,), 12.0))
+    with configured(slow_call_after=5):
+        waits = slow_calls.Waits()
+        found = waits.look(state)  # the only rank left is paused: no stacks asked
+        assert found == [{"rank": 3, "label": "gpus=3", "where": "paused at t.py:9"}], found
+        assert waits.cached(state) == found
+        done = MeshState("m1", "procs", {"gpus": 4}, ranks, progress=CallProgress((0, 1, 3), (), 13.0))
+        assert waits.cached(done) == []  # rank 3 answered meanwhile
+    with configured(slow_call_after=0):
+        assert waits.cached(state) is None and not waits.slow(state)  # off
+    wire = mesh_wire(state, waits=found)
+    line = "rank 3 [gpus=3] not answered: paused at t.py:9"
+    assert line in text_table([wire])
+    assert "data-wait='3'" in html_table([wire]) and "paused at t.py:9" in html_table([wire])
+    console = Console(width=200, record=True)
+    console.print(render([wire]))
+    assert line in console.export_text()

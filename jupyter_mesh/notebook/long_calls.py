@@ -66,24 +66,21 @@ class LongCalls:
         self._handle: Any = None  # the cell's display of the current long call
         self._due = False
         self._showing = False
+        self._alarm = _Alarm()
 
     def watch(self, fut: Any) -> Any:
         stop_inner = self.inner.watch(fut) if self.inner is not None else None
         if self._showing or threading.current_thread() is not threading.main_thread():
             return stop_inner  # another thread's wait, or the view's own (the stacks it asks for)
         if fut is not self._fut:
-            self._fut, self._began, self._handle = fut, time.monotonic(), None
+            self._fut, self._began, self._handle, self._due = fut, time.monotonic(), None, False
         after = slow_after()
-        timer = None
         if after > 0:
             delay = REFRESH if self._handle is not None else max(0.0, self._began + after - time.monotonic())
-            timer = threading.Timer(delay, self._tick, args=(fut,))
-            timer.daemon = True
-            timer.start()
+            self._alarm.set(delay, lambda: self._tick(fut))
 
         def stop() -> None:
-            if timer is not None:
-                timer.cancel()
+            self._alarm.cancel()
             if stop_inner is not None:
                 stop_inner()
             if fut._done() and self._fut is fut:
@@ -125,6 +122,8 @@ class LongCalls:
                     [(f"rank {x['rank']} [{x['label']}]", x["where"]) for x in found],
                 )
             )
+        if not lines and self._handle is None:
+            return  # slow, but no mesh has calls out for long (a spawn, a gather of its own): nothing to say
         view = LongCallView(lines, time.monotonic() - self._began)
         if self._handle is None:
             self._handle = display(view, display_id=True)
@@ -137,6 +136,40 @@ class LongCalls:
             try:
                 handle.update(LongCallView([], time.monotonic() - self._began, done=True))
             except Exception:  # noqa: BLE001 - the kernel is going away
+                pass
+
+
+class _Alarm:
+    """One daemon thread that calls ``fn`` once its delay is over, unless cancelled first: setting and
+    cancelling are a lock each (every ``get()`` of the cell sets one), not a thread per wait."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._at: float | None = None
+        self._fn: Any = None
+        self._thread: threading.Thread | None = None
+
+    def set(self, delay: float, fn: Any) -> None:
+        with self._cond:
+            self._at, self._fn = time.monotonic() + delay, fn
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="jupyter-mesh-long-calls", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def cancel(self) -> None:
+        with self._cond:
+            self._at = self._fn = None
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._at is None or time.monotonic() < self._at:
+                    self._cond.wait(None if self._at is None else self._at - time.monotonic())
+                fn, self._at, self._fn = self._fn, None, None
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - a wake-up that failed: the wait goes on as it was
                 pass
 
 

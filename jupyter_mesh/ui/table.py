@@ -253,6 +253,10 @@ def text_table(meshes: list[MeshWire]) -> str:
             out.append("  " + job_line(m))
         if m["gather"]:
             out.append("  " + calls_line(m))
+            out += [
+                f"    rank {w['rank']} [{w['label']}] not answered: {w['where']}"
+                for w in m["gather"].get("waits") or []
+            ]
         for host, slices in host_groups(m):
             pad = "  "
             if host is not None:
