@@ -72,6 +72,7 @@ def test_a_long_call_shows_the_ranks_left_and_where_they_are(kernel):
     assert "'procs': 3 of 4 answered" in first, first
     assert "rank 2 [hosts=0,gpus=2] not answered:" in first, first
     assert "in stall_in_loader: time.sleep(t)" in first, first
+    assert "In[" in first and "ipykernel_" not in first, first  # the cell, as the notebook names it
     assert len(waiting) >= 2, "the view is updated while the call waits"
     assert "the call returned after" in shown[-1], shown[-1]
     assert "ValueMesh" in (cell.result or "") or "0" in (cell.result or ""), cell.result

@@ -60,7 +60,9 @@ def _find(mesh_id: str, rank: int) -> PausedActor:
 def _reply(p: PausedActor | None = None, **kw: Any) -> dict[str, Any]:
     out: dict[str, Any] = {"status": "ok", "error": "", "out": "", "ended": False, "running": False}
     if p is not None:
-        out.update(where=p.where, actor=p.actor, label=p.label, mesh=p.mesh, ended=bool(p.ended))
+        from .wire import cell_names
+
+        out.update(where=cell_names(p.where), actor=p.actor, label=p.label, mesh=p.mesh, ended=bool(p.ended))
     out.update(kw)
     if isinstance(out["out"], str) and out["out"].endswith(_PDB_PROMPT):
         out["out"] = out["out"][: -len(_PDB_PROMPT)]

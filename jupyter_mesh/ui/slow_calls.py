@@ -120,7 +120,9 @@ class Waits:
             except Exception as e:  # noqa: BLE001 - the mesh went meanwhile: say so, keep the view
                 for r in ask:
                     out[r] = f"unknown ({type(e).__name__}: {e})"
-        waits = [WaitWire(rank=r, label=_label(state, r), where=out.get(r, "")) for r in left]
+        from .wire import cell_names
+
+        waits = [WaitWire(rank=r, label=_label(state, r), where=cell_names(out.get(r, ""))) for r in left]
         with self._lock:
             self._seen[state.mesh_id] = (time.monotonic(), waits)
         return waits

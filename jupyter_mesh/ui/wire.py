@@ -8,6 +8,8 @@ The TypeScript twins of these types live in ``labextension/src/wire.ts``; keep t
 
 from __future__ import annotations
 
+import re
+import sys
 import time
 from collections.abc import Mapping
 from typing import Any, Literal, TypedDict, Union
@@ -35,6 +37,7 @@ __all__ = [
     "RefreshRequest",
     "SnapshotMessage",
     "UpdateMessage",
+    "cell_names",
     "failure_wire",
     "job_wire",
     "mesh_wire",
@@ -124,6 +127,21 @@ class MeshWire(TypedDict):
     job: JobWire | None
 
 
+_CELL_FILE = re.compile(r"(/[^\s:]*/ipykernel_\d+/\d+\.py)")
+
+
+def cell_names(text: str) -> str:
+    """``/tmp/ipykernel_81/3766964917.py:8`` as the notebook names it, ``In[2]:8``, in a kernel whose
+    IPython compiled that cell (IPython's own tracebacks say "Cell In[2]"); other text as it is."""
+    if "ipykernel_" not in text or "IPython" not in sys.modules:
+        return text
+    shell = sys.modules["IPython"].get_ipython()
+    names = getattr(getattr(shell, "compile", None), "_filename_map", None)
+    if not isinstance(names, dict):
+        return text
+    return _CELL_FILE.sub(lambda m: f"In[{names[m[1]]}]" if m[1] in names else m[1], text)
+
+
 def user_lines(lines: list[str]) -> list[str]:
     """A rank's output as its user wrote it: without the sync markers ``%%mesh`` prints after a cell
     (the notebook front reads them; in a failed rank's tail they would hide its last real lines)."""
@@ -151,7 +169,7 @@ def mesh_wire(
             inflight=r.inflight,
             pid=r.pid,
             failure=failure_wire(r.failure),
-            note=r.note,
+            note=cell_names(r.note),
             busy_since=round(now - r.busy_s, 2) if r.state is ProcState.BUSY else None,
             host=r.host,
         )

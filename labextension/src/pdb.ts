@@ -34,7 +34,17 @@ export class PdbPanel extends Widget {
     this._input.onkeydown = (e: KeyboardEvent) => {
       if (e.key === 'Enter') {
         e.preventDefault();
-        void this.send(this._input.value);
+        const line = this._input.value;
+        if (line.trim() && this._history[this._history.length - 1] !== line) {
+          this._history.push(line);
+        }
+        this._back = this._history.length;
+        void this.send(line);
+      } else if (e.key === 'ArrowUp' || e.key === 'ArrowDown') {
+        // the commands typed before, as in a terminal's pdb
+        e.preventDefault();
+        this._back = Math.max(0, Math.min(this._history.length, this._back + (e.key === 'ArrowUp' ? -1 : 1)));
+        this._input.value = this._history[this._back] ?? '';
       }
     };
     const cont = document.createElement('button');
@@ -121,6 +131,8 @@ export class PdbPanel extends Widget {
   private _rank: number;
   private _actor = '';
   private _onEnd: (text: string) => void;
+  private _history: string[] = [];
+  private _back = 0; // where ArrowUp/ArrowDown are in the history
   private _busy = false;
   private _ended = false;
   private _head = document.createElement('div');

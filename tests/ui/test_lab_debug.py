@@ -71,7 +71,14 @@ def test_paused_rank_attach_continue_and_stacks(page, lab):
     line.fill("p x * 2")
     line.press("Enter")
     panel.locator(".jm-pdb-out", has_text="82").wait_for(timeout=20_000)
-    shot(page, lab, "debug-attach.png", *notebook_parts(page), page.locator("#jupyter-mesh-sidebar .jm-sidebar-body"), panel)
+    shot(
+        page,
+        lab,
+        "debug-attach.png",
+        *notebook_parts(page),
+        page.locator("#jupyter-mesh-sidebar .jm-sidebar-body"),
+        panel,
+    )
 
     # continue: the panel closes, the rank runs on and the awaited call returns
     line.fill("continue")
