@@ -49,7 +49,7 @@ def test_paused_rank_attach_continue_and_stacks(page, lab):
     side.locator(".jm-cell[data-rank='1'][data-state='paused']").wait_for(timeout=30_000)
     paused = side.locator(".jm-paused-rank[data-rank='1']")
     paused.wait_for(timeout=5_000)
-    assert "paused at" in paused.inner_text() and ":" in paused.inner_text()
+    assert "paused at In[2]:" in paused.inner_text(), paused.inner_text()  # the cell, as the notebook names it
     assert side.locator(".jm-paused-rank").count() == 1
     # the widget: the long call's rank left, paused (slow_call_after=1)
     widget = page.locator(".jp-OutputArea .jm-widget")
@@ -71,6 +71,9 @@ def test_paused_rank_attach_continue_and_stacks(page, lab):
     line.fill("p x * 2")
     line.press("Enter")
     panel.locator(".jm-pdb-out", has_text="82").wait_for(timeout=20_000)
+    line.press("ArrowUp")  # the last command again
+    assert line.input_value() == "p x * 2"
+    line.fill("")
     shot(
         page,
         lab,
