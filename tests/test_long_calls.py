@@ -153,6 +153,22 @@ def test_the_sidebar_drives_a_paused_rank_while_a_cell_waits(kernel):
         kernel.run("debug.continue_all(); debug.prompt_while_waiting(True)")
 
 
+def test_a_rank_a_cells_prompt_serves_is_not_taken_by_the_sidebar(kernel):
+    # two fronts at once: the cell's stdin prompt keeps the rank, the sidebar is told where to answer
+    mesh_id = kernel.ok("print(mesh_id)").stream("stdout").strip()
+    msg_id = kernel.kc.execute("print('returned', s.slice(gpus=3).stop_here.call_one(1).get(120))", allow_stdin=True)
+    try:
+        req = kernel.kc.get_stdin_msg(timeout=60)
+        assert req["msg_type"] == "input_request" and "(Pdb)" in req["content"]["prompt"], req
+        att = _control(kernel, {"op": "attach", "mesh_id": mesh_id, "rank": 3})
+        assert att["status"] == "error" and "being served by a cell's pdb prompt" in att["error"], att
+        kernel.kc.input("c")
+        reply = kernel.kc.get_shell_msg(timeout=60)
+        assert reply["parent_header"]["msg_id"] == msg_id and reply["content"]["status"] == "ok", reply["content"]
+    finally:
+        kernel.run("from jupyter_mesh import debug\ndebug.continue_all()")
+
+
 def test_unknown_requests_and_meshes_say_what_to_do(kernel):
     bad = _control(kernel, {"op": "jump", "mesh_id": "x", "rank": 0})
     assert bad["status"] == "error" and "expected attach, send, take or stacks" in bad["error"], bad
@@ -162,16 +178,19 @@ def test_unknown_requests_and_meshes_say_what_to_do(kernel):
 
 def test_the_text_views_list_the_ranks_left_and_the_cache_follows_the_call():
     # `%mesh status` (text, HTML) and `jupyter-mesh status` (rich) print the same list; no kernel needed
+    from rich.console import Console
+
     from jupyter_mesh._core.state import CallProgress, MeshState, ProcState, RankState
     from jupyter_mesh.config import configured
     from jupyter_mesh.ui import slow_calls
     from jupyter_mesh.ui.table import html_table, text_table
     from jupyter_mesh.ui.terminal import render
     from jupyter_mesh.ui.wire import mesh_wire
-    from rich.console import Console
 
     ranks = tuple(
-        RankState(r, {"gpus": r}, ProcState.PAUSED if r == 3 else ProcState.BUSY, note="paused at t.py:9" if r == 3 else "")
+        RankState(
+            r, {"gpus": r}, ProcState.PAUSED if r == 3 else ProcState.BUSY, note="paused at t.py:9" if r == 3 else ""
+        )
         for r in range(4)
     )
     state = MeshState("m1", "procs", {"gpus": 4}, ranks, progress=CallProgress((0, 1), (3,), 12.0))

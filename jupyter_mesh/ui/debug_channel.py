@@ -80,11 +80,7 @@ def handle(req: dict[str, Any]) -> dict[str, Any]:
         rank = int(req.get("rank", -1))
         if op == "attach":
             p = _find(mesh_id, rank)
-            if p.attached:
-                raise LookupError(
-                    f"{p.actor} on {p.mesh} {p.label} is being served by a cell's pdb prompt; answer there, "
-                    "or type 'detach' there and attach again"
-                )
+            _refuse_if_served(p)
             _attached[(mesh_id, rank)] = p
             p.detached = True  # the sidebar serves it now: a cell waiting later does not prompt for it too
             try:
@@ -94,6 +90,7 @@ def handle(req: dict[str, Any]) -> dict[str, Any]:
             return _reply(p, out=text)
         if op in ("send", "take"):
             p = _find_any(mesh_id, rank, str(req.get("actor", "")))
+            _refuse_if_served(p)
             try:
                 text = p.send(str(req.get("line", "")), timeout=SEND_WAIT) if op == "send" else p.prompt(TAKE_WAIT)
             except MeshTimeoutError:
@@ -108,6 +105,15 @@ def handle(req: dict[str, Any]) -> dict[str, Any]:
 
 
 _attached: dict[tuple[str, int], PausedActor] = {}
+
+
+def _refuse_if_served(p: PausedActor) -> None:
+    """One front at a time: a cell's stdin prompt (or ``%mesh debug attach``) serving it keeps it."""
+    if p.attached:
+        raise LookupError(
+            f"{p.actor} on {p.mesh} {p.label} is being served by a cell's pdb prompt; answer there, "
+            "or type 'detach' there and attach again"
+        )
 
 
 def _find_any(mesh_id: str, rank: int, actor: str) -> PausedActor:

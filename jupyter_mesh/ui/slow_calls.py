@@ -13,21 +13,15 @@ from __future__ import annotations
 import linecache
 import threading
 import time
-from typing import TypedDict
 
 from .._core.state import MeshState, ProcState
+from .wire import WaitWire, cell_names
 
-__all__ = ["REFRESH", "WaitWire", "Waits", "slow_after", "waits"]
+__all__ = ["REFRESH", "Waits", "slow_after", "waits"]
 
 REFRESH = 2.0  # seconds between two looks at the ranks of a long call
 STACKS_WAIT = 2.0  # how long a rank may take to say where it is
 MAX_LOCATED = 16  # ranks located per mesh (the first ones left): a long list says no more
-
-
-class WaitWire(TypedDict):
-    rank: int
-    label: str  # "gpus=2"
-    where: str  # "train.py:42 in step: time.sleep(100)", "paused at <cell>:5", or why it is unknown
 
 
 def slow_after() -> float:
@@ -120,8 +114,6 @@ class Waits:
             except Exception as e:  # noqa: BLE001 - the mesh went meanwhile: say so, keep the view
                 for r in ask:
                     out[r] = f"unknown ({type(e).__name__}: {e})"
-        from .wire import cell_names
-
         waits = [WaitWire(rank=r, label=_label(state, r), where=cell_names(out.get(r, ""))) for r in left]
         with self._lock:
             self._seen[state.mesh_id] = (time.monotonic(), waits)

@@ -17,7 +17,6 @@ from typing import Any, Literal, TypedDict, Union
 from .._core.state import HostState, MeshState, ProcState
 from ..errors import Failure
 from ..notebook.output import SYNC_PREFIX
-from .slow_calls import WaitWire
 
 __all__ = [
     "HOST_STATES",
@@ -37,6 +36,7 @@ __all__ = [
     "RefreshRequest",
     "SnapshotMessage",
     "UpdateMessage",
+    "WaitWire",
     "cell_names",
     "failure_wire",
     "job_wire",
@@ -79,6 +79,14 @@ class RecentFailure(TypedDict):
 class Progress(TypedDict):
     done: int
     total: int
+
+
+class WaitWire(TypedDict):
+    """A rank a long call still waits on, and where it is (``ui/slow_calls.py``)."""
+
+    rank: int
+    label: str  # "gpus=2"
+    where: str  # "train.py:42 in step: time.sleep(100)", "paused at In[3]:5", or why it is unknown
 
 
 class CallsWire(TypedDict):
