@@ -212,6 +212,12 @@ class MeshEndpoint(Generic[P, R]):
         """Call every actor without waiting for or receiving results (errors are logged remotely)."""
         _client().cast(self._mesh, self._name, args, kwargs, mode="broadcast")
 
+    def reduce(self, op: str | Callable[[Any, Any], Any], /, *args: P.args, **kwargs: P.kwargs) -> Future[Any]:
+        """Call every actor and fold the results into one value: ``op`` is ``"sum"``, ``"prod"``, ``"min"``,
+        ``"max"`` (numbers, tensors, arrays: elementwise) or an associative, commutative ``f(a, b)``. The
+        host agents fold on the way back, so the caller receives one value per subtree, not per actor."""
+        return _client().cast(self._mesh, self._name, args, kwargs, mode="reduce", op=op)  # type: ignore[no-any-return]
+
     def __repr__(self) -> str:
         return f"<endpoint {self._mesh._class_name}.{self._name} on {self._mesh._shape}>"
 

@@ -83,8 +83,8 @@ def handle(req: dict[str, Any]) -> dict[str, Any]:
             _refuse_if_served(p)
             _attached[(mesh_id, rank)] = p
             p.detached = True  # the sidebar serves it now: a cell waiting later does not prompt for it too
-            try:
-                text = p.prompt(timeout=TAKE_WAIT)  # pdb's first listing, unless a cell took it already
+            try:  # pdb's listing, unless a front took it already (then there is nothing to wait for)
+                text = p.prompt(timeout=TAKE_WAIT) if p.has_output() else ""
             except MeshTimeoutError:
                 text = ""
             return _reply(p, out=text)
@@ -108,10 +108,12 @@ _attached: dict[tuple[str, int], PausedActor] = {}
 
 
 def _refuse_if_served(p: PausedActor) -> None:
-    """One front at a time: a cell's stdin prompt (or ``%mesh debug attach``) serving it keeps it."""
+    """One front at a time: a cell's stdin prompt, ``%mesh debug attach`` or ``jupyter-mesh debug``
+    serving it (``PausedActor.claim``) keeps it."""
     if p.attached:
+        who = getattr(p, "attached_by", "") or "a cell's pdb prompt"
         raise LookupError(
-            f"{p.actor} on {p.mesh} {p.label} is being served by a cell's pdb prompt; answer there, "
+            f"{p.actor} on {p.mesh} {p.label} is being debugged from {who}; answer there, "
             "or type 'detach' there and attach again"
         )
 
