@@ -114,7 +114,7 @@ class Debugger:
         self.embedded = False  # this controller lives in a proc (an actor's meshes): nothing prompts here
         self._version = 0  # grows with every pause, prompt and end: what ``wait_change`` waits on
         self._post_mortem = False  # set_post_mortem's last word: a respawned rank gets it too
-        state.subscribe(self._on_state)
+        state.subscribe(self._on_state, kinds=("failed", "stopped", "respawned"))  # not every busy/idle
 
     # -- views ------------------------------------------------------------------------------------
     def paused(self) -> list[PausedActor]:
