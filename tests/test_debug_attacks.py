@@ -194,11 +194,11 @@ def test_a_respawned_rank_keeps_post_mortem_debugging(procs):
 def test_a_debug_dir_another_user_made_first_is_refused_and_the_message_says_what_to_do(request, monkeypatch, capsys):
     """Another user can make ``/tmp/jupyter_mesh_debug-<uid>`` before us (with XDG_RUNTIME_DIR unset):
     the controller must not listen in it, and both it and the terminal say how to get out of it."""
-    from jupyter_mesh._runtime.debug_socket import debug_dir
-    from jupyter_mesh.ui.debug_terminal import find_controllers
-
     import pathlib
     import shutil
+
+    from jupyter_mesh._runtime.debug_socket import debug_dir
+    from jupyter_mesh.ui.debug_terminal import find_controllers
 
     base = pathlib.Path(tempfile.mkdtemp(prefix="jmrun"))  # short: a long base falls back to /tmp
     request.addfinalizer(lambda: shutil.rmtree(base, ignore_errors=True))
