@@ -212,11 +212,7 @@ class Debugger:
         if ev.kind not in ("failed", "stopped", "respawned"):
             return
         if ev.kind == "respawned" and ev.rank is not None and self._post_mortem:
-            # the same rank to the user: it keeps post-mortem debugging (sent before respawn() returns,
-            # so on the one connection to the new proc it comes ahead of any call made after it)
-            rec = self._meshes.get(ev.mesh_id)
-            if rec is not None and ev.rank < len(rec.ref.proc_addrs) and rec.ref.proc_addrs[ev.rank]:
-                self._transport.send(rec.ref.proc_addrs[ev.rank], Message({"k": Kind.DEBUG_IN, "pm": True}))
+            self._post_mortem_to(ev.mesh_id, ev.rank)
         whole = ev.kind == "stopped" or ev.rank is None
         with self._cond:
             every = [*self._sessions.values(), *self._stepping.values()]
@@ -232,6 +228,21 @@ class Debugger:
                 self._cond.notify_all()
         for s in gone:
             self._tell(s)
+
+    def _post_mortem_to(self, mesh_id: str, rank: int) -> None:
+        """A respawned rank is the same rank to the user: it keeps post-mortem debugging. ``respawn()``
+        emits this on its caller's thread before it returns: waiting for the proc's answer there means
+        a call made after it (directly, or relayed by an agent) finds the setting on."""
+        rec = self._meshes.get(mesh_id)
+        if rec is None or rank >= len(rec.ref.proc_addrs) or not rec.ref.proc_addrs[rank]:
+            return
+        what = f"post-mortem on for respawned rank {rank} of {rec.ref.name}"
+        fut = self._client.request(rec.ref.proc_addrs[rank], {"k": Kind.DEBUG_IN, "pm": True}, what=what)
+        if threading.current_thread().name != "jupyter-mesh-recv":  # never block the receive thread
+            try:
+                fut.get(10.0)
+            except MeshError:  # it died again: nothing of it to debug
+                pass
 
     def _tell(self, s: PausedActor) -> None:
         for fn in list(self._listeners):
