@@ -240,3 +240,20 @@ def test_stacks_refuses_a_timeout_that_is_not_a_bound(procs):
         assert "no answer within 1 s" in str(procs.stacks(rank=0, timeout=1))
     finally:
         os.kill(procs.pids()[0], signal.SIGCONT)
+
+
+def test_mesh_debug_cast_takes_monarchs_ranks_and_strided_slices(monkeypatch, capsys):
+    """The issue asks for Monarch's slice syntax and ours; ``ranks(1,3)`` was refused as a "bad --on
+    slice", and ``gpus=0:4:2`` reached every rank."""
+    from IPython.core.error import UsageError
+
+    dbg = _FakeDebugger()
+    monkeypatch.setattr(debug, "paused", lambda: [_paused(dbg, r) for r in range(4)])
+    _magic("cast", "stop", "ranks(1,3)", "p", "x")
+    assert sorted(dbg.sent) == [(1, "p x"), (3, "p x")], dbg.sent
+    dbg.sent.clear()
+    _magic("cast", "stop", "gpus=0:4:2", "n")
+    assert sorted(dbg.sent) == [(0, "n"), (2, "n")], dbg.sent
+    with pytest.raises(UsageError, match="SLICE is"):
+        _magic("cast", "stop", "ranks(0:4:0)", "n")
+    capsys.readouterr()

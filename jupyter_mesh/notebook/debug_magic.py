@@ -3,6 +3,7 @@
 %mesh debug                              list them: actor, mesh, rank, where, for how long
 %mesh debug attach [ACTOR [RANK]]        pdb's prompt here for one (default: the oldest pause)
 %mesh debug cast ACTOR 'gpus=0:4' next   one pdb command to each paused rank in the slice
+                                         (or Monarch's ranks(1,4), ranks(dp=1:3), ranks(0:8:2))
 %mesh debug continue [all]               let the oldest (or every) paused actor run on
 """
 
@@ -70,8 +71,14 @@ def run(args: argparse.Namespace, parse_slice: Callable[[str], dict[str, int | s
     else:
         if len(args.rest) < 3:
             raise UsageError("usage: %mesh debug cast ACTOR SLICE LINE   (e.g. cast trainer gpus=0:4 p loss)")
-        actor, where, line = args.rest[0], parse_slice(args.rest[1]), " ".join(args.rest[2:])
-        found = [p for p in now if p.actor == actor and _in_slice(p.coords, where)]
+        from ..ui.debug_terminal import parse_ranks  # Monarch's ranks(1,4) / ranks(dp=1:3), and ours
+
+        actor, line = args.rest[0], " ".join(args.rest[2:])
+        try:
+            pick = parse_ranks(args.rest[1])
+        except ValueError as e:
+            raise UsageError(f"{e}; SLICE is gpus=0:4, hosts=0,gpus=1, ranks(1,4), ranks(0:8:2) or all") from None
+        found = [p for p in now if p.actor == actor and pick(p.rank, p.coords)]
         if not found:
             raise UsageError(f"no actor '{actor}' is paused in {args.rest[1]}; `%mesh debug` lists them")
         for p in sorted(found, key=lambda p: (p.mesh, p.rank)):
@@ -107,16 +114,3 @@ def _is_rank(p: Any, rank: int | dict[str, int] | None) -> bool:
     if isinstance(rank, int):
         return bool(p.rank == rank)
     return all(p.coords.get(k) == v for k, v in rank.items())
-
-
-def _in_slice(coords: dict[str, int], where: dict[str, int | slice]) -> bool:
-    for dim, sel in where.items():
-        c = coords.get(dim)
-        if c is None:
-            return False
-        if isinstance(sel, int):
-            if c != sel:
-                return False
-        elif not (sel.start or 0) <= c < (sel.stop if sel.stop is not None else c + 1):
-            return False
-    return True
