@@ -257,3 +257,20 @@ def test_mesh_debug_cast_takes_monarchs_ranks_and_strided_slices(monkeypatch, ca
     with pytest.raises(UsageError, match="SLICE is"):
         _magic("cast", "stop", "ranks(0:4:0)", "n")
     capsys.readouterr()
+
+
+@pytest.mark.integration
+def test_a_pdb_line_with_bytes_that_are_not_utf8_reaches_pdb(procs):
+    """A terminal's stray bytes (``\\xff``) arrive as lone surrogates: the line used to fail with
+    "bad request: UnicodeEncodeError ... surrogates not allowed" and never reach pdb."""
+    st = procs.spawn("stop", Stopper)
+    fut = st.slice(gpus=1).step.call_one(4)
+    (p,) = _wait_paused(1)
+    try:
+        p.prompt()
+        out = p.send("p x \udcff\udcfe")
+        assert out.endswith("(Pdb) ") and "SyntaxError" in out, out
+        assert "4" in p.send("p x")
+    finally:
+        debug.continue_all()
+    assert fut.get(30) == 41

@@ -255,7 +255,9 @@ class Debugger:
     def send_line(self, s: PausedActor, line: str) -> None:
         if s.ended:
             raise self._ended_error(s)
-        self._to_proc(s, {"line": line})
+        # bytes that are not UTF-8 (a terminal's stray input arrives as lone surrogates) cannot go on
+        # the wire: pdb gets "?" for them and says what it makes of the line
+        self._to_proc(s, {"line": line.encode("utf-8", "replace").decode("utf-8")})
 
     def _to_proc(self, s: PausedActor, body: dict[str, Any]) -> None:
         rec = self._meshes.get(s.mesh_id)
