@@ -37,6 +37,7 @@ from typing import Any
 
 __all__ = [
     "ActorError",
+    "CallSite",
     "DeliveryError",
     "Failure",
     "MeshCancelledError",
@@ -167,6 +168,7 @@ class Failure:
     exit_code: int | None = None
     signal: int | None = None
     actor: str = ""  # the actor mesh, for a failure of one actor (its proc lives on)
+    who: str = ""  # that actor as Monarch names it: ``module.Class name{'gpus': 0/4}``
 
     @property
     def mesh_name(self) -> str:
@@ -177,10 +179,20 @@ class Failure:
         """Monarch's user-readable report of this failure: where, and why."""
         return self.describe() + (f"\n{self.traceback.rstrip()}" if self.traceback else "")
 
-    def describe(self) -> str:
+    def describe(self, in_call: bool = False) -> str:
+        """``[gpus=3] why``; an actor that ended is named with Monarch's phrase (which programs match),
+        unless ``in_call``: the call's own lead line names it."""
         if not self.mesh:  # a host's agent, not a rank
             return self.detail
-        return f"[{format_coords(self.coords)}] {self.detail}"
+        detail = self.detail
+        if self.ended_actor and self.who and not in_call:
+            detail = f"The actor {self.who} and all its descendants have failed: {detail}"
+        return f"[{format_coords(self.coords)}] {detail}"
+
+    @property
+    def ended_actor(self) -> bool:
+        """Is this the end of one actor (its proc lives on), not of its proc or a mere report?"""
+        return self.kind in ("init", "died") or (self.kind == "stopped" and bool(self.actor))
 
 
 _KIND_HINTS = {
@@ -211,9 +223,10 @@ class SupervisionError(MeshError, RuntimeError):
     too, as Monarch's is.
     """
 
-    def __init__(self, failures: Sequence[Failure], context: str = ""):
+    def __init__(self, failures: Sequence[Failure], context: str = "", call: CallSite | None = None):
         self.failures = list(failures)
         self.context = context
+        self.call = call
         super().__init__(self._message())
 
     def _message(self) -> str:
@@ -223,9 +236,17 @@ class SupervisionError(MeshError, RuntimeError):
             what = f"{len(self.failures)} rank(s) of meshes " + ", ".join(f"'{m}'" for m in meshes)
         else:
             what = f"{len(self.failures)} rank(s) of mesh '{first.mesh}'" if first.mesh else "a host agent"
-        lines = [f"{what} failed" + (f" {self.context}" if self.context else "") + ":"]
+        in_call = self.call is not None and bool(first.mesh)
+        if in_call:  # Monarch's lead line, which programs match: the call, then the actor it reached
+            assert self.call is not None
+            lines = [f"Endpoint call {self.call.name}.{self.call.endpoint}() failed, The actor {self.call.who()} "
+                     f"and all its descendants have failed: {what}:"]  # fmt: skip
+        else:
+            lines = [f"{what} failed" + (f" {self.context}" if self.context else "") + ":"]
         several = len(meshes) > 1
-        lines += [f"  {repr(f.mesh) + ' ' if several and f.mesh else ''}{f.describe()}" for f in self.failures[:16]]
+        lines += [
+            f"  {repr(f.mesh) + ' ' if several and f.mesh else ''}{f.describe(in_call)}" for f in self.failures[:16]
+        ]
         if len(self.failures) > 16:
             lines.append(f"  ... and {len(self.failures) - 16} more")
         with_tb = next((f for f in self.failures if f.traceback), None)
@@ -236,7 +257,19 @@ class SupervisionError(MeshError, RuntimeError):
         return "\n".join(lines)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.failures, self.context))
+        return (type(self), (self.failures, self.context, self.call))
+
+
+@dataclass(frozen=True)
+class CallSite:
+    """The endpoint call a :class:`SupervisionError` failed: actor mesh ``name``, its class, the endpoint."""
+
+    name: str
+    cls: str
+    endpoint: str
+
+    def who(self) -> str:
+        return f"{self.cls} '{self.name}'" if self.cls else f"'{self.name}'"
 
 
 class MeshFailure(SupervisionError):

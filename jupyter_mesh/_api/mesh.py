@@ -285,7 +285,8 @@ class ProcMesh(_MeshTrait):
     def _check_open(self) -> None:
         if self.stopped:
             raise MeshClosedError(
-                f"proc mesh '{self._ref.name}' was stopped; spawn a new one with HostMesh.spawn_procs()"
+                f"`ProcMesh` has already been stopped: proc mesh '{self._ref.name}' was stopped; "
+                "spawn a new one with HostMesh.spawn_procs()"
             )
 
     def spawn(

@@ -31,6 +31,7 @@ import zmq
 from .._core.actor import Endpoint, endpoints_of
 from .._core.context import context
 from .._core.ports import DroppingPort
+from .._core.shape import Point
 from .._wire.protocol import BROKEN, NO_REPLY, OK, RAISED, STOP_ENDPOINT, Kind
 from .._wire.serialize import UNPICKLABLE_HINT, dumps, loads
 from .._wire.transport import Message, Transport
@@ -55,6 +56,7 @@ class ProcSide(Protocol):
     mesh_name: str
     rank: int
     coords: dict[str, int]
+    point: Point
     agent_addr: str
 
     def claim_main_thread(self, host: ActorHost) -> bool: ...
@@ -72,6 +74,7 @@ class ActorHost:
         self.failure: Failure | None = None  # the actor is gone (its __init__ raised, it died, it was
         # stopped): every call is answered with this
         self.spawner = ""  # who spawned it (the spawn's sender): it hears of the actor's failures
+        self.cls_path = ""  # ``module.Class`` of the actor, for the failures that name it as Monarch does
         self.fatal = False  # the spawn asked that errors no caller receives end the actor (Monarch's way)
         self.closing = False  # the proc stops: the loop ends after the message it handles
         self.loop = asyncio.new_event_loop()
@@ -369,6 +372,7 @@ class ActorHost:
         self.spawner, self.fatal = msg.header["s"], bool(msg.header.get("fa"))
         try:
             cls, args, kwargs = loads(msg.payload, msg.buffers)
+            self.cls_path = f"{cls.__module__}.{cls.__qualname__}"
             self.endpoints = endpoints_of(cls)
             self.instance = cls(*args, **kwargs)
         except BaseException as e:  # noqa: BLE001 - reported to the caller, the proc lives on
@@ -512,7 +516,8 @@ class ActorHost:
     # -- what ends the actor (its proc lives on) ----------------------------------------------------
     def _failure(self, kind: str, detail: str, info: dict[str, Any] | None = None) -> Failure:
         rt = self.runtime
-        return Failure(rt.mesh_name, rt.coords, kind, detail, info["tb"] if info else "", actor=self.name)
+        who = f"{self.cls_path or 'actor'} {self.name}{rt.point}"  # Monarch's: module.Class name{'gpus': 0/4}
+        return Failure(rt.mesh_name, rt.coords, kind, detail, info["tb"] if info else "", actor=self.name, who=who)
 
     def _die(self, h: dict[str, Any], e: BaseException, how: str) -> None:
         """An error no caller receives (or a BaseException) ends the actor, as in Monarch: a caller
