@@ -169,6 +169,7 @@ class Failure:
     signal: int | None = None
     actor: str = ""  # the actor mesh, for a failure of one actor (its proc lives on)
     who: str = ""  # that actor as Monarch names it: ``module.Class name{'gpus': 0/4}``
+    rank: int | None = None  # the failed rank's index in its proc mesh (row-major), where known
 
     @property
     def mesh_name(self) -> str:
@@ -288,7 +289,13 @@ class MeshFailure(SupervisionError):
         return None
 
     @property
-    def crashed_ranks(self) -> list[dict[str, int]]:
+    def crashed_ranks(self) -> list[int]:
+        """The failed ranks' indices in their proc mesh (row-major), as Monarch's repr lists them."""
+        return [f.rank for f in self.failures if f.rank is not None]
+
+    @property
+    def crashed_coords(self) -> list[dict[str, int]]:
+        """The failed ranks' coordinates (``{'gpus': 3}``), in the order of ``failures``."""
         return [dict(f.coords) for f in self.failures]
 
     def report(self) -> str:
@@ -297,7 +304,11 @@ class MeshFailure(SupervisionError):
 
     def __repr__(self) -> str:
         kinds = ",".join(sorted({f.kind for f in self.failures}))
-        return f"MeshFailure(mesh_name={self.mesh_name!r}, crashed_ranks={self.crashed_ranks}, kind={kinds})"
+        where = "; ".join(format_coords(c) for c in self.crashed_coords[:8])
+        return (
+            f"MeshFailure(mesh_name={self.mesh_name!r}, crashed_ranks={self.crashed_ranks}, "
+            f"coords=[{where}], kind={kinds})"
+        )
 
     def __str__(self) -> str:
         """Named, as Monarch prints one (``__supervise__`` code logs ``str(failure)``), then the report."""

@@ -90,7 +90,8 @@ def test_an_actor_given_a_proc_mesh_spawns_on_it_and_supervises_it(host, recorde
         # the child actor dies (an error under broadcast): its owner hears of it
         owner.break_child.call_one().get(timeout=10)
         seen = wait_for(lambda: owner.seen_failures.call_one().get(timeout=5), 10)
-        assert seen == ["died:child:[gpus=0] child.fail raised ValueError: this is a test exception under "
+        assert seen == ["died:child:[gpus=0] The actor monarch_actors.Boom child{'gpus': 0/1} and all its "
+                        "descendants have failed: child.fail raised ValueError: this is a test exception under "
                         "broadcast(), where no caller can receive it, so the actor died"]  # fmt: skip
         # the child's proc dies: its owner hears of that too
         os.kill(pm2.pids()[0], signal.SIGKILL)
@@ -131,8 +132,12 @@ def test_init_failure_reaches_the_fault_hook(procs, recorded_faults):
     assert len(faults) == 4 and all(isinstance(f, SupervisionError) for f in faults)  # Monarch: one per rank
     for f in faults:
         assert f.mesh_name == "exception_actor" and "this is an exception from __init__" in str(f)
-        assert f.failures[0].kind == "init" and len(f.crashed_ranks) == 1
-    assert sorted(f.crashed_ranks[0]["gpus"] for f in faults) == [0, 1, 2, 3]
+        assert f.failures[0].kind == "init" and len(f.crashed_ranks) == 1 == len(f.crashed_coords)
+    assert (
+        sorted(f.crashed_coords[0]["gpus"] for f in faults)
+        == [0, 1, 2, 3]
+        == sorted(f.crashed_ranks[0] for f in faults)
+    )
 
 
 _FAILED_INIT_SCRIPT = textwrap.dedent(
@@ -217,6 +222,36 @@ def test_base_exception_ends_the_actor_with_a_supervision_error(procs, recorded_
     assert d.ok.call_one().get(timeout=10) == "ok"
 
 
+def test_supervision_errors_use_monarchs_phrases_and_still_say_where_and_what_to_do(host, recorded_faults):
+    """Monarch programs match its wording ("Endpoint call a.b() failed, The actor ... and all its
+    descendants have failed"); ours leads with it, then the ranks, the cause and what to do."""
+    pm = host.spawn_procs(per_host={"gpus": 2})
+    a = pm.spawn("error", Boom)
+    first = r"Endpoint call error\.die\(\) failed, The actor Boom 'error' and all its descendants have failed: "
+    with pytest.raises(SupervisionError, match=first + r"1 rank\(s\) of mesh '.*':\n  \[gpus=0\] .*Dies") as ei:
+        a.slice(gpus=0).die.call_one().get(timeout=10)
+    assert "What to do:" in str(ei.value) and "simulated actor failure" in str(ei.value)
+    with pytest.raises(RuntimeError, match=r"Endpoint call error\.ok\(\) failed, The actor .* and all its descendants"):
+        a.ok.call().get(timeout=10)  # later calls: the same, naming the call they are
+    # the fault hook names the ended actor as Monarch does: module.Class name{point}
+    start = len(recorded_faults)
+    b = pm.spawn("quiet", Boom).slice(gpus=1)
+    b.die.broadcast()
+    faults = wait_for(lambda: _new_faults(recorded_faults, start), 10)
+    assert "The actor monarch_actors.Boom quiet{'gpus': 1/2} and all its descendants have failed:" in faults[0].report()
+    os.kill(pm.pids()[1], signal.SIGKILL)  # a proc's death: the call still names the actor it reached
+    with pytest.raises(
+        SupervisionError, match=r"Endpoint call error\.ok\(\) failed, The actor Boom 'error' .*\n.*SIGKILL"
+    ):
+        wait_for(lambda: pm.state().ranks[1].state == "failed", 10)
+        a.slice(gpus=1).ok.call_one().get(timeout=10)
+    pm.stop().get()
+    with pytest.raises(
+        RuntimeError, match=r"`ProcMesh` has already been stopped: proc mesh '.*' was stopped; spawn a new"
+    ):
+        pm.spawn("late", Boom)
+
+
 # -- 7. the remote exception chain survives ------------------------------------------------------------
 def test_actor_error_keeps_the_remote_exception_chain(procs):
     n = procs.spawn("nested", Nested)
@@ -242,7 +277,8 @@ def test_error_types_as_in_monarch(host, recorded_faults):
     start = len(recorded_faults)
     os.kill(pm.pids()[1], signal.SIGKILL)  # nothing waits on it: the hook gets a MeshFailure
     faults = wait_for(lambda: _new_faults(recorded_faults, start), 10)
-    assert faults and faults[0].mesh_name == pm.name and faults[0].crashed_ranks == [{"gpus": 1}]
+    assert faults and faults[0].mesh_name == pm.name and faults[0].crashed_coords == [{"gpus": 1}]
+    assert faults[0].crashed_ranks == [1] and "crashed_ranks=[1]" in str(faults[0])  # Monarch's: rank indices
     assert "SIGKILL" in faults[0].report() and repr(faults[0]).startswith("MeshFailure(mesh_name=")
     pm.stop()
     with pytest.raises(SupervisionError, match="stopped"):  # not MeshClosedError: Monarch's type

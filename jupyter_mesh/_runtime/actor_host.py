@@ -517,7 +517,9 @@ class ActorHost:
     def _failure(self, kind: str, detail: str, info: dict[str, Any] | None = None) -> Failure:
         rt = self.runtime
         who = f"{self.cls_path or 'actor'} {self.name}{rt.point}"  # Monarch's: module.Class name{'gpus': 0/4}
-        return Failure(rt.mesh_name, rt.coords, kind, detail, info["tb"] if info else "", actor=self.name, who=who)
+        return Failure(
+            rt.mesh_name, rt.coords, kind, detail, info["tb"] if info else "", actor=self.name, who=who, rank=rt.rank
+        )
 
     def _die(self, h: dict[str, Any], e: BaseException, how: str) -> None:
         """An error no caller receives (or a BaseException) ends the actor, as in Monarch: a caller
