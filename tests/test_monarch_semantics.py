@@ -15,7 +15,7 @@ import textwrap
 
 import pytest
 from _procs import wait_dead, wait_for
-from monarch_actors import Boom, Finalizes, Nested, Owner, Ranks
+from monarch_actors import Boom, Finalizes, Nested, Owner, Parent, Ranks
 
 from jupyter_mesh import ActorError, Future, LocalJob, MeshClosedError, SupervisionError, lowlevel
 from jupyter_mesh.errors import MeshFailure
@@ -250,6 +250,27 @@ def test_supervision_errors_use_monarchs_phrases_and_still_say_where_and_what_to
         RuntimeError, match=r"`ProcMesh` has already been stopped: proc mesh '.*' was stopped; spawn a new"
     ):
         pm.spawn("late", Boom)
+
+
+def test_an_actor_that_stops_or_dies_takes_what_it_spawned_with_it(host, tmp_path):
+    """Monarch's hierarchy: an actor's actor meshes (also on proc meshes it was given) and its own proc
+    meshes stop when it is stopped or dies: their __cleanup__ runs, their procs exit."""
+    pm = host.spawn_procs(per_host={"gpus": 1})
+    try:
+        for how in ("stop", "die"):
+            path = tmp_path / f"{how}.log"
+            parent = pm.spawn(f"parent_{how}", Parent, pm, str(path))
+            assert parent.children_ok.call_one().get(timeout=30) == ["ok", "ok"]
+            pids = parent.own_pids.call_one().get(timeout=10)
+            if how == "stop":
+                parent.stop().get(timeout=60)
+            else:
+                with pytest.raises(SupervisionError, match="the parent dies"):
+                    parent.die.call_one().get(timeout=60)
+            assert wait_for(lambda p=path: p.exists() and sorted(p.read_text().split()) == ["on_given", "on_own"], 30)
+            assert not wait_dead(pids, 10)  # its own proc mesh is stopped
+    finally:
+        pm.stop()
 
 
 # -- 7. the remote exception chain survives ------------------------------------------------------------

@@ -10,7 +10,7 @@ from .. import config
 from .._core.future import Future
 from .._core.shape import Shape
 from ..errors import MeshClosedError, MeshError, MeshValueError
-from .mesh import ProcMesh, _MeshTrait, _names
+from .mesh import ProcMesh, _MeshTrait, _names, _owned_by_caller
 from .proc_setup import ProcSetup, check_proc_bind
 
 if TYPE_CHECKING:
@@ -83,6 +83,7 @@ class HostMesh(_MeshTrait):
         )
         procs = ProcMesh(self._controller, ref, host_mesh=self)
         self._spawned.append(procs)
+        _owned_by_caller("procs", procs)
         if bootstrap is not None or proc_bind:
             setup = procs.spawn("proc_setup", ProcSetup, proc_bind, len(self._shape.labels), bootstrap)
             try:
