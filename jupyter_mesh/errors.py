@@ -137,14 +137,15 @@ class ActorError(MeshError):
         first = self.failures[0]
         head = f"{first.exc_type}: {first.message}" if first.message else first.exc_type
         if len(self.failures) == 1:
-            where = first.where()
+            on = f"[{format_coords(first.coords)}]"
         else:
             ranks = "; ".join(format_coords(f.coords) for f in self.failures[:8])
             more = f" (+{len(self.failures) - 8} more)" if len(self.failures) > 8 else ""
             of = f" of {self.total}" if self.total else ""
-            where = f"{first.actor}.{first.endpoint} on {len(self.failures)}{of} ranks [{ranks}{more}]"
+            on = f"{len(self.failures)}{of} ranks [{ranks}{more}]"
+        # "Actor call a.b failed" is Monarch's wording, which programs match
         return (
-            f"{head}\n  raised in {where}\n"
+            f"{head}\n  Actor call {first.actor}.{first.endpoint} failed on {on}\n"
             f"Remote traceback (first failing rank):\n{first.traceback.rstrip()}\n"
             "The actors are still alive: fix the input or the endpoint and call again."
         )

@@ -231,6 +231,8 @@ def test_supervision_errors_use_monarchs_phrases_and_still_say_where_and_what_to
     with pytest.raises(SupervisionError, match=first + r"1 rank\(s\) of mesh '.*':\n  \[gpus=0\] .*Dies") as ei:
         a.slice(gpus=0).die.call_one().get(timeout=10)
     assert "What to do:" in str(ei.value) and "simulated actor failure" in str(ei.value)
+    with pytest.raises(ActorError, match=r"this is a test exception\n  Actor call error\.fail failed on \[gpus=1\]"):
+        a.slice(gpus=1).fail.call_one().get(timeout=10)  # an endpoint's error: Monarch's "Actor call a.b failed"
     with pytest.raises(RuntimeError, match=r"Endpoint call error\.ok\(\) failed, The actor .* and all its descendants"):
         a.ok.call().get(timeout=10)  # later calls: the same, naming the call they are
     # the fault hook names the ended actor as Monarch does: module.Class name{point}

@@ -51,6 +51,7 @@ class HostMesh(_MeshTrait):
         env: Mapping[str, str] | None = None,
         preload: list[str] | tuple[str, ...] = (),
         timeout: float = 60.0,
+        bootstrap_command: Any = None,
     ) -> ProcMesh:
         """Start ``per_host`` procs on every host: the mesh has the host dims plus the per-host dims.
 
@@ -59,8 +60,12 @@ class HostMesh(_MeshTrait):
         ``bootstrap`` (Monarch's): a function (or ``async def``) run once on every proc before this returns;
         ``proc_bind`` (Monarch's): per proc of a host, its CPUs (``cpus``) or NUMA nodes (``cpunodebind``).
         Settings made with ``jupyter_mesh.config.configure`` travel to the new procs.
+        ``bootstrap_command`` (Monarch's, ``default_bootstrap_cmd().with_env({...})``): its environment is the
+        new procs'.
         """
         self._check_up()
+        if bootstrap_command is not None:
+            env = {**bootstrap_command.proc_env(), **(env or {})}
         per_host = dict(per_host or {"procs": 1})
         check_proc_bind(proc_bind, per_host)
         clash = [d for d in per_host if d in self._shape.labels]

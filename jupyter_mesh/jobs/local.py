@@ -204,6 +204,23 @@ class BootstrapCommand:
     args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
 
+    def with_env(self, env: Mapping[str, str]) -> BootstrapCommand:
+        """A copy with ``env`` added (Monarch's; this one is unchanged): ``spawn_procs(bootstrap_command=)``
+        gives the new procs that environment."""
+        return BootstrapCommand(self.program, list(self.args), {**self.env, **env})
+
+    def proc_env(self) -> dict[str, str]:
+        """What ``spawn_procs(bootstrap_command=self)`` applies: the environment. Procs fork from their host's
+        agent, so another program or arguments cannot apply, and say so."""
+        default = default_bootstrap_cmd()
+        if (os.path.realpath(self.program), self.args) != (os.path.realpath(default.program), default.args):
+            raise MeshValueError(
+                f"procs fork from their host's agent ({default.program} {' '.join(default.args)}), so only the "
+                f"environment of a bootstrap command applies, not {self.program} {' '.join(self.args)}; use "
+                "default_bootstrap_cmd().with_env({...})"
+            )
+        return dict(self.env)
+
 
 def default_bootstrap_cmd() -> BootstrapCommand:
     """The command that starts a host agent with this program's interpreter."""
