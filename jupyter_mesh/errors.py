@@ -181,13 +181,13 @@ class Failure:
         """Monarch's user-readable report of this failure: where, and why."""
         return self.describe() + (f"\n{self.traceback.rstrip()}" if self.traceback else "")
 
-    def describe(self, in_call: bool = False) -> str:
+    def describe(self, phrase: bool = True) -> str:
         """``[gpus=3] why``; an actor that ended is named with Monarch's phrase (which programs match),
-        unless ``in_call``: the call's own lead line names it."""
+        unless not ``phrase`` (a call's lead line names it already; the notebook is terser)."""
         if not self.mesh:  # a host's agent, not a rank
             return self.detail
         detail = self.detail
-        if self.ended_actor and self.who and not in_call:
+        if self.ended_actor and self.who and phrase:
             detail = f"The actor {self.who} and all its descendants have failed: {detail}"
         return f"[{format_coords(self.coords)}] {detail}"
 
@@ -247,7 +247,8 @@ class SupervisionError(MeshError, RuntimeError):
             lines = [f"{what} failed" + (f" {self.context}" if self.context else "") + ":"]
         several = len(meshes) > 1
         lines += [
-            f"  {repr(f.mesh) + ' ' if several and f.mesh else ''}{f.describe(in_call)}" for f in self.failures[:16]
+            f"  {repr(f.mesh) + ' ' if several and f.mesh else ''}{f.describe(phrase=not in_call)}"
+            for f in self.failures[:16]
         ]
         if len(self.failures) > 16:
             lines.append(f"  ... and {len(self.failures) - 16} more")
