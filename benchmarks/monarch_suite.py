@@ -458,8 +458,9 @@ def _reap(proc: subprocess.Popen[Any], work: Path) -> None:
 
 
 def _run(cmd: list[str], work: Path, limit: int, env: dict[str, str] | None = None) -> tuple[int | None, str, str]:
-    """``cmd`` in a session of its own; on return or after ``limit`` seconds nothing it started is left.
-    Returns (exit status or None when timed out, stdout, stderr)."""
+    """``cmd`` in a session of its own; on return, after ``limit`` seconds, or when this script is
+    interrupted (Ctrl-C, SIGTERM), nothing it started is left. Returns (exit status or None when timed
+    out, stdout, stderr)."""
     proc = subprocess.Popen(cmd, cwd=work, env=env or _env(work), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)  # fmt: skip
     rc: int | None
@@ -470,8 +471,14 @@ def _run(cmd: list[str], work: Path, limit: int, env: dict[str, str] | None = No
         rc = None
         _reap(proc, work)
         out, err = proc.communicate()
-    _reap(proc, work)  # a test's leftovers (agents and procs) do not outlive its file
+    finally:
+        _reap(proc, work)  # a test's leftovers (agents and procs) do not outlive its file, nor an interrupt
     return rc, out or "", err or ""
+
+
+def _terminated(signum: int, _frame: Any) -> None:
+    """SIGTERM ends the run like Ctrl-C: ``_run`` and ``main`` clean up on the way out."""
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def collect(work: Path, name: str, k: str | None) -> list[dict[str, Any]]:
@@ -632,6 +639,7 @@ def main() -> None:
     ap.add_argument("--package", help="the jupyter_mesh checkout to test (default: this one)")
     ap.add_argument("--resummarize", action="store_true", help="count again what a run left in --workdir")
     a = ap.parse_args()
+    signal.signal(signal.SIGTERM, _terminated)
     global PACKAGE
     if a.package:
         PACKAGE = Path(a.package).resolve()
