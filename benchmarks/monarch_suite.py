@@ -683,4 +683,8 @@ def _measure(a: argparse.Namespace, src: Source, work: Path, files: list[str]) -
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:
+        print("monarch_suite: interrupted; what it started was stopped, its directory removed", file=sys.stderr)
+        sys.exit(130)
