@@ -159,6 +159,8 @@ class Finalizes(Actor):
 
         self.resource = Resource()
         weakref.finalize(self.resource, _write, f"{path}.{os.getpid()}.finalizer", 0.0)
+        global _kept  # a module global: freed (its __del__ run) only when the interpreter finalizes
+        _kept = _WritesOnDel(f"{path}.{os.getpid()}.del")
         return os.getpid()
 
     @endpoint
@@ -168,6 +170,18 @@ class Finalizes(Actor):
     @endpoint
     async def busy_async(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
+
+
+class _WritesOnDel:
+    def __init__(self, path: str) -> None:
+        self.file = open(path, "w")  # opened now: ``open`` may be gone when __del__ runs at exit
+
+    def __del__(self) -> None:
+        self.file.write("finalized")
+        self.file.close()
+
+
+_kept: _WritesOnDel | None = None
 
 
 def _write(path: str, hang: float) -> None:

@@ -321,6 +321,7 @@ def test_stopped_procs_run_atexit_handlers_and_finalizers(host, tmp_path):
     for pid in pids:
         assert (tmp_path / f"p.{pid}.atexit").read_text() == str(pid)
         assert (tmp_path / f"p.{pid}.finalizer").read_text() == str(pid)
+        assert (tmp_path / f"p.{pid}.del").read_text() == "finalized"  # a module global's __del__, at exit
     for fut in (busy, napping):
         with pytest.raises(SupervisionError, match="stopped"):
             fut.get(timeout=5)
