@@ -44,6 +44,7 @@ OURS: dict[str, tuple[str, Any]] = {
     "init_timeout": ("JUPYTER_MESH_INIT_TIMEOUT", None),
     "heartbeat_timeout": ("JUPYTER_MESH_HEARTBEAT_TIMEOUT", None),
     "max_frame": ("JUPYTER_MESH_MAX_FRAME", None),
+    "warm": ("JUPYTER_MESH_WARM", None),  # None/true: local templates preload torch (``jobs.warm``)
 }
 
 MONARCH_KEYS = frozenset(
