@@ -95,7 +95,9 @@ class Future(Generic[T]):
             callbacks, self._callbacks = self._callbacks, None
             # the runtime's hooks close over its call record, which holds the result: dropped now, a
             # finished call is freed as soon as its caller lets go (a received tensor's shared memory
-            # goes back to its sender then, not at the next garbage collection)
+            # goes back to its sender then, not at the next garbage collection). Freed after the lock
+            # is released (on return), never under it: a destructor must not run inside our lock
+            hooks = (self._on_cancel, self._on_interrupt)
             self._on_cancel = self._on_interrupt = None
         if waiters:
             for w in waiters:
@@ -105,6 +107,7 @@ class Future(Generic[T]):
                 self._run_callback(fn)
         if self._driver is not None:
             self._driver.wake()
+        del hooks
         return True
 
     def _poke(self) -> None:

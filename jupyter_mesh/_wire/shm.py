@@ -7,7 +7,9 @@ Two uses, both one copy:
   the segment's name travels, inside the signed header. The receiver maps it, unlinks the name at once
   and hands the mapping to the unpickler: the tensor it builds lives in that mapping, no second copy.
   Names carry a per-session prefix so the controller and the agents can sweep what a dead receiver
-  never claimed (:func:`sweep`).
+  never claimed (:func:`sweep`). In steady state a sender reuses its own segments instead
+  (``shm_pool``): no page is allocated, populated or freed per message; these one-shot named
+  segments are the fallback when its pool budget is spent.
 * **Shared regions** for ``RDMABuffer``: a CPU tensor's storage is moved into fd-backed shared memory
   once, in place (what ``Tensor.share_memory_()`` does), and a reader on the same host maps that file
   through ``/proc/<owner pid>/fd/<fd>`` and copies straight from or into it. The file has no name, so

@@ -43,29 +43,6 @@ class MeshKernel(IPythonKernel):
         install(self)  # serve the JupyterLab sidebar over a comm (kernel kind "mesh")
         warm_up()
 
-
-def warm_up() -> threading.Thread | None:
-    """Start this machine's host (agent and fork server, preloading torch) in the background, so the
-    first ``this_host().spawn_procs(...)`` forks from a ready template. Opt out: ``JUPYTER_MESH_WARM=0``."""
-    from ..jobs import warm
-
-    if not warm.enabled():
-        return None
-
-    def start() -> None:
-        from ..jobs.local import this_host
-
-        try:
-            this_host()
-        except Exception as e:  # noqa: BLE001 - the first this_host() in a cell tries again and raises
-            print(
-                f"jupyter_mesh: warming this host failed ({e}); this_host() will start it on first use", file=sys.stderr
-            )
-
-    t = threading.Thread(target=start, name="jupyter-mesh-warm", daemon=True)
-    t.start()
-    return t
-
     @contextmanager
     def _cancel_on_sigint(self, future: asyncio.Future[Any]) -> Iterator[None]:
         """While a cell runs as a coroutine (it has a top-level ``await``): Ctrl-C / ■ cancels it.
@@ -101,6 +78,29 @@ def warm_up() -> threading.Thread | None:
         if inspect.isawaitable(result):
             result = await result
         return result
+
+
+def warm_up() -> threading.Thread | None:
+    """Start this machine's host (agent and fork server, preloading torch) in the background, so the
+    first ``this_host().spawn_procs(...)`` forks from a ready template. Opt out: ``JUPYTER_MESH_WARM=0``."""
+    from ..jobs import warm
+
+    if not warm.enabled():
+        return None
+
+    def start() -> None:
+        from ..jobs.local import this_host
+
+        try:
+            this_host()
+        except Exception as e:  # noqa: BLE001 - the first this_host() in a cell tries again and raises
+            print(
+                f"jupyter_mesh: warming this host failed ({e}); this_host() will start it on first use", file=sys.stderr
+            )
+
+    t = threading.Thread(target=start, name="jupyter-mesh-warm", daemon=True)
+    t.start()
+    return t
 
 
 def main() -> None:
