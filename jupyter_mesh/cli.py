@@ -5,6 +5,7 @@ jupyter-mesh agent      run a host agent: --controller ADDR --key-file F (dial b
 jupyter-mesh keygen     make the mesh key (~/.jupyter_mesh/mesh.key) agents started by hand admit
 jupyter-mesh demo       run the local 4-proc demo
 jupyter-mesh status     the meshes of the running Jupyter kernels (named by notebook), even busy ones; --all
+jupyter-mesh debug      actors paused in breakpoint() in a running kernel or script: list, attach, cast, continue
 jupyter-mesh install-kernel [--user | --sys-prefix | --prefix P]   install the `mesh` kernelspec
 jupyter-mesh version
 """
@@ -44,6 +45,15 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument(
         "--all", action="store_true", help="also list kernels without a mesh (and those that do not answer)"
     )
+    db = sub.add_parser(
+        "debug",
+        help="attach to actors paused in breakpoint() in a running kernel or script of this user on this host",
+        description="Commands: list | attach ACTOR RANK | cast ACTOR RANKS CMD (RANKS: ranks(1,4), "
+        "ranks(dp=1:3), gpus=0:4) | continue [ACTOR [RANKS]] | quit. With a COMMAND: run it and exit.",
+    )
+    db.add_argument("--pid", type=int, help="the controller's process (when several run)")
+    db.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for each controller (default 3)")
+    db.add_argument("command", nargs=argparse.REMAINDER, help="one command to run, e.g. list")
     sub.add_parser("version", help="print the version")
     ik = sub.add_parser("install-kernel", help="install the `mesh` Jupyter kernelspec (pip install already does)")
     where = ik.add_mutually_exclusive_group()
@@ -84,6 +94,10 @@ def main(argv: list[str] | None = None) -> int:
         from .ui.remote import status_main
 
         return status_main(args.connection_file or None, args.timeout, show_all=args.all)
+    elif args.cmd == "debug":
+        from .ui.debug_terminal import main as debug_main
+
+        return debug_main(args.pid, args.command or None, args.timeout)
     elif args.cmd == "version":
         from ._version import __version__
 

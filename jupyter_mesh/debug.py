@@ -18,6 +18,7 @@ the pdb prompts of paused actors itself, through ``input()``: in a kernel, the c
 from __future__ import annotations
 
 import builtins
+import os
 import sys
 import threading
 from collections.abc import Callable
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     from ._core.future import Future
     from ._runtime.debugger import Debugger, PausedActor
 
-__all__ = ["attach", "continue_all", "paused", "post_mortem", "prompt_while_waiting"]
+__all__ = ["attach", "continue_all", "paused", "post_mortem", "prompt_while_waiting", "this_front"]
 
 _PDB_PROMPT = "(Pdb) "
 
@@ -62,6 +63,14 @@ def post_mortem(on: bool = True) -> int:
     return Controller.get().debugger.set_post_mortem(on)
 
 
+def this_front() -> str:
+    """How other fronts name this one when it holds a prompt ("rank 3 is being debugged from ...")."""
+    app = sys.modules.get("ipykernel.kernelapp")
+    if app is not None and app.IPKernelApp.initialized():
+        return f"the notebook (kernel pid {os.getpid()})"
+    return f"the controller's own program (pid {os.getpid()})"
+
+
 def attach(p: PausedActor, read: Callable[[str], str] = _input) -> None:
     """pdb's terminal for ``p`` here: its output printed, each line read with ``read`` (``input``:
     in a kernel, the cell's stdin) sent to it, until it runs on (``c``) or ``detach`` leaves it paused.
@@ -69,21 +78,22 @@ def attach(p: PausedActor, read: Callable[[str], str] = _input) -> None:
     from ._runtime.controller import Controller
 
     dbg = Controller.get().debugger
-    if p.attached:
+    holder = p.claim(this_front())
+    if holder:
         raise MeshValueError(
-            f"{p.actor} on {p.mesh} {p.label} is attached elsewhere (another cell or thread); type 'detach' there first"
+            f"{p.actor} on {p.mesh} {p.label} is attached elsewhere: it is being debugged from {holder}; "
+            "type 'detach' there first"
         )
-    p.attached, p.detached = True, False
     try:
         _serve(dbg, p, read)
     finally:
-        p.attached = False
+        p.release()
 
 
 def _serve(dbg: Debugger, p: PausedActor, read: Callable[[str], str]) -> None:
     print(f"--- {p.actor} on {p.mesh} {p.label} paused at {p.where} ('detach' leaves it paused) ---")
     try:
-        text = p.prompt(timeout=None)
+        text = p.prompt(timeout=None) if p.has_output() else ""  # "": at a prompt a front showed already
         while True:
             body = text[: -len(_PDB_PROMPT)] if text.endswith(_PDB_PROMPT) else text
             if body:
@@ -123,6 +133,7 @@ class _Prompter:
         self.dbg = Controller.get().debugger
         self._watched: Future[Any] | None = None
         self._serving = False
+        self._told: set[tuple[str, int, str]] = set()  # pauses held by another front this wait was told of
         self.unsubscribe = self.dbg.subscribe(self._on_change)
 
     def _follow(self) -> None:
@@ -143,6 +154,7 @@ class _Prompter:
             return None
         self._follow()
         self._watched = fut
+        self._told.clear()
         if self._waiting():
             fut._poke()
         return self._unwatch
@@ -154,6 +166,15 @@ class _Prompter:
         fut = self._watched
         if fut is not None and p.paused and not p.detached and not p.attached:
             fut._poke()
+        elif fut is not None and p.paused and p.attached and not self._serving:
+            key = (p.mesh_id, p.rank, p.sid)
+            if key not in self._told:  # another front (jupyter-mesh debug) took it: say so once
+                self._told.add(key)
+                print(
+                    f"jupyter_mesh: {p.actor} on {p.mesh} {p.label} is being debugged from {p.attached_by}; "
+                    "this cell waits for it (interrupt to cancel the call)",
+                    file=sys.stderr,
+                )
         elif fut is None and not self._serving and p.paused and p._prompts == 0:  # a new pause nobody waits on
             print(
                 f"jupyter_mesh: {p.actor} on {p.mesh} {p.label} paused at {p.where}; a cell waiting on a call "

@@ -221,6 +221,76 @@ def test_a_proc_that_dies_at_the_prompt_ends_it_and_the_cell_gets_the_failure(ke
     kernel.ok("s.slice(gpus=3).ping.call_one().get(30)")
 
 
+def _terminal(kernel: Kernel, script: str) -> str:
+    """``jupyter-mesh debug --pid <the kernel>`` fed ``script`` on its stdin; what it printed."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    args = [sys.executable, "-m", "jupyter_mesh.cli", "debug", "--pid", str(kernel.pid)]
+    out = subprocess.run(args, input=script, capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout
+
+
+def test_the_notebook_prompt_and_jupyter_mesh_debug_take_turns_on_a_rank(kernel):
+    kc = kernel.kc
+    msg_id = kc.execute("s.slice(gpus=1).step.call_one(5).get(90)", allow_stdin=True)
+    m = kc.get_stdin_msg(timeout=30)
+    assert m["msg_type"] == "input_request" and "gpus=1" in m["content"]["prompt"]
+    # the notebook holds the prompt: a terminal on the same rank is told so, and does not hang
+    out = _terminal(kernel, "list\nattach s 1\nquit\n")
+    said = f"being debugged from the notebook (kernel pid {kernel.pid})"
+    assert out.count(said) == 2, out
+    kc.input("detach")  # the cell waits on; the terminal may take the rank now
+    out = _terminal(kernel, "attach s 1\np x\nc\nquit\n")
+    assert "attached to s on procs" in out and "(Pdb) 5\n" in out and "runs on ---" in out, out
+    deadline = time.monotonic() + 60
+    texts = []
+    while True:
+        assert time.monotonic() < deadline, "".join(texts)
+        try:
+            m = kc.get_iopub_msg(timeout=0.2)
+        except queue.Empty:
+            continue
+        if m["parent_header"].get("msg_id") != msg_id:
+            continue
+        if m["msg_type"] == "stream":
+            texts.append(m["content"]["text"])
+        elif m["msg_type"] == "execute_result":
+            texts.append(m["content"]["data"]["text/plain"])
+        elif m["msg_type"] == "status" and m["content"]["execution_state"] == "idle":
+            break
+    out = "".join(texts)
+    assert "51" in out, out  # 5 * 10 + rank 1: the terminal's continue gave the cell its result
+    assert "is being debugged from jupyter-mesh debug (pid" in out, out  # the cell said who had the rank
+
+
+def test_restarting_the_kernel_while_a_rank_is_paused_leaves_no_process():
+    from _procs import wait_dead
+
+    isolate_jupyter_dirs()
+    k = Kernel()
+    try:
+        k.ok("%mesh up --gpus 2")
+        k.ok(ACTORS)
+        k.ok("f = s.slice(gpus=0).step.call_one(1)")
+        k.ok(
+            "from jupyter_mesh import debug\nimport time\nt0 = time.time()\n"
+            "while not debug.paused() and time.time() - t0 < 20: time.sleep(0.05)\nassert debug.paused()"
+        )
+        before = k.workers()
+        assert len(before) >= 3  # the agent and its 2 procs, at least
+        k.km.restart_kernel(now=False)
+        assert not wait_dead(before, 20), "processes of the kernel before its restart are left"
+        k.kc.wait_for_ready(timeout=60)
+        assert k.ok("print(1 + 1)").stream().strip() == "2"
+    finally:
+        k.shutdown()
+
+
 def test_shutting_the_kernel_down_while_actors_are_paused_leaves_nothing(kernel):
     """Last in this module: the fixture's shutdown finds actors paused and must leave no process."""
     kernel.ok("s.step.broadcast(1)")

@@ -42,6 +42,7 @@ from ..errors import (
 from . import hooks
 from .agent_links import AgentLinks
 from .client import Client
+from .debug_socket import DebugSocket
 from .debugger import Debugger
 from .elastic import Elastic
 from .faults import Faults
@@ -193,6 +194,8 @@ class Controller:
         self.forget_agents, self.agent_lost = self.links.forget_agents, self.links.agent_lost
         self.debugger = Debugger(self.state, self.meshes, self.transport, self.client)  # actors paused in breakpoint()
         self.debugger.embedded = self.embedded
+        # `jupyter-mesh debug` from a shell of this user on this host (a private unix socket)
+        self.debug_socket = DebugSocket.start(self.debugger) if embedded is None else None
         self._thread: threading.Thread | None = None
         self.dispatch = self._table()
         if embedded is not None:
@@ -533,6 +536,8 @@ class Controller:
             self.client.calls.stopped.update(self.meshes)
             Controller._shut_down_meshes.update(self.meshes)
         self.links.close()
+        if self.debug_socket is not None:
+            self.debug_socket.close()
         self.client.fail_all(MeshClosedError("the jupyter_mesh controller shut down while this call was pending"))
         for job in self._jobs:
             try:

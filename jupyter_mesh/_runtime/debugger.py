@@ -47,7 +47,8 @@ class PausedActor:
     _taken: int = field(default=0, repr=False)  # prompts whose output was taken
     _continued: bool = field(default=False, repr=False)  # cont() was sent: no longer counts as paused
     post_mortem: bool = False  # stopped where its endpoint raised (its caller gets the error after)
-    attached: bool = False  # a front serves its prompt now (one at a time: ``debug.attach``)
+    attached: bool = False  # a front serves its prompt now (one at a time: ``claim``)
+    attached_by: str = ""  # which front ("the notebook (kernel pid 12)", "jupyter-mesh debug (pid 34)")
     detached: bool = False  # a front left it paused (``detach``): it does not prompt by itself again
     ended: str = ""  # "" while paused; "resumed", or why it ended (the proc died)
     failure: Failure | None = None
@@ -69,6 +70,27 @@ class PausedActor:
         """Run one pdb command (``p x``, ``n``, ``c``...); its output up to pdb's next prompt, or all
         it printed before the actor ran on (after ``c``, or ``n`` over a slow line)."""
         return self._debugger.command(self, line, timeout)
+
+    def has_output(self) -> bool:
+        """Whether ``prompt()`` has something to wait for: pdb has not prompted yet, or printed since the
+        last take (else it waits at a prompt whose output a front took already: after a ``detach``)."""
+        with self._debugger._cond:
+            return self._prompts == 0 or self._prompts > self._taken or bool(self.ended)
+
+    def claim(self, by: str) -> str:
+        """Take its prompt for the front ``by`` (one front at a time): "" if taken, else who has it."""
+        with self._debugger._cond:
+            if self.attached:
+                return self.attached_by or "another front"
+            self.attached, self.attached_by, self.detached = True, by, False
+        self._debugger._tell(self)  # a cell waiting on it hears who has it
+        return ""
+
+    def release(self) -> None:
+        """Give its prompt back (``claim``): a cell waiting on it may prompt for it again."""
+        with self._debugger._cond:
+            self.attached, self.attached_by = False, ""
+        self._debugger._tell(self)
 
     def cont(self) -> None:
         """``continue``: let the actor run on, without waiting for anything (it leaves ``paused()``
@@ -160,7 +182,10 @@ class Debugger:
         if ev == "paused":
             self._send_sources(s)
             if _future.pause_hook is None and s._prompts == 0:  # no front prompts by itself: say how to reach it
-                print(f"jupyter_mesh: {s}; jupyter_mesh.debug.paused() drives its pdb", file=sys.stderr)
+                print(
+                    f"jupyter_mesh: {s}; `jupyter-mesh debug` in a shell or jupyter_mesh.debug.paused() drives its pdb",
+                    file=sys.stderr,
+                )
         if ev in ("paused", "resumed"):
             self._show_state(mesh_id, rank)
         self._tell(s)

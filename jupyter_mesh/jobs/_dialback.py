@@ -20,21 +20,31 @@ import os
 import re
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._core.context import host_key
 from .._core.future import Future
+from .._runtime.hosts import AgentHandle
 from .._wire.addresses import host_of
 from .._wire.keyfile import KeyFile, config_dir, write_key_file
 from .._wire.protocol import VERSION, Kind
-from ..errors import MeshValueError
+from ..errors import MeshTimeoutError, MeshValueError
 
 if TYPE_CHECKING:
     from .._runtime.controller import Controller
-    from .._runtime.hosts import AgentHandle
 
-__all__ = ["ENDED", "SLURM_JOB_ID", "JobFiles", "jobs_dir", "kept_job_ended", "stop_agents", "sweep_stale", "unlink"]
+__all__ = [
+    "ENDED",
+    "SLURM_JOB_ID",
+    "JobFiles",
+    "jobs_dir",
+    "kept_job_ended",
+    "stop_agents",
+    "sweep_stale",
+    "unlink",
+    "wait_agents",
+]
 
 
 class JobFiles:
@@ -118,6 +128,32 @@ class JobFiles:
                 return "".join(f.readlines()[-n:]) or "(empty)"
         except OSError:
             return "(no output yet)"
+
+
+def wait_agents(
+    waiters: Sequence[Future[dict[str, Any]]],
+    timeout: float,
+    check: Callable[[int], None],
+    timed_out: Callable[[int], str],
+) -> list[AgentHandle]:
+    """Wait for every host's hello, in host order. Between polls (twice a second) ``check(i)`` asks the
+    scheduler whether host ``i``'s agent can still come, and raises if not (the job ended, it can never
+    start): a dead job fails at once instead of at the deadline. At the deadline, a timeout error whose
+    detail is ``timed_out(i)``."""
+    deadline = time.monotonic() + timeout
+    out = []
+    for i, w in enumerate(waiters):
+        while True:
+            try:
+                h = w.get(min(0.5, max(0.01, deadline - time.monotonic())))
+                break
+            except MeshTimeoutError:
+                pass
+            check(i)
+            if time.monotonic() >= deadline:
+                raise MeshTimeoutError("spawn", timeout, timed_out(i))
+        out.append(AgentHandle(i, h["addr"], h["pid"], h["hk"]))
+    return out
 
 
 def stop_agents(controller: Controller, agents: Sequence[AgentHandle]) -> None:

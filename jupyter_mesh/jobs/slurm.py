@@ -32,8 +32,8 @@ from .._core.shape import Shape
 from .._runtime.hosts import AgentHandle, Job
 from .._wire.addresses import parse_tcp
 from .._wire.keyfile import read_key_file
-from ..errors import MeshClosedError, MeshError, MeshTimeoutError, MeshValueError
-from ._dialback import ENDED, JobFiles, jobs_dir, stop_agents, sweep_stale, unlink
+from ..errors import MeshClosedError, MeshError, MeshValueError
+from ._dialback import ENDED, JobFiles, jobs_dir, stop_agents, sweep_stale, unlink, wait_agents
 from .kept import Restored, detach_agents, kept_records, reattach_agents, restore_meshes, saved_meshes, when_created
 
 __all__ = ["SlurmJob"]
@@ -52,7 +52,6 @@ _NEVER = (
     "QOSMaxNodePerJobLimit",
     "ReqNodeNotAvail, UnavailableNodes:",
 )
-_ENDED = ENDED
 _TIME = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$")
 
 
@@ -152,35 +151,28 @@ class SlurmJob(Job):
                 raise MeshClosedError(f"SLURM job {self.job_id} was stopped; create a new SlurmJob")
             if self._agents is not None:
                 return self._agents
-            deadline = time.monotonic() + timeout
-            out = []
-            for i, w in enumerate(self._waiters):
-                while True:
-                    try:
-                        h = w.get(min(0.5, max(0.01, deadline - time.monotonic())))
-                        break
-                    except MeshTimeoutError:
-                        pass
-                    state, reason = self.state()
-                    if state == "PENDING" and reason.startswith(_NEVER):
-                        raise MeshError(
-                            f"SLURM job {self.job_id} cannot start: it is PENDING ({reason}), which it does not "
-                            f"leave by waiting; ask for fewer nodes, another partition, or check the account"
-                        )
-                    if state in _ENDED or (state == "" and self._step is None) or self._step_ended():
-                        raise MeshError(
-                            f"SLURM job {self.job_id} ended ({state or 'gone'}) before the agent of node {i} "
-                            f"reported in; its output ({self._log_path}):\n{self._log_tail()}"
-                        )
-                    if time.monotonic() >= deadline:
-                        raise MeshTimeoutError(
-                            "spawn",
-                            timeout,
-                            f"SLURM job {self.job_id} is {state or 'unknown'}"
-                            f"{f' ({reason})' if reason else ''}; {i} of {self.nodes} agents reported in. "
-                            f"Its output ({self._log_path}):\n{self._log_tail()}",
-                        )
-                out.append(AgentHandle(i, h["addr"], h["pid"], h["hk"]))
+
+            def check(i: int) -> None:
+                state, reason = self.state()
+                if state == "PENDING" and reason.startswith(_NEVER):
+                    raise MeshError(
+                        f"SLURM job {self.job_id} cannot start: it is PENDING ({reason}), which it does not "
+                        f"leave by waiting; ask for fewer nodes, another partition, or check the account"
+                    )
+                if state in ENDED or (state == "" and self._step is None) or self._step_ended():
+                    raise MeshError(
+                        f"SLURM job {self.job_id} ended ({state or 'gone'}) before the agent of node {i} "
+                        f"reported in; its output ({self._log_path}):\n{self._log_tail()}"
+                    )
+
+            def timed_out(i: int) -> str:
+                state, reason = self.state()
+                return (
+                    f"SLURM job {self.job_id} is {state or 'unknown'}{f' ({reason})' if reason else ''}; "
+                    f"{i} of {self.nodes} agents reported in. Its output ({self._log_path}):\n{self._log_tail()}"
+                )
+
+            out = wait_agents(self._waiters, timeout, check, timed_out)
             self._agents = out
             self._save_state()
             if not self.keep_alive:  # every agent has read it: the session's keys leave the disk (a kept
@@ -245,10 +237,10 @@ class SlurmJob(Job):
                 _run(["scancel", self.job_id])
             except MeshError as e:
                 print(f"jupyter_mesh: {e}", file=sys.stderr)
-            while time.monotonic() < deadline and self.state()[0] not in ("", *_ENDED):
+            while time.monotonic() < deadline and self.state()[0] not in ("", *ENDED):
                 time.sleep(0.1)
             state = self.state()[0]
-            if state not in ("", *_ENDED):
+            if state not in ("", *ENDED):
                 print(f"jupyter_mesh: SLURM job {self.job_id} is still {state} after scancel", file=sys.stderr)
         self._cleanup_files()
 

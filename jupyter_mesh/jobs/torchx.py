@@ -37,8 +37,8 @@ from .._core.context import host_key
 from .._core.future import Future
 from .._core.shape import Shape
 from .._runtime.hosts import AgentHandle, Job
-from ..errors import MeshClosedError, MeshError, MeshTimeoutError, MeshValueError
-from ._dialback import JobFiles, stop_agents
+from ..errors import MeshClosedError, MeshError, MeshValueError
+from ._dialback import JobFiles, stop_agents, wait_agents
 
 __all__ = ["TorchXJob", "agent_app"]
 
@@ -143,30 +143,24 @@ class TorchXJob(Job):
                 raise MeshClosedError(f"TorchX app {self.app_handle} was stopped; create a new TorchXJob")
             if self._agents is not None:
                 return self._agents
-            deadline = time.monotonic() + timeout
-            out = []
-            for i, w in enumerate(self._waiters):
-                while True:
-                    try:
-                        h = w.get(min(0.5, max(0.01, deadline - time.monotonic())))
-                        break
-                    except MeshTimeoutError:
-                        pass
-                    state, msg = self.state()
-                    if state in ("SUCCEEDED", "FAILED", "CANCELLED"):
-                        raise MeshError(
-                            f"TorchX app {self.app_handle} ended ({state}{f': {msg}' if msg else ''}) before the "
-                            f"agent of replica {i} reported in; its output:\n{self._replica_log(i)}"
-                        )
-                    if time.monotonic() >= deadline:
-                        raise MeshTimeoutError(
-                            "spawn",
-                            timeout,
-                            f"TorchX app {self.app_handle} is {state}{f' ({msg})' if msg else ''}; {i} of "
-                            f"{self.nodes} agents reported in. Its replicas' output is where {self.scheduler} "
-                            f"keeps it (`torchx log {self.app_handle}`)",
-                        )
-                out.append(AgentHandle(i, h["addr"], h["pid"], h["hk"]))
+
+            def check(i: int) -> None:
+                state, msg = self.state()
+                if state in ("SUCCEEDED", "FAILED", "CANCELLED"):
+                    raise MeshError(
+                        f"TorchX app {self.app_handle} ended ({state}{f': {msg}' if msg else ''}) before the "
+                        f"agent of replica {i} reported in; its output:\n{self._replica_log(i)}"
+                    )
+
+            def timed_out(i: int) -> str:
+                state, msg = self.state()
+                return (
+                    f"TorchX app {self.app_handle} is {state}{f' ({msg})' if msg else ''}; {i} of "
+                    f"{self.nodes} agents reported in. Its replicas' output is where {self.scheduler} "
+                    f"keeps it (`torchx log {self.app_handle}`)"
+                )
+
+            out = wait_agents(self._waiters, timeout, check, timed_out)
             self._agents = out
             self._files.save_record(self.app_handle, out)
             self._files.key_read()  # every agent has read it: the session's keys leave the disk

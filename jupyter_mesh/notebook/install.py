@@ -20,7 +20,7 @@ KERNEL_SPEC = {
     "display_name": "Python 3 (mesh)",
     "language": "python",
     "interrupt_mode": "signal",
-    "metadata": {"debugger": False},
+    "metadata": {"debugger": True},
 }
 
 

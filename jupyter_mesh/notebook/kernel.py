@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 import signal
 import sys
 import threading
@@ -36,6 +37,7 @@ class MeshKernel(IPythonKernel):
     banner = "Python 3 (mesh) - jupyter_mesh " + __version__ + ": `%mesh up` starts a mesh, `%mesh -h` lists commands"
 
     def __init__(self, **kwargs: Any):
+        _debug_only_this_process()
         super().__init__(**kwargs)
         load(self.shell)
         from ..ui import install
@@ -101,6 +103,22 @@ def warm_up() -> threading.Thread | None:
     t = threading.Thread(target=start, name="jupyter-mesh-warm", daemon=True)
     t.start()
     return t
+
+
+def _debug_only_this_process() -> None:
+    """JupyterLab's debugger (debugpy, started in this kernel on its first ``debug_request``) debugs
+    the controller's code, not the mesh's agents and procs: by default debugpy injects itself into
+    every Python child process, and an agent started so does not report in (its spawn times out).
+    Breakpoints in the frozen stdlib do not matter here, so its warning about them is off too."""
+    os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
+    try:
+        import debugpy
+    except ImportError:  # no debugpy: ipykernel offers no debugger either
+        return
+    try:
+        debugpy.configure(subProcess=False)
+    except Exception:  # noqa: BLE001 - an older or newer debugpy: its default, said once
+        print("jupyter_mesh: could not keep debugpy out of the mesh's processes", file=sys.stderr)
 
 
 def main() -> None:

@@ -496,7 +496,7 @@ def test_listening_on_all_interfaces_works_or_is_refused_clearly(netns_hosts, co
             rc = None
         if rc is None:
             d(f"job tcp://{h.ip}:6105")
-            r = d("agents 15")
+            r = d("agents 30")  # a loaded 2-core box starts the agent slowly
     finally:
         d.close()
         if p.poll() is None:
