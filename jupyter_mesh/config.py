@@ -34,6 +34,7 @@ __all__ = [
     "get_runtime_config",
     "parametrize_config",
     "parametrize_config_pointwise",
+    "setting",
 ]
 
 ENV = "JUPYTER_MESH_RUNTIME_CONFIG"
@@ -45,6 +46,11 @@ OURS: dict[str, tuple[str, Any]] = {
     "heartbeat_timeout": ("JUPYTER_MESH_HEARTBEAT_TIMEOUT", None),
     "max_frame": ("JUPYTER_MESH_MAX_FRAME", None),
     "warm": ("JUPYTER_MESH_WARM", None),  # None/true: local templates preload torch (``jobs.warm``)
+    # host agents a cast goes to directly; past that, agents relay to agents (``_runtime/tree``); 0: direct
+    "fanout": ("JUPYTER_MESH_FANOUT", None),
+    # a call waited on longer than this (seconds) shows, in its cell and the views, which ranks have not
+    # answered and where each is (its stack's top frame, or "paused at file:line"); 0 turns it off
+    "slow_call_after": ("JUPYTER_MESH_SLOW_CALL_AFTER", 10.0),
 }
 
 MONARCH_KEYS = frozenset(
@@ -89,6 +95,17 @@ def _defaults() -> dict[str, Any]:
     for key, (env, default) in OURS.items():
         out[key] = os.environ.get(env, default)
     return out
+
+
+def setting(key: str) -> Any:
+    """One of our settings as it applies now (runtime layer, else environment, else default): cheap
+    enough for every cast, unlike :func:`get_global_config`, which copies them all."""
+    with _lock:
+        layer = _layer()
+        if key in layer:
+            return layer[key]
+    env, default = OURS[key]
+    return os.environ.get(env, default)
 
 
 def configure(**settings: Any) -> None:

@@ -11,6 +11,8 @@
     │   └── MeshFailure             what the fault hook (and Monarch's ``unhandled_fault_hook``) gets:
     │                               a failure that no pending call was told about
     ├── DeliveryError               a message could not be handed to a rank that is still alive
+    ├── ReduceError                 a reduce's op failed on the results it was given (in a host agent,
+    │                               or in the caller)
     ├── MeshClosedError             the runtime or a job was shut down (or never started): it is
     │                               *closed* (also a ``RuntimeError``)
     ├── MeshTimeoutError            a wait ran out; ``phase`` says which (spawn, call, stop, transfer)
@@ -47,6 +49,7 @@ __all__ = [
     "MeshTimeoutError",
     "MeshValueError",
     "ProtocolError",
+    "ReduceError",
     "RemoteFailure",
     "SerializationError",
     "SupervisionError",
@@ -156,7 +159,8 @@ class ActorError(MeshError):
 class Failure:
     """Why a rank stopped working: ``kind`` is one of exit, signal, heartbeat, agent, start, stopped (its
     proc), or init, died, broadcast, stopped (its actor ``actor``: the proc lives on). ``delivery``: the
-    rank works, one message did not reach it (see :class:`DeliveryError`). ``broadcast`` is reported
+    rank works, one message did not reach it (see :class:`DeliveryError`). ``relay``: the rank works,
+    but a host agent that relayed the call to its host (in the middle of the fan-out tree) was lost. ``broadcast`` is reported
     also where the actor lives on (the kernel's default): an error no caller could receive."""
 
     mesh: str
@@ -197,6 +201,7 @@ _KIND_HINTS = {
     "the endpoint (use call() to get its errors back)",
     "start": "the proc failed to start; check the preload modules and the environment",
     "stopped": "it was stopped; spawn a new one",
+    "relay": "the proc lives on; call it again, on a slice without the lost host's ranks",
 }
 
 
@@ -306,6 +311,22 @@ class DeliveryError(MeshError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.failures, self.context))
+
+
+class ReduceError(MeshError):
+    """A reduce's op raised (or its function did not unpickle) while folding the results: ``op`` names
+    it, ``where`` says where it ran (a host agent's address, or the caller), ``error`` what it raised."""
+
+    def __init__(self, op: str, error: str, where: str, context: str = ""):
+        self.op, self.error, self.where, self.context = op, error, where, context
+        super().__init__(
+            f"the reduce op {op} failed in {where}" + (f" {context}" if context else "") + f": {error}\n"
+            "What to do: the op must take two results (or two partial results) of the endpoint and return "
+            "one of the same kind; named ops: sum, prod, min, max. Use call() to see the results one by one."
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.op, self.error, self.where, self.context))
 
 
 class MeshClosedError(MeshError, RuntimeError):

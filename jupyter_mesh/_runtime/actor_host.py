@@ -31,7 +31,7 @@ import zmq
 from .._core.actor import Endpoint, endpoints_of
 from .._core.context import context
 from .._core.ports import DroppingPort
-from .._wire.protocol import BROKEN, NO_REPLY, OK, RAISED, STOP_ENDPOINT, Kind
+from .._wire.protocol import BROKEN, DIRECT, NO_REPLY, OK, RAISED, STOP_ENDPOINT, Kind
 from .._wire.serialize import UNPICKLABLE_HINT, dumps, loads
 from .._wire.transport import Message, Transport
 from ..errors import Failure, MeshFailure, SerializationError, SupervisionError
@@ -268,7 +268,11 @@ class ActorHost:
         if st is None:
             st = self._order[sender] = [0, {}]
         if seq != st[0]:
-            st[1][seq] = msg
+            if seq < st[0]:  # its number was taken (a skip that came first: the caller was told it is lost)
+                return
+            held = st[1].get(seq)
+            if held is None or held.header["k"] == Kind.SKIP:  # the message itself wins over a skip of it
+                st[1][seq] = msg
             return
         while msg is not None:
             st[0] += 1
@@ -292,6 +296,10 @@ class ActorHost:
                     f"{self.name} was never created on this proc (its spawn could not be relayed); "
                     "spawn the actor mesh again",
                 )
+            h = msg.header
+            if h.get("lost") and h.get("rm") == DIRECT and h.get("i"):  # from the caller: an agent relaying
+                f = Failure(self.runtime.mesh_name, self.runtime.coords, "relay", str(h["lost"]))  # it was lost
+                self.runtime.reply(h, BROKEN, dumps(f)[0], [])
         elif k == "supervise":
             self._used_loop = True
             self.loop.run_until_complete(self._supervise(msg.payload))  # type: ignore[arg-type]

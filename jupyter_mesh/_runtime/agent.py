@@ -12,7 +12,6 @@ template's socket (fork results, child exits) and every proc's stdout/stderr pip
 
 from __future__ import annotations
 
-import collections
 import os
 import selectors
 import signal
@@ -24,7 +23,6 @@ from typing import Any
 from .._core.shape import Point, Shape
 from .._wire.channels import CurveKeys
 from .._wire.protocol import (
-    BROKEN,
     OK,
     OUT_SYNC_PREFIX,
     RAISED,
@@ -37,17 +35,18 @@ from .._wire.protocol import (
 from .._wire.serialize import dumps
 from .._wire.transport import Message, Transport
 from ..errors import Failure, MeshValueError, SupervisionError
+from .agent_procs import ProcWatch
 from .agent_state import HostedMesh, ProcEntry, alive, describe_exit, kill, read_lines
 from .forkserver import ForkServer
 from .inboxes import ActorInboxes
 from .keep_alive import Keeper
-from .liveness import NOTE_EVERY
+from .quiet import QuietProcs
 from .relay import Relay
 
 __all__ = ["Agent"]
 
 
-class Agent:
+class Agent(ProcWatch):
     def __init__(self, cfg: dict[str, Any]):
         check_version(cfg.get("v"), "the controller that started this agent")
         self.cfg = cfg
@@ -57,6 +56,8 @@ class Agent:
         # liveness: procs must answer pings within hb_timeout; the controller must ping us
         self.hb_timeout: float = float(cfg.get("hb_timeout", 3.0))
         self.hb_interval = self.hb_timeout / 4
+        # idle procs are told from /proc, not pinged (``quiet``); JUPYTER_MESH_PING_IDLE=1 pings all
+        self.quiet = QuietProcs(enabled=os.environ.get("JUPYTER_MESH_PING_IDLE") != "1")
         # a controller silent this long is taken for dead; with a stdin lifeline (LocalJob) its death
         # closes our stdin, and silence only means it is busy (a long C call holding its GIL)
         self.controller_silence = float("inf") if cfg.get("stdin_lifeline") else 3 * self.hb_timeout
@@ -85,29 +86,6 @@ class Agent:
         self.wake_r, self.wake_w = os.pipe()
         self.sel.register(self.wake_r, selectors.EVENT_READ, ("wake", None))
 
-    def _template_died(self) -> None:
-        """The fork server died (its procs die with it, by PR_SET_PDEATHSIG): report each of them with
-        that cause, fail starts still waiting for a fork, and start a new fork server so the host
-        stays usable (respawn, new meshes)."""
-        fs = self.forkserver
-        self.sel.unregister(fs.sock)
-        with self.lock:
-            forked = [p for p in self.procs.values() if p.alive and p.pid]
-            unborn = list(fs.pending.values())
-            cause = fs.reap()
-        for p in forked:
-            kill(p.pid, signal.SIGKILL)
-            self._proc_exited(p.pid, None, signal.SIGKILL, cause)
-        for p in unborn:  # asked for, never forked: those starts fail with the cause
-            p.alive, p.tail = False, collections.deque([cause + "\n"], maxlen=30)
-        with self.lock:
-            for mesh in {p.mesh_id: self.meshes[p.mesh_id] for p in unborn if p.mesh_id in self.meshes}.values():
-                self._check_waiters(mesh)
-        print(f"jupyter-mesh agent: {cause}; starting a new one", file=sys.stderr)
-        with self.lock:  # forks are sent under this lock: none may reach the new one before its key
-            fs.start()
-            self.sel.register(fs.sock, selectors.EVENT_READ, ("template", None))
-
     # -- plumbing ---------------------------------------------------------------------------------
     def _event(self, header: dict[str, Any], obj: Any = None) -> None:
         if self.keeper.detached:  # nobody to tell: what a new controller needs, it asks for (``hosted``)
@@ -134,6 +112,8 @@ class Agent:
                 Kind.HEARTBEAT: self._on_heartbeat,
                 Kind.CALL: self._on_call,
                 Kind.SPAWN: self._on_call,
+                Kind.GATHERED: lambda msg, _: self.relay.subtree_gathered(msg),  # from an agent below (tree)
+                Kind.PRUNE: lambda msg, _: self.relay.prune(msg.header),  # the caller lost an agent below
                 Kind.ACTOR_UP: self._on_actor_up,
                 Kind.PROC_UP: lambda msg, _: self._proc_up(msg.header),
                 Kind.SPAWN_PROCS: lambda msg, _: self._spawn_procs(msg.header),
@@ -423,138 +403,6 @@ class Agent:
                     import traceback
 
                     traceback.print_exc()
-
-    def _heartbeat_tick(self, now: float) -> None:
-        """Ping every running proc; one that stops answering is watched (``liveness``): busy ones are
-        reported to the controller, hung ones (stopped, deadlocked) are declared dead after hb_timeout."""
-        silent = now - self.last_controller
-        if silent > self.controller_silence and not self.keeper.controller_silent(silent):
-            print(f"jupyter-mesh agent: no heartbeat from the controller for {silent:.0f} s; exiting", file=sys.stderr)
-            self.shutdown()
-        self._watch_template(now)
-        with self.lock:
-            running = [p for p in self.procs.values() if p.alive and p.up and not p.stopping]
-        for p in running:
-            if not p.last_seen:
-                p.last_seen = now
-            silent = now - p.last_seen
-            w = p.liveness
-            w.answered(p.last_seen)
-            if silent > 1.5 * self.hb_interval:  # a pong is late: watch what the proc does meanwhile
-                w.sample(p.pid, now, p.actor_tids)
-            if silent > self.hb_timeout:
-                if w.hung(now, self.hb_timeout):
-                    self._declare_dead(
-                        p,
-                        f"proc {p.pid} stopped answering heartbeats for {silent:.1f} s and {w.why_hung(now)}; "
-                        "it was killed",
-                    )
-                elif now - w.noted >= NOTE_EVERY:  # busy: say so now and then, ping as seldom
-                    w.noted = now
-                    self._event({"k": Kind.PROC_NOTE, "m": p.mesh_id, "rk": p.rank, "note": w.busy_note(silent)})
-                    self._ping(p)
-                continue  # the pings it has not read yet will be answered when it lets go of the GIL
-            if w.noted:
-                w.noted = 0.0
-                self._event({"k": Kind.PROC_NOTE, "m": p.mesh_id, "rk": p.rank, "note": ""})
-            self._ping(p)
-
-    def _watch_template(self, now: float) -> None:
-        """Forks overdue while the template is stopped (SIGSTOP): those starts fail now, with the cause;
-        its procs live on. A slow template (a long preload) is left alone: the spawn's timeout says so."""
-        with self.lock:
-            why = self.forkserver.overdue(now, self.hb_timeout)
-        if why is None:
-            return
-        with self.lock:
-            unborn = self.forkserver.give_up_waiting()
-            for p in unborn:
-                p.alive, p.stopping = False, True
-                p.tail = collections.deque([why + "\n"], maxlen=30)
-            for mesh in {p.mesh_id: self.meshes[p.mesh_id] for p in unborn if p.mesh_id in self.meshes}.values():
-                self._check_waiters(mesh)
-
-    def _ping(self, p: ProcEntry) -> None:
-        try:
-            self.transport.send(p.addr, Message({"k": Kind.PING}))
-        except Exception:  # noqa: BLE001 - its exit will be reported by the template
-            pass
-
-    def _declare_dead(self, p: ProcEntry, detail: str) -> None:
-        with self.lock:
-            if not p.alive:
-                return
-            p.alive = False
-            mesh = self.meshes.get(p.mesh_id)
-            pending = self.relay.waiting_on(p)
-        f = self.failure(p, "heartbeat", detail)
-        kill(p.pid, signal.SIGKILL)  # a hung proc is of no use; killing it lets the rank be respawned
-        for key in pending:
-            self.relay.add_to_gather(key, p.rank, BROKEN, dumps(f)[0], [])
-        if mesh is not None:
-            with self.lock:
-                self._check_waiters(mesh)
-            self._event({"k": Kind.PROC_EXIT, "m": p.mesh_id, "rk": p.rank}, f)
-            self._maybe_stopped(mesh)
-        if p.addr:
-            self.inboxes.forget_proc(p.addr)
-
-    def _template_event(self) -> None:
-        msg = self.forkserver.recv()
-        if msg is None:
-            if not self.shutting_down:
-                self._template_died()
-            return
-        op = msg["op"]
-        if op == "forked":
-            with self.lock:
-                p = self.forkserver.forked(msg["token"])
-                if p is not None and not p.pid:
-                    p.pid = msg["pid"]
-                    self.by_pid[p.pid] = p
-                    if p.stopping:  # stopped before we even knew its pid
-                        kill(p.pid, signal.SIGKILL)
-        elif op == "exit":
-            self._proc_exited(msg["pid"], msg["code"], msg["signal"])
-        elif op == "preloaded" and msg["errors"]:
-            print("jupyter-mesh agent: preload failed: " + "; ".join(msg["errors"]), file=sys.stderr)
-
-    def _proc_exited(self, pid: int, code: int | None, sig: int | None, cause: str = "") -> None:
-        with self.lock:
-            p = self.by_pid.get(pid)
-            if p is None or not p.alive:
-                return
-        self._drain(p)
-        with self.lock:
-            p.alive = False
-            p.exit_code, p.exit_signal = code, sig
-            mesh = self.meshes.get(p.mesh_id)
-            pending = self.relay.waiting_on(p)
-        how = describe_exit(p, code, sig)
-        kind = "signal" if sig else "exit"
-        by = " (killed on request)" if p.killed_by_user else ""
-        f = self.failure(p, kind, f"proc {pid} {how}{by}" + (f": {cause}" if cause else ""), code, sig)
-        for key in pending:
-            self.relay.add_to_gather(key, p.rank, BROKEN, dumps(f)[0], [])
-        if mesh is not None:
-            with self.lock:
-                self._check_waiters(mesh)
-            if not p.stopping:
-                self._event({"k": Kind.PROC_EXIT, "m": p.mesh_id, "rk": p.rank}, f)
-            self._maybe_stopped(mesh)
-        if p.addr:  # its socket would retry and queue for nobody (and count against ZeroMQ's limit)
-            self.inboxes.forget_proc(p.addr)
-
-    def _drain(self, p: ProcEntry) -> None:
-        """Read what a dead proc left in its pipes, so its last words (a traceback) are reported."""
-        for fd in p.fds:
-            for _ in range(1024):
-                try:
-                    key = self.sel.get_key(fd)
-                except (KeyError, ValueError):
-                    break
-                if not self._pipe_readable(fd, *key.data[1]):
-                    break
 
     def _pipe_readable(self, fd: int, p: ProcEntry, stream: int, buf: bytearray) -> bool:
         lines, eof, progressed = read_lines(fd, buf)

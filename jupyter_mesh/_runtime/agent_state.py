@@ -53,10 +53,16 @@ class HostedMesh:
 @dataclass
 class Gather:
     mesh_id: str
-    sender: str  # where the gathered reply goes (the caller's reply box, or its inbox)
+    sender: str  # where the gathered reply goes (the caller's reply box, or its inbox, or our parent agent)
     call_id: int
     outstanding: set[int]
     entries: list[tuple[int, int, Any, list[Any]]] = field(default_factory=list)
+    children: set[str] = field(default_factory=set)  # agents below us in the cast's tree, not heard from yet
+    up: str = ""  # in a tree, not at its top: our address, for the parent's gather (``to`` is the caller)
+    caller: str = ""
+    op: Any = None  # a reduce: the header's ``rd``
+    partials: list[tuple[int, Any, list[Any]]] = field(default_factory=list)  # (ok, payload, bufs) from below
+    folded: list[int] = field(default_factory=list)  # the ranks those partials hold
 
 
 def hello(cfg: dict[str, Any], addr: str, refused: str = "", **more: Any) -> dict[str, Any]:

@@ -2,9 +2,10 @@
 
 It turns endpoint calls into signed messages and replies into futures:
 
-* ``call`` / ``stream`` / ``broadcast`` on a mesh of N procs over H hosts cost one send per host: the
-  host's agent relays the (already signed) message to its procs and, for ``call``, gathers their
-  replies into one message back.
+* ``call`` / ``stream`` / ``broadcast`` / ``reduce`` on a mesh of N procs over H hosts cost one send per
+  host: the host's agent relays the (already signed) message to its procs and, for ``call``, gathers
+  their replies into one message back. Past the fan-out (``tree``), the caller sends to that many
+  agents only, and they relay to the others (``cast_sends`` counts what the caller sent).
 * ``call_one`` / ``choose`` go straight to the actor's own inbox on its proc, which is what decides
   latency; replies come back to the calling thread's reply box (``replies``), read by that thread
   itself while it waits in ``get()``.
@@ -17,6 +18,7 @@ from __future__ import annotations
 import itertools
 import pickle
 import queue
+import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
@@ -34,7 +36,7 @@ from ..errors import (
     SerializationError,
     SupervisionError,
 )
-from . import actor_errors, cancels, interrupts
+from . import actor_errors, cancels, interrupts, reduce_ops, tree
 from .calls import CallTable, ClientHooks
 from .inboxes import ActorInboxes
 from .outcomes import Outcomes
@@ -42,6 +44,7 @@ from .pending import Pending, Stream
 from .ports import Ports
 from .replies import ReplyBox, ReplyBoxes
 from .supervision import Supervision
+from .tree_casts import TreeCast, TreeCasts
 
 if TYPE_CHECKING:
     from .._core.refs import ActorMeshRef, ProcMeshRef
@@ -83,7 +86,8 @@ class Client:
         self.waits_on = self.supervision.waits_on
         self.waits_on_actor = self.supervision.waits_on_actor
         self.constructing = self.supervision.constructing
-        self.peer_lost = self.supervision.peer_lost
+        self.trees = TreeCasts(transport, self.calls, self.outcomes)  # casts through agents' trees
+        self.cast_sends = 0  # messages this client sent for casts (to agents): tests and benchmarks read it
         self.fail_all = self.supervision.fail_all
         self.forget_request = self.calls.finish
         self.ports = Ports(transport)  # channels opened here, and values sent to ports anywhere
@@ -138,6 +142,11 @@ class Client:
         if arr is not None:
             for r in ranks:
                 arr[r] -= 1
+
+    def peer_lost(self, address: str, why: str) -> None:
+        """An agent is gone for good: requests to it fail, and casts relayed through it are repaired."""
+        self.supervision.peer_lost(address, why)
+        self.trees.agent_lost(address, why, self._proc_addr)
 
     def defer_cancel(self, p: Pending, actor_id: str) -> None:
         """For finalizers, which must not take locks: the cancel runs at the next call from here."""
@@ -295,7 +304,9 @@ class Client:
         """A proc is gone: close our sockets to it and to its actors' inboxes."""
         self.inboxes.forget_proc(address)
 
-    def cast(self, mesh: ActorMeshRef, endpoint: str, args: Any, kwargs: Any, mode: str) -> Any:
+    def cast(self, mesh: ActorMeshRef, endpoint: str, args: Any, kwargs: Any, mode: str, op: Any = None) -> Any:
+        """``mode``: call, stream, broadcast, or reduce (with ``op``: folded in the agents, one value)."""
+        rd = reduce_ops.encode(op) if mode == "reduce" else None
         ranks = mesh._shape.ranks()
         self._check_targets(mesh._ref, ranks, f"calling {mesh._class_name}.{endpoint}")
         payload, bufs = self._encode_args(mesh, endpoint, args, kwargs)
@@ -312,7 +323,8 @@ class Client:
             self._send_cast(mesh, ranks, header, payload, bufs, None)
             return None
         fut: Future[Any] = Future(f"{mesh._class_name}.{endpoint}")
-        p = Pending(fut, mesh._ref.mesh_id, mode, mesh._name, endpoint, mesh._shape, ranks, set(ranks), ref=mesh._ref)
+        how = "call" if mode == "reduce" else mode
+        p = Pending(fut, mesh._ref.mesh_id, how, mesh._name, endpoint, mesh._shape, ranks, set(ranks), ref=mesh._ref)
         p.actor_id = mesh._actor_id
         fut._on_cancel = lambda: self._cancel(p, mesh._actor_id)
         if self.boxes is not None:  # the controller: Ctrl-C reports where the call stopped (not in procs)
@@ -323,6 +335,10 @@ class Client:
             self._send_cast(mesh, ranks, header, payload, bufs, p)
             return self._iter_stream(p, mesh._actor_id)
         header["rm"] = GATHER
+        if rd is not None:
+            header["rd"] = rd
+            p.reduce = reduce_ops.op_name(op)
+            p.reduce_fn = op if callable(op) else reduce_ops.NAMED[op]
         box = self.boxes.for_call() if self.boxes is not None else None
         if box is not None:
             self._reply_in_box(header, p, box)
@@ -344,9 +360,20 @@ class Client:
         if self.hooks.sent is not None:  # before the send: the ranks' first output may beat the return
             self.hooks.sent(mesh, ranks)
         hosts = sorted({ref.rank_host[r] for r in ranks})
+        agents = [ref.agent_addrs[h] for h in hosts]
+        tp = tree.parents(len(hosts), tree.fanout()) if len(hosts) > 2 else None
+        if tp is not None:  # past the fan-out: we send to the top agents, they relay (signed, like the rest)
+            header["tp"] = tp
+            tops = [i for i, parent in enumerate(tp) if parent < 0]
+        else:
+            tops = list(range(len(hosts)))
         trackers: list[Any] = []
         undelivered: list[tuple[int, Failure]] = []
         interrupted: BaseException | None = None
+        # busy before the send: a fast reply (the ranks' -1) must not come before the +1
+        counted = p is not None and self.hooks.activity is not None
+        if counted:
+            self.hooks.activity(ref.mesh_id, ranks, 1)  # type: ignore[misc]
         held = interrupts.hold()  # Ctrl-C waits until the call is sent and counted, or known unsent
         try:
             with self.calls.lock:
@@ -363,9 +390,9 @@ class Client:
                 sent = 0
                 try:
                     # signed once for the agents it goes through (each relays it to its procs as is)
-                    frames = self.transport.encode(Message(header, payload, bufs), [ref.agent_addrs[h] for h in hosts])
-                    for h in hosts:
-                        trackers.append(self.transport.send_raw(ref.agent_addrs[h], frames, wait=False))
+                    frames = self.transport.encode(Message(header, payload, bufs), agents)
+                    for i in tops:
+                        trackers.append(self.transport.send_raw(agents[i], frames, wait=False))
                         sent += 1
                 except BaseException as e:
                     if not sent:  # nobody got it: as if it never happened
@@ -379,7 +406,7 @@ class Client:
                             ) from e
                         raise
                     # some hosts have it: the others' ranks get their numbers back and fail as undelivered
-                    unsent_hosts = set(hosts[sent:])
+                    unsent_hosts = {hosts[j] for i in tops[sent:] for j in (tree.subtree(tp, i) if tp else [i])}
                     unsent = [r for r in ranks if ref.rank_host[r] in unsent_hosts]
                     self._unseq(mesh, unsent)
                     undelivered = [
@@ -389,12 +416,15 @@ class Client:
                     if not isinstance(e, Exception):  # an interrupt: raised once the books are right
                         interrupted = e
         finally:
+            self.cast_sends += len(trackers)
             if held:
                 interrupts.release()
+            if counted and not trackers:  # not sent (blocked, or no host got it): not busy after all
+                self.hooks.activity(ref.mesh_id, ranks, -1)  # type: ignore[misc]
+        if tp is not None and trackers:
+            self.trees.record(TreeCast(ref, header, hosts, ranks, weakref.ref(p) if p is not None else None))
         for tracker in trackers:
             self.transport.wait_sent(tracker)
-        if p is not None and self.hooks.activity is not None:
-            self.hooks.activity(ref.mesh_id, ranks, 1)
         if undelivered and p is not None:
             for r, f in undelivered:
                 self.outcomes.add(p, p.call_id, r, BROKEN, pickle.dumps(f), [])

@@ -192,7 +192,8 @@ class Controller:
         self.hb_timeout = self.links.hb_timeout
         self.expect_agent, self.stop_expecting = self.links.expect_agent, self.links.stop_expecting
         self.forget_agents, self.agent_lost = self.links.forget_agents, self.links.agent_lost
-        self.debugger = Debugger(self.state, self.meshes, self.transport, self.client)  # actors paused in breakpoint()
+        # actors paused in breakpoint()
+        self.debugger: Debugger = Debugger(self.state, self.meshes, self.transport, self.client)
         self.debugger.embedded = self.embedded
         # `jupyter-mesh debug` from a shell of this user on this host (a private unix socket)
         self.debug_socket = DebugSocket.start(self.debugger) if embedded is None else None

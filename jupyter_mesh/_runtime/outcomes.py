@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._core.future import Future
 from .._core.value_mesh import ValueMesh
-from .._wire.protocol import BROKEN, OK, Kind, progress_calls
+from .._wire.protocol import BROKEN, OK, RAISED, REDUCED, Kind, progress_calls
 from .._wire.serialize import loads
 from .._wire.transport import Message
 from ..errors import (
@@ -21,10 +21,12 @@ from ..errors import (
     DeliveryError,
     Failure,
     MeshError,
+    ReduceError,
     RemoteFailure,
     SerializationError,
     SupervisionError,
 )
+from . import reduce_ops
 from .pending import Pending, remote_failure
 
 if TYPE_CHECKING:
@@ -79,9 +81,33 @@ class Outcomes:
                 self.add(p, h["i"], rank, ok, part, bufs)
             return
         # a host's replies at once: one pass under the lock, one activity update, one completion
-        self._record_outcomes(
-            p, h["i"], [(rank, self._decode_outcome(p, rank, ok, part, bufs)) for rank, ok, part, bufs in parts]
-        )
+        outcomes = [
+            (rank, self._decode_outcome(p, rank, ok, part, bufs)) for rank, ok, part, bufs in parts if rank >= 0
+        ]
+        if p.reduce and len(outcomes) < len(parts):  # a subtree's folded value (rank -1): one for its ranks
+            outcomes += self._partial(p, h, next(x for x in parts if x[0] < 0))
+        self._record_outcomes(p, h["i"], outcomes)
+
+    def _partial(self, p: Pending, h: dict[str, Any], part: tuple[int, int, Any, list[Any]]) -> list[tuple[int, Any]]:
+        """Keep a reduce's partial value (or the agent's error folding it) for the ranks it holds."""
+        _, ok, payload, bufs = part
+        ranks = [r for r in h.get("rr") or [] if type(r) is int]
+        try:
+            value = loads(payload, bufs)
+        except Exception as e:  # noqa: BLE001 - a partial we cannot read fails the reduce, naming why
+            value, ok = (
+                {"op": p.reduce, "error": f"the partial value does not unpickle here: {e}", "where": "the caller"},
+                RAISED,
+            )
+        with self.calls.lock:
+            if ok == REDUCED:
+                p.partials.append(value)
+            elif p.reduce_error is None and isinstance(value, dict):
+                p.reduce_error = ReduceError(
+                    p.reduce, str(value.get("error")), f"the host agent at {value.get('where')}",
+                    f"folding {p.actor}.{p.endpoint}",
+                )  # fmt: skip
+        return [(r, _FOLDED) for r in ranks]
 
     def on_progress(self, msg: Message) -> None:
         """An agent holds the replies of these ranks until its gather is complete: they are done, so
@@ -154,7 +180,7 @@ class Outcomes:
                     p.broken.append(outcome)
                     if outcome.kind in _PROC_DEATH:
                         deaths[rank] = outcome
-                else:
+                elif outcome is not _FOLDED:
                     p.values[rank] = _value(outcome)
             if not finished:
                 return
@@ -164,7 +190,9 @@ class Outcomes:
             if deaths:
                 known = {r: self.calls.failed[(p.mesh_id, r)] for r in p.ranks if (p.mesh_id, r) in self.calls.failed}
                 known.update(deaths)
-                p.broken = [known[r] for r in sorted(known)]
+                # and what else broke before (ranks cut off by a lost relaying agent, undelivered ones)
+                others = [f for f in p.broken if f.kind not in _PROC_DEATH]
+                p.broken = [known[r] for r in sorted(known)] + others
                 finished += sorted(p.outstanding)
                 p.outstanding.clear()
             busy = [r for r in finished if r not in p.progressed] if p.progressed else finished
@@ -192,6 +220,16 @@ class Outcomes:
             return value  # a Failure built by the agent or proc
         return remote_failure(value, p, rank)
 
+    @staticmethod
+    def _reduced(p: Pending) -> None:
+        assert p.future is not None
+        try:
+            value = _reduce_result(p)
+        except ReduceError as e:
+            p.future._set_exception(e)
+            return
+        p.future._set_result(value)
+
     def _complete(self, p: Pending) -> None:
         assert p.future is not None
         if p.mode == "stream":
@@ -205,9 +243,29 @@ class Outcomes:
             p.future._set_result(p.values[p.ranks[0]])
         elif p.mode == "spawn":
             p.future._set_result(None)
+        elif p.reduce:
+            self._reduced(p)
         else:
             assert p.shape is not None
             p.future._set_result(ValueMesh(p.shape, [p.values[r] for r in p.ranks]))
+
+
+_FOLDED = object()  # a rank whose value is in a reduce's partial
+
+
+def _reduce_result(p: Pending) -> Any:
+    """The partials of the subtrees folded into the reduce's value (its error, if folding raised)."""
+    if p.reduce_error is not None:
+        raise p.reduce_error
+    values = p.partials + [p.values[r] for r in p.ranks if r in p.values]  # ranks no agent folded
+    if not values:
+        raise ReduceError(p.reduce, "no rank returned a value", "the caller", f"folding {p.actor}.{p.endpoint}")
+    try:
+        return reduce_ops.fold(p.reduce_fn, values)
+    except Exception as e:
+        raise ReduceError(
+            p.reduce, f"{type(e).__qualname__}: {e}", "the caller", f"folding {p.actor}.{p.endpoint}"
+        ) from e
 
 
 def _broken_error(broken: list[Failure], context: str) -> MeshError:

@@ -49,6 +49,10 @@ class Pending:
     actor_id: str = ""  # the actor called (spawns: whose inbox addresses the replies carry)
     box: ReplyBox | None = None  # where the replies go, if not to the client's inbox
     peer: str = ""  # control requests: the agent that must answer (its loss fails the request)
+    reduce: str = ""  # a reduce: its op's name; its agents' partial values, and what folding raised
+    reduce_fn: Any = None
+    partials: list[Any] = field(default_factory=list)
+    reduce_error: BaseException | None = None
 
     def fail(self, err: BaseException, ranks: int) -> None:
         """Nothing more will come for ``ranks`` of its ranks: a stream gets that many failed futures

@@ -1,27 +1,33 @@
 """The agent's half of a cast: relay a signed call (or spawn) to the targeted procs of its host, and
 gather their replies into one message back to the caller (``call``: O(hosts) messages for the
 controller, not O(procs)), telling the caller meanwhile which ranks answered (``progress``). A relay that fails is reported as undelivered, never as a death, and the
-rank's sequence number is released there so no later call waits for it."""
+rank's sequence number is released there so no later call waits for it.
+
+Past the fan-out (``tree``), the cast also names agents below this one: it is forwarded to them as
+signed, first, and the gather waits for their subtrees' gathered replies too, sending the whole to its
+parent agent (or to the caller at the top). A reduce folds what it holds into one value on the way."""
 
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import sys
+import threading
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .._core.shape import Slice
-from .._wire.protocol import BROKEN, DIRECT, GATHER, NO_REPLY, Kind
+from .._wire.protocol import BROKEN, DIRECT, GATHER, NO_REPLY, OK, RAISED, REDUCED, Kind
 from .._wire.serialize import dumps
 from .._wire.transport import Message
 from ..errors import Failure
 from .agent_state import Gather, ProcEntry, kill
 from .pending import pack_gathered
 from .progress import ProgressSender
+from .reduce_ops import agent_loads, fold, resolve
+from .tree import children
 
 if TYPE_CHECKING:
-    import threading
-
     from .._wire.transport import Transport
     from .agent_state import HostedMesh
     from .inboxes import ActorInboxes
@@ -50,6 +56,8 @@ class Relay:
         self.gathers: dict[tuple[str, int], Gather] = {}  # (caller, call id) -> replies so far
         # ranks that answered a gather still open, batched to their callers (to the inbox its
         # receive thread reads, not a reply box: the caller's state, not its waiting thread, wants them)
+        self._folds: queue.SimpleQueue[Gather] = queue.SimpleQueue()  # reduces to fold, off the receive thread
+        self._folder: threading.Thread | None = None
         self.progress = ProgressSender(lambda to, header: self.agent.transport.send(to, Message(header)))
         # fault injection, for tests of the undelivered path: "c:2,spawn:1" fails the next two relays of
         # calls and the next one of a spawn, as a send error would
@@ -64,17 +72,29 @@ class Relay:
 
     def relay(self, h: dict[str, Any], frames: list[Any]) -> None:
         sl = Slice.from_wire(h["sl"])
+        parent, kids = self._forward(h, frames) if "tp" in h else ("", [])
         with self.agent.lock:
             mesh = self.agent.meshes.get(h["m"])
-            if mesh is None:  # stopped (or never here): say so rather than leave the caller waiting
-                self._gone(h, sl)
+            if mesh is None and not kids:  # stopped (or never here): say so rather than leave the caller waiting
+                self._gone(h, sl, parent)
                 return
-            targets = [self.agent.procs[(mesh.mesh_id, r)] for r in mesh.ranks if sl.index_of(r) is not None]
-            if not targets:
+            targets = (
+                [self.agent.procs[(mesh.mesh_id, r)] for r in mesh.ranks if sl.index_of(r) is not None] if mesh else []
+            )
+            if not targets and not kids:
                 return
             if h["rm"] == GATHER:
-                g = Gather(mesh.mesh_id, h.get("rt") or h["s"], h["i"], {p.rank for p in targets})
+                g = Gather(
+                    h["m"], parent or h.get("rt") or h["s"], h["i"], {p.rank for p in targets}, children=set(kids)
+                )
+                if parent:
+                    g.up, g.caller = self.agent.transport.address, h["s"]
+                g.op = h.get("rd")
+                if mesh is None:  # our ranks answer "stopped"; the subtrees below answer for theirs
+                    g.entries = self._stopped_entries(h, sl)
                 self.gathers[(h["s"], h["i"])] = g
+            elif mesh is None:
+                self._gone(h, sl)
         dead = []
         undelivered: list[tuple[ProcEntry, BaseException]] = []
         actor_id = h["a"] if h["k"] == Kind.CALL else ""  # a spawn goes to the proc: its actor has no inbox yet
@@ -118,17 +138,22 @@ class Relay:
         f = self.agent.failure(p, "delivery", f"the host agent could not relay the {what} to proc {p.pid}: {err!r}")
         self._reply_failure(h, p, f)
 
-    def _gone(self, h: dict[str, Any], sl: Slice) -> None:
+    def _stopped_entries(self, h: dict[str, Any], sl: Slice) -> list[tuple[int, int, Any, list[Any]]]:
+        f = Failure(h["m"], {}, "stopped", "its proc mesh was stopped (or never ran on this host)")
+        payload = dumps(f)[0]
+        return [(r, BROKEN, payload, []) for r in sl.ranks()]
+
+    def _gone(self, h: dict[str, Any], sl: Slice, parent: str = "") -> None:
         """A call for a proc mesh this agent does not have: every targeted rank answers "stopped"."""
         if h["rm"] == NO_REPLY or not h.get("i"):
             return
-        f = Failure(h["m"], {}, "stopped", "its proc mesh was stopped (or never ran on this host)")
-        payload = dumps(f)[0]
-        entries: list[tuple[int, int, bytes | memoryview, list[Any]]] = [(r, BROKEN, payload, []) for r in sl.ranks()]
+        entries = self._stopped_entries(h, sl)
         to = h.get("rt") or h["s"]
         if h["rm"] == GATHER:
-            table, payload_all, bufs_all = pack_gathered(entries)
-            self.agent.transport.send(to, Message({"k": Kind.GATHERED, "i": h["i"], "n": table}, payload_all, bufs_all))
+            g = Gather(h["m"], parent or to, h["i"], set(), entries, caller=h["s"])
+            if parent:
+                g.up = self.agent.transport.address
+            self._send_gathered(g)
         else:
             for r, ok, pl, _ in entries:
                 self.agent.transport.send(to, Message({"k": Kind.REPLY, "i": h["i"], "rk": r, "ok": ok}, pl))
@@ -157,12 +182,118 @@ class Relay:
                 return
             g.outstanding.discard(rank)
             g.entries.append((rank, ok, payload, bufs))
-            if g.outstanding:
+            if g.outstanding or g.children:
                 self.progress.done(key[0], key[1], rank)
                 return
             del self.gathers[key]
         self.progress.forget(key[0], key[1])
-        table, payload_all, bufs_all = pack_gathered(g.entries)
-        self.agent.transport.send(
-            g.sender, Message({"k": Kind.GATHERED, "i": g.call_id, "n": table}, payload_all, bufs_all)
-        )
+        self._send_gathered(g)
+
+    # -- the tree ----------------------------------------------------------------------------------
+    def _forward(self, h: dict[str, Any], frames: list[Any]) -> tuple[str, list[str]]:
+        """Pass the cast on, as signed, to the agents its signed layout puts below us; returns our
+        parent (where our gathered reply goes; "" at the top: the caller) and those agents."""
+        dst, tp = h["dst"], h["tp"]
+        me = dst.index(self.agent.transport.address)  # admitted: the signed ``dst`` names us
+        kids = [dst[j] for j in children(tp, me)]
+        for addr in kids:
+            try:
+                self.agent.transport.send_raw(addr, frames)
+            except Exception as e:  # noqa: BLE001 - the caller hears of that agent's loss and prunes it
+                print(f"jupyter-mesh agent: cannot forward a cast to the agent at {addr}: {e!r}", file=sys.stderr)
+        return (dst[tp[me]] if tp[me] >= 0 else ""), kids
+
+    def subtree_gathered(self, msg: Message) -> None:
+        """A gathered reply from an agent below us: its subtree's ranks, or their folded value."""
+        h = msg.header
+        key = (h["to"], h["i"])
+        with self.agent.lock:
+            g = self.gathers.get(key)
+            if g is None or h["up"] not in g.children:
+                return
+            g.children.discard(h["up"])
+            pos, bpos = 0, 0
+            done: list[int] = []
+            payload = memoryview(msg.payload)
+            for rank, ok, plen, nbuf in h["n"]:
+                part, bufs = payload[pos : pos + plen], msg.buffers[bpos : bpos + nbuf]
+                pos, bpos = pos + plen, bpos + nbuf
+                if rank < 0:  # a reduce's partial value (or the error that folding it raised)
+                    g.partials.append((ok, part, bufs))
+                    g.folded.extend(h.get("rr") or [])
+                    done.extend(h.get("rr") or [])
+                else:
+                    g.entries.append((rank, ok, part, bufs))
+                    done.append(rank)
+            if g.outstanding or g.children:
+                for r in done:
+                    self.progress.done(key[0], key[1], r)
+                return
+            del self.gathers[key]
+        self.progress.forget(key[0], key[1])
+        self._send_gathered(g)
+
+    def prune(self, h: dict[str, Any]) -> None:
+        """The caller lost an agent below us: stop waiting for its subtree (the caller fails its ranks)."""
+        key = (h["s"], h["i"])
+        with self.agent.lock:
+            g = self.gathers.get(key)
+            if g is None or h.get("up") not in g.children:
+                return
+            g.children.discard(h["up"])
+            if g.outstanding or g.children:
+                return
+            del self.gathers[key]
+        self.progress.forget(key[0], key[1])
+        self._send_gathered(g)
+
+    def _send_gathered(self, g: Gather) -> None:
+        if g.op is not None and threading.current_thread() is not self._folder:
+            # folding unpickles results (a first tensor imports torch: seconds) and runs the user's op:
+            # never on the receive thread, which must go on answering heartbeats and relaying
+            if self._folder is None:
+                self._folder = threading.Thread(target=self._folding, name="jupyter-mesh-fold", daemon=True)
+                self._folder.start()
+            self._folds.put(g)
+            return
+        entries, header = g.entries, {"k": Kind.GATHERED, "i": g.call_id}
+        if g.op is not None:
+            entries, header["rr"] = self._fold(g)
+        table, payload_all, bufs_all = pack_gathered(entries)
+        header["n"] = table
+        if g.up:
+            header["to"], header["up"] = g.caller, g.up
+        self.agent.transport.send(g.sender, Message(header, payload_all, bufs_all))
+
+    def _folding(self) -> None:
+        while True:
+            g = self._folds.get()
+            try:
+                self._send_gathered(g)
+            except Exception:  # noqa: BLE001 - the next reduce must still be folded
+                import traceback
+
+                traceback.print_exc()
+
+    def _fold(self, g: Gather) -> tuple[list[tuple[int, int, Any, list[Any]]], list[int]]:
+        """A reduce: the results that came back OK, and the partials from below, become one entry
+        (rank -1, REDUCED); errors and broken ranks stay as they are. What the op raises becomes that
+        entry's error (RAISED), naming it: a user's function never harms the agent."""
+        rest = [e for e in g.entries if e[1] != OK]
+        ranks = [e[0] for e in g.entries if e[1] == OK] + g.folded
+        if not ranks:
+            return rest, []
+        failed = next((p for p in g.partials if p[0] != REDUCED), None)
+        if failed is not None:  # folding failed below: that error stands for the whole subtree
+            return [*rest, (-1, RAISED, failed[1], failed[2])], ranks
+        name = "reduce op"
+        try:
+            name, fn = resolve(g.op)
+            named = isinstance(g.op, str)
+            values = [agent_loads(e[2], e[3], named) for e in g.entries if e[1] == OK]
+            values += [agent_loads(p[1], p[2], named) for p in g.partials]
+            payload, bufs = dumps(fold(fn, values))
+            return [*rest, (-1, REDUCED, payload, bufs)], ranks
+        except Exception as e:  # noqa: BLE001 - the op's error goes to the caller, the agent lives on
+            info = {"op": name, "error": f"{type(e).__qualname__}: {e}"[:2000], "where": self.agent.transport.address}
+            return [*rest, (-1, RAISED, dumps(info)[0], [])], ranks

@@ -17,6 +17,9 @@ rt    a reply box address (replies that bypass the caller's receive thread)
 ok    a reply's status (below)                                    to   where a gathered reply goes
 fa    a spawn asks its actors to end on errors no caller receives (Monarch's way; 0 or absent: live on)
 told  an ``actor_fault``'s failure already reached a caller (only an owning actor must still hear it)
+tp    a cast's tree: each agent's parent as an index into ``dst`` (-1: the caller); absent: direct
+up    a gathered reply from an agent below (its address): its subtree's replies, for its parent
+rd    a reduce: the op's name, or a pickled function; ``rr``: the ranks a ``REDUCED`` entry folds
 ====  =======================================================================================
 
 Every header also carries what the transport adds, signed with the rest: ``v`` the protocol version,
@@ -48,6 +51,7 @@ __all__ = [
     "OK",
     "OUT_SYNC_PREFIX",
     "RAISED",
+    "REDUCED",
     "STOP_ENDPOINT",
     "VERSION",
     "Dispatch",
@@ -59,7 +63,7 @@ __all__ = [
     "reply_header",
 ]
 
-VERSION = 5
+VERSION = 6
 """Bump on any change a peer of the previous version would misread (a kind, a key, a code)."""
 
 STOP_ENDPOINT = "__stop__"
@@ -72,8 +76,9 @@ NO_REPLY, DIRECT, GATHER = 0, 1, 2
 OUT_SYNC_PREFIX = "\x00jupyter-mesh-sync "
 """Starts a marker line a proc prints on stdout and stderr (``OUT_SYNC``, or a ``%%mesh`` cell's end):
 once both arrived, everything the proc printed before has too. Never shown, never kept in the logs."""
-# a reply's per-rank status ("ok")
-RAISED, OK, BROKEN = 0, 1, 2
+# a reply's per-rank status ("ok"); REDUCED: the folded value of the ranks in ``rr`` (a reduce's
+# gathered reply carries at most one such entry, its rank -1)
+RAISED, OK, BROKEN, REDUCED = 0, 1, 2, 3
 
 
 class Kind:
@@ -84,7 +89,8 @@ class Kind:
     SPAWN = "spawn"  # client -> proc / agent: construct an actor (numbered like a call)
     SKIP = "skip"  # agent -> proc: a call it could not relay; its sequence number is released
     REPLY = "r"  # any -> requester: the answer to a call or request (``reply_header``)
-    GATHERED = "g"  # agent -> caller: the replies of one host's ranks to a cast, in one message
+    GATHERED = "g"  # agent -> caller (or its parent agent: ``up``): the replies of its subtree's ranks to a cast
+    PRUNE = "prune"  # caller -> agent: stop waiting for the subtree of agent ``up`` in the gather of call ``i``
     PROGRESS = "progress"  # agent -> caller: ranks whose replies it holds for a gather, at most ~20 a second
     CANCEL = "cancel"  # client -> proc: cancel a running call of one actor
     CANCELLED = "cancelled"  # proc -> caller: a rank stopped working on a cancelled call

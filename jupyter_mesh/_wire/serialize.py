@@ -79,8 +79,11 @@ _LOCAL_ONLY = (io.IOBase, socket.socket)
 
 class _Pickler(cloudpickle.Pickler):
     def reducer_override(self, obj: Any) -> Any:
-        torch = sys.modules.get("torch")
-        if torch is not None and type(obj) in (torch.Tensor, torch.nn.Parameter):
+        torch = sys.modules.get("torch")  # (getattr: another thread may be importing it, half-initialized)
+        if torch is not None and type(obj) in (
+            getattr(torch, "Tensor", None),
+            getattr(torch.__dict__.get("nn"), "Parameter", None),
+        ):
             return _reduce_tensor(torch, obj)
         t = type(obj)
         if t is types.CodeType:

@@ -1,0 +1,224 @@
+"""The host agent's watch over its procs and its fork server: heartbeats to procs (busy or hung),
+deaths (an exit the template reports, a proc declared dead, the template itself dying) and what a dead
+proc left in its pipes. A mixin of ``agent.Agent``, which owns the state and the threads; this module
+is what runs on its I/O thread for liveness, kept apart from the relaying and the start/stop requests.
+"""
+
+from __future__ import annotations
+
+import collections
+import selectors
+import signal
+import sys
+import threading
+from typing import TYPE_CHECKING, Any
+
+from .._wire.protocol import BROKEN, Kind
+from .._wire.serialize import dumps
+from .._wire.transport import Message
+from .agent_state import ProcEntry, describe_exit, kill
+from .liveness import NOTE_EVERY
+
+if TYPE_CHECKING:
+    from .._wire.transport import Transport
+    from ..errors import Failure
+    from .agent_state import HostedMesh
+    from .forkserver import ForkServer
+    from .inboxes import ActorInboxes
+    from .keep_alive import Keeper
+    from .quiet import QuietProcs
+    from .relay import Relay
+
+__all__ = ["ProcWatch"]
+
+
+class ProcWatch:
+    """Liveness of an agent's procs and template (mixed into ``Agent``, whose attributes these are)."""
+
+    lock: threading.RLock
+    procs: dict[tuple[str, int], ProcEntry]
+    by_pid: dict[int, ProcEntry]
+    meshes: dict[str, HostedMesh]
+    forkserver: ForkServer
+    sel: selectors.BaseSelector
+    relay: Relay
+    inboxes: ActorInboxes
+    transport: Transport
+    keeper: Keeper
+    quiet: QuietProcs
+    hb_timeout: float
+    hb_interval: float
+    controller_silence: float
+    last_controller: float
+    shutting_down: bool
+
+    if TYPE_CHECKING:
+
+        def _event(self, header: dict[str, Any], obj: Any = None) -> None: ...
+        def _check_waiters(self, mesh: HostedMesh) -> None: ...
+        def _maybe_stopped(self, mesh: HostedMesh) -> None: ...
+        def _pipe_readable(self, fd: int, p: ProcEntry, stream: int, buf: bytearray) -> bool: ...
+        def shutdown(self, orphaned: bool = True) -> None: ...
+        def failure(
+            self, p: ProcEntry, kind: str, detail: str, code: int | None = None, sig: int | None = None
+        ) -> Failure: ...
+
+    def _template_died(self) -> None:
+        """The fork server died (its procs die with it, by PR_SET_PDEATHSIG): report each of them with
+        that cause, fail starts still waiting for a fork, and start a new fork server so the host
+        stays usable (respawn, new meshes)."""
+        fs = self.forkserver
+        self.sel.unregister(fs.sock)
+        with self.lock:
+            forked = [p for p in self.procs.values() if p.alive and p.pid]
+            unborn = list(fs.pending.values())
+            cause = fs.reap()
+        for p in forked:
+            kill(p.pid, signal.SIGKILL)
+            self._proc_exited(p.pid, None, signal.SIGKILL, cause)
+        for p in unborn:  # asked for, never forked: those starts fail with the cause
+            p.alive, p.tail = False, collections.deque([cause + "\n"], maxlen=30)
+        with self.lock:
+            for mesh in {p.mesh_id: self.meshes[p.mesh_id] for p in unborn if p.mesh_id in self.meshes}.values():
+                self._check_waiters(mesh)
+        print(f"jupyter-mesh agent: {cause}; starting a new one", file=sys.stderr)
+        with self.lock:  # forks are sent under this lock: none may reach the new one before its key
+            fs.start()
+            self.sel.register(fs.sock, selectors.EVENT_READ, ("template", None))
+
+    def _heartbeat_tick(self, now: float) -> None:
+        """Ping every running proc but the idle ones (``quiet``); one that stops answering is watched
+        (``liveness``): busy ones are reported to the controller, hung ones (stopped, deadlocked) are
+        declared dead after hb_timeout."""
+        silent = now - self.last_controller
+        if silent > self.controller_silence and not self.keeper.controller_silent(silent):
+            print(f"jupyter-mesh agent: no heartbeat from the controller for {silent:.0f} s; exiting", file=sys.stderr)
+            self.shutdown()
+        self._watch_template(now)
+        with self.lock:
+            running = [p for p in self.procs.values() if p.alive and p.up and not p.stopping]
+        self.quiet.prune({p.pid for p in running})
+        for p in running:
+            if not p.last_seen:
+                p.last_seen = now
+            if now - p.last_seen <= self.hb_interval * 1.5 and self.quiet.idle(p.pid, p.last_seen, now):
+                p.last_seen = now  # idle since it last answered (no I/O, not stopped): as good as a pong
+                continue
+            silent = now - p.last_seen
+            w = p.liveness
+            w.answered(p.last_seen)
+            if silent > 1.5 * self.hb_interval:  # a pong is late: watch what the proc does meanwhile
+                w.sample(p.pid, now, p.actor_tids)
+            if silent > self.hb_timeout:
+                if w.hung(now, self.hb_timeout):
+                    self._declare_dead(
+                        p,
+                        f"proc {p.pid} stopped answering heartbeats for {silent:.1f} s and {w.why_hung(now)}; "
+                        "it was killed",
+                    )
+                elif now - w.noted >= NOTE_EVERY:  # busy: say so now and then, ping as seldom
+                    w.noted = now
+                    self._event({"k": Kind.PROC_NOTE, "m": p.mesh_id, "rk": p.rank, "note": w.busy_note(silent)})
+                    self._ping(p)
+                continue  # the pings it has not read yet will be answered when it lets go of the GIL
+            if w.noted:
+                w.noted = 0.0
+                self._event({"k": Kind.PROC_NOTE, "m": p.mesh_id, "rk": p.rank, "note": ""})
+            self._ping(p)
+
+    def _watch_template(self, now: float) -> None:
+        """Forks overdue while the template is stopped (SIGSTOP): those starts fail now, with the cause;
+        its procs live on. A slow template (a long preload) is left alone: the spawn's timeout says so."""
+        with self.lock:
+            why = self.forkserver.overdue(now, self.hb_timeout)
+        if why is None:
+            return
+        with self.lock:
+            unborn = self.forkserver.give_up_waiting()
+            for p in unborn:
+                p.alive, p.stopping = False, True
+                p.tail = collections.deque([why + "\n"], maxlen=30)
+            for mesh in {p.mesh_id: self.meshes[p.mesh_id] for p in unborn if p.mesh_id in self.meshes}.values():
+                self._check_waiters(mesh)
+
+    def _ping(self, p: ProcEntry) -> None:
+        try:
+            self.transport.send(p.addr, Message({"k": Kind.PING}))
+        except Exception:  # noqa: BLE001 - its exit will be reported by the template
+            pass
+
+    def _declare_dead(self, p: ProcEntry, detail: str) -> None:
+        with self.lock:
+            if not p.alive:
+                return
+            p.alive = False
+            mesh = self.meshes.get(p.mesh_id)
+            pending = self.relay.waiting_on(p)
+        f = self.failure(p, "heartbeat", detail)
+        kill(p.pid, signal.SIGKILL)  # a hung proc is of no use; killing it lets the rank be respawned
+        for key in pending:
+            self.relay.add_to_gather(key, p.rank, BROKEN, dumps(f)[0], [])
+        if mesh is not None:
+            with self.lock:
+                self._check_waiters(mesh)
+            self._event({"k": Kind.PROC_EXIT, "m": p.mesh_id, "rk": p.rank}, f)
+            self._maybe_stopped(mesh)
+        if p.addr:
+            self.inboxes.forget_proc(p.addr)
+
+    def _template_event(self) -> None:
+        msg = self.forkserver.recv()
+        if msg is None:
+            if not self.shutting_down:
+                self._template_died()
+            return
+        op = msg["op"]
+        if op == "forked":
+            with self.lock:
+                p = self.forkserver.forked(msg["token"])
+                if p is not None and not p.pid:
+                    p.pid = msg["pid"]
+                    self.by_pid[p.pid] = p
+                    if p.stopping:  # stopped before we even knew its pid
+                        kill(p.pid, signal.SIGKILL)
+        elif op == "exit":
+            self._proc_exited(msg["pid"], msg["code"], msg["signal"])
+        elif op == "preloaded" and msg["errors"]:
+            print("jupyter-mesh agent: preload failed: " + "; ".join(msg["errors"]), file=sys.stderr)
+
+    def _proc_exited(self, pid: int, code: int | None, sig: int | None, cause: str = "") -> None:
+        with self.lock:
+            p = self.by_pid.get(pid)
+            if p is None or not p.alive:
+                return
+        self._drain(p)
+        with self.lock:
+            p.alive = False
+            p.exit_code, p.exit_signal = code, sig
+            mesh = self.meshes.get(p.mesh_id)
+            pending = self.relay.waiting_on(p)
+        how = describe_exit(p, code, sig)
+        kind = "signal" if sig else "exit"
+        by = " (killed on request)" if p.killed_by_user else ""
+        f = self.failure(p, kind, f"proc {pid} {how}{by}" + (f": {cause}" if cause else ""), code, sig)
+        for key in pending:
+            self.relay.add_to_gather(key, p.rank, BROKEN, dumps(f)[0], [])
+        if mesh is not None:
+            with self.lock:
+                self._check_waiters(mesh)
+            if not p.stopping:
+                self._event({"k": Kind.PROC_EXIT, "m": p.mesh_id, "rk": p.rank}, f)
+            self._maybe_stopped(mesh)
+        if p.addr:  # its socket would retry and queue for nobody (and count against ZeroMQ's limit)
+            self.inboxes.forget_proc(p.addr)
+
+    def _drain(self, p: ProcEntry) -> None:
+        """Read what a dead proc left in its pipes, so its last words (a traceback) are reported."""
+        for fd in p.fds:
+            for _ in range(1024):
+                try:
+                    key = self.sel.get_key(fd)
+                except (KeyError, ValueError):
+                    break
+                if not self._pipe_readable(fd, *key.data[1]):
+                    break

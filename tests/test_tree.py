@@ -1,0 +1,356 @@
+"""The fan-out tree of host agents: past the fan-out, the caller sends a cast to that many agents and
+they relay it to the others, gather the replies on the way up, and fold them for ``reduce``.
+
+Real processes: ``LocalJob(hosts=7)`` with fan-out 2 is a tree three agents deep (0 -> 2 -> 6); one
+proc per host, so rank r lives on host r."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from jupyter_mesh import (
+    ActorError,
+    LocalJob,
+    MeshCancelledError,
+    MeshError,
+    MeshValueError,
+    ReduceError,
+    SupervisionError,
+)
+from jupyter_mesh._runtime import tree
+from jupyter_mesh._runtime.client import current_client
+from jupyter_mesh.config import configured
+
+pytestmark = pytest.mark.integration
+
+HOSTS, FANOUT = 7, 2
+MID = 2  # host 2's agent: below agent 0, above agent 6
+
+
+def _payload(kind: str):
+    if kind == "none":
+        return None
+    if kind == "small":
+        return 42
+    if kind == "bytes":
+        return bytes(range(256)) * 8
+    import torch
+
+    t = torch.arange(16 * 1024, dtype=torch.float32)  # 64 KiB
+    if kind == "tensor":
+        return t
+    return {"a": [1, (2, b"x")], "t": t[:10], "s": {"deep": [None, 3.5]}}
+
+
+def _same(a, b) -> bool:
+    import torch
+
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+@pytest.fixture(scope="module")
+def tree_mesh():
+    from tree_actors import Echo
+
+    with configured(fanout=FANOUT):  # handed to the procs too: their casts go through the tree
+        job = LocalJob(hosts=HOSTS)
+        try:
+            pm = job.host_mesh().spawn_procs(per_host={"gpus": 1})
+            echo = pm.spawn("echo", Echo)
+            echo.initialized.get(timeout=60)
+            yield job, pm, echo
+            pm.stop(timeout=5)
+        finally:
+            job.stop()
+
+
+@pytest.fixture(autouse=True)
+def no_rank_left_busy(request):
+    """Every call through the tree ends its ranks' busy counts (progress and the views rely on them)."""
+    yield
+    if "tree_mesh" in request.fixturenames:
+        from _procs import wait_for
+
+        pm = request.getfixturevalue("tree_mesh")[1]
+        assert wait_for(lambda: all(r.inflight == 0 for r in pm.state().ranks), 10), [
+            r.inflight for r in pm.state().ranks
+        ]
+
+
+def _sends(fn):
+    client = current_client()
+    before = client.cast_sends
+    out = fn()
+    return out, client.cast_sends - before
+
+
+def test_layout_is_a_complete_tree_of_the_fanout():
+    assert tree.parents(HOSTS, 0) is None and tree.parents(HOSTS, 16) is None  # direct
+    tp = tree.parents(HOSTS, FANOUT)
+    assert tp == [-1, -1, 0, 0, 1, 1, 2]
+    assert tree.children(tp, 0) == [2, 3] and tree.children(tp, MID) == [6]
+    assert sorted(tree.subtree(tp, 0)) == [0, 2, 3, 6]
+    assert all(len(tree.children(tp, i)) <= FANOUT for i in range(HOSTS))
+
+
+def test_fanout_setting_is_checked():
+    with configured(fanout="x"), pytest.raises(MeshValueError, match="fanout must be an integer"):
+        tree.fanout()
+    with configured(fanout=1), pytest.raises(MeshValueError, match=r"0 \(always direct\) or >= 2"):
+        tree.fanout()
+    with configured(fanout=0):
+        assert tree.fanout() == 0
+
+
+@pytest.mark.parametrize("payload", ["none", "small", "tensor", "bytes", "nested"])
+@pytest.mark.parametrize("adverb", ["call", "broadcast", "stream", "spawn", "actor"])
+def test_adverbs_through_the_tree(tree_mesh, adverb, payload):
+    """Every adverb reaches every rank through the tree with its payload intact, and the caller sends
+    at most fan-out messages for it."""
+    from tree_actors import Caller, Echo
+
+    _, pm, echo = tree_mesh
+    x = _payload(payload)
+    with configured(fanout=FANOUT):
+        if adverb == "call":
+            vm, n = _sends(lambda: echo.echo.call(x).get(60))
+            values = list(vm.values())
+        elif adverb == "broadcast":
+            _, n = _sends(lambda: echo.store.broadcast(x))
+            values = list(echo.get_stored.call().get(60).values())  # in order after the broadcast
+        elif adverb == "stream":
+            futs, n = _sends(lambda: list(echo.echo.stream(x)))
+            values = [f.get(60) for f in futs]
+        elif adverb == "spawn":
+            held, n = _sends(lambda: pm.spawn(f"held_{payload}", Echo, x))
+            held.initialized.get(timeout=60)
+            values = list(held.get_held.call().get(60).values())
+            held.stop().get(timeout=30)
+        else:  # an actor casts to the mesh: its own client sends through the tree
+            caller = pm.slice(hosts=HOSTS - 1).spawn(f"caller_{payload}", Caller)
+            values, n = caller.cast.call_one(echo, "call", x).get(60)
+            caller.stop().get(timeout=30)
+    assert len(values) == HOSTS
+    assert all(_same(v, x) for v in values), values
+    assert n <= FANOUT
+
+
+def test_actor_streams_and_reduces_through_the_tree(tree_mesh):
+    from tree_actors import Caller
+
+    _, pm, echo = tree_mesh
+    caller = pm.slice(hosts=0).spawn("caller_sr", Caller)
+    streamed, n = caller.cast.call_one(echo, "stream", "hi").get(60)
+    assert streamed == ["hi"] * HOSTS and n <= FANOUT
+    total, n = caller.cast.call_one(echo, "sum", None).get(60)
+    assert total == sum(range(HOSTS)) and n <= FANOUT
+    caller.stop().get(timeout=30)
+
+
+def test_direct_below_the_fanout(tree_mesh):
+    echo = tree_mesh[2]
+    with configured(fanout=0):
+        vm, n = _sends(lambda: echo.rank.call().get(60))
+    assert list(vm.values()) == list(range(HOSTS)) and n == HOSTS
+    with configured(fanout=16):
+        _, n = _sends(lambda: echo.rank.broadcast())
+    assert n == HOSTS
+
+
+@pytest.mark.parametrize("kind", ["number", "tensor", "array"])
+@pytest.mark.parametrize("op", ["sum", "prod", "min", "max"])
+def test_reduce_named_ops(tree_mesh, op, kind):
+    import numpy
+    import torch
+
+    echo = tree_mesh[2]
+    each = list(echo.value.call(kind).get(60).values())
+    with configured(fanout=FANOUT):
+        got, n = _sends(lambda: echo.value.reduce(op, kind).get(60))
+    assert n <= FANOUT
+    if kind == "number":
+        want = {"sum": sum, "prod": lambda v: numpy.prod(v).item(), "min": min, "max": max}[op](each)
+        assert got == want
+        return
+    lib = torch if kind == "tensor" else numpy
+    stack = lib.stack(each)
+    want = {
+        "sum": stack.sum(0),
+        "prod": stack.prod(0),
+        "min": stack.min(0)[0] if kind == "tensor" else stack.min(0),
+        "max": stack.max(0)[0] if kind == "tensor" else stack.max(0),
+    }[op]
+    assert type(got) is type(want)
+    assert lib.allclose(got, want), (got, want)
+
+
+def test_reduce_with_a_function_and_its_errors(tree_mesh):
+    echo = tree_mesh[2]
+    with configured(fanout=FANOUT):
+        assert echo.rank.reduce(lambda a, b: a if a > b else b).get(60) == HOSTS - 1
+
+        def boom(a, b):
+            raise RuntimeError("no folding today")
+
+        with pytest.raises(ReduceError, match=r"reduce op .*boom failed in the host agent at .*no folding today") as e:
+            echo.rank.reduce(boom).get(60)
+        assert "boom" in e.value.op
+        with pytest.raises(MeshValueError, match="unknown reduce op 'mean'"):
+            echo.rank.reduce("mean")
+        # the agents survived the op's error: the tree still works
+        assert list(echo.rank.call().get(60).values()) == list(range(HOSTS))
+        assert echo.rank.reduce("sum").get(60) == sum(range(HOSTS))
+
+
+def test_reduce_carries_rank_errors(tree_mesh):
+    """A rank's error fails the reduce as it fails a call (naming the rank); values the op cannot
+    fold fail it as a ReduceError."""
+    echo = tree_mesh[2]
+    with configured(fanout=FANOUT):
+        with pytest.raises(ActorError, match="rank 6 refuses") as e:
+            echo.fail_on.reduce("sum", 6).get(60)  # host 6: the bottom of the tree
+        assert [f.coords["hosts"] for f in e.value.failures] == [6]
+        with pytest.raises(ReduceError, match=r"TypeError"):
+            echo.echo.reduce("sum", object).get(60)  # classes do not add up
+        assert echo.fail_on.reduce("sum", -1).get(60) == HOSTS
+
+
+def test_progress_cancel_and_reuse_through_the_tree(tree_mesh, tmp_path):
+    """Ranks that answered show as done while the gather is still open, deep ones included; a
+    cancelled call through the tree stops its ranks and the next call runs."""
+    from _procs import wait_for
+    from gate_actors import Gate
+
+    _, pm, _ = tree_mesh
+    gate = pm.spawn("gate", Gate)
+    gate.initialized.get(timeout=60)
+    opened = tmp_path / "open"
+    with configured(fanout=FANOUT):
+        fut = gate.wait.call(str(opened), [0, 6])  # host 0 (the top), host 6 (three agents deep)
+        try:
+            assert wait_for(lambda: (p := pm.state().progress) is not None and p.done == (0, 6), 30), (
+                pm.state().progress
+            )
+        finally:
+            opened.touch()
+        assert list(fut.get(timeout=60).values()) == list(range(HOSTS))
+        running = gate.wait.call(str(tmp_path / "never"), [])
+        time.sleep(0.3)
+        assert running.cancel()
+        with pytest.raises(MeshCancelledError):
+            running.get(timeout=5)
+        assert list(gate.wait.call(str(opened), []).get(timeout=30).values()) == list(range(HOSTS))
+    gate.stop().get(timeout=30)
+
+
+def test_proc_dies_mid_call_at_the_bottom_of_the_tree(tmp_path):
+    from _procs import descendants, wait_dead
+
+    before = descendants(os.getpid())
+    with configured(fanout=FANOUT):
+        job, _, echo = _fault_mesh(tmp_path)
+        try:
+            pids = echo.pid.call().get(30)
+            fut = echo.wait.call(str(tmp_path / "open"))
+            time.sleep(0.3)
+            os.kill(pids.item(hosts=HOSTS - 1, gpus=0), signal.SIGKILL)
+            with pytest.raises(SupervisionError, match="SIGKILL") as e:
+                fut.get(30)
+            assert [f.coords["hosts"] for f in e.value.failures] == [HOSTS - 1]
+            (tmp_path / "open").touch()
+            assert list(echo.slice(hosts=slice(0, HOSTS - 1)).rank.call().get(30).values()) == list(range(HOSTS - 1))
+        finally:
+            job.stop()
+    assert not wait_dead(descendants(os.getpid()) - before, 15), "the job's agents or procs outlived it"
+
+
+def _fault_mesh(tmp_path):
+    from tree_actors import Echo
+
+    job = LocalJob(hosts=HOSTS)
+    pm = job.host_mesh().spawn_procs(per_host={"gpus": 1})
+    echo = pm.spawn("echo", Echo)
+    echo.initialized.get(timeout=60)
+    return job, pm, echo
+
+
+@pytest.mark.parametrize("sig", ["kill", "stop"])
+def test_mid_tree_agent_lost_mid_call(tmp_path, sig):
+    """An agent in the middle of the tree dies (kill -9) or stalls (SIGSTOP) while a call waits: the
+    call ends (no hang) naming the lost host and the ranks cut off below it, and the ranks below it
+    still answer later calls (no sequence gap)."""
+    from _procs import descendants, wait_dead
+
+    before = descendants(os.getpid())
+    with configured(fanout=FANOUT):
+        job, _, echo = _fault_mesh(tmp_path)
+        try:
+            gate = tmp_path / "open"
+            fut = echo.wait.call(str(gate))
+            time.sleep(0.3)
+            agent = job.pids()[MID]
+            os.kill(agent, signal.SIGKILL if sig == "kill" else signal.SIGSTOP)
+            with pytest.raises(SupervisionError) as e:
+                fut.get(30)
+            gate.touch()
+            text = str(e.value)
+            assert "host agent" in text, text
+            lost = {f.kind for f in e.value.failures}
+            assert "agent" in lost and "relay" in lost, text  # host 2's rank, and host 6's below it
+            # the ranks below the lost agent (host 6) answer again, through a new tree without it
+            below = echo.slice(hosts=slice(3, HOSTS))
+            assert list(below.rank.call().get(30).values()) == [3, 4, 5, 6]
+            assert below.rank.reduce("sum").get(30) == 18
+        finally:
+            if sig == "stop":
+                try:
+                    os.kill(agent, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+            job.stop()
+    assert not wait_dead(descendants(os.getpid()) - before, 15), "the job's agents or procs outlived it"
+
+
+def test_cast_stuck_in_a_stopped_agent_leaves_no_gap(tmp_path):
+    """A cast that a stopped mid-tree agent never forwards: once that agent is lost, the ranks below it
+    are told (a skip of that sequence number), so their next calls run, and a stream's ranks there
+    answer that the call was lost."""
+    from _procs import descendants, wait_dead
+
+    before = descendants(os.getpid())
+    with configured(fanout=FANOUT):
+        job, _, echo = _fault_mesh(tmp_path)
+        agent = job.pids()[MID]
+        try:
+            os.kill(agent, signal.SIGSTOP)
+            echo.store.broadcast("lost?")  # stuck in agent 2 for hosts 2 and 6
+            answered, errors = [], []
+            for f in echo.rank.stream():
+                try:
+                    answered.append(f.get(30))
+                except MeshError as e:
+                    errors.append(str(e))
+            assert sorted(answered) == [0, 1, 3, 4, 5], errors
+            assert len(errors) == 2  # host 2's rank (its agent is lost), host 6's (the cast never got there)
+            assert any("in the middle of the call's fan-out tree" in e for e in errors), errors
+        finally:
+            try:
+                os.kill(agent, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        try:
+            below = echo.slice(hosts=slice(3, HOSTS))
+            assert list(below.rank.call().get(30).values()) == [3, 4, 5, 6]
+        finally:
+            job.stop()
+    assert not wait_dead(descendants(os.getpid()) - before, 15), "the job's agents or procs outlived it"
