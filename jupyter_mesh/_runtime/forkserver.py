@@ -70,7 +70,10 @@ class ForkServer:
         token = next(self._tokens)
         self.pending[token] = p
         self._asked[token] = time.monotonic()
-        self.send({"op": "fork", "token": token, "cfg": cfg}, fds)
+        try:
+            self.send({"op": "fork", "token": token, "cfg": cfg}, fds)
+        except OSError:  # it died and the agent has not read its EOF yet: when it does, the
+            pass  # agent fails this start with the cause (it is pending) and starts a new template
 
     def forked(self, token: int) -> ProcEntry | None:
         """The template answered fork ``token``: the proc it was for (None if forgotten)."""
