@@ -56,7 +56,8 @@ class HostMesh(_MeshTrait):
         """Start ``per_host`` procs on every host: the mesh has the host dims plus the per-host dims.
 
         ``preload`` modules are imported once in the host's template process, so each proc starts
-        with them already loaded (``preload=["torch"]`` makes spawns ~30 ms instead of seconds).
+        with them already loaded (``preload=["torch"]`` makes spawns ~30 ms instead of seconds; a local
+        host preloads torch by default, see ``jobs.warm``).
         ``bootstrap`` (Monarch's): a function (or ``async def``) run once on every proc before this returns;
         ``proc_bind`` (Monarch's): per proc of a host, its CPUs (``cpus``) or NUMA nodes (``cpunodebind``).
         Settings made with ``jupyter_mesh.config.configure`` travel to the new procs.
