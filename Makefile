@@ -53,7 +53,7 @@ test: $(STAMP) chromium cluster
 	$(BIN)/ruff format --check jupyter_mesh tests benchmarks
 	$(BIN)/python -m mypy jupyter_mesh
 	$(TS_LINT)
-	$(UCX_TEST_ENV) $(BIN)/python -m pytest -q -p no:cacheprovider --ignore=tests/ui; core=$$?; \
+	$(UCX_TEST_ENV) $(BIN)/python -m pytest -q -p no:cacheprovider --durations=40 --ignore=tests/ui; core=$$?; \
 	$(UCX_TEST_ENV) $(BIN)/python -m pytest -q -p no:cacheprovider tests/ui; ui=$$?; \
 	test $$core -eq 0 -a $$ui -eq 0
 
