@@ -148,6 +148,22 @@ class Client:
         self.supervision.peer_lost(address, why)
         self.trees.agent_lost(address, why, self._proc_addr)
 
+    def notice_failed(self, mesh_id: str, rank: int, failure: Any) -> None:
+        """In a proc: the controller says a rank failed. If its host agent was lost, that agent may sit
+        in the middle of casts this proc sent through a tree: repair them as the controller does its
+        own (the ranks below fail, their sequence numbers are released). The controller's notices are
+        how a proc hears of a lost agent: it runs no heartbeats of its own."""
+        if getattr(failure, "kind", None) != "agent":
+            return
+        addr = self.trees.agent_of(mesh_id, rank)
+        if addr is None or addr in self.calls.lost_peers:
+            return
+        self.peer_lost(addr, getattr(failure, "detail", "") or "its host agent is lost")
+
+    def unforwarded(self, msg: Message) -> None:
+        """An agent could not forward a cast of ours down the tree (``UNFORWARDED``): fail that subtree."""
+        self.trees.unforwarded(msg.header, self._proc_addr)
+
     def defer_cancel(self, p: Pending, actor_id: str) -> None:
         """For finalizers, which must not take locks: the cancel runs at the next call from here."""
         self._deferred.append((p, actor_id))
