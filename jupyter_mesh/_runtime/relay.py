@@ -5,7 +5,9 @@ rank's sequence number is released there so no later call waits for it.
 
 Past the fan-out (``tree``), the cast also names agents below this one: it is forwarded to them as
 signed, first, and the gather waits for their subtrees' gathered replies too, sending the whole to its
-parent agent (or to the caller at the top). A reduce folds what it holds into one value on the way."""
+parent agent (or to the caller at the top). A reduce folds what it holds into one value on the way.
+A forward that fails is not waited for: the caller hears of it at once (``UNFORWARDED``) and fails that
+subtree's ranks as undelivered, releasing their sequence numbers (it knows their procs; we do not)."""
 
 from __future__ import annotations
 
@@ -221,7 +223,7 @@ class Relay:
         and releases their sequence numbers (it alone knows their procs)."""
         print(f"jupyter-mesh agent: cannot forward a cast to the agent at {addr}: {err!r}", file=sys.stderr)
         note = {"k": Kind.UNFORWARDED, "m": h["m"], "a": h["a"], "i": h.get("i", 0), "q": h["q"], "up": addr}
-        note["why"] = f"{err!r}"[:500]
+        note["why"], note["at"] = f"{err!r}"[:500], self.agent.transport.address
         try:
             self.agent.transport.send(h["s"], Message(note))
         except Exception as e2:  # noqa: BLE001 - the caller is gone: nobody waits for those ranks

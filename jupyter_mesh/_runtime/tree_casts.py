@@ -78,6 +78,13 @@ class TreeCasts:
             except Exception as e:  # noqa: BLE001 - one cast's repair must not stop the others'
                 print(f"jupyter_mesh: could not repair a cast through the lost agent {addr}: {e!r}")
 
+    def forget(self, cast: TreeCast) -> None:
+        """A cast that no agent got (its send failed): nothing to repair, and its numbers are reused."""
+        try:
+            self.recent.remove(cast)
+        except ValueError:
+            pass
+
     def agent_of(self, mesh_id: str, rank: int) -> str | None:
         """The address of the agent of ``rank`` of proc mesh ``mesh_id``, if a recent cast went there."""
         for c in reversed(list(self.recent)):  # (a copy: the send path appends meanwhile)
@@ -94,9 +101,9 @@ class TreeCasts:
         if c is None or not isinstance(addr, str) or addr not in c.header["dst"]:
             return  # not ours, or too old to matter
         detail = (
-            f"the cast did not reach the rank: the host agent above it in the call's fan-out tree could not "
-            f"forward it to the host agent at {addr} ({h.get('why', '?')}); the proc lives on, and later calls "
-            "go through a tree that tries again"
+            f"the cast did not reach the rank: the host agent at {h.get('at', '?')} (above it in the call's "
+            f"fan-out tree) could not forward it to the host agent at {addr} ({h.get('why', '?')}); the proc "
+            "lives on, and later calls go through a tree that tries again"
         )
         self._repair(c, addr, "", proc_addr, own=True, kind="delivery", detail=detail)
 
