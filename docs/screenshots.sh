@@ -8,7 +8,7 @@
 set -eu
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-.venv/bin/python}
-README_SHOTS="sidebar-widget.png hosts.png progress-2-of-4.png run-all-snapshots.png value-mesh.png"
+README_SHOTS="sidebar-widget.png hosts.png progress-2-of-4.png run-all-snapshots.png value-mesh.png debug-attach.png"
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT INT TERM
 JUPYTER_MESH_SCREENSHOTS="$out" UCX_TLS=tcp,self "$PYTHON" -m pytest -q -p no:cacheprovider tests/ui

@@ -47,6 +47,9 @@ OURS: dict[str, tuple[str, Any]] = {
     "max_frame": ("JUPYTER_MESH_MAX_FRAME", None),
     # host agents a cast goes to directly; past that, agents relay to agents (``_runtime/tree``); 0: direct
     "fanout": ("JUPYTER_MESH_FANOUT", None),
+    # a call waited on longer than this (seconds) shows, in its cell and the views, which ranks have not
+    # answered and where each is (its stack's top frame, or "paused at file:line"); 0 turns it off
+    "slow_call_after": ("JUPYTER_MESH_SLOW_CALL_AFTER", 10.0),
 }
 
 MONARCH_KEYS = frozenset(

@@ -37,6 +37,51 @@ def test_sigstopped_proc_is_declared_dead_by_heartbeat(host):
         pm.stop(timeout=2)
 
 
+def _io_counters(pid: int) -> tuple[int, int]:
+    with open(f"/proc/{pid}/io") as f:
+        d = dict(line.split(": ") for line in f.read().splitlines())
+    return int(d["syscr"]), int(d["syscw"])
+
+
+def test_idle_procs_are_not_woken_by_heartbeats(host):
+    """An idle proc is told alive from /proc (``quiet``), not pinged: nothing reaches it while it idles
+    (its ZeroMQ I/O thread would signal an eventfd: a read and a write the kernel counts)."""
+    pm = host.spawn_procs(per_host={"gpus": 2})
+    try:
+        f = pm.spawn("f", Faulty)
+        pid = f.slice(gpus=1).pid.call_one().get(timeout=10)
+        f.ok.call().get(timeout=10)
+
+        def untouched_for_3_intervals() -> bool:  # pinged, it would see I/O every 0.75 s
+            before = _io_counters(pid)
+            time.sleep(2.5)
+            return _io_counters(pid) == before
+
+        # known idle after one answered ping with every thread asleep (a loaded host may take longer)
+        assert wait_for(untouched_for_3_intervals, 30)
+        assert list(f.ok.call().get(timeout=10).values()) == ["fine", "fine"]  # and it still answers
+    finally:
+        pm.stop(timeout=2)
+
+
+def test_idle_sigstopped_proc_is_declared_dead_by_heartbeat(host):
+    """A stopped proc does no I/O either: the state in /proc/<pid>/stat, not silence, gets it pinged,
+    and its silence then kills it as before, with nobody calling it."""
+    pm = host.spawn_procs(per_host={"gpus": 2})
+    try:
+        f = pm.spawn("f", Faulty)
+        pid = f.slice(gpus=1).pid.call_one().get(timeout=10)
+        time.sleep(3.0)  # known idle by now
+        os.kill(pid, signal.SIGSTOP)
+        assert wait_for(lambda: pm.state().ranks[1].state == ProcState.FAILED, 8)
+        assert not wait_dead([pid], 3)
+        assert pm.state().ranks[0].state != ProcState.FAILED
+        with pytest.raises(SupervisionError, match="stopped answering heartbeats"):
+            f.slice(gpus=1).ok.call_one().get(timeout=10)
+    finally:
+        pm.stop(timeout=2)
+
+
 def test_stop_with_a_hung_proc_is_bounded(host):
     pm = host.spawn_procs(per_host={"gpus": 2})
     pids = list(pm.pids().values())

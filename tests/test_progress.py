@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import pytest
 from _procs import wait_for
@@ -23,27 +24,31 @@ def test_a_progress_header_off_the_wire_keeps_only_what_parses():
     assert progress_calls({"k": Kind.PROGRESS, "p": "no list"}) == [] and progress_calls({}) == []
 
 
-def test_the_sender_batches_ranks_between_messages():
-    """The first rank goes out at once; the ranks after it wait for the interval (an hour here, so the
-    batch is still there to look at) and would leave as one message; a completed gather drops its own."""
+def test_the_sender_batches_ranks_and_skips_completed_gathers():
+    """News waits one interval: the ranks done meanwhile leave as one message per caller, and a gather
+    that completed meanwhile (``forget``: its gathered reply went out) sends none."""
     sent: list[tuple[str, dict]] = []
-    first = threading.Event()
+    two = threading.Event()
 
     def send(to, header):
         sent.append((to, header))
-        first.set()
+        if len(sent) == 2:
+            two.set()
 
-    s = ProgressSender(send, interval=3600)
+    s = ProgressSender(send, interval=1.0)
     try:
-        s.done("ctl", 1, 0)
-        assert first.wait(10)
-        for r in range(1, 100):
+        for r in range(100):
             s.done("ctl", 1, r)
         s.done("ctl", 2, 5)
         s.done("other", 3, 1)
-        s.forget("ctl", 2)  # its gathered reply went out
-        assert s._pending == {"ctl": {1: list(range(1, 100))}, "other": {3: [1]}}
-        assert sent == [("ctl", progress({1: [0]}))] and s.sent == 1
+        s.forget("ctl", 2)
+        assert sent == []  # nothing at once: the interval first
+        assert two.wait(10)
+        assert sorted(sent) == [("ctl", progress({1: list(range(100))})), ("other", progress({3: [1]}))]
+        s.done("ctl", 4, 0)  # a fast cast: its gather completes within the interval
+        s.forget("ctl", 4)
+        time.sleep(2.0)
+        assert s.sent == 2
     finally:
         s.close()
 

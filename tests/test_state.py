@@ -42,6 +42,31 @@ def test_tracker_transitions_without_processes():
     assert events[-1].kind == "stopped"
 
 
+def test_a_listener_of_some_kinds_gets_only_those():
+    """The debugger listens for failures only: busy/idle changes (two per rank per call) are then not
+    even built into events, unless another listener wants everything."""
+    t = StateTracker()
+    some: list = []
+    unsub = t.subscribe(some.append, kinds=("failed", "stopped"))
+    t.created("m", "mesh", {"gpus": 2}, [{"gpus": 0}, {"gpus": 1}])
+    t.ready("m", 0, 100)
+    t.ready("m", 1, 101)
+    t.activity("m", [0, 1], 1)
+    t.activity("m", [0, 1], -1)
+    assert some == []
+    t.failed("m", 1, Failure("mesh", {"gpus": 1}, "signal", "killed", signal=9))
+    assert [(e.kind, e.rank) for e in some] == [("failed", 1)]
+    every: list = []
+    unsub_every = t.subscribe(every.append)
+    t.activity("m", [0], 1)
+    assert [(e.kind, e.rank, e.state) for e in every] == [("state", 0, ProcState.BUSY)]
+    assert len(some) == 1
+    unsub_every()
+    unsub()
+    t.activity("m", [0], -1)
+    assert len(every) == 1 and len(some) == 1
+
+
 @pytest.mark.integration
 def test_live_state_and_events(host):
     events = []

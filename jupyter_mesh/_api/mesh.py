@@ -422,15 +422,21 @@ class ProcMesh(_MeshTrait):
         ]
 
     def stacks(
-        self, rank: int | Mapping[str, int] | None = None, timeout: float = 5.0, all_threads: bool = False
+        self,
+        rank: int | Mapping[str, int] | list[int] | None = None,
+        timeout: float = 5.0,
+        all_threads: bool = False,
     ) -> Any:
         """Where each rank is now: every thread's Python stack (``print()`` it: identical stacks of
         several ranks are folded). Asked of each proc's receive thread, so a rank stuck in a
         collective or a deadlock answers; one holding the GIL in native code says so. Runtime threads
-        that only wait are left out unless ``all_threads``."""
+        that only wait are left out unless ``all_threads``. ``rank``: one, a list of them, or all."""
         self._owner_only("read the stacks of")
         self._check_open()
-        ranks = [self._rank_of(rank)] if rank is not None else list(self._shape.ranks())
+        if isinstance(rank, list):
+            ranks = [self._rank_of(r) for r in rank]
+        else:
+            ranks = [self._rank_of(rank)] if rank is not None else list(self._shape.ranks())
         return self._controller.stacks(self._ref, ranks, timeout, all_threads)
 
     def pids(self) -> dict[int, int]:

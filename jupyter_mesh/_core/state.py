@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Union
 
@@ -250,27 +250,44 @@ class StateTracker:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        # a rank's state, in-flight count and the mesh's wave change from two threads at once (the
+        # caller's, starting a call; the receive thread, ending the last one): each change is made
+        # whole under this lock (listeners run outside it)
+        self._moves = threading.Lock()
         self._meshes: dict[str, _TrackedMesh] = {}
-        self._listeners: list[tuple[str | None, Listener]] = []
+        self._listeners: list[tuple[str | None, Listener, frozenset[str] | None]] = []
+        # which event kinds someone listens to (None in a listener's entry: all): a rank's busy/idle
+        # change on every call is built into an event only when someone wants "state" events
+        self._wants_all = False
+        self._wants: frozenset[str] = frozenset()
 
     # -- listeners --------------------------------------------------------------------------------
-    def subscribe(self, fn: Listener, mesh_id: str | None = None) -> Callable[[], None]:
-        entry = (mesh_id, fn)
+    def subscribe(
+        self, fn: Listener, mesh_id: str | None = None, kinds: Collection[str] | None = None
+    ) -> Callable[[], None]:
+        """``fn(event)`` on every change (of ``mesh_id`` only, of ``kinds`` only, if given)."""
+        entry = (mesh_id, fn, frozenset(kinds) if kinds is not None else None)
         with self._lock:
             self._listeners.append(entry)
+            self._recount()
 
         def unsubscribe() -> None:
             with self._lock:
                 if entry in self._listeners:
                     self._listeners.remove(entry)
+                    self._recount()
 
         return unsubscribe
+
+    def _recount(self) -> None:
+        self._wants_all = any(k is None for _, _, k in self._listeners)
+        self._wants = frozenset().union(*(k for _, _, k in self._listeners if k is not None))
 
     def _emit(self, ev: MeshEvent) -> None:
         if not self._listeners:
             return
-        for mesh_id, fn in list(self._listeners):
-            if mesh_id is None or mesh_id == ev.mesh_id:
+        for mesh_id, fn, kinds in list(self._listeners):
+            if (mesh_id is None or mesh_id == ev.mesh_id) and (kinds is None or ev.kind in kinds):
                 try:
                     fn(ev)
                 except Exception:
@@ -313,12 +330,13 @@ class StateTracker:
     def _set(
         self, e: _TrackedMesh, rank: int, new: ProcState, kind: str = "state", failure: Failure | None = None
     ) -> None:
-        old = e.state[rank]
-        if old == new and failure is None:
-            return
-        e.state[rank] = new
-        e.moved(rank, old, new)
-        if self._listeners:  # on the call path: build the event only for someone
+        with self._moves:
+            old = e.state[rank]
+            if old == new and failure is None:
+                return
+            e.state[rank] = new
+            e.moved(rank, old, new)
+        if self._wants_all or kind in self._wants:  # on the call path: build the event only for someone
             self._emit(MeshEvent(kind, e.mesh_id, e.name, rank, e.coords[rank], new, old, failure))
 
     def ready(self, mesh_id: str, rank: int, pid: int) -> None:
@@ -387,10 +405,20 @@ class StateTracker:
         e = self._meshes.get(mesh_id)
         if e is None:
             return
-        for r in ranks:
-            n = e.inflight[r] = max(0, e.inflight[r] + delta)
-            if e.state[r] in (ProcState.IDLE, ProcState.BUSY):
-                self._set(e, r, ProcState.BUSY if n else ProcState.IDLE)
+        moved = []
+        with self._moves:
+            for r in ranks:
+                n = e.inflight[r] = max(0, e.inflight[r] + delta)
+                old = e.state[r]
+                if old in (ProcState.IDLE, ProcState.BUSY):
+                    new = ProcState.BUSY if n else ProcState.IDLE
+                    if new != old:
+                        e.state[r] = new
+                        e.moved(r, old, new)
+                        moved.append((r, old, new))
+        if self._wants_all or "state" in self._wants:
+            for r, old, new in moved:
+                self._emit(MeshEvent("state", e.mesh_id, e.name, r, e.coords[r], new, old))
 
     def failed(self, mesh_id: str, rank: int, failure: Failure) -> None:
         e = self._meshes.get(mesh_id)
@@ -457,6 +485,8 @@ class StateTracker:
     def snapshot(self, mesh_id: str) -> MeshState:
         e = self._meshes[mesh_id]
         now = time.monotonic()
+        with self._moves:  # the wave's sets change under a call that starts or ends meanwhile
+            progress = e.progress(now)
         ranks = tuple(
             RankState(
                 r, e.coords[r], e.state[r], e.inflight[r], e.pids[r], e.failures[r], e.note(r, now),
@@ -464,9 +494,7 @@ class StateTracker:
             )
             for r in range(len(e.state))
         )  # fmt: skip
-        return MeshState(
-            e.mesh_id, e.name, dict(e.sizes), ranks, e.stopped, e.progress(now), tuple(e.hosts), e.job_now()
-        )
+        return MeshState(e.mesh_id, e.name, dict(e.sizes), ranks, e.stopped, progress, tuple(e.hosts), e.job_now())
 
     def mesh_ids(self) -> list[str]:
         return list(self._meshes)

@@ -40,6 +40,7 @@ from .agent_state import HostedMesh, ProcEntry, alive, describe_exit, kill, read
 from .forkserver import ForkServer
 from .inboxes import ActorInboxes
 from .keep_alive import Keeper
+from .quiet import QuietProcs
 from .relay import Relay
 
 __all__ = ["Agent"]
@@ -55,6 +56,8 @@ class Agent(ProcWatch):
         # liveness: procs must answer pings within hb_timeout; the controller must ping us
         self.hb_timeout: float = float(cfg.get("hb_timeout", 3.0))
         self.hb_interval = self.hb_timeout / 4
+        # idle procs are told from /proc, not pinged (``quiet``); JUPYTER_MESH_PING_IDLE=1 pings all
+        self.quiet = QuietProcs(enabled=os.environ.get("JUPYTER_MESH_PING_IDLE") != "1")
         # a controller silent this long is taken for dead; with a stdin lifeline (LocalJob) its death
         # closes our stdin, and silence only means it is busy (a long C call holding its GIL)
         self.controller_silence = float("inf") if cfg.get("stdin_lifeline") else 3 * self.hb_timeout

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from .forkserver import ForkServer
     from .inboxes import ActorInboxes
     from .keep_alive import Keeper
+    from .quiet import QuietProcs
     from .relay import Relay
 
 __all__ = ["ProcWatch"]
@@ -44,6 +45,7 @@ class ProcWatch:
     inboxes: ActorInboxes
     transport: Transport
     keeper: Keeper
+    quiet: QuietProcs
     hb_timeout: float
     hb_interval: float
     controller_silence: float
@@ -85,8 +87,9 @@ class ProcWatch:
             self.sel.register(fs.sock, selectors.EVENT_READ, ("template", None))
 
     def _heartbeat_tick(self, now: float) -> None:
-        """Ping every running proc; one that stops answering is watched (``liveness``): busy ones are
-        reported to the controller, hung ones (stopped, deadlocked) are declared dead after hb_timeout."""
+        """Ping every running proc but the idle ones (``quiet``); one that stops answering is watched
+        (``liveness``): busy ones are reported to the controller, hung ones (stopped, deadlocked) are
+        declared dead after hb_timeout."""
         silent = now - self.last_controller
         if silent > self.controller_silence and not self.keeper.controller_silent(silent):
             print(f"jupyter-mesh agent: no heartbeat from the controller for {silent:.0f} s; exiting", file=sys.stderr)
@@ -94,9 +97,13 @@ class ProcWatch:
         self._watch_template(now)
         with self.lock:
             running = [p for p in self.procs.values() if p.alive and p.up and not p.stopping]
+        self.quiet.prune({p.pid for p in running})
         for p in running:
             if not p.last_seen:
                 p.last_seen = now
+            if now - p.last_seen <= self.hb_interval * 1.5 and self.quiet.idle(p.pid, p.last_seen, now):
+                p.last_seen = now  # idle since it last answered (no I/O, not stopped): as good as a pong
+                continue
             silent = now - p.last_seen
             w = p.liveness
             w.answered(p.last_seen)

@@ -113,7 +113,7 @@ class Debugger:
         self._listeners: list[Callable[[PausedActor], None]] = []
         self.embedded = False  # this controller lives in a proc (an actor's meshes): nothing prompts here
         self._version = 0  # grows with every pause, prompt and end: what ``wait_change`` waits on
-        state.subscribe(self._on_state)
+        state.subscribe(self._on_state, kinds=("failed", "stopped", "respawned"))  # not every busy/idle
 
     # -- views ------------------------------------------------------------------------------------
     def paused(self) -> list[PausedActor]:

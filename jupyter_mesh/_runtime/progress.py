@@ -5,7 +5,8 @@ nothing until the host's last rank answered: ranks that finished would still loo
 tells a :class:`ProgressSender` each rank whose reply it now holds; the sender batches them and sends
 each caller at most one ``progress`` message per ``interval`` (one small header, no payload), on a
 thread of its own that sleeps while there is nothing to send. A gather that completes drops its
-pending ranks: the gathered reply says more.
+pending ranks: the gathered reply says more. A rank's news waits one ``interval``, so a cast whose
+gather completes within it (most) sends no progress at all.
 """
 
 from __future__ import annotations
@@ -59,19 +60,18 @@ class ProgressSender:
             self._cond.notify()
 
     def _run(self) -> None:
-        last = -self.interval
         while True:
             with self._cond:
                 while not self._pending and not self._closed:
                     self._cond.wait()  # nothing to say: sleep, no polling
                 if self._closed:
                     return
-            pause = last + self.interval - time.monotonic()
-            if pause > 0:
-                time.sleep(pause)  # the rate bound: ranks finishing meanwhile join this message
+            # news waits one interval: ranks finishing meanwhile join this message (the rate bound),
+            # and a gather that completes meanwhile needs none (``forget``): a fast cast costs its
+            # agent, and its caller, no progress message at all
+            time.sleep(self.interval)
             with self._cond:
                 batch, self._pending = self._pending, {}
-            last = time.monotonic()
             for caller, calls in batch.items():
                 if not calls:
                     continue

@@ -14,7 +14,7 @@ from .._runtime.controller import Controller
 from ..errors import SupervisionError
 from ..lowlevel import on_send, set_actor_errors, set_fault_hook, sync_output
 from ..ui.sidebar_comm import set_stopper
-from . import tracebacks
+from . import long_calls, tracebacks
 from .magics import MeshMagics
 from .output import OutputRouter
 from .reload import Redefinitions
@@ -50,6 +50,8 @@ class Front:
         self._prev_stopper = set_stopper(self.magics.down_mesh_id)
         # an actor paused in breakpoint() prompts in the cell waiting on its call (the kernel's stdin)
         debug.prompt_while_waiting(True)
+        # a call waited on for long shows in its cell which ranks have not answered, and where they are
+        long_calls.install()
 
     def _on_fault(self, err: SupervisionError) -> None:
         lines = [
@@ -119,6 +121,7 @@ class Front:
         if self._displayhook_start is not None:
             del self.shell.displayhook.start_displayhook  # the class's method again
         set_stopper(self._prev_stopper)
+        long_calls.uninstall()
         debug.prompt_while_waiting(False)
         self.shutdown()
 

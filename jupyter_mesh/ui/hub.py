@@ -23,6 +23,7 @@ from typing import Protocol
 
 from .._core.state import MeshEvent, MeshState
 from ..errors import format_coords
+from .slow_calls import waits
 from .wire import MeshWire, RecentFailure, mesh_wire
 
 __all__ = ["Hub", "View", "hub"]
@@ -75,6 +76,7 @@ class Hub:
         self._unsubscribe: Callable[[], None] | None = None
         self._failures: dict[str, collections.deque[RecentFailure]] = {}
         self.flushes = 0  # how many batches went out (tests check that events are coalesced)
+        self._calls_out = threading.Event()  # some mesh has calls out: the long-call watcher looks
 
     # -- views ------------------------------------------------------------------------------------
     def add_view(self, view: View) -> Callable[[], None]:
@@ -86,6 +88,9 @@ class Hub:
             if self._stop is None:
                 self._stop = threading.Event()
                 threading.Thread(target=self._run, args=(self._stop,), name="jupyter-mesh-ui", daemon=True).start()
+                threading.Thread(
+                    target=self._watch_long_calls, args=(self._stop,), name="jupyter-mesh-long-calls", daemon=True
+                ).start()
 
         def remove() -> None:
             unsub, stop = None, None
@@ -98,6 +103,7 @@ class Hub:
             if stop is not None:
                 stop.set()
                 self._wake.set()
+                self._calls_out.set()
             if unsub is not None:
                 unsub()
 
@@ -128,7 +134,7 @@ class Hub:
     def _wire(self, state: MeshState) -> MeshWire:
         with self._lock:
             failures = list(self._failures.get(state.mesh_id, ())) or None
-        return mesh_wire(state, failures)
+        return mesh_wire(state, failures, waits().cached(state))
 
     # -- the hub's thread -------------------------------------------------------------------------
     def _run(self, stop: threading.Event) -> None:
@@ -158,12 +164,48 @@ class Hub:
                 changed.append(self._wire(self.source.state(mesh_id)))
             except KeyError:
                 gone.append(mesh_id)
+        if any(m["gather"] is not None for m in changed):
+            self._calls_out.set()
         self.flushes += 1
         for view in views:
             try:
                 view(changed, gone)
             except Exception:  # one closed comm must not stop the other views
                 log.exception("a mesh view failed to update")
+
+    def _watch_long_calls(self, stop: threading.Event) -> None:
+        """While calls are out: once they run past ``slow_call_after``, where their ranks left are, every
+        ``REFRESH`` s (the views show it). Sleeps on an event while no call is out."""
+        from .slow_calls import REFRESH, slow_after
+
+        while True:
+            self._calls_out.wait()
+            if stop.is_set():
+                return
+            self._calls_out.clear()  # before looking: a flush meanwhile sets it again
+            try:
+                states = [s for s in self.source.states(False) if s.progress is not None]
+            except Exception:  # noqa: BLE001 - the runtime is going away
+                states = []
+            after, nap = slow_after(), REFRESH
+            if not states or after <= 0:
+                continue
+            for state in states:
+                assert state.progress is not None
+                if state.progress.elapsed < after:
+                    nap = min(nap, after - state.progress.elapsed)
+                    continue
+                try:
+                    waits().look(state)
+                except Exception:  # a view's extra must not stop the watcher
+                    log.exception("locating the ranks of a long call failed")
+                with self._lock:
+                    self._dirty.add(state.mesh_id)
+                self._wake.set()
+            self._calls_out.set()  # calls are out: look again after the nap
+            stop.wait(max(0.05, nap))
+            if stop.is_set():
+                return
 
 
 _hub: Hub | None = None

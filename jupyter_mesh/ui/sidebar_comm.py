@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from ..errors import MeshError
+from .debug_channel import serve as serve_debug
 from .hub import hub
 from .remote import serve as serve_status
 from .wire import ActionRequest, ActionResult, FrontMessage, MeshWire, SnapshotMessage, UpdateMessage, user_lines
@@ -130,6 +131,7 @@ def install(kernel: Any, name: str = "mesh", announce: bool = False) -> None:
     _installed[kernel] = name
     kernel.comm_manager.register_target(TARGET, lambda comm, _msg: SidebarChannel(comm, name))
     serve_status(kernel, name)  # `jupyter-mesh status`, answered on the control channel
+    serve_debug(kernel)  # the sidebar's Attach and Stacks, on the control channel too
     if announce:
         from comm import create_comm
 

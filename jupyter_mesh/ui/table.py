@@ -169,6 +169,10 @@ def html_table(meshes: list[MeshWire]) -> str:
             parts.append(f"<div data-job='{esc(job['kind'])}'>{esc(job_line(m))}</div>")
         if m["gather"]:
             parts.append(f"<div data-calls='{m['gather']['done']}/{m['gather']['total']}'>{esc(calls_line(m))}</div>")
+            for w in m["gather"].get("waits") or []:
+                parts.append(
+                    f"<div data-wait='{w['rank']}'>&nbsp;&nbsp;rank {w['rank']} [{esc(w['label'])}]: {esc(w['where'])}</div>"
+                )
         for host, slices in host_groups(m):
             if host is not None:
                 parts.append(_html_host(host, sum(len(row) for _, rows in slices for row in rows)))
@@ -249,6 +253,10 @@ def text_table(meshes: list[MeshWire]) -> str:
             out.append("  " + job_line(m))
         if m["gather"]:
             out.append("  " + calls_line(m))
+            out += [
+                f"    rank {w['rank']} [{w['label']}] not answered: {w['where']}"
+                for w in m["gather"].get("waits") or []
+            ]
         for host, slices in host_groups(m):
             pad = "  "
             if host is not None:

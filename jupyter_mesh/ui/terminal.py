@@ -49,6 +49,8 @@ def mesh_renderable(m: MeshWire) -> RenderableType:
         parts.append(Text(job_line(m), style="bold"))
     if m["gather"]:
         parts.append(Text(calls_line(m), style="cyan"))
+        for w in m["gather"].get("waits") or []:  # a long call: where its ranks left are
+            parts.append(Text(f"  rank {w['rank']} [{w['label']}] not answered: {w['where']}", style="cyan"))
     for host, slices in host_groups(m):
         if host is not None:
             n = sum(len(row) for _, rows in slices for row in rows)

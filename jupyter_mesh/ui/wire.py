@@ -8,6 +8,8 @@ The TypeScript twins of these types live in ``labextension/src/wire.ts``; keep t
 
 from __future__ import annotations
 
+import re
+import sys
 import time
 from collections.abc import Mapping
 from typing import Any, Literal, TypedDict, Union
@@ -34,6 +36,8 @@ __all__ = [
     "RefreshRequest",
     "SnapshotMessage",
     "UpdateMessage",
+    "WaitWire",
+    "cell_names",
     "failure_wire",
     "job_wire",
     "mesh_wire",
@@ -77,6 +81,14 @@ class Progress(TypedDict):
     total: int
 
 
+class WaitWire(TypedDict):
+    """A rank a long call still waits on, and where it is (``ui/slow_calls.py``)."""
+
+    rank: int
+    label: str  # "gpus=2"
+    where: str  # "train.py:42 in step: time.sleep(100)", "paused at In[3]:5", or why it is unknown
+
+
 class CallsWire(TypedDict):
     """The calls out on a mesh: ranks done / ranks busy since none was, and which are left."""
 
@@ -84,6 +96,8 @@ class CallsWire(TypedDict):
     total: int
     left: list[int]  # the first LEFT_MAX of them
     since: float  # when the first of them got busy (epoch seconds)
+    # past ``slow_call_after``: where the ranks left are (ui/slow_calls.py); absent or None before
+    waits: list[WaitWire] | None
 
 
 LEFT_MAX = 64
@@ -121,6 +135,21 @@ class MeshWire(TypedDict):
     job: JobWire | None
 
 
+_CELL_FILE = re.compile(r"(/[^\s:]*/ipykernel_\d+/\d+\.py)")
+
+
+def cell_names(text: str) -> str:
+    """``/tmp/ipykernel_81/3766964917.py:8`` as the notebook names it, ``In[2]:8``, in a kernel whose
+    IPython compiled that cell (IPython's own tracebacks say "Cell In[2]"); other text as it is."""
+    if "ipykernel_" not in text or "IPython" not in sys.modules:
+        return text
+    shell = sys.modules["IPython"].get_ipython()
+    names = getattr(getattr(shell, "compile", None), "_filename_map", None)
+    if not isinstance(names, dict):
+        return text
+    return _CELL_FILE.sub(lambda m: f"In[{names[m[1]]}]" if m[1] in names else m[1], text)
+
+
 def user_lines(lines: list[str]) -> list[str]:
     """A rank's output as its user wrote it: without the sync markers ``%%mesh`` prints after a cell
     (the notebook front reads them; in a failed rank's tail they would hide its last real lines)."""
@@ -134,7 +163,9 @@ def failure_wire(f: Failure | None) -> FailureWire | None:
     return FailureWire(kind=f.kind, detail=f.detail, traceback=tail, exit_code=f.exit_code, signal=f.signal)
 
 
-def mesh_wire(state: MeshState, failures: list[RecentFailure] | None = None) -> MeshWire:
+def mesh_wire(
+    state: MeshState, failures: list[RecentFailure] | None = None, waits: list[WaitWire] | None = None
+) -> MeshWire:
     dims = list(state.sizes)
     pr, now = state.progress, time.time()
     counts = state.counts()
@@ -146,7 +177,7 @@ def mesh_wire(state: MeshState, failures: list[RecentFailure] | None = None) -> 
             inflight=r.inflight,
             pid=r.pid,
             failure=failure_wire(r.failure),
-            note=r.note,
+            note=cell_names(r.note),
             busy_since=round(now - r.busy_s, 2) if r.state is ProcState.BUSY else None,
             host=r.host,
         )
@@ -169,6 +200,7 @@ def mesh_wire(state: MeshState, failures: list[RecentFailure] | None = None) -> 
             total=len(pr.done) + len(pr.left),
             left=list(pr.left[:LEFT_MAX]),
             since=round(now - pr.elapsed, 2),
+            waits=waits,
         ),
         failures=list(failures) if failures is not None else _current_failures(state, dims),
         hosts=[HostWire(index=h.index, address=h.address, state=h.state.value, why=h.why) for h in state.hosts],

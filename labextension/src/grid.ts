@@ -113,6 +113,9 @@ export function renderMesh(mesh: IMesh, opts: IMeshOptions): HTMLElement {
   }
   if (mesh.gather) {
     box.append(calls(mesh.gather));
+    if (mesh.gather.waits?.length) {
+      box.append(waits(mesh.gather));
+    }
   }
   box.append(grids(mesh, opts));
   const actions = opts.actions?.(mesh) ?? null;
@@ -162,6 +165,16 @@ function calls(g: ICalls): HTMLElement {
   bar.append(h('span', { class: 'jm-dim jm-left', 'data-left': g.left.join(',') },
     `left: ${g.left.join(', ')}${more} · since ${clock(g.since)}`));
   return bar;
+}
+
+/** A long call: the ranks it still waits on, each with where it is (its top frame, or paused at). */
+function waits(g: ICalls): HTMLElement {
+  const list = h('ul', { class: 'jm-waits', 'data-waits': String(g.waits?.length ?? 0) });
+  for (const w of g.waits ?? []) {
+    list.append(h('li', { 'data-rank': String(w.rank) }, `rank ${w.rank} [${w.label}] not answered: ${w.where}`));
+  }
+  return h('div', { class: 'jm-long-call' },
+    h('div', { class: 'jm-dim' }, `waiting since ${clock(g.since)}; not answered yet:`), list);
 }
 
 function grids(mesh: IMesh, opts: IMeshOptions): HTMLElement {

@@ -2,11 +2,11 @@
 // with them. The view reads this model and calls its methods; it never touches a kernel itself.
 
 import { ISessionContext } from '@jupyterlab/apputils';
-import { Kernel } from '@jupyterlab/services';
+import { Kernel, KernelMessage } from '@jupyterlab/services';
 import { ISignal, Signal } from '@lumino/signaling';
 
 import { KernelChannel } from './channel';
-import { ActionName, IActionResult, IMesh, KernelMessage } from './wire';
+import { ActionName, DEBUG_REPLY, DEBUG_REQUEST, IActionResult, IDebugReply, IDebugRequest, IMesh, KernelMessage as MeshMessage } from './wire';
 
 /** Where the sidebar stands with the notebook in focus. */
 export type Phase =
@@ -17,6 +17,7 @@ export type Phase =
   | 'ready'; // meshes below (possibly none)
 
 const ACTION_TIMEOUT_MS = 120_000;
+const DEBUG_TIMEOUT_MS = 30_000; // the kernel bounds each request to a few seconds
 
 interface IPending {
   resolve: (r: IActionResult) => void;
@@ -84,6 +85,39 @@ export class MeshModel {
     });
   }
 
+  /**
+   * A debugger request (a paused rank's pdb, a mesh's stacks) on the kernel's control channel: the
+   * kernel answers it while a cell runs (comms wait for the cell), over the path JupyterLab already
+   * has to the kernel (the server's authenticated websocket; the kernel's signed sockets).
+   */
+  debug(req: IDebugRequest): Promise<IDebugReply> {
+    const kernel = this._session?.session?.kernel ?? null;
+    const failed = (error: string): IDebugReply => ({ status: 'error', error, out: '', ended: false, running: false });
+    if (!kernel || this._phase !== 'ready') {
+      return Promise.resolve(failed('not connected to a mesh kernel'));
+    }
+    const msg = KernelMessage.createMessage<any>({
+      msgType: DEBUG_REQUEST,
+      channel: 'control',
+      session: kernel.clientId,
+      content: req
+    });
+    return new Promise<IDebugReply>(resolve => {
+      const timer = window.setTimeout(() => resolve(failed('no answer from the kernel')), DEBUG_TIMEOUT_MS);
+      const future = kernel.sendControlMessage(msg, true, true);
+      future.onReply = (reply: KernelMessage.IMessage) => {
+        if ((reply.header.msg_type as string) === DEBUG_REPLY) {
+          window.clearTimeout(timer);
+          resolve(reply.content as unknown as IDebugReply);
+        }
+      };
+      future.done.catch(() => {
+        window.clearTimeout(timer);
+        resolve(failed('the kernel went away'));
+      });
+    });
+  }
+
   /** Ask again: after %load_ext in a plain kernel, or to resynchronise. */
   reconnect(): void {
     this._connect(this._session?.session?.kernel ?? null);
@@ -133,7 +167,7 @@ export class MeshModel {
     channel.open();
   }
 
-  private _onMessage(msg: KernelMessage): void {
+  private _onMessage(msg: MeshMessage): void {
     switch (msg.type) {
       case 'snapshot':
         this._kernelKind = msg.kernel;

@@ -5,9 +5,11 @@ import { ILabShell, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/a
 import { MainAreaWidget } from '@jupyterlab/apputils';
 import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
 import { LabIcon } from '@jupyterlab/ui-components';
+import { Widget } from '@lumino/widgets';
 
 import { LogView } from './logs';
 import { MeshModel } from './model';
+import { PdbPanel, StacksView } from './pdb';
 import { MeshSidebar } from './view';
 import { IMesh } from './wire';
 
@@ -29,23 +31,47 @@ export const sidebarPlugin: JupyterFrontEndPlugin<void> = {
   optional: [ILabShell],
   activate: (app: JupyterFrontEnd, notebooks: INotebookTracker, labShell: ILabShell | null) => {
     const model = new MeshModel();
-    const openLogs = (mesh: IMesh, rank: number | null): void => {
-      const content = new LogView(model, mesh, rank);
-      // a tab in the bottom panel: beside the notebook, not squeezing it (a split halves its width)
-      const existing = Array.from(app.shell.widgets('down')).find(w => w.id === `${content.id}-area`);
-      if (existing) {
-        content.dispose();
-        app.shell.activateById(existing.id);
-        return;
-      }
+    // a tab in the bottom panel: beside the notebook, not squeezing it (a split halves its width)
+    const existing = (id: string) => Array.from(app.shell.widgets('down')).find(w => w.id === `${id}-area`);
+    const openBelow = (content: Widget): void => {
       const area = new MainAreaWidget({ content });
       area.id = `${content.id}-area`;
       area.title.label = content.title.label;
       area.title.icon = meshIcon;
+      content.disposed.connect(() => area.dispose()); // a pdb console closes itself once its rank runs on
       app.shell.add(area, 'down');
       app.shell.activateById(area.id);
     };
-    const sidebar = new MeshSidebar(model, openLogs);
+    const openLogs = (mesh: IMesh, rank: number | null): void => {
+      const content = new LogView(model, mesh, rank);
+      const there = existing(content.id);
+      if (there) {
+        content.dispose();
+        app.shell.activateById(there.id);
+        return;
+      }
+      openBelow(content);
+    };
+    const openPdb = (mesh: IMesh, rank: number): void => {
+      const there = existing(PdbPanel.idFor(mesh, rank));
+      if (there) {
+        app.shell.activateById(there.id);
+        return;
+      }
+      openBelow(new PdbPanel(model, mesh, rank, text => sidebar.say(text)));
+    };
+    const openStacks = (mesh: IMesh): void => {
+      const content = new StacksView(model, mesh);
+      const there = existing(content.id);
+      if (there) {
+        content.dispose();
+        app.shell.activateById(there.id);
+        void ((there as MainAreaWidget<StacksView>).content.refresh());
+        return;
+      }
+      openBelow(content);
+    };
+    const sidebar = new MeshSidebar(model, { openLogs, openPdb, openStacks });
     sidebar.title.icon = meshIcon;
     app.shell.add(sidebar, 'right', { rank: 600 });
     const follow = (panel: NotebookPanel | null): void => {

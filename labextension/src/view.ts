@@ -4,11 +4,16 @@
 
 import { Widget } from '@lumino/widgets';
 
-import { h, renderMesh, replaceKeepingScroll } from './grid';
+import { coordLabel, h, renderMesh, replaceKeepingScroll } from './grid';
 import { MeshModel } from './model';
-import { ActionName, IMesh } from './wire';
+import { ActionName, IMesh, IRank } from './wire';
 
-type OpenLogs = (mesh: IMesh, rank: number | null) => void;
+/** What the sidebar opens in the bottom panel. */
+export interface IOpeners {
+  openLogs: (mesh: IMesh, rank: number | null) => void;
+  openPdb: (mesh: IMesh, rank: number) => void;
+  openStacks: (mesh: IMesh) => void;
+}
 
 const PHASE_TEXT: Record<string, (m: MeshModel) => string> = {
   'no-notebook': () => 'Open a notebook to see the meshes of its kernel.',
@@ -20,14 +25,20 @@ const PHASE_TEXT: Record<string, (m: MeshModel) => string> = {
 };
 
 export class MeshSidebar extends Widget {
-  constructor(model: MeshModel, openLogs: OpenLogs) {
+  constructor(model: MeshModel, open: IOpeners) {
     super();
     this._model = model;
-    this._openLogs = openLogs;
+    this._open = open;
     this.addClass('jm-sidebar');
     this.id = 'jupyter-mesh-sidebar';
     this.title.caption = 'Meshes of the notebook\'s kernel';
     model.changed.connect(this._schedule, this);
+    this._draw();
+  }
+
+  /** A line under the meshes ("trainer on procs gpus=1 runs on"). */
+  say(text: string): void {
+    this._message = text;
     this._draw();
   }
 
@@ -88,20 +99,54 @@ export class MeshSidebar extends Widget {
         actions.append(this._button('Respawn failed', mesh, 'respawn', null, mesh.counts.failed === 0));
         actions.append(this._button('Stop mesh', mesh, 'stop', null, false));
         const logs = h('button', { class: 'jm-button' }, 'Logs');
-        logs.onclick = () => this._openLogs(mesh, null);
+        logs.onclick = () => this._open.openLogs(mesh, null);
         actions.append(logs);
-        return actions;
+        const stacks = h('button', { class: 'jm-button', 'data-action': 'stacks', title: 'where every rank is now (%mesh stacks)' }, 'Stacks');
+        stacks.onclick = () => this._open.openStacks(mesh);
+        actions.append(stacks);
+        const paused = this._paused(mesh);
+        if (!paused) {
+          return actions;
+        }
+        return h('div', {}, paused, actions);
       },
       rankActions: (_, r) => {
         const actions = h('div', { class: 'jm-actions' });
         actions.append(this._button('Stop proc', mesh, 'kill', r.rank, r.state === 'failed' || r.state === 'stopped'));
         actions.append(this._button('Respawn', mesh, 'respawn', r.rank, r.state !== 'failed'));
         const logs = h('button', { class: 'jm-button' }, 'Open logs');
-        logs.onclick = () => this._openLogs(mesh, r.rank);
+        logs.onclick = () => this._open.openLogs(mesh, r.rank);
         actions.append(logs);
+        if (r.state === 'paused') {
+          actions.append(this._attachButton(mesh, r));
+        }
         return actions;
       }
     });
+  }
+
+  /** The ranks paused in the debugger, each with where and an Attach button (null when none is). */
+  private _paused(mesh: IMesh): HTMLElement | null {
+    const paused = mesh.ranks.filter(r => r.state === 'paused');
+    if (!paused.length) {
+      return null;
+    }
+    const list = h('div', { class: 'jm-paused-list', 'data-paused': paused.map(r => r.rank).join(',') },
+      h('div', { class: 'jm-dim' }, 'Paused in the debugger'));
+    for (const r of paused) {
+      list.append(h('div', { class: 'jm-paused-rank', 'data-rank': String(r.rank) },
+        h('span', { class: 'jm-chip jm-paused' }, `rank ${r.rank}`),
+        h('span', { class: 'jm-paused-where' }, ` [${coordLabel(mesh, r.coords)}] ${r.note || 'paused'} `),
+        this._attachButton(mesh, r)));
+    }
+    return list;
+  }
+
+  private _attachButton(mesh: IMesh, r: IRank): HTMLElement {
+    const b = h('button', { class: 'jm-button', 'data-action': 'attach', 'data-rank': String(r.rank),
+      title: 'a console bound to this rank\'s pdb (continue lets it run on)' }, 'Attach');
+    b.onclick = () => this._open.openPdb(mesh, r.rank);
+    return b;
   }
 
   private _button(label: string, mesh: IMesh, action: ActionName, rank: number | null, disabled: boolean): HTMLElement {
@@ -119,7 +164,7 @@ export class MeshSidebar extends Widget {
   }
 
   private _model: MeshModel;
-  private _openLogs: OpenLogs;
+  private _open: IOpeners;
   private _selected = new Map<string, number | null>(); // mesh_id -> selected rank
   private _message = '';
   private _frame = 0;

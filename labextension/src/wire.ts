@@ -57,6 +57,14 @@ export interface IProgress {
 export interface ICalls extends IProgress {
   left: number[];
   since: number; // when the first of them got busy (epoch seconds)
+  waits?: IWait[] | null; // past slow_call_after: where the ranks left are (absent from older kernels)
+}
+
+/** A rank a long call still waits on, and where it is (jupyter_mesh/ui/slow_calls.py). */
+export interface IWait {
+  rank: number;
+  label: string; // "gpus=2"
+  where: string; // "train.py:42 in step: time.sleep(100)", "paused at <cell>:5", or why it is unknown
 }
 
 export interface IMesh {
@@ -112,3 +120,28 @@ export interface IRefreshRequest {
 }
 
 export type FrontMessage = IActionRequest | IRefreshRequest;
+
+// -- the sidebar's debugger requests, on the kernel's control channel (jupyter_mesh/ui/debug_channel.py)
+
+export const DEBUG_REQUEST = 'jupyter_mesh_debug_request';
+export const DEBUG_REPLY = 'jupyter_mesh_debug_reply';
+
+export interface IDebugRequest {
+  op: 'attach' | 'send' | 'take' | 'stacks';
+  mesh_id: string;
+  rank?: number;
+  actor?: string;
+  line?: string;
+}
+
+export interface IDebugReply {
+  status: 'ok' | 'error';
+  error: string;
+  out: string; // what pdb printed (up to its prompt), or the folded stacks
+  ended: boolean; // the actor runs on (continue), or its proc died
+  running: boolean; // a command still runs (a slow `n`): ask again with `take`
+  where?: string; // "file:line" it is paused at
+  actor?: string;
+  label?: string; // "gpus=3"
+  mesh?: string;
+}

@@ -61,7 +61,7 @@ export function jobLabel(mesh) {
     return `${(_a = schedulers[job.kind]) !== null && _a !== void 0 ? _a : job.kind} job` + (job.id ? ` ${job.id}` : ''); // "SLURM job 12"
 }
 export function renderMesh(mesh, opts) {
-    var _a, _b, _c, _d, _e;
+    var _a, _b, _c, _d, _e, _f;
     const box = h('section', {
         class: 'jm-mesh' + (mesh.stopped ? ' jm-stopped-mesh' : ''),
         'data-mesh': mesh.name,
@@ -86,9 +86,12 @@ export function renderMesh(mesh, opts) {
     }
     if (mesh.gather) {
         box.append(calls(mesh.gather));
+        if ((_d = mesh.gather.waits) === null || _d === void 0 ? void 0 : _d.length) {
+            box.append(waits(mesh.gather));
+        }
     }
     box.append(grids(mesh, opts));
-    const actions = (_e = (_d = opts.actions) === null || _d === void 0 ? void 0 : _d.call(opts, mesh)) !== null && _e !== void 0 ? _e : null;
+    const actions = (_f = (_e = opts.actions) === null || _e === void 0 ? void 0 : _e.call(opts, mesh)) !== null && _f !== void 0 ? _f : null;
     if (actions) {
         box.append(actions);
     }
@@ -131,6 +134,15 @@ function calls(g) {
     const more = g.total - g.done > g.left.length ? ', …' : '';
     bar.append(h('span', { class: 'jm-dim jm-left', 'data-left': g.left.join(',') }, `left: ${g.left.join(', ')}${more} · since ${clock(g.since)}`));
     return bar;
+}
+/** A long call: the ranks it still waits on, each with where it is (its top frame, or paused at). */
+function waits(g) {
+    var _a, _b, _c;
+    const list = h('ul', { class: 'jm-waits', 'data-waits': String((_b = (_a = g.waits) === null || _a === void 0 ? void 0 : _a.length) !== null && _b !== void 0 ? _b : 0) });
+    for (const w of (_c = g.waits) !== null && _c !== void 0 ? _c : []) {
+        list.append(h('li', { 'data-rank': String(w.rank) }, `rank ${w.rank} [${w.label}] not answered: ${w.where}`));
+    }
+    return h('div', { class: 'jm-long-call' }, h('div', { class: 'jm-dim' }, `waiting since ${clock(g.since)}; not answered yet:`), list);
 }
 function grids(mesh, opts) {
     const out = h('div', { class: 'jm-grids' });
