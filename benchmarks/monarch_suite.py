@@ -1,7 +1,7 @@
 """Monarch's own test suite run against jupyter_mesh: how far "a Monarch program ports by changing its
 imports" holds, measured. Prints one JSON object.
 
-    python benchmarks/monarch_suite.py --monarch-src DIR [--files a.py,b.py] [-k EXPR] [--timeout 60]
+    python benchmarks/monarch_suite.py --monarch-src DIR [--files a.py,b.py] [-k EXPR] [--timeout 60] [--keep]
 
 ``DIR`` is a checkout of meta-pytorch/monarch or its bare git directory. Nothing of Monarch is kept in
 this repository: the tests and examples are exported to a temporary directory, their imports rewritten
@@ -15,6 +15,10 @@ What counts:
   (``PortGap``), so one missing name fails the tests that use it, not the whole file; ``gaps`` counts
   the tests each one stopped (the first one they hit).
 * ``examples``: Monarch's CPU examples run as scripts; ``ok`` is exit status 0 within the time limit.
+
+Each pytest run and example runs in a session of its own, its temp dir inside the run's directory; when it
+ends or times out its process group and every process carrying the run's mark (agents start sessions of
+their own) are killed, and the ``/tmp/msuite-*`` directory is removed unless ``--keep``.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ import argparse
 import json
 import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -227,6 +233,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "oss_skip: not run by Monarch's OSS CI")
 
 
+@pytest.hookimpl(trylast=True)  # after -k has deselected: the listing is what runs
 def pytest_collection_modifyitems(config, items):
     listing = os.environ.get("MONARCH_SUITE_COLLECT")
     found = []
@@ -398,10 +405,80 @@ def export(src: Source, work: Path, files: list[str]) -> Rewriter:
     return rw
 
 
+_RUN_MARK = "MONARCH_SUITE_RUN"  # every process of a run inherits it: how ``_reap`` finds what a run left
+
+
 def _env(work: Path) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(work), str(PACKAGE), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env[_RUN_MARK] = str(work)
+    tmp = work / "tmp"  # what the tests write to the temp dir goes with the run's directory
+    tmp.mkdir(exist_ok=True)
+    env["TMPDIR"] = str(tmp)
     return env
+
+
+def _marked(work: Path) -> list[int]:
+    """Our processes that carry this run's mark: agents start sessions of their own, so a process group
+    does not hold them all."""
+    mark = f"{_RUN_MARK}={work}".encode()
+    found = []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if mark in f.read().split(b"\0"):
+                    found.append(int(entry))
+        except OSError:  # gone, or not ours
+            pass
+    return found
+
+
+def _reap(proc: subprocess.Popen[Any], work: Path) -> None:
+    """Kill the process group of ``proc`` and every process the run left (a hung test, a timed-out file,
+    an agent whose controller died), then wait for ``proc`` itself."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for pid in _marked(work):
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline and (proc.poll() is None or _marked(work)):
+            time.sleep(0.1)
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _run(cmd: list[str], work: Path, limit: int, env: dict[str, str] | None = None) -> tuple[int | None, str, str]:
+    """``cmd`` in a session of its own; on return, after ``limit`` seconds, or when this script is
+    interrupted (Ctrl-C, SIGTERM), nothing it started is left. Returns (exit status or None when timed
+    out, stdout, stderr)."""
+    proc = subprocess.Popen(cmd, cwd=work, env=env or _env(work), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)  # fmt: skip
+    rc: int | None
+    try:
+        out, err = proc.communicate(timeout=limit)
+        rc = proc.returncode
+    except subprocess.TimeoutExpired:
+        rc = None
+        _reap(proc, work)
+        out, err = proc.communicate()
+    finally:
+        _reap(proc, work)  # a test's leftovers (agents and procs) do not outlive its file, nor an interrupt
+    return rc, out or "", err or ""
+
+
+def _terminated(signum: int, _frame: Any) -> None:
+    """SIGTERM ends the run like Ctrl-C: ``_run`` and ``main`` clean up on the way out."""
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def collect(work: Path, name: str, k: str | None) -> list[dict[str, Any]]:
@@ -412,8 +489,8 @@ def collect(work: Path, name: str, k: str | None) -> list[dict[str, Any]]:
     if k:
         cmd += ["-k", k]
     env = {**_env(work), "MONARCH_SUITE_COLLECT": str(listing)}
-    done = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=300)
-    if done.returncode != 0 and listing.exists() and not json.loads(listing.read_text()):
+    rc, _, _ = _run(cmd, work, 300, env)
+    if rc != 0 and listing.exists() and not json.loads(listing.read_text()):
         listing.unlink()  # the file did not import even so: ``load_file`` lists its tests by name
     return json.loads(listing.read_text()) if listing.exists() else []
 
@@ -426,11 +503,8 @@ def run_file(work: Path, name: str, timeout: int, k: str | None, file_limit: int
            f"--timeout={timeout}", f"--junitxml={xml}", "-o", "junit_family=xunit1", name]  # fmt: skip
     if k:
         cmd += ["-k", k]
-    try:
-        proc = subprocess.run(cmd, cwd=work, env=_env(work), capture_output=True, text=True, timeout=file_limit)
-        tail = proc.stdout[-3000:]
-    except subprocess.TimeoutExpired as e:
-        tail = f"file timed out after {file_limit}s: {(e.stdout or b'')[-2000:]!r}"
+    rc, out, _ = _run(cmd, work, file_limit)
+    tail = out[-3000:] if rc is not None else f"file timed out after {file_limit}s: {out[-2000:]}"
     (work / f"{name}.log").write_text(tail)
     return load_file(work, name)
 
@@ -542,12 +616,9 @@ def run_examples(work: Path, limit: int) -> dict[str, Any]:
     for rel in EXAMPLES:
         name = Path(rel).name
         t0 = time.monotonic()
-        try:
-            p = subprocess.run([sys.executable, f"examples/{name}"], cwd=work, env=_env(work),
-                               capture_output=True, text=True, timeout=limit)  # fmt: skip
-            rc, err = p.returncode, p.stderr
-        except subprocess.TimeoutExpired as e:
-            rc, err = None, f"timed out after {limit}s; {(e.stderr or b'')[-1500:]!r}"
+        rc, _, err = _run([sys.executable, f"examples/{name}"], work, limit)
+        if rc is None:
+            err = f"timed out after {limit}s; {err[-1500:]}"
         last = [ln for ln in err.splitlines() if ln.strip()][-3:]
         out[name] = {"ok": rc == 0, "rc": rc, "seconds": round(time.monotonic() - t0, 1), "stderr_tail": last}
     return out
@@ -563,29 +634,41 @@ def main() -> None:
     ap.add_argument("--no-examples", action="store_true")
     ap.add_argument("--example-timeout", type=int, default=180)
     ap.add_argument("--workdir", help="export here (kept) instead of a temporary directory")
+    ap.add_argument("--keep", action="store_true", help="keep the temporary directory (its path goes to stderr)")
     ap.add_argument("--details", action="store_true", help="list every failing test with its first line")
     ap.add_argument("--package", help="the jupyter_mesh checkout to test (default: this one)")
     ap.add_argument("--resummarize", action="store_true", help="count again what a run left in --workdir")
     a = ap.parse_args()
+    signal.signal(signal.SIGTERM, _terminated)
     global PACKAGE
     if a.package:
         PACKAGE = Path(a.package).resolve()
         sys.path.insert(0, str(PACKAGE))
     src = Source(a.monarch_src)
     files = a.files.split(",") if a.files else FILES
-    tmp = None
+    tmp: Path | None = None
     if a.workdir:
         work = Path(a.workdir)
         work.mkdir(parents=True, exist_ok=True)
     else:
-        tmp = tempfile.TemporaryDirectory(prefix="monarch-suite-")
-        work = Path(tmp.name)
+        work = Path(tempfile.mkdtemp(prefix="msuite-"))
+        tmp = None if a.keep else work
+        if a.keep:
+            print(f"monarch_suite: kept in {work}", file=sys.stderr)
     if a.resummarize:
         if not a.workdir:
             ap.error("--resummarize needs --workdir")
         records = [r for name in files for r in load_file(work, name)]
         print(json.dumps({"monarch_rev": src.rev, "files": len(files), **summarize(records)}, indent=1))
         return
+    try:
+        _measure(a, src, work, files)
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _measure(a: argparse.Namespace, src: Source, work: Path, files: list[str]) -> None:
     rw = export(src, work, files)
     records = []
     for name in files:
@@ -597,9 +680,11 @@ def main() -> None:
     if not a.no_examples and not a.k:
         result["examples"] = run_examples(work, a.example_timeout)
     print(json.dumps(result, indent=1))
-    if tmp is not None:
-        tmp.cleanup()
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:
+        print("monarch_suite: interrupted; what it started was stopped, its directory removed", file=sys.stderr)
+        sys.exit(130)

@@ -45,6 +45,7 @@ OURS: dict[str, tuple[str, Any]] = {
     "init_timeout": ("JUPYTER_MESH_INIT_TIMEOUT", None),
     "heartbeat_timeout": ("JUPYTER_MESH_HEARTBEAT_TIMEOUT", None),
     "max_frame": ("JUPYTER_MESH_MAX_FRAME", None),
+    "warm": ("JUPYTER_MESH_WARM", None),  # None/true: local templates preload torch (``jobs.warm``)
     # host agents a cast goes to directly; past that, agents relay to agents (``_runtime/tree``); 0: direct
     "fanout": ("JUPYTER_MESH_FANOUT", None),
     # a call waited on longer than this (seconds) shows, in its cell and the views, which ranks have not

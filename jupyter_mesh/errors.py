@@ -39,6 +39,7 @@ from typing import Any
 
 __all__ = [
     "ActorError",
+    "CallSite",
     "DeliveryError",
     "Failure",
     "MeshCancelledError",
@@ -139,14 +140,15 @@ class ActorError(MeshError):
         first = self.failures[0]
         head = f"{first.exc_type}: {first.message}" if first.message else first.exc_type
         if len(self.failures) == 1:
-            where = first.where()
+            on = f"[{format_coords(first.coords)}]"
         else:
             ranks = "; ".join(format_coords(f.coords) for f in self.failures[:8])
             more = f" (+{len(self.failures) - 8} more)" if len(self.failures) > 8 else ""
             of = f" of {self.total}" if self.total else ""
-            where = f"{first.actor}.{first.endpoint} on {len(self.failures)}{of} ranks [{ranks}{more}]"
+            on = f"{len(self.failures)}{of} ranks [{ranks}{more}]"
+        # "Actor call a.b failed" is Monarch's wording, which programs match
         return (
-            f"{head}\n  raised in {where}\n"
+            f"{head}\n  Actor call {first.actor}.{first.endpoint} failed on {on}\n"
             f"Remote traceback (first failing rank):\n{first.traceback.rstrip()}\n"
             "The actors are still alive: fix the input or the endpoint and call again."
         )
@@ -171,6 +173,8 @@ class Failure:
     exit_code: int | None = None
     signal: int | None = None
     actor: str = ""  # the actor mesh, for a failure of one actor (its proc lives on)
+    who: str = ""  # that actor as Monarch names it: ``module.Class name{'gpus': 0/4}``
+    rank: int | None = None  # the failed rank's index in its proc mesh (row-major), where known
 
     @property
     def mesh_name(self) -> str:
@@ -181,10 +185,20 @@ class Failure:
         """Monarch's user-readable report of this failure: where, and why."""
         return self.describe() + (f"\n{self.traceback.rstrip()}" if self.traceback else "")
 
-    def describe(self) -> str:
+    def describe(self, phrase: bool = True) -> str:
+        """``[gpus=3] why``; an actor that ended is named with Monarch's phrase (which programs match),
+        unless not ``phrase`` (a call's lead line names it already; the notebook is terser)."""
         if not self.mesh:  # a host's agent, not a rank
             return self.detail
-        return f"[{format_coords(self.coords)}] {self.detail}"
+        detail = self.detail
+        if self.ended_actor and self.who and phrase:
+            detail = f"The actor {self.who} and all its descendants have failed: {detail}"
+        return f"[{format_coords(self.coords)}] {detail}"
+
+    @property
+    def ended_actor(self) -> bool:
+        """Is this the end of one actor (its proc lives on), not of its proc or a mere report?"""
+        return self.kind in ("init", "died") or (self.kind == "stopped" and bool(self.actor))
 
 
 _KIND_HINTS = {
@@ -216,9 +230,10 @@ class SupervisionError(MeshError, RuntimeError):
     too, as Monarch's is.
     """
 
-    def __init__(self, failures: Sequence[Failure], context: str = ""):
+    def __init__(self, failures: Sequence[Failure], context: str = "", call: CallSite | None = None):
         self.failures = list(failures)
         self.context = context
+        self.call = call
         super().__init__(self._message())
 
     def _message(self) -> str:
@@ -228,9 +243,18 @@ class SupervisionError(MeshError, RuntimeError):
             what = f"{len(self.failures)} rank(s) of meshes " + ", ".join(f"'{m}'" for m in meshes)
         else:
             what = f"{len(self.failures)} rank(s) of mesh '{first.mesh}'" if first.mesh else "a host agent"
-        lines = [f"{what} failed" + (f" {self.context}" if self.context else "") + ":"]
+        in_call = self.call is not None and bool(first.mesh)
+        if in_call:  # Monarch's lead line, which programs match: the call, then the actor it reached
+            assert self.call is not None
+            lines = [f"Endpoint call {self.call.name}.{self.call.endpoint}() failed, The actor {self.call.who()} "
+                     f"and all its descendants have failed: {what}:"]  # fmt: skip
+        else:
+            lines = [f"{what} failed" + (f" {self.context}" if self.context else "") + ":"]
         several = len(meshes) > 1
-        lines += [f"  {repr(f.mesh) + ' ' if several and f.mesh else ''}{f.describe()}" for f in self.failures[:16]]
+        lines += [
+            f"  {repr(f.mesh) + ' ' if several and f.mesh else ''}{f.describe(phrase=not in_call)}"
+            for f in self.failures[:16]
+        ]
         if len(self.failures) > 16:
             lines.append(f"  ... and {len(self.failures) - 16} more")
         with_tb = next((f for f in self.failures if f.traceback), None)
@@ -241,7 +265,19 @@ class SupervisionError(MeshError, RuntimeError):
         return "\n".join(lines)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.failures, self.context))
+        return (type(self), (self.failures, self.context, self.call))
+
+
+@dataclass(frozen=True)
+class CallSite:
+    """The endpoint call a :class:`SupervisionError` failed: actor mesh ``name``, its class, the endpoint."""
+
+    name: str
+    cls: str
+    endpoint: str
+
+    def who(self) -> str:
+        return f"{self.cls} '{self.name}'" if self.cls else f"'{self.name}'"
 
 
 class MeshFailure(SupervisionError):
@@ -260,7 +296,13 @@ class MeshFailure(SupervisionError):
         return None
 
     @property
-    def crashed_ranks(self) -> list[dict[str, int]]:
+    def crashed_ranks(self) -> list[int]:
+        """The failed ranks' indices in their proc mesh (row-major), as Monarch's repr lists them."""
+        return [f.rank for f in self.failures if f.rank is not None]
+
+    @property
+    def crashed_coords(self) -> list[dict[str, int]]:
+        """The failed ranks' coordinates (``{'gpus': 3}``), in the order of ``failures``."""
         return [dict(f.coords) for f in self.failures]
 
     def report(self) -> str:
@@ -269,7 +311,11 @@ class MeshFailure(SupervisionError):
 
     def __repr__(self) -> str:
         kinds = ",".join(sorted({f.kind for f in self.failures}))
-        return f"MeshFailure(mesh_name={self.mesh_name!r}, crashed_ranks={self.crashed_ranks}, kind={kinds})"
+        where = "; ".join(format_coords(c) for c in self.crashed_coords[:8])
+        return (
+            f"MeshFailure(mesh_name={self.mesh_name!r}, crashed_ranks={self.crashed_ranks}, "
+            f"coords=[{where}], kind={kinds})"
+        )
 
     def __str__(self) -> str:
         """Named, as Monarch prints one (``__supervise__`` code logs ``str(failure)``), then the report."""

@@ -6,6 +6,10 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
+# Templates preload nothing unless a test asks (tests/test_warm.py turns it on): torch imported by every
+# LocalJob's template would cost this 2-core machine seconds per job. Kernels and scripts started by
+# the tests inherit it.
+os.environ.setdefault("JUPYTER_MESH_WARM", "0")
 
 from _procs import descendants, wait_dead
 

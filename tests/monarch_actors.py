@@ -110,6 +110,44 @@ class Owner(Actor):
         return True
 
 
+class Cleans(Actor):
+    """Appends its name to ``path`` when its mesh is stopped (``__cleanup__``)."""
+
+    def __init__(self, path: str, name: str):
+        self.path, self.name = path, name
+
+    @endpoint
+    def ok(self) -> str:
+        return "ok"
+
+    def __cleanup__(self, exc: BaseException | None) -> None:
+        with open(self.path, "a") as f:
+            f.write(self.name + "\n")
+
+
+class Parent(Actor):
+    """Spawns actors on a proc mesh it is given and on one of its own: its descendants."""
+
+    def __init__(self, procs, path: str) -> None:
+        from jupyter_mesh import this_host
+
+        self.own_procs = this_host().spawn_procs(per_host={"gpus": 1})
+        self.on_given = procs.spawn("on_given", Cleans, path, "on_given")
+        self.on_own = self.own_procs.spawn("on_own", Cleans, path, "on_own")
+
+    @endpoint
+    def children_ok(self) -> list:
+        return [self.on_given.ok.call_one().get(timeout=20), self.on_own.ok.call_one().get(timeout=20)]
+
+    @endpoint
+    def own_pids(self) -> list:
+        return list(self.own_procs.pids().values())
+
+    @endpoint
+    async def die(self) -> None:
+        raise Dies("the parent dies")
+
+
 class Finalizes(Actor):
     @endpoint
     def arm(self, path: str, hang: float = 0.0) -> int:
@@ -121,6 +159,8 @@ class Finalizes(Actor):
 
         self.resource = Resource()
         weakref.finalize(self.resource, _write, f"{path}.{os.getpid()}.finalizer", 0.0)
+        global _kept  # a module global: freed (its __del__ run) only when the interpreter finalizes
+        _kept = _WritesOnDel(f"{path}.{os.getpid()}.del")
         return os.getpid()
 
     @endpoint
@@ -130,6 +170,18 @@ class Finalizes(Actor):
     @endpoint
     async def busy_async(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
+
+
+class _WritesOnDel:
+    def __init__(self, path: str) -> None:
+        self.file = open(path, "w")  # opened now: ``open`` may be gone when __del__ runs at exit
+
+    def __del__(self) -> None:
+        self.file.write("finalized")
+        self.file.close()
+
+
+_kept: _WritesOnDel | None = None
 
 
 def _write(path: str, hang: float) -> None:

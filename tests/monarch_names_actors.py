@@ -185,3 +185,7 @@ class BootProbe(Actor):
     @endpoint
     def booted(self) -> list[str]:
         return booted
+
+    @endpoint
+    def env(self, name: str) -> str | None:
+        return os.environ.get(name)

@@ -88,7 +88,10 @@ def test_import_does_not_pull_heavy_modules():
     assert out.stdout.strip() == "[]", out.stderr
 
 
-def test_segments_roundtrip_and_names_are_checked():
+def test_segments_roundtrip_and_names_are_checked(monkeypatch):
+    from jupyter_mesh._wire import shm_pool
+
+    monkeypatch.setattr(shm_pool, "_sender", shm_pool.SenderPool(budget=0))  # one-shot named segments
     prefix = _shm.session_prefix(b"k" * 32)
     big, small = bytes(range(256)) * (_shm.SEGMENT_MIN // 256 + 1), b"x" * 100
     entries, rest = _shm.stash(prefix, [small, big, small])

@@ -73,8 +73,11 @@ def test_no_shm_left_after_kill_9(tmp_path, victim):
     script = tmp_path / "traffic.py"
     script.write_text(SHM_TRAFFIC.format(tests=TESTS))
     linger = "60" if victim == "controller" else "3"  # killing an agent or template: the program ends itself
+    # one-shot named segments, the kind a dead receiver can leave in /dev/shm (pooled ones are memfds:
+    # they go with the processes that hold them)
+    env = {**_env(), "JUPYTER_MESH_SHM_POOL": "0"}
     ctl = subprocess.Popen(
-        [sys.executable, str(script), linger], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env()
+        [sys.executable, str(script), linger], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
     )
     try:
         line = ctl.stdout.readline() if ctl.stdout else b""

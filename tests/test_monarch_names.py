@@ -308,6 +308,23 @@ def test_default_bootstrap_cmd_and_point_str():
     assert str(point) == "{'hosts': 0/1, 'gpus': 1/2}"
 
 
+def test_bootstrap_command_with_env_gives_the_procs_that_environment(host):
+    base = default_bootstrap_cmd()
+    cmd = base.with_env({"JM_TEST_MARK": "3"})
+    assert base.env == {} and cmd.env == {"JM_TEST_MARK": "3"}  # a copy: the default is unchanged
+    pm = host.spawn_procs(per_host={"gpus": 1}, bootstrap_command=cmd)
+    plain = host.spawn_procs(per_host={"gpus": 1})
+    try:
+        assert pm.spawn("p", BootProbe).env.call_one("JM_TEST_MARK").get(timeout=30) == "3"
+        assert plain.spawn("p", BootProbe).env.call_one("JM_TEST_MARK").get(timeout=30) is None
+    finally:
+        pm.stop()
+        plain.stop()
+    other = type(base)("/usr/bin/env", ["python3"])  # procs fork from the agent: another program cannot apply
+    with pytest.raises(ValueError, match="only the environment of a bootstrap command applies"):
+        host.spawn_procs(per_host={"gpus": 1}, bootstrap_command=other)
+
+
 def test_shutdown_context_stops_everything_and_is_idempotent(tmp_path):
     script = textwrap.dedent(
         """

@@ -15,7 +15,7 @@ import textwrap
 
 import pytest
 from _procs import wait_dead, wait_for
-from monarch_actors import Boom, Finalizes, Nested, Owner, Ranks
+from monarch_actors import Boom, Finalizes, Nested, Owner, Parent, Ranks
 
 from jupyter_mesh import ActorError, Future, LocalJob, MeshClosedError, SupervisionError, lowlevel
 from jupyter_mesh.errors import MeshFailure
@@ -90,7 +90,8 @@ def test_an_actor_given_a_proc_mesh_spawns_on_it_and_supervises_it(host, recorde
         # the child actor dies (an error under broadcast): its owner hears of it
         owner.break_child.call_one().get(timeout=10)
         seen = wait_for(lambda: owner.seen_failures.call_one().get(timeout=5), 10)
-        assert seen == ["died:child:[gpus=0] child.fail raised ValueError: this is a test exception under "
+        assert seen == ["died:child:[gpus=0] The actor monarch_actors.Boom child{'gpus': 0/1} and all its "
+                        "descendants have failed: child.fail raised ValueError: this is a test exception under "
                         "broadcast(), where no caller can receive it, so the actor died"]  # fmt: skip
         # the child's proc dies: its owner hears of that too
         os.kill(pm2.pids()[0], signal.SIGKILL)
@@ -131,8 +132,12 @@ def test_init_failure_reaches_the_fault_hook(procs, recorded_faults):
     assert len(faults) == 4 and all(isinstance(f, SupervisionError) for f in faults)  # Monarch: one per rank
     for f in faults:
         assert f.mesh_name == "exception_actor" and "this is an exception from __init__" in str(f)
-        assert f.failures[0].kind == "init" and len(f.crashed_ranks) == 1
-    assert sorted(f.crashed_ranks[0]["gpus"] for f in faults) == [0, 1, 2, 3]
+        assert f.failures[0].kind == "init" and len(f.crashed_ranks) == 1 == len(f.crashed_coords)
+    assert (
+        sorted(f.crashed_coords[0]["gpus"] for f in faults)
+        == [0, 1, 2, 3]
+        == sorted(f.crashed_ranks[0] for f in faults)
+    )
 
 
 _FAILED_INIT_SCRIPT = textwrap.dedent(
@@ -217,6 +222,59 @@ def test_base_exception_ends_the_actor_with_a_supervision_error(procs, recorded_
     assert d.ok.call_one().get(timeout=10) == "ok"
 
 
+def test_supervision_errors_use_monarchs_phrases_and_still_say_where_and_what_to_do(host, recorded_faults):
+    """Monarch programs match its wording ("Endpoint call a.b() failed, The actor ... and all its
+    descendants have failed"); ours leads with it, then the ranks, the cause and what to do."""
+    pm = host.spawn_procs(per_host={"gpus": 2})
+    a = pm.spawn("error", Boom)
+    first = r"Endpoint call error\.die\(\) failed, The actor Boom 'error' and all its descendants have failed: "
+    with pytest.raises(SupervisionError, match=first + r"1 rank\(s\) of mesh '.*':\n  \[gpus=0\] .*Dies") as ei:
+        a.slice(gpus=0).die.call_one().get(timeout=10)
+    assert "What to do:" in str(ei.value) and "simulated actor failure" in str(ei.value)
+    with pytest.raises(ActorError, match=r"this is a test exception\n  Actor call error\.fail failed on \[gpus=1\]"):
+        a.slice(gpus=1).fail.call_one().get(timeout=10)  # an endpoint's error: Monarch's "Actor call a.b failed"
+    with pytest.raises(RuntimeError, match=r"Endpoint call error\.ok\(\) failed, The actor .* and all its descendants"):
+        a.ok.call().get(timeout=10)  # later calls: the same, naming the call they are
+    # the fault hook names the ended actor as Monarch does: module.Class name{point}
+    start = len(recorded_faults)
+    b = pm.spawn("quiet", Boom).slice(gpus=1)
+    b.die.broadcast()
+    faults = wait_for(lambda: _new_faults(recorded_faults, start), 10)
+    assert "The actor monarch_actors.Boom quiet{'gpus': 1/2} and all its descendants have failed:" in faults[0].report()
+    os.kill(pm.pids()[1], signal.SIGKILL)  # a proc's death: the call still names the actor it reached
+    with pytest.raises(
+        SupervisionError, match=r"Endpoint call error\.ok\(\) failed, The actor Boom 'error' .*\n.*SIGKILL"
+    ):
+        wait_for(lambda: pm.state().ranks[1].state == "failed", 10)
+        a.slice(gpus=1).ok.call_one().get(timeout=10)
+    pm.stop().get()
+    with pytest.raises(
+        RuntimeError, match=r"`ProcMesh` has already been stopped: proc mesh '.*' was stopped; spawn a new"
+    ):
+        pm.spawn("late", Boom)
+
+
+def test_an_actor_that_stops_or_dies_takes_what_it_spawned_with_it(host, tmp_path):
+    """Monarch's hierarchy: an actor's actor meshes (also on proc meshes it was given) and its own proc
+    meshes stop when it is stopped or dies: their __cleanup__ runs, their procs exit."""
+    pm = host.spawn_procs(per_host={"gpus": 1})
+    try:
+        for how in ("stop", "die"):
+            path = tmp_path / f"{how}.log"
+            parent = pm.spawn(f"parent_{how}", Parent, pm, str(path))
+            assert parent.children_ok.call_one().get(timeout=30) == ["ok", "ok"]
+            pids = parent.own_pids.call_one().get(timeout=10)
+            if how == "stop":
+                parent.stop().get(timeout=60)
+            else:
+                with pytest.raises(SupervisionError, match="the parent dies"):
+                    parent.die.call_one().get(timeout=60)
+            assert wait_for(lambda p=path: p.exists() and sorted(p.read_text().split()) == ["on_given", "on_own"], 30)
+            assert not wait_dead(pids, 10)  # its own proc mesh is stopped
+    finally:
+        pm.stop()
+
+
 # -- 7. the remote exception chain survives ------------------------------------------------------------
 def test_actor_error_keeps_the_remote_exception_chain(procs):
     n = procs.spawn("nested", Nested)
@@ -242,7 +300,8 @@ def test_error_types_as_in_monarch(host, recorded_faults):
     start = len(recorded_faults)
     os.kill(pm.pids()[1], signal.SIGKILL)  # nothing waits on it: the hook gets a MeshFailure
     faults = wait_for(lambda: _new_faults(recorded_faults, start), 10)
-    assert faults and faults[0].mesh_name == pm.name and faults[0].crashed_ranks == [{"gpus": 1}]
+    assert faults and faults[0].mesh_name == pm.name and faults[0].crashed_coords == [{"gpus": 1}]
+    assert faults[0].crashed_ranks == [1] and "crashed_ranks=[1]" in str(faults[0])  # Monarch's: rank indices
     assert "SIGKILL" in faults[0].report() and repr(faults[0]).startswith("MeshFailure(mesh_name=")
     pm.stop()
     with pytest.raises(SupervisionError, match="stopped"):  # not MeshClosedError: Monarch's type
@@ -262,6 +321,7 @@ def test_stopped_procs_run_atexit_handlers_and_finalizers(host, tmp_path):
     for pid in pids:
         assert (tmp_path / f"p.{pid}.atexit").read_text() == str(pid)
         assert (tmp_path / f"p.{pid}.finalizer").read_text() == str(pid)
+        assert (tmp_path / f"p.{pid}.del").read_text() == "finalized"  # a module global's __del__, at exit
     for fut in (busy, napping):
         with pytest.raises(SupervisionError, match="stopped"):
             fut.get(timeout=5)

@@ -183,7 +183,7 @@ def test_a_rank_that_raises_is_named_first_and_the_mesh_runs_again(procs):
         run_script(procs, [ALLREDUCE, "--steps", "5", "--fail-rank", "1"]).get(60)
     err = root_causes_first(caught.value)
     assert err.coords == {"gpus": 1}
-    assert str(err).startswith("ValueError: rank 1 fails on purpose at step 0\n  raised in spmd.main on")
+    assert str(err).startswith("ValueError: rank 1 fails on purpose at step 0\n  Actor call spmd.main failed on")
     first = err.failures[0].traceback
     # the remote traceback starts at the script: no frames of ours or runpy's
     assert re.search(r'Traceback \(most recent call last\):\n  File ".*allreduce\.py"', first), first

@@ -10,7 +10,7 @@ from .. import config
 from .._core.future import Future
 from .._core.shape import Shape
 from ..errors import MeshClosedError, MeshError, MeshValueError
-from .mesh import ProcMesh, _MeshTrait, _names
+from .mesh import ProcMesh, _MeshTrait, _names, _owned_by_caller
 from .proc_setup import ProcSetup, check_proc_bind
 
 if TYPE_CHECKING:
@@ -51,16 +51,22 @@ class HostMesh(_MeshTrait):
         env: Mapping[str, str] | None = None,
         preload: list[str] | tuple[str, ...] = (),
         timeout: float = 60.0,
+        bootstrap_command: Any = None,
     ) -> ProcMesh:
         """Start ``per_host`` procs on every host: the mesh has the host dims plus the per-host dims.
 
         ``preload`` modules are imported once in the host's template process, so each proc starts
-        with them already loaded (``preload=["torch"]`` makes spawns ~30 ms instead of seconds).
+        with them already loaded (``preload=["torch"]`` makes spawns ~30 ms instead of seconds; a local
+        host preloads torch by default, see ``jobs.warm``).
         ``bootstrap`` (Monarch's): a function (or ``async def``) run once on every proc before this returns;
         ``proc_bind`` (Monarch's): per proc of a host, its CPUs (``cpus``) or NUMA nodes (``cpunodebind``).
         Settings made with ``jupyter_mesh.config.configure`` travel to the new procs.
+        ``bootstrap_command`` (Monarch's, ``default_bootstrap_cmd().with_env({...})``): its environment is the
+        new procs'.
         """
         self._check_up()
+        if bootstrap_command is not None:
+            env = {**bootstrap_command.proc_env(), **(env or {})}
         per_host = dict(per_host or {"procs": 1})
         check_proc_bind(proc_bind, per_host)
         clash = [d for d in per_host if d in self._shape.labels]
@@ -83,6 +89,7 @@ class HostMesh(_MeshTrait):
         )
         procs = ProcMesh(self._controller, ref, host_mesh=self)
         self._spawned.append(procs)
+        _owned_by_caller("procs", procs)
         if bootstrap is not None or proc_bind:
             setup = procs.spawn("proc_setup", ProcSetup, proc_bind, len(self._shape.labels), bootstrap)
             try:

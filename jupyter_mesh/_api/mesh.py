@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 from .._core.actor import Actor, endpoints_of
+from .._core.context import context
 from .._core.future import Future
 from .._core.refs import ProcMeshRef, new_id
 from .._core.shape import Extent, Shape
@@ -291,7 +292,8 @@ class ProcMesh(_MeshTrait):
     def _check_open(self) -> None:
         if self.stopped:
             raise MeshClosedError(
-                f"proc mesh '{self._ref.name}' was stopped; spawn a new one with HostMesh.spawn_procs()"
+                f"`ProcMesh` has already been stopped: proc mesh '{self._ref.name}' was stopped; "
+                "spawn a new one with HostMesh.spawn_procs()"
             )
 
     def spawn(
@@ -326,6 +328,7 @@ class ProcMesh(_MeshTrait):
         self._controller.faults.spawning(mesh._actor_id, self._ref.mesh_id)  # in an actor: it supervises them
         mesh.initialized = _client().spawn_actors(mesh, cls, args, kwargs)
         self._controller.watch_init(mesh, mesh.initialized, limit)
+        _owned_by_caller("actors", mesh)
         return mesh
 
     def stop(self, reason: str = "stopped by client", *, timeout: float = 10.0) -> Future[None]:
@@ -484,3 +487,10 @@ def _takes_init_timeout(cls: type) -> bool:
         return "init_timeout" in inspect.signature(cls).parameters
     except (TypeError, ValueError):
         return False
+
+
+def _owned_by_caller(kind: str, mesh: Any) -> None:
+    """Spawned inside an actor: that actor owns the mesh, which stops when the actor stops or dies."""
+    host = context().actor.host
+    if host is not None:
+        host.own(kind, mesh)

@@ -93,6 +93,12 @@ class Future(Generic[T]):
             self._state, self._value = state, value
             waiters, self._waiters = self._waiters, None
             callbacks, self._callbacks = self._callbacks, None
+            # the runtime's hooks close over its call record, which holds the result: dropped now, a
+            # finished call is freed as soon as its caller lets go (a received tensor's shared memory
+            # goes back to its sender then, not at the next garbage collection). Freed after the lock
+            # is released (on return), never under it: a destructor must not run inside our lock
+            hooks = (self._on_cancel, self._on_interrupt)
+            self._on_cancel = self._on_interrupt = None
         if waiters:
             for w in waiters:
                 w.release()
@@ -101,6 +107,7 @@ class Future(Generic[T]):
                 self._run_callback(fn)
         if self._driver is not None:
             self._driver.wake()
+        del hooks
         return True
 
     def _poke(self) -> None:
@@ -177,10 +184,11 @@ class Future(Generic[T]):
                 else:
                     self._get_serving(hook, timeout)
             except KeyboardInterrupt:
-                if self._on_interrupt is None or self._state != _PENDING:
+                on_interrupt = self._on_interrupt
+                if on_interrupt is None or self._state != _PENDING:
                     self.cancel()
                     raise
-                raise self._on_interrupt() from None
+                raise on_interrupt() from None
         if self._state == _ERROR:
             raise self._value
         return self._value  # type: ignore[no-any-return]
@@ -214,10 +222,11 @@ class Future(Generic[T]):
         if self._remote_cancelled or self._state != _PENDING:
             return False
         self._remote_cancelled = True
+        on_cancel = self._on_cancel
         self._set_exception(MeshCancelledError(f"{self._what} was cancelled"))
-        if self._on_cancel is not None:
+        if on_cancel is not None:
             try:
-                self._on_cancel()
+                on_cancel()
             except Exception:  # noqa: BLE001 - best effort: the caller is already released
                 pass
         return True
@@ -278,8 +287,9 @@ class Future(Generic[T]):
         except asyncio.CancelledError as e:
             # the awaiting task was cancelled: stop the remote work too. An interrupt is reported
             # like one in get(): where the call stopped, how fast (MeshInterrupted)
-            if e.args == (INTERRUPTED,) and self._on_interrupt is not None and self._state == _PENDING:
-                raise self._on_interrupt() from None
+            on_interrupt = self._on_interrupt
+            if e.args == (INTERRUPTED,) and on_interrupt is not None and self._state == _PENDING:
+                raise on_interrupt() from None
             self.cancel()
             raise
         finally:

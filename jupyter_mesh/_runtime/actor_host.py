@@ -31,6 +31,7 @@ import zmq
 from .._core.actor import Endpoint, endpoints_of
 from .._core.context import context
 from .._core.ports import DroppingPort
+from .._core.shape import Point
 from .._wire.protocol import BROKEN, DIRECT, NO_REPLY, OK, RAISED, STOP_ENDPOINT, Kind
 from .._wire.serialize import UNPICKLABLE_HINT, dumps, loads
 from .._wire.transport import Message, Transport
@@ -55,6 +56,7 @@ class ProcSide(Protocol):
     mesh_name: str
     rank: int
     coords: dict[str, int]
+    point: Point
     agent_addr: str
 
     def claim_main_thread(self, host: ActorHost) -> bool: ...
@@ -72,6 +74,8 @@ class ActorHost:
         self.failure: Failure | None = None  # the actor is gone (its __init__ raised, it died, it was
         # stopped): every call is answered with this
         self.spawner = ""  # who spawned it (the spawn's sender): it hears of the actor's failures
+        self.cls_path = ""  # ``module.Class`` of the actor, for the failures that name it as Monarch does
+        self.owned: list[tuple[str, Any]] = []  # ("actors" | "procs", mesh) it spawned: they end with it
         self.fatal = False  # the spawn asked that errors no caller receives end the actor (Monarch's way)
         self.closing = False  # the proc stops: the loop ends after the message it handles
         self.loop = asyncio.new_event_loop()
@@ -180,6 +184,38 @@ class ActorHost:
         cls = type(self.instance).__qualname__
         self.failure = self._failure("died", f"{cls} {self.name} aborted: {reason or 'no reason provided'}")
         self._report(self.failure, told=False, untold=True)  # the call running now still ends normally
+
+    def own(self, kind: str, mesh: Any) -> None:
+        """The actor spawned ``mesh`` (an actor mesh or a proc mesh): when it stops or dies, so does that
+        mesh, as in Monarch (its descendants go with it). Stopped proc meshes are let go here."""
+        self.owned = [(k, m) for k, m in self.owned if not (k == "procs" and m.stopped)]
+        self.owned.append((kind, mesh))
+
+    def _end_owned(self) -> None:
+        """Stop what this actor spawned: its actor meshes first (their ``__cleanup__`` runs, waited for),
+        then its proc meshes. What fails to stop is said, never raised: the actor ends either way."""
+        owned, self.owned = self.owned, []
+        stops = []
+        for kind, mesh in owned:
+            try:
+                if kind == "actors":
+                    stops.append(mesh.stop())
+                else:
+                    stops.append(None)
+            except Exception as e:  # noqa: BLE001
+                print(f"[{self.name}] could not stop {mesh!r} it spawned: {safe_str(e)}", file=sys.stderr)
+        for f in stops:
+            try:
+                if f is not None:
+                    f.get(timeout=30)
+            except Exception as e:  # noqa: BLE001
+                print(f"[{self.name}] an actor mesh it spawned did not stop: {safe_str(e)}", file=sys.stderr)
+        for kind, mesh in owned:
+            if kind == "procs" and not mesh.stopped:
+                try:
+                    mesh.stop()
+                except Exception as e:  # noqa: BLE001
+                    print(f"[{self.name}] could not stop {mesh!r} it spawned: {safe_str(e)}", file=sys.stderr)
 
     def enqueue(self, msg: Message) -> None:
         """From any other thread: hand the actor a message (in order) and wake it."""
@@ -377,6 +413,7 @@ class ActorHost:
         self.spawner, self.fatal = msg.header["s"], bool(msg.header.get("fa"))
         try:
             cls, args, kwargs = loads(msg.payload, msg.buffers)
+            self.cls_path = f"{cls.__module__}.{cls.__qualname__}"
             self.endpoints = endpoints_of(cls)
             self.instance = cls(*args, **kwargs)
         except BaseException as e:  # noqa: BLE001 - reported to the caller, the proc lives on
@@ -520,7 +557,10 @@ class ActorHost:
     # -- what ends the actor (its proc lives on) ----------------------------------------------------
     def _failure(self, kind: str, detail: str, info: dict[str, Any] | None = None) -> Failure:
         rt = self.runtime
-        return Failure(rt.mesh_name, rt.coords, kind, detail, info["tb"] if info else "", actor=self.name)
+        who = f"{self.cls_path or 'actor'} {self.name}{rt.point}"  # Monarch's: module.Class name{'gpus': 0/4}
+        return Failure(
+            rt.mesh_name, rt.coords, kind, detail, info["tb"] if info else "", actor=self.name, who=who, rank=rt.rank
+        )
 
     def _die(self, h: dict[str, Any], e: BaseException, how: str) -> None:
         """An error no caller receives (or a BaseException) ends the actor, as in Monarch: a caller
@@ -531,6 +571,7 @@ class ActorHost:
         if told:
             self.runtime.reply(h, BROKEN, dumps(self.failure)[0], [])
         self._report(self.failure, told)
+        self._end_owned()
 
     def _stop(self, h: dict[str, Any]) -> None:
         """``ActorMesh.stop()``: the tasks it left running are cancelled, ``__cleanup__(None)`` runs, and
@@ -539,6 +580,7 @@ class ActorHost:
             self._clean_up()
             self.failure = self._failure("stopped", f"actor mesh '{self.name}' was stopped")
             self.instance = None  # its resources go now, as its proc's would
+            self._end_owned()
         self.runtime.reply(h, OK, dumps(None)[0], [])
 
     def _clean_up(self) -> None:

@@ -28,6 +28,7 @@ from .._wire.protocol import BROKEN, DIRECT, GATHER, NO_REPLY, Kind
 from .._wire.serialize import UNPICKLABLE_HINT, describe_unpicklable, dumps
 from .._wire.transport import Message, Transport
 from ..errors import (
+    CallSite,
     DeliveryError,
     Failure,
     MeshCancelledError,
@@ -107,15 +108,17 @@ class Client:
                 f"{mesh._class_name}.{endpoint} was not called: {which}. {UNPICKLABLE_HINT}"
             ) from None
 
-    def _check_targets(self, ref: ProcMeshRef, ranks: list[int], context: str) -> None:
+    def _check_targets(self, ref: ProcMeshRef, ranks: list[int], context: str, call: CallSite | None = None) -> None:
         if self.hooks.before_call is not None:
             self.hooks.before_call()
         self._drain_deferred()
-        err = self._blocked(ref, ranks, context)
+        err = self._blocked(ref, ranks, context, call)
         if err is not None:
             raise err
 
-    def _blocked(self, ref: ProcMeshRef, ranks: list[int], context: str) -> MeshError | None:
+    def _blocked(
+        self, ref: ProcMeshRef, ranks: list[int], context: str, call: CallSite | None = None
+    ) -> MeshError | None:
         """Why a call to ``ranks`` cannot run now (stopped, shrunk away, failed), or None."""
         if (
             not self.calls.failed
@@ -124,7 +127,7 @@ class Client:
         ):
             return None  # the common case, cheaply
         if ref.mesh_id in self.calls.stopped:
-            return stopped_error(ref, ranks, context)
+            return stopped_error(ref, ranks, context, call)
         gone = [r for r in ranks if r >= len(ref.proc_addrs)]
         if gone:
             return MeshValueError(
@@ -133,7 +136,7 @@ class Client:
             )
         failed = [self.calls.failed[(ref.mesh_id, r)] for r in ranks if (ref.mesh_id, r) in self.calls.failed]
         if failed:
-            return SupervisionError(failed, context)
+            return SupervisionError(failed, context, call)
         return None
 
     def _unseq(self, mesh: ActorMeshRef, ranks: list[int]) -> None:
@@ -324,7 +327,7 @@ class Client:
         """``mode``: call, stream, broadcast, or reduce (with ``op``: folded in the agents, one value)."""
         rd = reduce_ops.encode(op) if mode == "reduce" else None
         ranks = mesh._shape.ranks()
-        self._check_targets(mesh._ref, ranks, f"calling {mesh._class_name}.{endpoint}")
+        self._check_targets(mesh._ref, ranks, f"calling {mesh._class_name}.{endpoint}", _site(mesh, endpoint))
         payload, bufs = self._encode_args(mesh, endpoint, args, kwargs)
         header: dict[str, Any] = {
             "k": Kind.CALL,
@@ -341,6 +344,7 @@ class Client:
         fut: Future[Any] = Future(f"{mesh._class_name}.{endpoint}")
         how = "call" if mode == "reduce" else mode
         p = Pending(fut, mesh._ref.mesh_id, how, mesh._name, endpoint, mesh._shape, ranks, set(ranks), ref=mesh._ref)
+        p.cls = mesh._class_name
         p.actor_id = mesh._actor_id
         fut._on_cancel = lambda: self._cancel(p, mesh._actor_id)
         if self.boxes is not None:  # the controller: Ctrl-C reports where the call stopped (not in procs)
@@ -394,7 +398,8 @@ class Client:
         try:
             with self.calls.lock:
                 # checked again under the lock: a rank may have failed while the arguments were pickled
-                err = self._blocked(ref, ranks, f"calling {mesh._class_name}.{header.get('ep', '__init__')}")
+                call = _site(mesh, header["ep"]) if "ep" in header else None
+                err = self._blocked(ref, ranks, f"calling {mesh._class_name}.{header.get('ep', '__init__')}", call)
                 if err is not None:
                     if p is None:
                         raise err
@@ -457,12 +462,12 @@ class Client:
         # the latency path (W2): keep it lean
         ref = mesh._ref
         what = f"{mesh._class_name}.{endpoint}"
-        context = "calling " + what
-        self._check_targets(ref, [rank], context)
+        context, call = "calling " + what, _site(mesh, endpoint)
+        self._check_targets(ref, [rank], context, call)
         payload, bufs = self._encode_args(mesh, endpoint, args, kwargs)
         fut: Future[Any] = Future(what)
         p = Pending(fut, ref.mesh_id, "one", mesh._name, endpoint, None, [rank], {rank}, ref=ref)
-        p.actor_id = mesh._actor_id
+        p.actor_id, p.cls = mesh._actor_id, mesh._class_name
         fut._on_cancel = lambda: self._cancel(p, mesh._actor_id)
         if self.boxes is not None:
             fut._on_interrupt = lambda: self._interrupt(p)
@@ -479,7 +484,7 @@ class Client:
         try:
             with self.calls.lock:
                 # checked again under the lock: the rank may have failed while the arguments were pickled
-                err = self._blocked(ref, [rank], context)
+                err = self._blocked(ref, [rank], context, call)
                 if err is None:
                     call_id = self._register(p)
                     header = {
@@ -578,13 +583,17 @@ class Client:
 STOPPED = "its proc mesh was stopped"
 
 
-def stopped_error(ref: ProcMeshRef, ranks: list[int], context: str) -> SupervisionError:
+def _site(mesh: ActorMeshRef, endpoint: str) -> CallSite:
+    return CallSite(mesh._name, mesh._class_name, endpoint)
+
+
+def stopped_error(ref: ProcMeshRef, ranks: list[int], context: str, call: CallSite | None = None) -> SupervisionError:
     """What a call to a stopped proc mesh raises, as in Monarch: a SupervisionError (kind ``stopped``)."""
     shown = ranks[:16]
     fails = [Failure(ref.name, ref.coords(r) if r < len(ref.proc_addrs) else {}, "stopped", STOPPED) for r in shown]
     if len(ranks) > len(shown):  # the message lists 16 anyway; the count says the rest
         fails += [Failure(ref.name, {}, "stopped", STOPPED)] * (len(ranks) - len(shown))
-    return SupervisionError(fails or [Failure(ref.name, {}, "stopped", STOPPED)], context)
+    return SupervisionError(fails or [Failure(ref.name, {}, "stopped", STOPPED)], context, call)
 
 
 def _same_host(ref: ProcMeshRef, rank: int) -> bool:

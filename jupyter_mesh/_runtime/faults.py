@@ -9,6 +9,7 @@ scripts) keeps what it saw, to raise it at the next API call. The controller own
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import traceback
 from typing import TYPE_CHECKING, Any, Protocol
@@ -69,6 +70,8 @@ class Faults:
         told (and the mesh was not lent to actors, who supervise what they spawned on it)."""
         if (rec.ref.mesh_id, rank) in self.host.killed_on_request:
             return
+        if failure.rank is None:  # which rank of the mesh, for MeshFailure.crashed_ranks
+            failure = dataclasses.replace(failure, rank=rank)
         emb = hooks.embedding()
         if rec.owner is not None and emb is not None:
             emb.supervise(rec.owner, SupervisionError([failure], f"in mesh '{rec.ref.name}' that it owns"))
@@ -84,6 +87,8 @@ class Faults:
         emb = hooks.embedding()
         if emb is None:
             return
+        if failure.rank is None:
+            failure = dataclasses.replace(failure, rank=rank)
         owners = {id(o): o for o, m in list(self.owners.values()) if m == mesh_id}
         for owner in owners.values():
             emb.supervise(owner, SupervisionError([failure], f"in mesh '{failure.mesh}' it spawned actors on"))

@@ -9,6 +9,7 @@ a compiler for minutes). What to do about it is the agent's call.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -35,7 +36,14 @@ class ForkServer:
         """(Re)start the template; the caller registers ``sock`` with its selector."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "jupyter_mesh._runtime.template", str(theirs.fileno()), str(self._lifeline_r)],
+            [
+                sys.executable,
+                "-m",
+                "jupyter_mesh._runtime.template",
+                str(theirs.fileno()),
+                str(self._lifeline_r),
+                str(os.getpid()),
+            ],
             pass_fds=(theirs.fileno(), self._lifeline_r),
             stdin=subprocess.DEVNULL,
         )
@@ -62,7 +70,10 @@ class ForkServer:
         token = next(self._tokens)
         self.pending[token] = p
         self._asked[token] = time.monotonic()
-        self.send({"op": "fork", "token": token, "cfg": cfg}, fds)
+        try:
+            self.send({"op": "fork", "token": token, "cfg": cfg}, fds)
+        except OSError:  # it died and the agent has not read its EOF yet: when it does, the
+            pass  # agent fails this start with the cause (it is pending) and starts a new template
 
     def forked(self, token: int) -> ProcEntry | None:
         """The template answered fork ``token``: the proc it was for (None if forgotten)."""

@@ -18,6 +18,7 @@ from .._wire.serialize import loads
 from .._wire.transport import Message
 from ..errors import (
     ActorError,
+    CallSite,
     DeliveryError,
     Failure,
     MeshError,
@@ -155,7 +156,7 @@ class Outcomes:
         if isinstance(outcome, RemoteFailure):
             f._set_exception(ActorError([outcome], total=len(p.ranks)))
         elif isinstance(outcome, Failure):
-            f._set_exception(_broken_error([outcome], f"during {p.actor}.{p.endpoint}"))
+            f._set_exception(_broken_error([outcome], f"during {p.actor}.{p.endpoint}", p.site()))
         else:
             f._set_result(_value(outcome))
         p.stream_q.put(f)
@@ -235,7 +236,7 @@ class Outcomes:
         if p.mode == "stream":
             return
         if p.broken:
-            p.future._set_exception(_broken_error(p.broken, f"during {p.actor}.{p.endpoint}"))
+            p.future._set_exception(_broken_error(p.broken, f"during {p.actor}.{p.endpoint}", p.site()))
         elif p.raised:
             p.raised.sort(key=lambda f: tuple(f.coords.values()))
             p.future._set_exception(ActorError(p.raised, total=len(p.ranks)))
@@ -268,9 +269,9 @@ def _reduce_result(p: Pending) -> Any:
         ) from e
 
 
-def _broken_error(broken: list[Failure], context: str) -> MeshError:
+def _broken_error(broken: list[Failure], context: str, call: CallSite | None = None) -> MeshError:
     """Dead or failed ranks make a :class:`SupervisionError`; if every rank that did not answer is
     alive and only missed the message, it is a :class:`DeliveryError` (a retry will do)."""
     if all(f.kind == "delivery" for f in broken):
         return DeliveryError(broken, context)
-    return SupervisionError(sorted(broken, key=lambda f: f.kind == "delivery"), context)  # deaths first
+    return SupervisionError(sorted(broken, key=lambda f: f.kind == "delivery"), context, call)  # deaths first

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._core.future import Future
 from .._core.shape import Shape
-from ..errors import Failure, RemoteFailure
+from ..errors import CallSite, Failure, RemoteFailure
 from .remote_errors import exception_of, render_traceback
 
 if TYPE_CHECKING:
@@ -53,6 +53,11 @@ class Pending:
     reduce_fn: Any = None
     partials: list[Any] = field(default_factory=list)
     reduce_error: BaseException | None = None
+    cls: str = ""  # the actor's class, named in the errors of the call
+
+    def site(self) -> CallSite | None:
+        """The endpoint call this is, for a :class:`SupervisionError`'s lead line (None: no call)."""
+        return CallSite(self.actor, self.cls, self.endpoint) if self.mode in ("call", "one", "stream") else None
 
     def fail(self, err: BaseException, ranks: int) -> None:
         """Nothing more will come for ``ranks`` of its ranks: a stream gets that many failed futures

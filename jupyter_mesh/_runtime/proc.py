@@ -277,6 +277,12 @@ class ProcRuntime:
         for other in list(self.actors.values()):  # the others clean up on their threads (a bounded wait)
             if other is not host and other.thread.is_alive():
                 other.thread.join(5.0)
+        # the receive thread (a daemon, frozen at exit) still holds this runtime: let go of the actors, so
+        # their modules' globals are freed at interpreter exit (their __del__ runs, as in any program)
+        for other in list(self.actors.values()):
+            if other is host or not other.thread.is_alive():
+                other.instance, other.endpoints = None, {}
+        self.actors.clear()
 
     def _receive(self) -> None:
         self.transport.serve(self.handle)

@@ -36,5 +36,8 @@ class MeshRecords(dict[str, MeshRecord]):
     def live(self, ref: ProcMeshRef) -> MeshRecord:
         rec = self.get(ref.mesh_id)
         if rec is None or rec.stopped:
-            raise MeshClosedError(f"proc mesh '{ref.name}' was stopped; spawn a new one")
+            raise MeshClosedError(
+                f"`ProcMesh` has already been stopped: proc mesh '{ref.name}' was stopped; "
+                "spawn a new one with HostMesh.spawn_procs()"
+            )
         return rec

@@ -127,7 +127,7 @@ class Supervision:
                 Failure(name, p.ref.coords(r) if p.ref is not None else {}, "stopped", "its proc mesh was stopped")
                 for r in sorted(p.outstanding)[:16]
             ] or [Failure(name, {}, "stopped", "its proc mesh was stopped")]
-            p.fail(SupervisionError(fails, f"while {p.actor}.{p.endpoint} was pending"), len(p.outstanding))
+            p.fail(SupervisionError(fails, f"while {p.actor}.{p.endpoint} was pending", p.site()), len(p.outstanding))
         if self.hooks.on_stopped is not None:
             self.hooks.on_stopped(mesh_id)
 

@@ -79,6 +79,14 @@ def _child(
 
 
 def main() -> None:
+    # die with the agent even while busy in a long preload (torch: seconds), when nobody reads the
+    # socket whose EOF would say so; the agent starts us from its main thread, which lives as long as it
+    try:
+        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except Exception:  # noqa: BLE001 - not Linux: the socket's EOF still ends us, once read
+        pass
+    if len(sys.argv) > 3 and os.getppid() != int(sys.argv[3]):
+        os._exit(0)  # the agent died before the line above took effect
     sock = socket.socket(fileno=int(sys.argv[1]))
     lifeline = int(sys.argv[2])
     os.set_inheritable(lifeline, True)

@@ -7,7 +7,9 @@ Two uses, both one copy:
   the segment's name travels, inside the signed header. The receiver maps it, unlinks the name at once
   and hands the mapping to the unpickler: the tensor it builds lives in that mapping, no second copy.
   Names carry a per-session prefix so the controller and the agents can sweep what a dead receiver
-  never claimed (:func:`sweep`).
+  never claimed (:func:`sweep`). In steady state a sender reuses its own segments instead
+  (``shm_pool``): no page is allocated, populated or freed per message; these one-shot named
+  segments are the fallback when its pool budget is spent.
 * **Shared regions** for ``RDMABuffer``: a CPU tensor's storage is moved into fd-backed shared memory
   once, in place (what ``Tensor.share_memory_()`` does), and a reader on the same host maps that file
   through ``/proc/<owner pid>/fd/<fd>`` and copies straight from or into it. The file has no name, so
@@ -27,6 +29,8 @@ import stat
 import threading
 from collections import OrderedDict
 from typing import Any
+
+from . import shm_pool
 
 __all__ = [
     "SEGMENT_MIN",
@@ -112,12 +116,19 @@ def open_segment(prefix: str, name: str, nbytes: int) -> mmap.mmap:
 
 
 def stash(prefix: str, buffers: list[Any]) -> tuple[list[list[Any]], list[Any]]:
-    """Move the large buffers of a message into segments: (header entries, buffers still to send)."""
+    """Move the large buffers of a message into segments: (header entries, buffers still to send).
+    A pooled segment (``shm_pool``) when one is free, else a one-shot named one."""
     entries: list[list[Any]] = []
     rest: list[Any] = []
+    pool = None
     for i, b in enumerate(buffers):
         mv = memoryview(b)
         if mv.nbytes >= SEGMENT_MIN and mv.contiguous:
+            pool = pool or shm_pool.sender_pool()
+            pooled = pool.put(mv) if pool is not None else None
+            if pooled is not None:
+                entries.append([i, *pooled])
+                continue
             name, n = write_segment(prefix, mv)
             entries.append([i, name, n])
         else:
@@ -129,10 +140,16 @@ def unstash(prefix: str, entries: list[list[Any]], frames: list[Any]) -> list[An
     """The inverse of :func:`stash` on the receiving side: every buffer back in its place."""
     out: list[Any] = []
     it = iter(frames)
-    slots = {int(i): (name, int(n)) for i, name, n in entries}
+    slots = {int(e[0]): e[1:] for e in entries}
     for pos in range(len(frames) + len(slots)):
         if pos in slots:
-            out.append(open_segment(prefix, *slots[pos]))
+            slot = slots[pos]
+            if len(slot) == 2:
+                out.append(open_segment(prefix, slot[0], int(slot[1])))
+            elif len(slot) == 6 and all(type(x) is int for x in slot):
+                out.append(shm_pool.receiver_maps().view(*slot))
+            else:
+                raise ValueError(f"a bad segment entry {slot!r}")
         else:
             out.append(next(it))
     return out

@@ -24,6 +24,7 @@ from .._core.shape import Shape
 from .._runtime.hosts import AgentHandle, Job
 from .._wire.protocol import VERSION, Kind
 from ..errors import MeshClosedError, MeshError, MeshTimeoutError, MeshValueError
+from .warm import default_preload
 
 __all__ = ["BootstrapCommand", "LocalJob", "default_bootstrap_cmd", "this_host"]
 
@@ -32,7 +33,10 @@ class LocalJob(Job):
     """``hosts`` agents on this machine. One host is what ``this_host()`` gives; more is for testing
     the multi-host paths (fan-out, per-host gathering) without a cluster."""
 
-    def __init__(self, hosts: int = 1, preload: Sequence[str] = (), env: Mapping[str, str] | None = None):
+    def __init__(self, hosts: int = 1, preload: Sequence[str] | None = None, env: Mapping[str, str] | None = None):
+        """``preload``: what each host's template imports once, for every proc it forks; by default
+        torch when installed and the heavy libraries already imported here (``jobs.warm``; opt out with
+        ``JUPYTER_MESH_WARM=0``), ``[]`` for nothing."""
         from .._runtime.controller import Controller
 
         if not isinstance(hosts, int) or hosts < 1:
@@ -40,7 +44,7 @@ class LocalJob(Job):
         self._controller = Controller.get()
         self._controller.register_job(self)
         self._n = hosts
-        self._preload = list(preload)
+        self._preload = default_preload() if preload is None else list(preload)
         self._env = {**os.environ, **env} if env else None  # the agents' (and so their procs') environment
         self._procs: list[subprocess.Popen[bytes]] = []
         self._waiters: list[Future[dict[str, Any]]] = []
@@ -204,6 +208,23 @@ class BootstrapCommand:
     args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
 
+    def with_env(self, env: Mapping[str, str]) -> BootstrapCommand:
+        """A copy with ``env`` added (Monarch's; this one is unchanged): ``spawn_procs(bootstrap_command=)``
+        gives the new procs that environment."""
+        return BootstrapCommand(self.program, list(self.args), {**self.env, **env})
+
+    def proc_env(self) -> dict[str, str]:
+        """What ``spawn_procs(bootstrap_command=self)`` applies: the environment. Procs fork from their host's
+        agent, so another program or arguments cannot apply, and say so."""
+        default = default_bootstrap_cmd()
+        if (os.path.realpath(self.program), self.args) != (os.path.realpath(default.program), default.args):
+            raise MeshValueError(
+                f"procs fork from their host's agent ({default.program} {' '.join(default.args)}), so only the "
+                f"environment of a bootstrap command applies, not {self.program} {' '.join(self.args)}; use "
+                "default_bootstrap_cmd().with_env({...})"
+            )
+        return dict(self.env)
+
 
 def default_bootstrap_cmd() -> BootstrapCommand:
     """The command that starts a host agent with this program's interpreter."""
@@ -211,6 +232,7 @@ def default_bootstrap_cmd() -> BootstrapCommand:
 
 
 _this_host: HostMesh | None = None
+_this_host_lock = threading.Lock()  # the mesh kernel warms it from a thread while a cell may ask for it
 
 
 def this_host(preload: Sequence[str] | None = None) -> HostMesh:
@@ -219,15 +241,19 @@ def this_host(preload: Sequence[str] | None = None) -> HostMesh:
     ``per_host={"hosts": 1, "gpus": 4}`` names a ``hosts`` dim itself). Its agent starts on first use;
     ``LocalJob(n).host_mesh()`` is the one with a ``hosts`` dim (what ``%mesh up`` uses).
 
-    ``preload`` (default: ``$JUPYTER_MESH_PRELOAD``, comma separated) names modules that the host's
-    template process imports once, so procs forked from it start with them loaded.
+    ``preload`` (default: ``$JUPYTER_MESH_PRELOAD``, comma separated, or else ``jobs.warm``'s default:
+    torch when installed) names modules that the host's template process imports once, so procs forked
+    from it start with them loaded. The agent and template start now, in the background: only a spawn
+    waits for them.
     """
     global _this_host
     from .._runtime.controller import Controller
 
     ctl = Controller.get()
-    if _this_host is None or _this_host._controller is not ctl or not _this_host._job.running():
-        if preload is None:
-            preload = [m for m in os.environ.get("JUPYTER_MESH_PRELOAD", "").split(",") if m.strip()]
-        _this_host = LocalJob(1, preload).host_mesh().slice(hosts=0)
-    return _this_host
+    with _this_host_lock:
+        if _this_host is None or _this_host._controller is not ctl or not _this_host._job.running():
+            if preload is None:
+                named = [m.strip() for m in os.environ.get("JUPYTER_MESH_PRELOAD", "").split(",") if m.strip()]
+                preload = named or None
+            _this_host = LocalJob(1, preload).host_mesh().slice(hosts=0)
+        return _this_host

@@ -17,6 +17,7 @@ import inspect
 import os
 import signal
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -42,6 +43,7 @@ class MeshKernel(IPythonKernel):
         from ..ui import install
 
         install(self)  # serve the JupyterLab sidebar over a comm (kernel kind "mesh")
+        warm_up()
 
     @contextmanager
     def _cancel_on_sigint(self, future: asyncio.Future[Any]) -> Iterator[None]:
@@ -78,6 +80,29 @@ class MeshKernel(IPythonKernel):
         if inspect.isawaitable(result):
             result = await result
         return result
+
+
+def warm_up() -> threading.Thread | None:
+    """Start this machine's host (agent and fork server, preloading torch) in the background, so the
+    first ``this_host().spawn_procs(...)`` forks from a ready template. Opt out: ``JUPYTER_MESH_WARM=0``."""
+    from ..jobs import warm
+
+    if not warm.enabled():
+        return None
+
+    def start() -> None:
+        from ..jobs.local import this_host
+
+        try:
+            this_host()
+        except Exception as e:  # noqa: BLE001 - the first this_host() in a cell tries again and raises
+            print(
+                f"jupyter_mesh: warming this host failed ({e}); this_host() will start it on first use", file=sys.stderr
+            )
+
+    t = threading.Thread(target=start, name="jupyter-mesh-warm", daemon=True)
+    t.start()
+    return t
 
 
 def _debug_only_this_process() -> None:

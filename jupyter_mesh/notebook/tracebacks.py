@@ -52,7 +52,7 @@ def remote_blocks(e: BaseException) -> list[str]:
             where = f"{fs[0].actor}.{fs[0].endpoint} on {_ranks([f.coords for f in fs])}"
             blocks.append(_rule(f"remote traceback: {where}") + "\n" + text)
     elif isinstance(e, SupervisionError):
-        lines = [f"  {f.describe()}  ({f.kind})" for f in e.failures[:16]]
+        lines = [f"  {f.describe(phrase=False)}  ({f.kind})" for f in e.failures[:16]]
         if len(e.failures) > 16:
             lines.append(f"  ... and {len(e.failures) - 16} more")
         head = f"mesh '{e.failures[0].mesh}': {len(e.failures)} rank(s) failed" + (f" {e.context}" if e.context else "")

@@ -1,0 +1,250 @@
+"""Warm by default: a local host's fork server preloads torch (when installed) from the moment the host
+exists, the ``mesh`` kernel starts its host at kernel start, and none of it outlives its owner.
+
+The rest of the suite runs with ``JUPYTER_MESH_WARM=0`` (conftest); these tests turn it on."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import types
+
+import pytest
+from _procs import descendants, wait_dead, wait_for
+
+from jupyter_mesh import LocalJob
+from jupyter_mesh.config import configured
+from jupyter_mesh.jobs import warm
+
+pytestmark = pytest.mark.integration
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(TESTS)
+torch_installed = warm._installed("torch")
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _ppid(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return 0
+
+
+def templates(pid: int) -> list[int]:
+    """The fork servers below ``pid`` (their procs, forked, show the same command line)."""
+    mark = "jupyter_mesh._runtime.template"
+    return [p for p in descendants(pid) if mark in _cmdline(p) and mark not in _cmdline(_ppid(p))]
+
+
+def has_torch(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return "libtorch" in f.read()
+    except OSError:
+        return False
+
+
+def _env(**extra: str) -> dict[str, str]:
+    path = os.pathsep.join(p for p in (TESTS, ROOT, os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, **extra}
+
+
+# -- what is preloaded --------------------------------------------------------------------------------
+def test_default_preload_is_torch_when_installed_plus_heavy_libraries_already_imported(monkeypatch):
+    monkeypatch.setenv("JUPYTER_MESH_WARM", "1")
+    monkeypatch.setitem(sys.modules, "pandas", types.ModuleType("pandas"))
+    got = warm.default_preload()
+    assert "pandas" in got
+    assert ("torch" in got) == torch_installed
+    assert "IPython" not in got and "zmq" not in got  # only libraries safe to fork after
+
+
+@pytest.mark.parametrize("how", ["env", "configure"])
+def test_warm_can_be_turned_off(monkeypatch, how):
+    if how == "env":
+        monkeypatch.setenv("JUPYTER_MESH_WARM", "0")
+        assert warm.default_preload() == []
+    else:
+        monkeypatch.delenv("JUPYTER_MESH_WARM")
+        with configured(warm=False):
+            assert warm.default_preload() == []
+        assert warm.enabled()
+
+
+def test_asking_whether_torch_is_installed_does_not_import_it():
+    code = "import sys, jupyter_mesh; from jupyter_mesh.jobs import warm; warm.default_preload(); print(sorted(m for m in ('torch', 'numpy', 'zmq', 'IPython') if m in sys.modules))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=_env(JUPYTER_MESH_WARM="1")
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+# -- a script's first spawn ---------------------------------------------------------------------------
+@pytest.mark.skipif(not torch_installed, reason="torch is not installed")
+@pytest.mark.parametrize("warm_on", [True, False])
+def test_the_first_spawn_forks_from_a_template_that_preloaded_torch_unless_opted_out(monkeypatch, warm_on):
+    monkeypatch.setenv("JUPYTER_MESH_WARM", "1" if warm_on else "0")
+    job = LocalJob(1)  # no preload named: the default
+    try:
+        procs = job.host_mesh().spawn_procs(per_host={"gpus": 2}, timeout=120)
+        agent = job.pids()[0]
+        (template,) = templates(agent)
+        assert has_torch(template) == warm_on
+        from warm_actors import Probe
+
+        infos = list(procs.spawn("probe", Probe).info.call().get(60).values())
+        assert all(ppid == template for ppid, _ in infos)  # forked by the host's template
+        assert all(had == warm_on for _, had in infos)  # torch was there before the actor's own code
+        procs.stop()
+    finally:
+        job.stop()
+
+
+# -- a fork server that dies ----------------------------------------------------------------------------
+def _slow_job(flag: str) -> LocalJob:
+    return LocalJob(
+        1, preload=["slow_warm_import"], env={"PYTHONPATH": _env()["PYTHONPATH"], "JM_SLOW_IMPORT_FLAG": flag}
+    )
+
+
+def test_a_fork_server_killed_during_a_spawn_fails_it_clearly_and_the_next_spawn_works(tmp_path):
+    flag = tmp_path / "slow"
+    flag.write_text("")
+    job = _slow_job(str(flag))
+    try:
+        agent = job.agents(60)[0].pid
+        assert wait_for(lambda: templates(agent), 30), "no fork server started"
+        result: dict[str, object] = {}
+
+        def spawn() -> None:
+            try:
+                result["procs"] = job.host_mesh().spawn_procs(per_host={"gpus": 2}, timeout=60)
+            except BaseException as e:  # noqa: BLE001
+                result["err"] = e
+
+        th = threading.Thread(target=spawn, daemon=True)
+        th.start()
+        deadline = time.monotonic() + 30
+        while th.is_alive() and time.monotonic() < deadline:  # kill every template it may wait on
+            for t in templates(agent):
+                os.kill(t, signal.SIGKILL)
+            th.join(0.3)
+        assert not th.is_alive(), "the spawn hung after its fork server was killed"
+        err = result.get("err")
+        assert err is not None and "fork server" in str(err), f"not a clear error: {err!r}"
+        flag.unlink()  # the new template finishes its preload now
+        procs = job.host_mesh().spawn_procs(per_host={"gpus": 2}, timeout=60)
+        from warm_actors import Probe
+
+        assert len(list(procs.spawn("probe", Probe).info.call().get(60).values())) == 2
+        procs.stop()
+    finally:
+        flag.unlink(missing_ok=True)
+        job.stop()
+
+
+def test_a_fork_server_busy_preloading_dies_with_its_agent(tmp_path):
+    flag = tmp_path / "slow"
+    flag.write_text("")
+    job = _slow_job(str(flag))
+    try:
+        agent = job.agents(60)[0].pid
+        tmpl = wait_for(lambda: templates(agent), 30)
+        assert tmpl
+        os.kill(agent, signal.SIGKILL)
+        assert not wait_dead(tmpl, 10.0), "the template outlived its agent while importing"
+    finally:
+        flag.unlink(missing_ok=True)
+        job.stop()
+
+
+WARM_SCRIPT = """
+import json, sys, time
+from jupyter_mesh import this_host
+host = this_host()
+print(json.dumps(host._job.pids()), flush=True)
+time.sleep(120)
+"""
+
+
+def test_kill_9_of_a_script_leaves_no_agent_or_warming_template():
+    p = subprocess.Popen(
+        [sys.executable, "-c", WARM_SCRIPT], stdout=subprocess.PIPE, text=True, env=_env(JUPYTER_MESH_WARM="1")
+    )
+    try:
+        (agent,) = json.loads(p.stdout.readline())  # type: ignore[union-attr]
+        assert wait_for(lambda: templates(agent), 30), "no fork server started"
+        below = descendants(p.pid)
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait(10)
+        assert not wait_dead(below, 10.0), "the agent or its template outlived a kill -9 of the script"
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+        p.stdout.close()  # type: ignore[union-attr]
+
+
+# -- the kernel -----------------------------------------------------------------------------------------
+PROBE_CELL = """
+import os, sys
+from jupyter_mesh import Actor, endpoint, this_host
+
+class Probe(Actor):
+    def __init__(self):
+        self.had_torch = "torch" in sys.modules
+
+    @endpoint
+    def info(self):
+        return os.getppid(), self.had_torch
+
+procs = this_host().spawn_procs(per_host={"gpus": 2})
+print(sorted(set(procs.spawn("probe", Probe).info.call().get(60).values())))
+"""
+
+
+@pytest.mark.kernel
+@pytest.mark.skipif(not torch_installed, reason="torch is not installed")
+def test_the_mesh_kernel_starts_a_warm_template_at_kernel_start(monkeypatch):
+    from _kernel import Kernel, isolate_jupyter_dirs
+
+    isolate_jupyter_dirs()
+    monkeypatch.setenv("JUPYTER_MESH_WARM", "1")
+    k = Kernel()
+    try:
+        # no cell has run: the kernel started its host, and the template preloads torch
+        tmpl = wait_for(lambda: [t for t in templates(k.pid) if has_torch(t)], 120, interval=0.2)
+        assert len(tmpl) == 1, f"no warm template below the kernel: {templates(k.pid)}"
+        out = k.ok(PROBE_CELL, timeout=120).stream("stdout")
+        assert f"[({tmpl[0]}, True)]" in out  # both procs forked from it, torch already loaded
+    finally:
+        assert not k.shutdown(), "processes outlived the kernel"
+
+
+@pytest.mark.kernel
+def test_the_mesh_kernel_starts_nothing_when_opted_out(monkeypatch):
+    from _kernel import Kernel, isolate_jupyter_dirs
+
+    isolate_jupyter_dirs()
+    monkeypatch.setenv("JUPYTER_MESH_WARM", "0")
+    k = Kernel()
+    try:
+        k.ok("1")
+        assert not templates(k.pid)
+    finally:
+        assert not k.shutdown()
