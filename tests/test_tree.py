@@ -14,6 +14,7 @@ import pytest
 
 from jupyter_mesh import (
     ActorError,
+    DeliveryError,
     LocalJob,
     MeshCancelledError,
     MeshError,
@@ -274,10 +275,10 @@ def test_proc_dies_mid_call_at_the_bottom_of_the_tree(tmp_path):
     assert not wait_dead(descendants(os.getpid()) - before, 15), "the job's agents or procs outlived it"
 
 
-def _fault_mesh(tmp_path):
+def _fault_mesh(tmp_path, env=None):
     from tree_actors import Echo
 
-    job = LocalJob(hosts=HOSTS)
+    job = LocalJob(hosts=HOSTS, env=env)
     pm = job.host_mesh().spawn_procs(per_host={"gpus": 1})
     echo = pm.spawn("echo", Echo)
     echo.initialized.get(timeout=60)
@@ -351,6 +352,137 @@ def test_cast_stuck_in_a_stopped_agent_leaves_no_gap(tmp_path):
         try:
             below = echo.slice(hosts=slice(3, HOSTS))
             assert list(below.rank.call().get(30).values()) == [3, 4, 5, 6]
+        finally:
+            job.stop()
+    assert not wait_dead(descendants(os.getpid()) - before, 15), "the job's agents or procs outlived it"
+
+
+def test_forward_that_fails_fails_its_subtree_at_once(tmp_path):
+    """An agent that cannot forward a cast to an agent below it says so at once: that subtree's ranks
+    fail as undelivered (naming the agent), the rest answer, and no sequence number stays held (the
+    next calls run everywhere). Calls, streams and an actor's casts alike."""
+    from _procs import descendants, wait_dead
+    from tree_actors import Caller
+
+    before = descendants(os.getpid())
+    # agent 0 fails its next forward of a call to agent 2; agent 2 its next three to agent 6
+    env = {"JUPYTER_MESH_FAIL_RELAYS": "c>2:1,c>6:3"}
+    with configured(fanout=FANOUT):
+        job, pm, echo = _fault_mesh(tmp_path, env)
+        try:
+            with pytest.raises(DeliveryError, match="could not forward it to the host agent at") as e:
+                echo.rank.call().get(30)  # agent 2 never gets it: hosts 2 and 6
+            assert sorted((f.kind, f.coords["hosts"]) for f in e.value.failures) == [("delivery", 2), ("delivery", 6)]
+            assert str(e.value).count("could not forward") == 2, str(e.value)
+            with pytest.raises(DeliveryError) as e:
+                echo.rank.call().get(30)  # agent 2 got it, agent 6 did not
+            assert [(f.kind, f.coords["hosts"]) for f in e.value.failures] == [("delivery", 6)]
+            answered, errors = [], []
+            for f in echo.rank.stream():
+                try:
+                    answered.append(f.get(30))
+                except MeshError as err:
+                    errors.append(str(err))
+            assert sorted(answered) == list(range(HOSTS - 1)) and len(errors) == 1, errors
+            caller = pm.slice(hosts=0).spawn("caller", Caller)
+            status, (failed, text) = caller.try_call.call_one(echo, "rank").get(60)
+            assert status == "err" and failed == [("delivery", 6)], text
+            assert caller.try_call.call_one(echo, "rank").get(60) == ("ok", list(range(HOSTS)))
+            assert list(echo.rank.call().get(30).values()) == list(range(HOSTS))
+            assert echo.rank.reduce("sum").get(30) == sum(range(HOSTS))
+            assert str(pm.state().ranks[HOSTS - 1].state) != "failed"  # undelivered, never a death
+        finally:
+            job.stop()
+    assert not wait_dead(descendants(os.getpid()) - before, 15), "the job's agents or procs outlived it"
+
+
+@pytest.mark.parametrize(
+    ("sig", "first", "mid", "below"),
+    [
+        ("kill", 0, MID, [HOSTS - 1]),  # hosts 0..6: agent 2 above agent 6
+        ("stop", 0, MID, [HOSTS - 1]),
+        ("stop", 3, 3, [5, 6]),  # hosts 3..6: agent 3 above agents 5 and 6
+    ],
+)
+def test_actor_cast_loses_a_mid_tree_agent(tmp_path, sig, first, mid, below):
+    """An actor's call through the tree whose mid-tree agent is killed while it runs, or was stopped
+    before it was sent (the cast sits there): it ends (no hang), the lost host's rank as ``agent``,
+    the ranks below it as ``relay``, and the actor's next casts to the ranks below run (no sequence
+    number stays held)."""
+    from _procs import descendants, wait_dead
+    from tree_actors import Caller
+
+    before = descendants(os.getpid())
+    with configured(fanout=FANOUT):
+        job, pm, echo = _fault_mesh(tmp_path)
+        agent = job.pids()[mid]
+        try:
+            caller = pm.slice(hosts=1).spawn("caller", Caller)  # host 1: never below the lost agent
+            caller.initialized.get(timeout=60)
+            target = echo.slice(hosts=slice(first, HOSTS))
+            gate = tmp_path / "open"
+            if sig == "stop":
+                os.kill(agent, signal.SIGSTOP)
+            fut = caller.try_call.call_one(target, "wait", str(gate))
+            time.sleep(0.5)
+            if sig == "kill":
+                os.kill(agent, signal.SIGKILL)
+            status, (failed, text) = fut.get(60)
+            gate.touch()
+            assert status == "err", text
+            assert ("agent", mid) in failed and all(("relay", h) in failed for h in below), text
+            assert "in the middle of the call's fan-out tree" in text, text
+            rest = echo.slice(hosts=slice(mid + 1, HOSTS))
+            want = list(range(mid + 1, HOSTS))
+            assert caller.try_call.call_one(rest, "rank").get(60) == ("ok", want)
+            assert caller.try_call.call_one(rest, "wait", str(gate)).get(60) == ("ok", want)
+        finally:
+            if sig == "stop":
+                try:
+                    os.kill(agent, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+            job.stop()
+    assert not wait_dead(descendants(os.getpid()) - before, 15), "the job's agents or procs outlived it"
+
+
+def test_cancel_and_ctrl_c_with_a_stalled_mid_tree_agent(tmp_path, monkeypatch):
+    """A call stuck in a SIGSTOPped mid-tree agent can be cancelled, and Ctrl-C in ``get`` returns at
+    once; after SIGCONT the stuck casts arrive and are skipped, and the next call runs everywhere."""
+    import threading
+
+    from _procs import descendants, wait_dead
+
+    from jupyter_mesh._runtime.controller import Controller
+
+    # the stall must not be judged a loss here: that path is test_mid_tree_agent_lost_mid_call's
+    monkeypatch.setattr(Controller.get().links, "hb_timeout", 120.0)
+    before = descendants(os.getpid())
+    with configured(fanout=FANOUT):
+        job, _, echo = _fault_mesh(tmp_path)
+        agent = job.pids()[MID]
+        never = str(tmp_path / "never")
+        try:
+            os.kill(agent, signal.SIGSTOP)
+            running = echo.wait.call(never)  # hosts 2 and 6 never get it while agent 2 is stopped
+            time.sleep(0.3)
+            assert running.cancel()
+            with pytest.raises(MeshCancelledError):
+                running.get(timeout=10)
+            interrupted = echo.wait.call(never)
+            timer = threading.Timer(0.3, os.kill, args=(os.getpid(), signal.SIGINT))
+            timer.start()
+            try:
+                with pytest.raises(KeyboardInterrupt):
+                    interrupted.get(timeout=30)
+            finally:
+                timer.cancel()
+            assert interrupted.cancelled()
+        finally:
+            os.kill(agent, signal.SIGCONT)
+        try:
+            assert list(echo.rank.call().get(30).values()) == list(range(HOSTS))
+            assert echo.rank.reduce("sum").get(30) == sum(range(HOSTS))
         finally:
             job.stop()
     assert not wait_dead(descendants(os.getpid()) - before, 15), "the job's agents or procs outlived it"

@@ -83,3 +83,14 @@ class Caller(Actor):
         else:  # a reduce from inside a proc
             out = mesh.rank.reduce("sum").get(60)
         return out, client.cast_sends - before
+
+    @endpoint
+    def try_call(self, mesh: Any, endpoint: str, *args: Any) -> tuple[str, Any]:
+        """``mesh.<endpoint>.call(*args)`` from here: ("ok", values) or ("err", failure kinds and hosts, text)."""
+        from jupyter_mesh import MeshError
+
+        try:
+            return "ok", list(getattr(mesh, endpoint).call(*args).get(60).values())
+        except MeshError as e:
+            failures = getattr(e, "failures", [])
+            return "err", (sorted((f.kind, f.coords.get("hosts", -1)) for f in failures), str(e))

@@ -151,6 +151,22 @@ class Client:
         self.supervision.peer_lost(address, why)
         self.trees.agent_lost(address, why, self._proc_addr)
 
+    def notice_failed(self, mesh_id: str, rank: int, failure: Any) -> None:
+        """In a proc: the controller says a rank failed. If its host agent was lost, that agent may sit
+        in the middle of casts this proc sent through a tree: repair them as the controller does its
+        own (the ranks below fail, their sequence numbers are released). The controller's notices are
+        how a proc hears of a lost agent: it runs no heartbeats of its own."""
+        if getattr(failure, "kind", None) != "agent":
+            return
+        addr = self.trees.agent_of(mesh_id, rank)
+        if addr is None or addr in self.calls.lost_peers:
+            return
+        self.peer_lost(addr, getattr(failure, "detail", "") or "its host agent is lost")
+
+    def unforwarded(self, msg: Message) -> None:
+        """An agent could not forward a cast of ours down the tree (``UNFORWARDED``): fail that subtree."""
+        self.trees.unforwarded(msg.header, self._proc_addr)
+
     def defer_cancel(self, p: Pending, actor_id: str) -> None:
         """For finalizers, which must not take locks: the cancel runs at the next call from here."""
         self._deferred.append((p, actor_id))
@@ -393,6 +409,10 @@ class Client:
                 header["i"] = self._register(p) if p is not None else 0
                 header["q"] = self._seqs(mesh, ranks)
                 sent = 0
+                rec = None
+                if tp is not None:  # recorded before the send: an agent's UNFORWARDED may come at once
+                    rec = TreeCast(ref, header, hosts, ranks, weakref.ref(p) if p is not None else None)
+                    self.trees.record(rec)
                 try:
                     # signed once for the agents it goes through (each relays it to its procs as is)
                     frames = self.transport.encode(Message(header, payload, bufs), agents)
@@ -402,6 +422,8 @@ class Client:
                 except BaseException as e:
                     if not sent:  # nobody got it: as if it never happened
                         self._unseq(mesh, ranks)
+                        if rec is not None:
+                            self.trees.forget(rec)
                         if p is not None:
                             self.calls.pending.pop(header["i"], None)
                         if isinstance(e, Exception):
@@ -414,6 +436,8 @@ class Client:
                     unsent_hosts = {hosts[j] for i in tops[sent:] for j in (tree.subtree(tp, i) if tp else [i])}
                     unsent = [r for r in ranks if ref.rank_host[r] in unsent_hosts]
                     self._unseq(mesh, unsent)
+                    if rec is not None:  # their numbers go to later calls: no repair may skip them
+                        rec.ranks = [r for r in ranks if ref.rank_host[r] not in unsent_hosts]
                     undelivered = [
                         (r, Failure(ref.name, ref.coords(r), "delivery", f"not sent to its host agent: {e!r}"))
                         for r in unsent
@@ -426,8 +450,6 @@ class Client:
                 interrupts.release()
             if counted and not trackers:  # not sent (blocked, or no host got it): not busy after all
                 self.hooks.activity(ref.mesh_id, ranks, -1)  # type: ignore[misc]
-        if tp is not None and trackers:
-            self.trees.record(TreeCast(ref, header, hosts, ranks, weakref.ref(p) if p is not None else None))
         for tracker in trackers:
             self.transport.wait_sent(tracker)
         if undelivered and p is not None:

@@ -220,6 +220,7 @@ class Controller:
                 Kind.REPLY: lambda msg, _: self.client.on_reply(msg),
                 Kind.PORT: lambda msg, _: self.client.ports.on_message(msg),
                 Kind.GATHERED: lambda msg, _: self.client.on_reply(msg),
+                Kind.UNFORWARDED: lambda msg, _: self.client.unforwarded(msg),  # a tree relay failed
                 Kind.PROGRESS: lambda msg, _: self.client.on_progress(msg),  # ranks done, reply held
                 Kind.OUT: self._on_output,
                 Kind.CANCELLED: lambda msg, _: self.client.cancel_acks.acked(msg.header["i"], msg.header["rk"]),

@@ -148,6 +148,7 @@ class ProcRuntime:
                 Kind.SKIP: lambda msg, _: self._deliver(msg),
                 Kind.REPLY: lambda msg, _: self.client.on_reply(msg),
                 Kind.GATHERED: lambda msg, _: self.client.on_reply(msg),
+                Kind.UNFORWARDED: lambda msg, _: self.client.unforwarded(msg),  # a tree relay failed
                 Kind.PROGRESS: lambda msg, _: self.client.on_progress(msg),  # ranks done, reply held
                 Kind.NOTICE: self._on_notice,
                 Kind.RESHAPE: self._on_reshape,
@@ -196,6 +197,7 @@ class ProcRuntime:
                 self.deposed.add(h["ep"])
         elif h["what"] == "failed":
             failure = loads(msg.payload, msg.buffers)
+            self.client.notice_failed(h["m"], h["rk"], failure)  # first: a lost agent in our casts' trees
             self.client.mark_failed({h["rk"]: failure}, h["m"])
             for watch in self._failure_watchers:  # actors here that spawned actor meshes on it
                 watch(h["m"], h["rk"], failure)

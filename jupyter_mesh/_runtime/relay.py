@@ -5,7 +5,9 @@ rank's sequence number is released there so no later call waits for it.
 
 Past the fan-out (``tree``), the cast also names agents below this one: it is forwarded to them as
 signed, first, and the gather waits for their subtrees' gathered replies too, sending the whole to its
-parent agent (or to the caller at the top). A reduce folds what it holds into one value on the way."""
+parent agent (or to the caller at the top). A reduce folds what it holds into one value on the way.
+A forward that fails is not waited for: the caller hears of it at once (``UNFORWARDED``) and fails that
+subtree's ranks as undelivered, releasing their sequence numbers (it knows their procs; we do not)."""
 
 from __future__ import annotations
 
@@ -60,7 +62,8 @@ class Relay:
         self._folder: threading.Thread | None = None
         self.progress = ProgressSender(lambda to, header: self.agent.transport.send(to, Message(header)))
         # fault injection, for tests of the undelivered path: "c:2,spawn:1" fails the next two relays of
-        # calls and the next one of a spawn, as a send error would
+        # calls and the next one of a spawn, as a send error would; "c>6:1" fails the next forward of a
+        # call (through the tree) to the agent at position 6 of its layout
         self._failing = {
             kind: int(n)
             for kind, _, n in (x.partition(":") for x in os.environ.get("JUPYTER_MESH_FAIL_RELAYS", "").split(",") if x)
@@ -73,6 +76,7 @@ class Relay:
     def relay(self, h: dict[str, Any], frames: list[Any]) -> None:
         sl = Slice.from_wire(h["sl"])
         parent, kids = self._forward(h, frames) if "tp" in h else ("", [])
+        empty: Gather | None = None
         with self.agent.lock:
             mesh = self.agent.meshes.get(h["m"])
             if mesh is None and not kids:  # stopped (or never here): say so rather than leave the caller waiting
@@ -81,8 +85,8 @@ class Relay:
             targets = (
                 [self.agent.procs[(mesh.mesh_id, r)] for r in mesh.ranks if sl.index_of(r) is not None] if mesh else []
             )
-            if not targets and not kids:
-                return
+            if not targets and not kids and not (parent and h["rm"] == GATHER):
+                return  # (a parent agent waits for our gather, even an empty one: forwards failed)
             if h["rm"] == GATHER:
                 g = Gather(
                     h["m"], parent or h.get("rt") or h["s"], h["i"], {p.rank for p in targets}, children=set(kids)
@@ -92,9 +96,15 @@ class Relay:
                 g.op = h.get("rd")
                 if mesh is None:  # our ranks answer "stopped"; the subtrees below answer for theirs
                     g.entries = self._stopped_entries(h, sl)
-                self.gathers[(h["s"], h["i"])] = g
+                if not targets and not kids:  # nothing to wait for: answer our parent now, outside the lock
+                    empty = g
+                else:
+                    self.gathers[(h["s"], h["i"])] = g
             elif mesh is None:
                 self._gone(h, sl)
+        if empty is not None:
+            self._send_gathered(empty)
+            return
         dead = []
         undelivered: list[tuple[ProcEntry, BaseException]] = []
         actor_id = h["a"] if h["k"] == Kind.CALL else ""  # a spawn goes to the proc: its actor has no inbox yet
@@ -195,13 +205,29 @@ class Relay:
         parent (where our gathered reply goes; "" at the top: the caller) and those agents."""
         dst, tp = h["dst"], h["tp"]
         me = dst.index(self.agent.transport.address)  # admitted: the signed ``dst`` names us
-        kids = [dst[j] for j in children(tp, me)]
-        for addr in kids:
+        kids = []
+        for j in children(tp, me):
             try:
-                self.agent.transport.send_raw(addr, frames)
-            except Exception as e:  # noqa: BLE001 - the caller hears of that agent's loss and prunes it
-                print(f"jupyter-mesh agent: cannot forward a cast to the agent at {addr}: {e!r}", file=sys.stderr)
+                if self._failing.get(f"{h['k']}>{j}", 0) > 0:
+                    self._failing[f"{h['k']}>{j}"] -= 1
+                    raise OSError("injected forward failure (JUPYTER_MESH_FAIL_RELAYS)")
+                self.agent.transport.send_raw(dst[j], frames)
+                kids.append(dst[j])
+            except Exception as e:  # noqa: BLE001 - one bad peer must not starve the others
+                self._unforwarded(h, dst[j], e)
         return (dst[tp[me]] if tp[me] >= 0 else ""), kids
+
+    def _unforwarded(self, h: dict[str, Any], addr: str, err: BaseException) -> None:
+        """A forward to the agent at ``addr`` failed: its subtree never gets the cast. Our gather does not
+        wait for it, and the caller hears of it at once: it fails that subtree's ranks (undelivered)
+        and releases their sequence numbers (it alone knows their procs)."""
+        print(f"jupyter-mesh agent: cannot forward a cast to the agent at {addr}: {err!r}", file=sys.stderr)
+        note = {"k": Kind.UNFORWARDED, "m": h["m"], "a": h["a"], "i": h.get("i", 0), "q": h["q"], "up": addr}
+        note["why"], note["at"] = f"{err!r}"[:500], self.agent.transport.address
+        try:
+            self.agent.transport.send(h["s"], Message(note))
+        except Exception as e2:  # noqa: BLE001 - the caller is gone: nobody waits for those ranks
+            print(f"jupyter-mesh agent: cannot tell the caller {h['s']} either: {e2!r}", file=sys.stderr)
 
     def subtree_gathered(self, msg: Message) -> None:
         """A gathered reply from an agent below us: its subtree's ranks, or their folded value."""

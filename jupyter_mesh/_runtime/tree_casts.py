@@ -11,8 +11,11 @@ replies went up through the lost agent. So, for each recent cast through it:
   cast never arrived, that releases the number (no later call waits for it) and a ``stream`` or spawn
   rank answers that it was lost; where the cast did arrive, the proc ignores the skip.
 
-Only casts sent from this process are known here: an actor's casts through a tree that loses an agent
-are not repaired (its calls to the ranks below may wait until their callers time out).
+Only casts sent from this process are known here: each process repairs its own. A proc hears of a lost
+agent from the controller's notice that the agent's ranks failed (kind ``agent``: ``Client.notice_failed``).
+
+An agent that cannot forward a cast to an agent below it (``UNFORWARDED``) gets the same repair for that
+one cast, that subtree's own agent's ranks included (kind ``delivery``: the procs live on).
 """
 
 from __future__ import annotations
@@ -75,15 +78,46 @@ class TreeCasts:
             except Exception as e:  # noqa: BLE001 - one cast's repair must not stop the others'
                 print(f"jupyter_mesh: could not repair a cast through the lost agent {addr}: {e!r}")
 
-    def _repair(self, c: TreeCast, addr: str, why: str, proc_addr: Any) -> None:
+    def forget(self, cast: TreeCast) -> None:
+        """A cast that no agent got (its send failed): nothing to repair, and its numbers are reused."""
+        try:
+            self.recent.remove(cast)
+        except ValueError:
+            pass
+
+    def agent_of(self, mesh_id: str, rank: int) -> str | None:
+        """The address of the agent of ``rank`` of proc mesh ``mesh_id``, if a recent cast went there."""
+        for c in reversed(list(self.recent)):  # (a copy: the send path appends meanwhile)
+            if c.ref.mesh_id == mesh_id and 0 <= rank < len(c.ref.rank_host):
+                return c.ref.agent_addrs[c.ref.rank_host[rank]]
+        return None
+
+    def unforwarded(self, h: dict[str, Any], proc_addr: Any) -> None:
+        """An agent could not forward a cast of ours to the agent ``h["up"]``: that agent's subtree, its
+        own ranks included, never got it. They fail now (undelivered: their procs live on) and their
+        sequence numbers are released, as for a lost agent, but the rest of the tree is untouched."""
+        addr, key = h.get("up"), _cast_key(h)
+        c = next((c for c in reversed(list(self.recent)) if _cast_key(c.header) == key), None)
+        if c is None or not isinstance(addr, str) or addr not in c.header["dst"]:
+            return  # not ours, or too old to matter
+        detail = (
+            f"the cast did not reach the rank: the host agent at {h.get('at', '?')} (above it in the call's "
+            f"fan-out tree) could not forward it to the host agent at {addr} ({h.get('why', '?')}); the proc "
+            "lives on, and later calls go through a tree that tries again"
+        )
+        self._repair(c, addr, "", proc_addr, own=True, kind="delivery", detail=detail)
+
+    def _repair(
+        self, c: TreeCast, addr: str, why: str, proc_addr: Any, own: bool = False, kind: str = "relay", detail: str = ""
+    ) -> None:
         h, dst, tp = c.header, c.header["dst"], c.header["tp"]
         x = dst.index(addr)
-        below = {c.hosts[j] for j in subtree(tp, x) if j != x}  # x's own ranks fail with its host
+        below = {c.hosts[j] for j in subtree(tp, x) if own or j != x}  # a lost x's own ranks fail with its host
         p = c.p
         if not below and (p is None or tp[x] < 0):
             return
         ranks = [r for r in c.ranks if c.ref.rank_host[r] in below]
-        detail = (
+        detail = detail or (
             f"the host agent at {addr}, which relayed this call to the rank's host (it is in the middle of "
             f"the call's fan-out tree), was lost ({why}): the call may not have reached the rank, and its "
             "reply is lost"
@@ -93,9 +127,10 @@ class TreeCasts:
                 live = p.call_id in self.calls.pending
                 waiting = [r for r in ranks if r in p.outstanding]
             if live:
-                self._prune(c, x)
+                if not own:  # (an agent that could not forward does not wait for that subtree)
+                    self._prune(c, x)
                 for r in waiting:
-                    f = Failure(c.ref.name, c.ref.coords(r), "relay", detail)
+                    f = Failure(c.ref.name, c.ref.coords(r), kind, detail)
                     self.outcomes.add(p, p.call_id, r, BROKEN, dumps(f)[0], [])
         sl = Slice.from_wire(h["sl"])
         q = h["q"]
@@ -135,3 +170,9 @@ class TreeCasts:
             )
         except Exception:  # noqa: BLE001 - that one is going too: its own loss repairs the rest
             pass
+
+
+def _cast_key(h: dict[str, Any]) -> tuple[Any, ...]:
+    """What names one cast of ours: its mesh, actor, call id and sequence numbers (as on the wire)."""
+    q = h.get("q")
+    return (h.get("m"), h.get("a"), h.get("i", 0), tuple(q) if isinstance(q, (list, tuple)) else q)

@@ -91,6 +91,7 @@ class Kind:
     REPLY = "r"  # any -> requester: the answer to a call or request (``reply_header``)
     GATHERED = "g"  # agent -> caller (or its parent agent: ``up``): the replies of its subtree's ranks to a cast
     PRUNE = "prune"  # caller -> agent: stop waiting for the subtree of agent ``up`` in the gather of call ``i``
+    UNFORWARDED = "unforwarded"  # agent -> caller: it could not forward cast (m, a, i, q) to the agent ``up``
     PROGRESS = "progress"  # agent -> caller: ranks whose replies it holds for a gather, at most ~20 a second
     CANCEL = "cancel"  # client -> proc: cancel a running call of one actor
     CANCELLED = "cancelled"  # proc -> caller: a rank stopped working on a cancelled call
