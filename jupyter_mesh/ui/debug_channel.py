@@ -69,9 +69,31 @@ def _reply(p: PausedActor | None = None, **kw: Any) -> dict[str, Any]:
     return out
 
 
-def handle(req: dict[str, Any]) -> dict[str, Any]:
+MAX_LINE = 64 * 1024  # a pdb command longer than this is refused (a paste gone wrong, or junk)
+
+
+def _checked(req: Any) -> tuple[str, str]:
+    """The request's op and mesh id, its fields of the types the panel sends, else ``ValueError``."""
+    if not isinstance(req, dict):
+        raise ValueError(
+            f"a debugger request is a JSON object, not {type(req).__name__}; see `jupyter_mesh.ui.debug_channel`"
+        )
+    want = {"op": str, "mesh_id": str, "rank": int, "line": str, "actor": str}
+    for key, kind in want.items():
+        v = req.get(key)
+        if v is not None and (not isinstance(v, kind) or isinstance(v, bool)):
+            raise ValueError(f"the debugger request's {key!r} must be {kind.__name__}, not {type(v).__name__}")
+    if len(req.get("line") or "") > MAX_LINE:
+        raise ValueError(f"the pdb command is {len(req['line'])} characters; at most {MAX_LINE} are sent")
+    return req.get("op") or "", req.get("mesh_id") or ""
+
+
+def handle(req: Any) -> dict[str, Any]:
     """One request; errors become ``status: error`` with what to do, never a raise."""
-    op, mesh_id = str(req.get("op", "")), str(req.get("mesh_id", ""))
+    try:
+        op, mesh_id = _checked(req)
+    except ValueError as e:
+        return _reply(status="error", error=str(e))
     try:
         if op == "stacks":
             from ..lowlevel import proc_mesh
