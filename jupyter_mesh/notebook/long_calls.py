@@ -139,6 +139,9 @@ class LongCalls:
                 pass
 
 
+_MAX_SLEEP = 3600.0
+
+
 class _Alarm:
     """One daemon thread that calls ``fn`` once its delay is over, unless cancelled first: setting and
     cancelling are a lock each (every ``get()`` of the cell sets one), not a thread per wait."""
@@ -165,7 +168,8 @@ class _Alarm:
         while True:
             with self._cond:
                 while self._at is None or time.monotonic() < self._at:
-                    self._cond.wait(None if self._at is None else self._at - time.monotonic())
+                    # at most an hour at a time: a huge ``slow_call_after`` overflows the lock's timeout
+                    self._cond.wait(None if self._at is None else min(_MAX_SLEEP, self._at - time.monotonic()))
                 fn, self._at, self._fn = self._fn, None, None
             try:
                 fn()
