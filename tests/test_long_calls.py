@@ -78,6 +78,19 @@ def test_a_long_call_shows_the_ranks_left_and_where_they_are(kernel):
     assert "ValueMesh" in (cell.result or "") or "0" in (cell.result or ""), cell.result
 
 
+def test_a_call_waited_on_again_in_a_new_cell_shows_its_view_there(kernel):
+    # the first cell's wait times out (the call goes on); the next cell waits on the same call: its view
+    # is a new output of that cell, not updates to the first cell's, which says it stopped waiting
+    first = kernel.run("f = s.step.call(9)\nf.get(4)")
+    assert "MeshTimeoutError" in str(first.msgs), first.msgs
+    assert any("still waiting" in t for t in _texts(first, "display_data")), first.msgs
+    second = kernel.ok("f.get(60)")
+    mine = _texts(second, "display_data")
+    assert any("still waiting" in t for t in mine), second.msgs
+    ended = [t for t in _texts(second, "update_display_data") if "stopped waiting" in t]
+    assert ended, "the first cell's view says its wait ended"
+
+
 def test_no_view_for_a_call_that_answers_in_time(kernel):
     cell = kernel.ok("s.step.call(0).get(60)")
     assert not _texts(cell, "display_data"), cell.msgs

@@ -27,10 +27,14 @@ __all__ = ["LongCallView", "LongCalls", "install", "uninstall"]
 class LongCallView:
     """What the cell shows (plain text and HTML)."""
 
-    def __init__(self, lines: list[tuple[str, list[tuple[str, str]]]], waited: float, done: bool = False):
-        self.lines, self.waited, self.done = lines, waited, done
+    def __init__(
+        self, lines: list[tuple[str, list[tuple[str, str]]]], waited: float, done: bool = False, returned: bool = True
+    ):
+        self.lines, self.waited, self.done, self.returned = lines, waited, done, returned
 
     def _head(self) -> str:
+        if self.done and not self.returned:
+            return f"jupyter_mesh: stopped waiting after {self.waited:.0f} s (the call had not returned)"
         if self.done:
             return f"jupyter_mesh: the call returned after {self.waited:.0f} s"
         return f"jupyter_mesh: still waiting after {self.waited:.0f} s"
@@ -67,13 +71,17 @@ class LongCalls:
         self._due = False
         self._showing = False
         self._alarm = _Alarm()
+        self._cell: object = None  # the cell whose output shows the view (its execution count)
 
     def watch(self, fut: Any) -> Any:
         stop_inner = self.inner.watch(fut) if self.inner is not None else None
         if self._showing or threading.current_thread() is not threading.main_thread():
             return stop_inner  # another thread's wait, or the view's own (the stacks it asks for)
-        if fut is not self._fut:
-            self._fut, self._began, self._handle, self._due = fut, time.monotonic(), None, False
+        cell = _cell()
+        if fut is not self._fut or cell != self._cell:  # a new call, or the same one waited on by a new cell
+            if self._handle is not None:  # the last wait ended without the call returning (a timeout, Ctrl-C)
+                self._finish(returned=False)
+            self._fut, self._began, self._handle, self._due, self._cell = fut, time.monotonic(), None, False, cell
         after = slow_after()
         if after > 0:
             delay = REFRESH if self._handle is not None else max(0.0, self._began + after - time.monotonic())
@@ -130,16 +138,27 @@ class LongCalls:
         else:
             self._handle.update(view)
 
-    def _finish(self) -> None:
+    def _finish(self, returned: bool = True) -> None:
         handle, self._handle, self._fut = self._handle, None, None
         if handle is not None:
             try:
-                handle.update(LongCallView([], time.monotonic() - self._began, done=True))
+                handle.update(LongCallView([], time.monotonic() - self._began, done=True, returned=returned))
             except Exception:  # noqa: BLE001 - the kernel is going away
                 pass
 
 
 _MAX_SLEEP = 3600.0
+
+
+def _cell() -> object:
+    """Which cell runs now (IPython's execution count; None outside IPython)."""
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+    except ImportError:
+        return None
+    return None if shell is None else shell.execution_count
 
 
 class _Alarm:
