@@ -35,9 +35,10 @@ from .._core.shape import Point
 from .._wire.protocol import BROKEN, DIRECT, NO_REPLY, OK, RAISED, STOP_ENDPOINT, Kind
 from .._wire.serialize import UNPICKLABLE_HINT, dumps, loads
 from .._wire.transport import Message, Transport
-from ..errors import Failure, MeshFailure, SerializationError, SupervisionError
+from ..errors import Failure, SerializationError, SupervisionError
 from . import cancel_signal, interrupts, remote_pdb
 from .client import set_current_client
+from .descendants import Descendants, supervised
 from .ports import ReplyPort
 from .remote_errors import error_info, safe_str
 
@@ -75,7 +76,7 @@ class ActorHost:
         # stopped): every call is answered with this
         self.spawner = ""  # who spawned it (the spawn's sender): it hears of the actor's failures
         self.cls_path = ""  # ``module.Class`` of the actor, for the failures that name it as Monarch does
-        self.owned: list[tuple[str, Any]] = []  # ("actors" | "procs", mesh) it spawned: they end with it
+        self.descendants = Descendants(name)  # the meshes it spawned: they end with it
         self.fatal = False  # the spawn asked that errors no caller receives end the actor (Monarch's way)
         self.closing = False  # the proc stops: the loop ends after the message it handles
         self.loop = asyncio.new_event_loop()
@@ -186,36 +187,8 @@ class ActorHost:
         self._report(self.failure, told=False, untold=True)  # the call running now still ends normally
 
     def own(self, kind: str, mesh: Any) -> None:
-        """The actor spawned ``mesh`` (an actor mesh or a proc mesh): when it stops or dies, so does that
-        mesh, as in Monarch (its descendants go with it). Stopped proc meshes are let go here."""
-        self.owned = [(k, m) for k, m in self.owned if not (k == "procs" and m.stopped)]
-        self.owned.append((kind, mesh))
-
-    def _end_owned(self) -> None:
-        """Stop what this actor spawned: its actor meshes first (their ``__cleanup__`` runs, waited for),
-        then its proc meshes. What fails to stop is said, never raised: the actor ends either way."""
-        owned, self.owned = self.owned, []
-        stops = []
-        for kind, mesh in owned:
-            try:
-                if kind == "actors":
-                    stops.append(mesh.stop())
-                else:
-                    stops.append(None)
-            except Exception as e:  # noqa: BLE001
-                print(f"[{self.name}] could not stop {mesh!r} it spawned: {safe_str(e)}", file=sys.stderr)
-        for f in stops:
-            try:
-                if f is not None:
-                    f.get(timeout=30)
-            except Exception as e:  # noqa: BLE001
-                print(f"[{self.name}] an actor mesh it spawned did not stop: {safe_str(e)}", file=sys.stderr)
-        for kind, mesh in owned:
-            if kind == "procs" and not mesh.stopped:
-                try:
-                    mesh.stop()
-                except Exception as e:  # noqa: BLE001
-                    print(f"[{self.name}] could not stop {mesh!r} it spawned: {safe_str(e)}", file=sys.stderr)
+        """The actor spawned ``mesh`` (an actor mesh or a proc mesh): it ends with the actor."""
+        self.descendants.own(kind, mesh)
 
     def enqueue(self, msg: Message) -> None:
         """From any other thread: hand the actor a message (in order) and wake it."""
@@ -390,23 +363,9 @@ class ActorHost:
         if self.failure is not None:  # this actor is gone (stopped, dead): what it owned is not its care
             print(f"[{self.name}] a mesh it spawned failed after it ended:\n{err}", file=sys.stderr)
             return
-        hook = getattr(self.instance, "__supervise__", None)
-        for failure in err.failures:
-            handled = False
-            if hook is not None:
-                try:
-                    handled = hook(MeshFailure([failure], err.context))
-                    if inspect.isawaitable(handled):
-                        handled = await handled
-                except BaseException as e:  # noqa: BLE001 - a raising supervisor did not handle it
-                    print(
-                        f"[{self.name}] __supervise__ raised:\n" + error_info(e, "__supervise__")["tb"],
-                        file=sys.stderr,
-                    )
-                    handled = False
-            if not handled:
-                print(f"[{self.name}] unhandled failure of a mesh it owns, so this proc fails:\n{err}", file=sys.stderr)
-                exit_proc(75)
+        if not await supervised(self.name, self.instance, err):
+            print(f"[{self.name}] unhandled failure of a mesh it owns, so this proc fails:\n{err}", file=sys.stderr)
+            exit_proc(75)
 
     def _spawn(self, msg: Message) -> None:
         rt = self.runtime
@@ -571,7 +530,7 @@ class ActorHost:
         if told:
             self.runtime.reply(h, BROKEN, dumps(self.failure)[0], [])
         self._report(self.failure, told)
-        self._end_owned()
+        self.descendants.end()
 
     def _stop(self, h: dict[str, Any]) -> None:
         """``ActorMesh.stop()``: the tasks it left running are cancelled, ``__cleanup__(None)`` runs, and
@@ -580,7 +539,7 @@ class ActorHost:
             self._clean_up()
             self.failure = self._failure("stopped", f"actor mesh '{self.name}' was stopped")
             self.instance = None  # its resources go now, as its proc's would
-            self._end_owned()
+            self.descendants.end()
         self.runtime.reply(h, OK, dumps(None)[0], [])
 
     def _clean_up(self) -> None:
