@@ -143,6 +143,7 @@ def test_every_public_error_survives_pickling_with_its_attributes():
         jm.DeliveryError: jm.DeliveryError([f], "during x"),
         jm.MeshTimeoutError: jm.MeshTimeoutError("call", 2.5, "inner call"),
         jm.MeshInterrupted: jm.MeshInterrupted("stopped", [{"gpus": 1}]),
+        errors.ReduceError: errors.ReduceError("sum", "TypeError: bad operand", "the agent at ipc://x", "during y"),
     }
     public = [getattr(errors, n) for n in errors.__all__ if isinstance(getattr(errors, n), type)]
     for cls in public:
