@@ -106,23 +106,6 @@ def _magic(*argv: str) -> None:
     debug_magic.run(args, parse_slice)
 
 
-def test_mesh_debug_cast_and_continue_leave_a_rank_another_front_holds_alone(monkeypatch, capsys):
-    dbg = _FakeDebugger()
-    free, held = _paused(dbg, 0), _paused(dbg, 1)
-    assert held.claim("jupyter-mesh debug (pid 42)") == ""
-    monkeypatch.setattr(debug, "paused", lambda: [free, held])
-    _magic("cast", "stop", "gpus=0:2", "p", "x")
-    out = capsys.readouterr().out
-    assert dbg.sent == [(0, "p x")], dbg.sent  # not typed into the terminal's session
-    assert "being debugged from jupyter-mesh debug (pid 42)" in out, out
-    assert not free.attached and held.attached_by == "jupyter-mesh debug (pid 42)"
-    dbg.sent.clear()
-    _magic("continue", "all")
-    out = capsys.readouterr().out
-    assert dbg.sent == [(0, "c")], dbg.sent
-    assert "not continued" in out and "pid 42" in out, out
-
-
 # -- the terminal -------------------------------------------------------------------------------------
 def test_ctrl_c_in_the_terminal_after_its_controller_died_is_said_not_a_traceback(tmp_path, capsys, monkeypatch):
     """Ctrl-C while pdb runs a command reconnects; if the controller was killed meanwhile, ``main``

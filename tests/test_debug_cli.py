@@ -358,3 +358,34 @@ def test_attaching_again_after_a_detach_prompts_at_once(procs):
     again.join(30)
     assert not again.is_alive(), "the second attach waits for output that never comes"
     assert fut.get(30) == 62
+
+
+def test_mesh_debug_cast_and_continue_leave_a_rank_the_terminal_holds_alone(procs, term, capsys):
+    """``%mesh debug cast`` / ``continue`` beside a real terminal attached to one real paused rank: the
+    held rank is neither typed into nor continued, and the magic says who holds it."""
+    import argparse
+
+    from jupyter_mesh.notebook import debug_magic
+    from jupyter_mesh.notebook.magics import _rank_or_coords, parse_slice
+
+    def magic(*argv: str) -> str:
+        args = argparse.Namespace(action=argv[0], rest=list(argv[1:]), rank_type=_rank_or_coords)
+        debug_magic.run(args, parse_slice)
+        return capsys.readouterr().out
+
+    st = procs.spawn("stop", Stopper)
+    futs = [st.slice(gpus=i).step.call_one(i + 1) for i in range(2)]
+    _wait_paused(2)
+    t = term("attach", "stop", "1")
+    t.expect("(Pdb) ")
+    out = magic("cast", "stop", "gpus=0:2", "p", "x", "+", "100")
+    assert "101" in out and "102" not in out, out  # rank 0 answered; rank 1 was not typed into
+    assert f"being debugged from jupyter-mesh debug (pid {t.proc.pid}" in out, out
+    out = magic("continue", "all")
+    assert "not continued" in out and str(t.proc.pid) in out, out
+    assert futs[0].get(30) == 10
+    assert "2" in t.do("p x", "(Pdb) ").splitlines()  # the terminal's session is intact
+    t.send("c")
+    t.expect("runs on ---")
+    assert futs[1].get(30) == 21  # x * 10 + rank
+    assert t.finish()[0] == 0
