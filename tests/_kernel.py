@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import os
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,3 +81,14 @@ class Kernel:
         # them now, inside the test (whose marks say which warnings to ignore), not at the session's end
         gc.collect()
         return wait_dead(before, 5.0)
+
+
+def mesh_kernel(actors: str) -> Iterator[Kernel]:
+    """For a module fixture: a kernel with a 4-proc ``%mesh up`` mesh and ``actors`` (a cell) run in
+    it; on the way out, its shutdown must leave no process."""
+    isolate_jupyter_dirs()
+    k = Kernel()
+    k.ok("%mesh up --gpus 4")
+    k.ok(actors)
+    yield k
+    assert not k.shutdown(), "processes left after the kernel shut down"

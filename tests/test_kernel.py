@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from _kernel import Kernel, isolate_jupyter_dirs
+from _kernel import Kernel, isolate_jupyter_dirs, mesh_kernel
 from _procs import alive, wait_dead, wait_for
 
 pytestmark = [
@@ -62,12 +62,7 @@ w.initialized.get(30)
 
 @pytest.fixture(scope="module")
 def kernel():
-    isolate_jupyter_dirs()
-    k = Kernel()
-    k.ok("%mesh up --gpus 4")
-    k.ok(ACTORS)
-    yield k
-    assert not k.shutdown(), "processes left after the kernel shut down"
+    yield from mesh_kernel(ACTORS)
 
 
 def test_kernelspec_is_installed_and_matches_the_shipped_one():

@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 import pytest
-from _kernel import Kernel, isolate_jupyter_dirs
+from _kernel import Kernel, isolate_jupyter_dirs, mesh_kernel
 
 pytestmark = [
     pytest.mark.kernel,
@@ -43,12 +43,7 @@ s.initialized.get(30)
 
 @pytest.fixture(scope="module")
 def kernel():
-    isolate_jupyter_dirs()
-    k = Kernel()
-    k.ok("%mesh up --gpus 4")
-    k.ok(ACTORS)
-    yield k
-    assert not k.shutdown(), "processes left after the kernel shut down"
+    yield from mesh_kernel(ACTORS)
 
 
 @pytest.fixture(autouse=True)

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 import pytest
-from _kernel import Kernel, isolate_jupyter_dirs
+from _kernel import Kernel, mesh_kernel
 
 pytestmark = [
     pytest.mark.kernel,
@@ -51,12 +51,7 @@ configure(slow_call_after=1)
 
 @pytest.fixture(scope="module")
 def kernel():
-    isolate_jupyter_dirs()
-    k = Kernel()
-    k.ok("%mesh up --gpus 4")
-    k.ok(ACTORS)
-    yield k
-    assert not k.shutdown(), "processes left after the kernel shut down"
+    yield from mesh_kernel(ACTORS)
 
 
 def _texts(cell: Any, kind: str) -> list[str]:
