@@ -161,6 +161,8 @@ def stop_agents(controller: Controller, agents: Sequence[AgentHandle]) -> None:
     heartbeating them; what the scheduler does next (cancel, wait) is the job's."""
     from .._wire.transport import Message  # zmq: imported with a job, not the package
 
+    if not controller.is_closed:
+        controller.agents_stopping([a.addr for a in agents])
     for a in agents:
         try:
             if not controller.is_closed:

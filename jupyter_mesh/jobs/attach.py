@@ -149,6 +149,8 @@ class AttachJob(Job):
         for nonce in self._nonces:  # a hello still on its way is told to shut down, not admitted
             ctl.stop_expecting(nonce)
         agents = self._agents or []
+        if not ctl.is_closed:
+            ctl.agents_stopping([a.addr for a in agents])
         for a in agents:
             try:
                 if not ctl.is_closed:
