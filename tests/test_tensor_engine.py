@@ -54,6 +54,9 @@ def test_activate_makes_one_shard_per_proc(procs):
         fetch_shard(t, gpus=7)
     # outside the block, torch is local again
     assert type(torch.ones(2)) is torch.Tensor
+    with procs.activate():  # inside the block, plain tensors stay plain: a fetched shard prints here
+        shard = fetch_shard(t, gpus=0).get(timeout=T)
+        assert type(shard + 1) is torch.Tensor and repr(shard).startswith("tensor([[")
 
 
 def test_torch_ops_run_on_the_shards_inside_and_outside_activate(procs):

@@ -186,16 +186,27 @@ def _meta_of(x: Any) -> Any:
 
 
 class Mode(TorchFunctionMode):
-    """Inside ``ProcMesh.activate()``: every torch call runs on that mesh."""
+    """Inside ``ProcMesh.activate()``: torch calls that make tensors from nothing (``torch.rand``) or
+    take a distributed one run on the mesh."""
 
     def __init__(self, pm: Any):
         super().__init__()
         self.active = (engine_for(pm), pm._shape)
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if _local_state.depth:
-            return func(*args, **(kwargs or {}))
-        return dispatch(func, args, kwargs or {}, self.active)
+        kwargs = kwargs or {}
+        if _local_state.depth or _only_local_tensors(args, kwargs):
+            return func(*args, **kwargs)
+        return dispatch(func, args, kwargs, self.active)
+
+
+def _only_local_tensors(args: Any, kwargs: Any) -> bool:
+    """A call on plain tensors and no distributed one stays here (printing a fetched shard, pickling
+    an argument); calls with no tensor at all (``torch.rand(3)``) make distributed ones."""
+    with local():
+        flat = tree_flatten((args, kwargs))[0]
+    tensors = [x for x in flat if isinstance(x, torch.Tensor)]
+    return bool(tensors) and not any(isinstance(x, DistributedTensor) for x in tensors)
 
 
 def rref(endpoint: Any, pm: Any, args: Any, kwargs: Any) -> Any:
