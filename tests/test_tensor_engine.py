@@ -223,3 +223,22 @@ def test_a_stopped_mesh_refuses_fetches_and_activation(host):
         with pm.activate():
             pass
     assert type(torch.ones(1)) is torch.Tensor
+
+
+def test_reduce_over_a_mesh_dim(procs):
+    with procs.activate():
+        t = torch.rand(2, 3)
+    local = shards(t, procs)
+    total, stacked, top = t.reduce("gpus", "sum"), t.reduce(("gpus",), "stack"), t.reduce("gpus", "max") * 2
+    assert (total.shape, stacked.shape) == ((2, 3), (4, 2, 3))
+    for g in (0, 3):
+        assert torch.allclose(fetch_shard(total, gpus=g).get(timeout=T), sum(local))
+        assert torch.equal(fetch_shard(stacked, gpus=g).get(timeout=T), torch.stack(local))
+        assert torch.allclose(fetch_shard(top, gpus=g).get(timeout=T), torch.stack(local).amax(0) * 2)
+    # one proc's failed shard fails the reduction everywhere, and nobody hangs for it
+    failed = fails_on_gpus_1(t).reduce("gpus", "avg")
+    for g in (0, 1):
+        with pytest.raises(ActorError, match="this proc refuses"):
+            fetch_shard(failed, gpus=g).get(timeout=T)
+    with pytest.raises(MeshValueError, match="not \\['hosts'\\]"):
+        t.reduce("hosts")

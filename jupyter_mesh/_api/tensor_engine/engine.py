@@ -38,6 +38,7 @@ class MeshEngine:
         self.name: str = pm._ref.name
         self.proc_mesh = root
         self.workers = root.spawn("tensor_engine", TensorWorker)
+        self._inboxes: Future[Any] | None = None  # the workers' ports for reductions, asked on first use
         # (view, ref id) of dropped tensors; appended from finalizers (any thread, even in the middle of
         # our own code): a deque's append needs no lock
         self._dead: collections.deque[tuple[Shape, int]] = collections.deque()
@@ -73,6 +74,13 @@ class MeshEngine:
                 self.workers_for(view).ops.broadcast([("del", ids)])
             except MeshError:  # dead procs hold nothing any more
                 pass
+
+    def inboxes(self) -> dict[int, Any]:
+        """Global rank -> that worker's reduction inbox (one call to every worker, the first time)."""
+        if self._inboxes is None:
+            self._inboxes = self.workers.inbox.call()
+        vm = self._inboxes.get(timeout=120)
+        return dict(zip(self.proc_mesh._shape.ranks(), vm.values(), strict=True))
 
     def lend(self, view: Shape, ref_id: int) -> int:
         """Ask each worker to set the shard aside for an actor call that carries the tensor."""

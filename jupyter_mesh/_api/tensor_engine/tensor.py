@@ -96,6 +96,19 @@ class DistributedTensor(torch.Tensor):
         desc = f"distributed tensor ref {self._jm_ref}"
         return (borrowed, (self._jm_engine.mesh_id, self._jm_engine.name, self._jm_view.ranks(), bid, desc))
 
+    def reduce(  # type: ignore[override]
+        self,
+        dims: str | tuple[str, ...] | list[str],
+        reduction: str = "sum",
+        scatter: bool = False,
+        mesh: Any = None,
+        _inplace: bool = False,
+        out: Any = None,
+    ) -> DistributedTensor:
+        """Monarch's all-reduce over mesh ``dims``: each proc gets the ``reduction`` (sum, avg, product,
+        min, max, stack) of the shards of the procs that differ from it only along ``dims``."""
+        return reduce(self, dims, reduction, scatter, mesh, _inplace, out)
+
     def __deepcopy__(self, memo: Any) -> DistributedTensor:
         return dispatch(torch.Tensor.clone, (self,), {}, None)  # type: ignore[no-any-return]
 
@@ -307,3 +320,30 @@ def run_remote(fn: Any, args: Any, kwargs: Any, pm: Any) -> Any:
             "or pass it a distributed tensor"
         )
     return dispatch(fn._fn, args, kwargs, active, shape_fn=fn._propagate or fn._fn, spec=fn._spec())
+
+
+def reduce(t: DistributedTensor, dims: Any, reduction: str, scatter: bool, mesh: Any, inplace: bool, out: Any) -> Any:
+    from .worker import REDUCTIONS
+
+    names = (dims,) if isinstance(dims, str) else tuple(dims)
+    view, engine = t._jm_view, t._jm_engine
+    if scatter or mesh is not None or inplace or out is not None:
+        raise MeshValueError("reduce(): scatter, mesh, _inplace and out are not supported here; reduce, then index")
+    if reduction not in REDUCTIONS:
+        raise MeshValueError(f"reduce(): reduction {reduction!r} is not one of {sorted(REDUCTIONS)}")
+    unknown = [d for d in names if d not in view.labels]
+    if unknown:
+        raise MeshValueError(f"reduce(): {t._jm_where()} has dims {list(view.labels)}, not {unknown}")
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for i, r in enumerate(view.ranks()):  # a group: the procs that differ only along ``dims``
+        key = tuple((d, v) for d, v in dict(view.point(i)).items() if d not in names)
+        groups.setdefault(key, []).append(r)
+    by_rank = {r: g for g in groups.values() for r in g}
+    ports = engine.inboxes()
+    with local():
+        meta = REDUCTIONS[reduction](torch.stack([t._jm_meta] * len(next(iter(groups.values())))))
+    res = DistributedTensor._new(_fresh(meta), engine, view)
+    engine.send(
+        view, [("reduce", t._jm_ref, reduction, by_rank, {r: ports[r] for r in by_rank}, next_id(), [res._jm_ref])]
+    )
+    return res

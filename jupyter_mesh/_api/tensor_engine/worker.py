@@ -21,9 +21,10 @@ from typing import Any
 
 from ..._core.actor import Actor, endpoint
 from ..._core.context import context
+from ..._core.ports import Channel
 from ...errors import ActorError, MeshTimeoutError, MeshValueError, RemoteFailure
 
-__all__ = ["Ref", "TensorWorker", "borrowed", "describe_func"]
+__all__ = ["REDUCTIONS", "Ref", "TensorWorker", "borrowed", "describe_func"]
 
 LOAN_TTL = 300.0  # seconds an uncollected loan is kept (an actor call that never unpickled it)
 
@@ -214,6 +215,11 @@ class TensorWorker(Actor):
         # procs fork from one template, so they would all start from its random state: ``torch.rand``
         # inside ``activate()`` must give each proc its own values, as in Monarch
         torch.seed()
+        # reductions: the other workers send their shards here (``reduce`` ops)
+        port, inbox = Channel[Any].open()
+        self._port: Any = port
+        self._inbox: Any = inbox
+        self._early: dict[int, dict[int, Any]] = {}  # op id -> rank -> shard, sent before we got there
 
     @endpoint
     def ops(self, batch: list[tuple[Any, ...]]) -> None:
@@ -234,6 +240,8 @@ class TensorWorker(Actor):
                     self._rref(*op[1:])
                 elif kind == "call":  # a @remote function's broadcast: its error goes to the output
                     self._call(*op[1:])
+                elif kind == "reduce":
+                    self._reduce(*op[1:])
             except Exception as e:  # noqa: BLE001 - malformed op: nothing to fail but its outputs
                 for i in op[-1] if kind in ("run", "rref") else ():
                     _store.refs[i] = _failure(kind, e)
@@ -276,6 +284,43 @@ class TensorWorker(Actor):
         except Exception:  # noqa: BLE001 - nobody waits for a broadcast: the proc's output shows it
             traceback.print_exc()
 
+    def _reduce(
+        self, ref_id: int, how: str, groups: dict[int, list[int]], ports: dict[int, Any], op_id: int, out_ids: list[int]
+    ) -> None:
+        """All-reduce over a group of procs: send our shard to each peer's inbox, then wait for theirs
+        (every worker runs its ops in the same order, so nobody waits for a peer that waits for it)."""
+        me = _here().rank
+        group = groups[me]
+        mine = _store.get(ref_id)
+        for r in group:
+            if r != me:
+                ports[r].send((op_id, me, mine))
+        got = self._early.pop(op_id, {})
+        got[me] = mine
+        deadline = time.monotonic() + wait_limit()
+        try:
+            while len(got) < len(group):
+                op, rank, shard = self._inbox.recv().get(timeout=max(0.0, deadline - time.monotonic()))
+                if op == op_id:
+                    got[rank] = shard
+                else:
+                    self._early.setdefault(op, {})[rank] = shard
+            bad = next((v for v in got.values() if isinstance(v, _Failed)), None)
+            if bad is not None:
+                _store.refs[out_ids[0]] = bad
+                return
+            import torch
+
+            stacked = torch.stack([got[r] for r in group])
+            _store.refs[out_ids[0]] = REDUCTIONS[how](stacked)
+        except Exception as e:  # noqa: BLE001 - stored for the fetch
+            _store.refs[out_ids[0]] = _failure(f"reduce({how!r})", e)
+
+    @endpoint
+    def inbox(self) -> Any:
+        """Where the other workers send their shards for a reduction."""
+        return self._port
+
     @endpoint
     def fetch(self, ref_ids: list[int]) -> list[Any]:
         """The shards of ``ref_ids`` (a failed one as its failure, raised by the controller)."""
@@ -297,6 +342,16 @@ class TensorWorker(Actor):
     def stats(self) -> dict[str, int]:
         """How many shards and loans this proc holds (tests read it to check that refs are freed)."""
         return {"refs": len(_store.refs), "loans": len(_store.loans)}
+
+
+REDUCTIONS: dict[str, Callable[[Any], Any]] = {
+    "sum": lambda s: s.sum(0),
+    "avg": lambda s: s.mean(0),
+    "product": lambda s: s.prod(0),
+    "min": lambda s: s.amin(0),
+    "max": lambda s: s.amax(0),
+    "stack": lambda s: s,
+}
 
 
 def _callable(func: Any) -> Callable[..., Any]:
