@@ -11,7 +11,16 @@ import torch
 from _procs import wait_for
 from tensor_actors import Holder, Linear, fails_on_gpus_1, rank_and_pid, wait_for_file
 
-from jupyter_mesh import ActorError, Channel, MeshError, MeshValueError, SupervisionError, fetch_shard, send
+from jupyter_mesh import (
+    ActorError,
+    Channel,
+    MeshError,
+    MeshValueError,
+    SerializationError,
+    SupervisionError,
+    fetch_shard,
+    send,
+)
 from jupyter_mesh._api.tensor_engine.engine import engine_for
 from jupyter_mesh._api.tensor_engine.tensor import DistributedTensor
 
@@ -120,6 +129,9 @@ def test_an_actor_gets_the_shard_of_its_own_proc(procs):
         assert values == pytest.approx([v * 1 for v in expect[g]])
     # the Monarch example's form: a row of a product, to actors of another class on the same procs
     assert holders.slice(gpus=3).describe.call_one(t[0]).get(timeout=T)[1] == pytest.approx(expect[3][:2])
+    # only the procs a call goes to set the shard aside, and each took its loan
+    stats = engine_for(procs).workers.stats.call().get(timeout=T)
+    assert [s["loans"] for s in stats.values()] == [0, 0, 0, 0]
 
 
 def test_a_tensor_of_one_mesh_is_refused_by_another(host, procs):
@@ -134,8 +146,8 @@ def test_a_tensor_of_one_mesh_is_refused_by_another(host, procs):
         with pytest.raises(MeshValueError, match="different meshes"):
             a + b
         stranger = other.spawn("stranger", Holder)
-        with pytest.raises(ActorError, match="lives on proc mesh"):
-            stranger.describe.call(a).get(timeout=T)
+        with pytest.raises(SerializationError, match="lives on proc mesh"):  # refused here, nothing sent
+            stranger.describe.call(a)
     finally:
         other.stop(timeout=5)
 

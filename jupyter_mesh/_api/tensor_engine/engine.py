@@ -82,10 +82,11 @@ class MeshEngine:
         vm = self._inboxes.get(timeout=120)
         return dict(zip(self.proc_mesh._shape.ranks(), vm.values(), strict=True))
 
-    def lend(self, view: Shape, ref_id: int) -> int:
-        """Ask each worker to set the shard aside for an actor call that carries the tensor."""
+    def lend(self, view: Shape, ref_id: int, takers: list[int] | None) -> int:
+        """Ask the workers of ``takers`` (global ranks; None: all of ``view``) to set the shard aside for
+        an actor call that carries the tensor."""
         bid = next_id()
-        self.send(view, [("lend", ref_id, bid)])
+        self.send(view, [("lend", ref_id, bid, takers)])
         return bid
 
     def fetch(self, view: Shape, coords: dict[str, int], ref_ids: list[int]) -> Future[list[Any]]:

@@ -21,6 +21,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..._core.future import Future
 from ..._core.shape import Shape
+from ..._wire.serialize import destination
 from ...errors import ActorError, MeshValueError
 from .engine import MeshEngine, engine_for, next_id
 from .worker import Ref, borrowed, describe_func
@@ -92,9 +93,18 @@ class DistributedTensor(torch.Tensor):
     def __reduce_ex__(self, protocol: Any) -> Any:  # type: ignore[override]
         """Passed to an actor: each receives its own proc's shard (lent by the engine first, so the call
         may overtake the ops that make it, and the tensor may be dropped right after the call)."""
-        bid = self._jm_engine.lend(self._jm_view, self._jm_ref)
         desc = f"distributed tensor ref {self._jm_ref}"
-        return (borrowed, (self._jm_engine.mesh_id, self._jm_engine.name, self._jm_view.ranks(), bid, desc))
+        ranks = self._jm_view.ranks()
+        target = destination()  # an actor call's: its proc mesh and ranks (else: lent to every proc)
+        if target is not None and target[0] != self._jm_engine.mesh_id:
+            raise MeshValueError(
+                f"{desc} lives on proc mesh '{self._jm_engine.name}', and this call goes to actors on another "
+                "one: a distributed tensor reaches only actors spawned on the procs that hold its shards; "
+                "spawn the actors there, or fetch_shard() it and pass the plain tensor"
+            )
+        takers = None if target is None else sorted(set(target[1]) & set(ranks))
+        bid = self._jm_engine.lend(self._jm_view, self._jm_ref, takers)
+        return (borrowed, (self._jm_engine.mesh_id, self._jm_engine.name, ranks, bid, desc))
 
     def reduce(  # type: ignore[override]
         self,

@@ -26,7 +26,9 @@ from ...errors import ActorError, MeshTimeoutError, MeshValueError, RemoteFailur
 
 __all__ = ["REDUCTIONS", "Ref", "TensorWorker", "borrowed", "describe_func"]
 
-LOAN_TTL = 300.0  # seconds an uncollected loan is kept (an actor call that never unpickled it)
+# seconds an uncollected loan is kept: a call cancelled before its actor unpickled it, or a tensor pickled
+# for something other than an actor call (lent to every proc of its mesh)
+LOAN_TTL = 3600.0
 
 
 def wait_limit() -> float:
@@ -233,7 +235,8 @@ class TensorWorker(Actor):
                     for i in op[1]:
                         _store.refs.pop(i, None)
                 elif kind == "lend":
-                    _store.lend(op[1], op[2])
+                    if op[3] is None or _here().rank in op[3]:
+                        _store.lend(op[1], op[2])
                 elif kind == "run":
                     self._run(*op[1:])
                 elif kind == "rref":
