@@ -219,6 +219,12 @@ def test_a_killed_proc_fails_fetches_of_its_shards(host):
     try:
         with pytest.raises(SupervisionError):
             fetch_shard(t, gpus=1).get(timeout=T)
+        try:  # an op on the mesh now: refused at once, or its refs fail on the dead proc only
+            u = t + 1
+        except SupervisionError as e:
+            assert "gpus=1" in str(e)
+        else:
+            assert fetch_shard(u, gpus=0).get(timeout=T).tolist() == [2.0, 2.0]
     finally:
         procs.stop(timeout=5)
 
