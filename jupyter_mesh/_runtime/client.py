@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, cast
 from .._core.context import context
 from .._core.future import Future
 from .._wire.protocol import BROKEN, DIRECT, GATHER, NO_REPLY, Kind
-from .._wire.serialize import UNPICKLABLE_HINT, describe_unpicklable, dumps
+from .._wire.serialize import UNPICKLABLE_HINT, describe_unpicklable, dumps, pickling_for
 from .._wire.transport import Message, Transport
 from ..errors import (
     CallSite,
@@ -99,14 +99,15 @@ class Client:
         self.boxes = ReplyBoxes(transport, self.on_reply, self._busy_boxes) if reply_boxes else None
 
     # -- helpers ---------------------------------------------------------------------------------------
-    def _encode_args(self, mesh: ActorMeshRef, endpoint: str, args: Any, kwargs: Any) -> tuple[bytes, list[Any]]:
-        try:
-            return dumps((args, kwargs))
-        except SerializationError:
-            which = describe_unpicklable(args, kwargs) or "an argument does not pickle"
-            raise SerializationError(
-                f"{mesh._class_name}.{endpoint} was not called: {which}. {UNPICKLABLE_HINT}"
-            ) from None
+    def _encode_args(
+        self, mesh: ActorMeshRef, endpoint: str, args: Any, kwargs: Any, ranks: list[int]
+    ) -> tuple[bytes, list[Any]]:
+        with pickling_for(mesh._ref.mesh_id, ranks):  # where a distributed tensor's shards must wait
+            try:
+                return dumps((args, kwargs))
+            except SerializationError:
+                which = describe_unpicklable(args, kwargs) or "an argument does not pickle"
+        raise SerializationError(f"{mesh._class_name}.{endpoint} was not called: {which}. {UNPICKLABLE_HINT}")
 
     def _check_targets(self, ref: ProcMeshRef, ranks: list[int], context: str, call: CallSite | None = None) -> None:
         if self.hooks.before_call is not None:
@@ -328,7 +329,7 @@ class Client:
         rd = reduce_ops.encode(op) if mode == "reduce" else None
         ranks = mesh._shape.ranks()
         self._check_targets(mesh._ref, ranks, f"calling {mesh._class_name}.{endpoint}", _site(mesh, endpoint))
-        payload, bufs = self._encode_args(mesh, endpoint, args, kwargs)
+        payload, bufs = self._encode_args(mesh, endpoint, args, kwargs, ranks)
         header: dict[str, Any] = {
             "k": Kind.CALL,
             "m": mesh._ref.mesh_id,
@@ -464,7 +465,7 @@ class Client:
         what = f"{mesh._class_name}.{endpoint}"
         context, call = "calling " + what, _site(mesh, endpoint)
         self._check_targets(ref, [rank], context, call)
-        payload, bufs = self._encode_args(mesh, endpoint, args, kwargs)
+        payload, bufs = self._encode_args(mesh, endpoint, args, kwargs, [rank])
         fut: Future[Any] = Future(what)
         p = Pending(fut, ref.mesh_id, "one", mesh._name, endpoint, None, [rank], {rank}, ref=ref)
         p.actor_id, p.cls = mesh._actor_id, mesh._class_name
