@@ -10,6 +10,7 @@ outcome is recorded under the client's lock before completion is decided.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pickle import loads as _unpickle  # plain values: no out-of-band buffers
 from typing import TYPE_CHECKING, Any
 
 from .._core.future import Future
@@ -300,27 +301,30 @@ def _plain_values(
     (every rank returned None, or the same number) are loaded once when the value is immutable.
     Anything else (an exception, a broken rank, a reduce's partial, buffers): ([], [], every entry),
     each then decoded on its own."""
-    ranks: list[int] = []
+    ranks = [row[0] for row in table]
+    if ranks and min(ranks) < 0:
+        return [], [], _entries(table, payload, buffers)
     values: list[Any] = []
+    append = values.append  # (on the call path: no attribute lookups or helper calls per rank)
     last: bytes | memoryview | None = None
     last_value: Any = None
     pos = 0
-    for rank, ok, plen, nbuf in table:
-        if ok != OK or nbuf or rank < 0:
+    for _, ok, plen, nbuf in table:
+        if ok != OK or nbuf:
             return [], [], _entries(table, payload, buffers)
         end = pos + plen
         part = payload[pos:end]
-        if part == last:
-            value = last_value
-        else:
-            try:
-                value = loads(part)
-            except Exception:  # noqa: BLE001 - that rank's error: decoded on its own, it says why
-                return [], [], _entries(table, payload, buffers)
-            last, last_value = (part, value) if plen <= _SHARED_MAX and type(value) in _IMMUTABLE else (None, None)
-        ranks.append(rank)
-        values.append(value)
         pos = end
+        if part == last:
+            append(last_value)
+            continue
+        try:
+            value = _unpickle(part)
+        except Exception:  # noqa: BLE001 - that rank's error: decoded on its own, it says why
+            return [], [], _entries(table, payload, buffers)
+        append(value)
+        if plen <= _SHARED_MAX and type(value) in _IMMUTABLE:
+            last, last_value = part, value
     return ranks, values, []
 
 
