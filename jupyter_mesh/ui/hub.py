@@ -37,15 +37,13 @@ View = Callable[[list[MeshWire], list[str]], None]
 """(changed meshes, ids of meshes that are gone) -> None; called on the hub's thread."""
 
 RECENT_FAILURES = 8
+log = logging.getLogger("jupyter_mesh.ui")
 BUDGET = 0.1  # the share of one core the views may take: a flush that took t s waits t / BUDGET s
 
 
 def next_pause(interval: float, spent: float) -> float:
     """Seconds from one flush to the next: ``interval``, or longer when a flush took ``spent`` s of CPU."""
     return max(interval, spent / BUDGET)
-
-
-log = logging.getLogger("jupyter_mesh.ui")
 
 
 class Source(Protocol):
