@@ -191,11 +191,14 @@ class Client:
             self.calls.actor_mesh[mesh._actor_id] = mesh._ref.mesh_id
         elif len(arr) < len(mesh._ref.proc_addrs):  # the mesh grew
             arr.extend([0] * (len(mesh._ref.proc_addrs) - len(arr)))
-        vals = [arr[r] for r in ranks]
+        n, first = len(arr), arr[ranks[0]]
+        if len(ranks) == n and arr.count(first) == n:  # every rank, all alike: the usual broadcast
+            arr[:] = [first + 1] * n
+            return first
+        vals = list(map(arr.__getitem__, ranks))
         for r in ranks:
             arr[r] += 1
-        first = vals[0]
-        return first if all(v == first for v in vals) else vals
+        return first if vals.count(first) == len(vals) else vals
 
     def _register(self, p: Pending) -> int:
         call_id = next(self._ids)
@@ -380,7 +383,7 @@ class Client:
         ref = mesh._ref
         if self.hooks.sent is not None:  # before the send: the ranks' first output may beat the return
             self.hooks.sent(mesh, ranks)
-        hosts = sorted({ref.rank_host[r] for r in ranks})
+        hosts = sorted(set(map(ref.rank_host.__getitem__, ranks)))
         agents = [ref.agent_addrs[h] for h in hosts]
         tp = tree.parents(len(hosts), tree.fanout()) if len(hosts) > 2 else None
         if tp is not None:  # past the fan-out: we send to the top agents, they relay (signed, like the rest)
