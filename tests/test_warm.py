@@ -256,7 +256,6 @@ def test_the_first_tensor_call_to_a_fresh_proc_imports_nothing_of_torch(monkeypa
     """A warm proc's first call with a tensor in and out (unpickled, computed on, pickled back) finds
     every torch module it needs already loaded: the template imported them before the fork."""
     import torch
-
     from warm_actors import Loaded
 
     monkeypatch.setenv("JUPYTER_MESH_WARM", "1")
