@@ -56,3 +56,15 @@ def fails_on_gpus_1(x: torch.Tensor) -> torch.Tensor:
     if dict(current_rank())["gpus"] == 1:
         raise RuntimeError("this proc refuses")
     return x
+
+
+class Driver(Actor):
+    """Given the user's ProcMesh, drives its tensor engine too (a second controller on the same procs)."""
+
+    @endpoint
+    def make(self, pm: object, value: float) -> list[float]:
+        from jupyter_mesh import fetch_shard
+
+        with pm.activate():  # type: ignore[attr-defined]
+            self.x = torch.full((2,), value)
+        return fetch_shard(self.x, gpus=0).get(timeout=60).tolist()  # type: ignore[no-any-return]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import secrets
 import threading
 from typing import Any
 
@@ -15,9 +16,13 @@ from ..._core.shape import Shape
 from ...errors import MeshError, MeshValueError
 from .worker import TensorWorker
 
-__all__ = ["MeshEngine", "engine_for", "next_id"]
+__all__ = ["BASE", "MeshEngine", "engine_for", "next_id"]
 
-_ids = itertools.count(1)  # ref ids and borrow ids: one counter per controller, never reused
+# ref ids and borrow ids: one counter per controller, never reused. It starts at a random point: a
+# worker's store is shared by every controller that drives its proc (an actor given the ProcMesh may
+# activate it too), and two counters from 1 would make their tensors overwrite each other's shards
+BASE = secrets.randbits(63) << 32
+_ids = itertools.count(BASE + 1)
 FLUSH_DELETES = 64  # dropped tensors freed on the workers in batches of about this many
 
 

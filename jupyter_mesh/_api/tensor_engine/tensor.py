@@ -23,7 +23,7 @@ from ..._core.future import Future
 from ..._core.shape import Shape
 from ..._wire.serialize import destination
 from ...errors import ActorError, MeshValueError
-from .engine import MeshEngine, engine_for, next_id
+from .engine import BASE, MeshEngine, engine_for, next_id
 from .worker import Ref, borrowed, describe_func
 
 __all__ = ["DistributedTensor", "Mode", "dispatch", "fetch", "local", "remote_target", "rref", "run_remote"]
@@ -34,7 +34,7 @@ _METADATA = frozenset(
     "is_floating_point is_complex is_signed get_device has_names type dim_order".split()
 )
 # they read values, which only the workers have
-_VALUES = frozenset("item tolist numpy __bool__ __float__ __int__ __index__ __array__ __complex__".split())
+_VALUES = frozenset("item tolist numpy __bool__ __float__ __int__ __index__ __array__ __complex__ __contains__".split())
 
 
 class _Local(threading.local):
@@ -83,7 +83,7 @@ class DistributedTensor(torch.Tensor):
     def __repr__(self, *args: Any, **kwargs: Any) -> str:  # type: ignore[override]
         with local():
             shape, dtype = tuple(self._jm_meta.shape), self._jm_meta.dtype
-        return f"DistributedTensor(ref={self._jm_ref}, {self._jm_where()}, local shape={shape}, dtype={dtype})"
+        return f"DistributedTensor(ref={self._jm_ref - BASE}, {self._jm_where()}, local shape={shape}, dtype={dtype})"
 
     __str__ = __repr__
 
@@ -93,7 +93,7 @@ class DistributedTensor(torch.Tensor):
     def __reduce_ex__(self, protocol: Any) -> Any:  # type: ignore[override]
         """Passed to an actor: each receives its own proc's shard (lent by the engine first, so the call
         may overtake the ops that make it, and the tensor may be dropped right after the call)."""
-        desc = f"distributed tensor ref {self._jm_ref}"
+        desc = f"distributed tensor ref {self._jm_ref - BASE}"
         ranks = self._jm_view.ranks()
         target = destination()  # an actor call's: its proc mesh and ranks (else: lent to every proc)
         if target is not None and target[0] != self._jm_engine.mesh_id:
@@ -120,6 +120,10 @@ class DistributedTensor(torch.Tensor):
         return reduce(self, dims, reduction, scatter, mesh, _inplace, out)
 
     def __deepcopy__(self, memo: Any) -> DistributedTensor:
+        return dispatch(torch.Tensor.clone, (self,), {}, None)  # type: ignore[no-any-return]
+
+    def __copy__(self) -> DistributedTensor:
+        # as for a plain tensor, a copy with its own storage (pickling it would lend it to every proc)
         return dispatch(torch.Tensor.clone, (self,), {}, None)  # type: ignore[no-any-return]
 
 
@@ -176,10 +180,7 @@ def dispatch(
             )
         metas = [x._jm_meta if isinstance(x, DistributedTensor) else _meta_of(x) for x in flat]
         margs, mkwargs = tree_unflatten(metas, tree)
-        if "device" in mkwargs:
-            mkwargs["device"] = "meta"
-        with torch.device("meta"):
-            out = (shape_fn or func)(*margs, **mkwargs)
+        out = _meta_call(shape_fn or func, short, name, spec, margs, mkwargs)
         outs, out_tree = tree_flatten(out)
         slots = [i for i, x in enumerate(outs) if isinstance(x, torch.Tensor)]
         if not slots and (isinstance(spec, tuple) or short in _METADATA):
@@ -195,6 +196,32 @@ def dispatch(
         rargs, rkwargs = tree_unflatten(remote, tree)
         engine.send(view, [("run", spec, name, rargs, rkwargs, out_ids)])
         return tree_unflatten(outs, out_tree)
+
+
+def _meta_call(fn: Any, short: str, name: str, spec: Any, margs: Any, mkwargs: dict[str, Any]) -> Any:
+    """Run ``fn`` on meta tensors: the outputs' shapes. Device moves stay on the meta device here."""
+    if "device" in mkwargs:
+        mkwargs["device"] = "meta"
+    if short in ("cpu", "cuda") and margs and isinstance(margs[0], torch.Tensor):
+        return torch.empty_like(margs[0])  # the same shape on the procs' device
+    if short == "to":
+        margs = tuple("meta" if isinstance(a, (str, torch.device)) else a for a in margs)
+    try:
+        with torch.device("meta"):
+            out = fn(*margs, **mkwargs)
+    except (NotImplementedError, RuntimeError) as e:
+        if isinstance(e, RuntimeError) and "meta" not in str(e).lower():
+            raise  # a shape or type error: the user's, as torch says it
+        raise MeshValueError(
+            f"{name} cannot run on a distributed tensor: the shape of its result depends on the values, which "
+            "only the procs hold (the engine computes every shape here, on meta tensors). Run it where the "
+            "values are: in an actor endpoint or a @remote function's .call() (results come back), or on "
+            "fetch_shard(t, ...).get()"
+        ) from e
+    if spec == ("attr", "grad") and out is None and margs[0].requires_grad:
+        # the procs' shards carry autograd (backward() runs there); the meta tensors here do not
+        return torch.empty_like(margs[0])
+    return out
 
 
 def _fresh(m: torch.Tensor) -> torch.Tensor:

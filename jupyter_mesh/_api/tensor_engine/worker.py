@@ -357,12 +357,19 @@ REDUCTIONS: dict[str, Callable[[Any], Any]] = {
 }
 
 
+def _attr(t: Any, name: str) -> Any:
+    value = getattr(t, name)
+    if value is None and name == "grad":
+        raise RuntimeError("this shard has no .grad yet: call backward() on a result computed from it first")
+    return value
+
+
 def _callable(func: Any) -> Callable[..., Any]:
     if isinstance(func, tuple) and func[:1] == ("attr",):
         name = func[1]
         if not isinstance(name, str) or not name.isidentifier():
             raise MeshValueError(f"bad tensor attribute {name!r}")
-        return lambda t, *_a, **_k: getattr(t, name)
+        return lambda t, *_a, **_k: _attr(t, name)
     if isinstance(func, tuple) and func[:1] == ("import",):
         import importlib
 

@@ -1,0 +1,83 @@
+"""The tensor engine used in ways its first tests did not: a second controller on the same procs, device
+moves, ops whose shapes depend on values, autograd, copies. Each test is a problem found by trying."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from tensor_actors import Driver
+
+from jupyter_mesh import MeshValueError, fetch_shard
+from jupyter_mesh._api.tensor_engine.engine import engine_for
+
+pytestmark = pytest.mark.integration
+T = 120  # seconds: the first op on a mesh imports torch in each of its procs (slow on a loaded machine)
+
+
+@pytest.fixture(scope="module")
+def procs(host):
+    from _procs import wait_dead
+
+    pm = host.spawn_procs(per_host={"gpus": 2})
+    pids = set(pm.pids().values())
+    yield pm
+    pm.stop(timeout=5)
+    assert not wait_dead(pids, 5.0)
+
+
+def test_a_second_controller_on_the_same_procs_leaves_our_shards_alone(procs):
+    """An actor given the ProcMesh activates it too: its ref ids must not collide with ours (both counters
+    started at 1, so its first tensor overwrote our first tensor's shards on every proc)."""
+    with procs.activate():
+        mine = torch.ones(2)
+    assert fetch_shard(mine, gpus=1).get(timeout=T).tolist() == [1.0, 1.0]
+    driver = procs.slice(gpus=0).spawn("driver", Driver)
+    assert driver.make.call_one(procs, 7.0).get(timeout=T) == [7.0, 7.0]
+    for g in (0, 1):
+        assert fetch_shard(mine, gpus=g).get(timeout=T).tolist() == [1.0, 1.0]
+
+
+def test_device_moves_keep_the_shape(procs):
+    with procs.activate():
+        t = torch.rand(3, 2)
+    for moved in (t.cpu(), t.to("cpu"), t.to(torch.device("cpu"), torch.float64), t.to(dtype=torch.int32)):
+        assert moved.shape == (3, 2)
+        local = fetch_shard(t, gpus=1).get(timeout=T)
+        assert torch.equal(fetch_shard(moved, gpus=1).get(timeout=T), local.to(moved.dtype))
+    assert t.to(torch.float64).dtype == torch.float64
+
+
+def test_ops_whose_shape_depends_on_values_are_refused_with_a_way_out(procs):
+    with procs.activate():
+        t = torch.rand(4)
+    for op in (lambda: torch.nonzero(t > 0.5), lambda: torch.unique(t), lambda: torch.masked_select(t, t > 0.5)):
+        with pytest.raises(MeshValueError, match=r"depends on the values.*@remote"):
+            op()
+    with pytest.raises(MeshValueError, match="fetch_shard"):
+        0.5 in t  # noqa: B015 - reads values
+    with pytest.raises(RuntimeError, match="shape"):  # a shape error stays torch's own
+        t.view(3, 5)
+    assert fetch_shard(t + 1, gpus=0).get(timeout=T).shape == (4,)  # nothing was sent for the refused ones
+
+
+def test_copy_is_a_clone_and_lends_nothing(procs):
+    with procs.activate():
+        t = torch.rand(2)
+    c = copy.copy(t)
+    c.add_(1)
+    assert torch.allclose(fetch_shard(c, gpus=1).get(timeout=T), fetch_shard(t, gpus=1).get(timeout=T) + 1)
+    stats = engine_for(procs).workers.stats.call().get(timeout=T)
+    assert [s["loans"] for s in stats.values()] == [0, 0]
+
+
+def test_backward_runs_on_the_procs_and_grad_reads_there(procs):
+    with procs.activate():
+        w = torch.rand(3, requires_grad=True)
+    assert w.requires_grad
+    (w * w).sum().backward()
+    g = w.grad
+    assert g is not None and g.shape == (3,)
+    for r in (0, 1):
+        assert torch.allclose(fetch_shard(g, gpus=r).get(timeout=T), 2 * fetch_shard(w, gpus=r).get(timeout=T))
