@@ -81,3 +81,23 @@ def test_backward_runs_on_the_procs_and_grad_reads_there(procs):
     assert g is not None and g.shape == (3,)
     for r in (0, 1):
         assert torch.allclose(fetch_shard(g, gpus=r).get(timeout=T), 2 * fetch_shard(w, gpus=r).get(timeout=T))
+
+
+def test_a_call_that_does_not_pickle_leaves_no_loan(procs):
+    """Pickling an actor call's arguments lends each distributed tensor's shard before a later argument
+    fails to pickle: the call is not sent, so nobody would ever collect those loans (held for an hour)."""
+    import threading
+
+    from tensor_actors import Holder
+
+    from jupyter_mesh import SerializationError
+
+    holders = procs.spawn("unpicklable", Holder)
+    with procs.activate():
+        t = torch.rand(2)
+    for _ in range(3):
+        with pytest.raises(SerializationError, match="does not pickle"):
+            holders.describe.call(t, threading.Lock())
+    stats = engine_for(procs).workers.stats.call().get(timeout=T)
+    assert [s["loans"] for s in stats.values()] == [0, 0]
+    assert holders.describe.call(t).get(timeout=T).item(gpus=1)[0] == "Tensor"  # lending still works

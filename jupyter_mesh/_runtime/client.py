@@ -107,7 +107,10 @@ class Client:
                 return dumps((args, kwargs))
             except SerializationError:
                 which = describe_unpicklable(args, kwargs) or "an argument does not pickle"
-        raise SerializationError(f"{mesh._class_name}.{endpoint} was not called: {which}. {UNPICKLABLE_HINT}")
+                # raised inside the block: what the pickling set aside for the call is undone
+                raise SerializationError(
+                    f"{mesh._class_name}.{endpoint} was not called: {which}. {UNPICKLABLE_HINT}"
+                ) from None
 
     def _check_targets(self, ref: ProcMeshRef, ranks: list[int], context: str, call: CallSite | None = None) -> None:
         if self.hooks.before_call is not None:

@@ -15,14 +15,23 @@ import sys
 import threading
 import types
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import cloudpickle
 
 from ..errors import SerializationError
 
-__all__ = ["INBAND_LIMIT", "UNPICKLABLE_HINT", "describe_unpicklable", "destination", "dumps", "loads", "pickling_for"]
+__all__ = [
+    "INBAND_LIMIT",
+    "UNPICKLABLE_HINT",
+    "describe_unpicklable",
+    "destination",
+    "dumps",
+    "if_unsent",
+    "loads",
+    "pickling_for",
+]
 
 # Buffers smaller than this stay inside the pickle: a frame of its own costs more than a copy.
 INBAND_LIMIT = 32 * 1024
@@ -133,6 +142,7 @@ def _is_plain(obj: Any, depth: int = 0) -> bool:
 
 class _Destination(threading.local):
     target: tuple[str, list[int]] | None = None
+    unsent: list[Callable[[], None]] | None = None
 
 
 _destination = _Destination()
@@ -141,12 +151,27 @@ _destination = _Destination()
 @contextlib.contextmanager
 def pickling_for(mesh_id: str, ranks: list[int]) -> Iterator[None]:
     """Arguments pickled in this block go to these ranks of this proc mesh (a distributed tensor's
-    ``__reduce_ex__`` reads it: only those procs set its shard aside for the call)."""
-    prev, _destination.target = _destination.target, (mesh_id, ranks)
+    ``__reduce_ex__`` reads it: only those procs set its shard aside for the call). If the block
+    raises (an argument does not pickle), the call is not sent: what ``if_unsent`` registered runs."""
+    prev = _destination.target, _destination.unsent
+    _destination.target, _destination.unsent = (mesh_id, ranks), []
     try:
         yield
+    except BaseException:
+        for undo in _destination.unsent:
+            try:
+                undo()
+            except Exception:  # noqa: BLE001 - best effort: the caller's error is the one to see
+                continue
+        raise
     finally:
-        _destination.target = prev
+        _destination.target, _destination.unsent = prev
+
+
+def if_unsent(undo: Callable[[], None]) -> None:
+    """Run ``undo`` if what is being pickled for an actor call is not sent after all (see ``pickling_for``)."""
+    if _destination.unsent is not None:
+        _destination.unsent.append(undo)
 
 
 def destination() -> tuple[str, list[int]] | None:

@@ -94,6 +94,10 @@ class MeshEngine:
         self.send(view, [("lend", ref_id, bid, takers)])
         return bid
 
+    def unlend(self, view: Shape, borrow_id: int, takers: list[int] | None) -> None:
+        """The call the shard was lent for was not sent: nobody will collect the loan."""
+        self.send(view, [("unlend", borrow_id, takers)])
+
     def fetch(self, view: Shape, coords: dict[str, int], ref_ids: list[int]) -> Future[list[Any]]:
         self.flush()
         labels = list(view.labels)

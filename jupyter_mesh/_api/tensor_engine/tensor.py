@@ -21,7 +21,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..._core.future import Future
 from ..._core.shape import Shape
-from ..._wire.serialize import destination
+from ..._wire.serialize import destination, if_unsent
 from ...errors import ActorError, MeshValueError
 from .engine import BASE, MeshEngine, engine_for, next_id
 from .worker import Ref, borrowed, describe_func
@@ -104,6 +104,7 @@ class DistributedTensor(torch.Tensor):
             )
         takers = None if target is None else sorted(set(target[1]) & set(ranks))
         bid = self._jm_engine.lend(self._jm_view, self._jm_ref, takers)
+        if_unsent(lambda: self._jm_engine.unlend(self._jm_view, bid, takers))  # another argument failed to pickle
         return (borrowed, (self._jm_engine.mesh_id, self._jm_engine.name, ranks, bid, desc))
 
     def reduce(  # type: ignore[override]

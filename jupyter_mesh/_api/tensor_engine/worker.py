@@ -98,6 +98,10 @@ class _Store:
             self.loans[int(borrow_id)] = (value, time.monotonic() + LOAN_TTL)
             self.cond.notify_all()
 
+    def unlend(self, borrow_id: Any) -> None:
+        with self.cond:
+            self.loans.pop(borrow_id, None)
+
     def sweep(self) -> None:
         now = time.monotonic()
         with self.cond:
@@ -237,6 +241,9 @@ class TensorWorker(Actor):
                 elif kind == "lend":
                     if op[3] is None or _here().rank in op[3]:
                         _store.lend(op[1], op[2])
+                elif kind == "unlend":
+                    if op[2] is None or _here().rank in op[2]:
+                        _store.unlend(op[1])
                 elif kind == "run":
                     self._run(*op[1:])
                 elif kind == "rref":
