@@ -101,3 +101,19 @@ def test_a_call_that_does_not_pickle_leaves_no_loan(procs):
     stats = engine_for(procs).workers.stats.call().get(timeout=T)
     assert [s["loans"] for s in stats.values()] == [0, 0]
     assert holders.describe.call(t).get(timeout=T).item(gpus=1)[0] == "Tensor"  # lending still works
+
+
+def test_malformed_ops_do_not_end_the_engine(procs):
+    """Anything holding the workers' actor mesh (in the trust domain: the user's code) can send them any
+    payload. A malformed one must not end the actor (a broadcast's error would: every tensor lost)."""
+    with procs.activate():
+        t = torch.ones(2)
+    workers = engine_for(procs).workers
+    for batch in (5, None, [None], [()], [("del", None)], [("lend", -5, object(), None)], [("nope",)],
+                  [("run", "not callable", "x", (), {}, 7)], [("reduce", -1, "sum", {}, {}, 1, [3])]):  # fmt: skip
+        workers.ops.broadcast(batch)
+    for ids in ([-1], [10**100], ["a"]):
+        with pytest.raises(Exception, match="no distributed tensor with ref"):
+            workers.slice(gpus=0).fetch.call_one(ids).get(timeout=T)
+    for g in (0, 1):
+        assert fetch_shard(t + 1, gpus=g).get(timeout=T).tolist() == [2.0, 2.0]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import sys
 import threading
 import time
 import traceback
@@ -229,32 +230,45 @@ class TensorWorker(Actor):
 
     @endpoint
     def ops(self, batch: list[tuple[Any, ...]]) -> None:
-        """Run ops in order. Never raises (a broadcast's error would end the actor): a failed op fails
-        the refs it makes, and its error waits for whoever fetches them."""
+        """Run ops in order. Never raises (a broadcast's error would end the actor, and every shard with
+        it): a failed op fails the refs it makes, and its error waits for whoever fetches them; a
+        malformed one (not from our controller) is reported on the proc's output and skipped."""
         _store.sweep()
-        for op in batch:
-            kind = op[0]
+        for op in batch if isinstance(batch, list) else [batch]:
             try:
-                if kind == "del":
-                    for i in op[1]:
-                        _store.refs.pop(i, None)
-                elif kind == "lend":
-                    if op[3] is None or _here().rank in op[3]:
-                        _store.lend(op[1], op[2])
-                elif kind == "unlend":
-                    if op[2] is None or _here().rank in op[2]:
-                        _store.unlend(op[1])
-                elif kind == "run":
-                    self._run(*op[1:])
-                elif kind == "rref":
-                    self._rref(*op[1:])
-                elif kind == "call":  # a @remote function's broadcast: its error goes to the output
-                    self._call(*op[1:])
-                elif kind == "reduce":
-                    self._reduce(*op[1:])
-            except Exception as e:  # noqa: BLE001 - malformed op: nothing to fail but its outputs
-                for i in op[-1] if kind in ("run", "rref") else ():
-                    _store.refs[i] = _failure(kind, e)
+                self._op(op)
+            except Exception as e:  # noqa: BLE001 - see the docstring
+                outs = op[-1] if isinstance(op, tuple) and op[:1] in (("run",), ("rref",), ("reduce",)) else None
+                if isinstance(outs, list) and all(type(i) is int for i in outs):
+                    for i in outs:
+                        _store.refs[i] = _failure(op[0], e)
+                else:
+                    print(f"jupyter_mesh tensor engine: skipped a malformed op {op!r:.200}: {e}", file=sys.stderr)
+
+    def _op(self, op: tuple[Any, ...]) -> None:
+        if not isinstance(op, tuple) or not op:
+            raise MeshValueError("an op is a non-empty tuple")
+        kind = op[0]
+        if kind == "del":
+            for i in op[1]:
+                if type(i) is int:
+                    _store.refs.pop(i, None)
+        elif kind == "lend":
+            if op[3] is None or _here().rank in op[3]:
+                _store.lend(op[1], op[2])
+        elif kind == "unlend":
+            if op[2] is None or _here().rank in op[2]:
+                _store.unlend(op[1])
+        elif kind == "run":
+            self._run(*op[1:])
+        elif kind == "rref":
+            self._rref(*op[1:])
+        elif kind == "call":  # a @remote function's broadcast: its error goes to the output
+            self._call(*op[1:])
+        elif kind == "reduce":
+            self._reduce(*op[1:])
+        else:
+            raise MeshValueError(f"unknown op {kind!r}")
 
     def _run(self, func: Any, what: str, args: Any, kwargs: Any, out_ids: list[int]) -> None:
         try:
