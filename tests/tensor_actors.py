@@ -68,3 +68,21 @@ class Driver(Actor):
         with pm.activate():  # type: ignore[attr-defined]
             self.x = torch.full((2,), value)
         return fetch_shard(self.x, gpus=0).get(timeout=60).tolist()  # type: ignore[no-any-return]
+
+
+class Opener(Actor):
+    """Opens a channel (its receiver stays here); may be spawned with a tensor."""
+
+    def __init__(self, first: torch.Tensor | None = None) -> None:
+        self.first = None if first is None else (type(first).__name__, first.tolist())
+
+    @endpoint
+    def open(self) -> object:
+        from jupyter_mesh import Channel
+
+        port, self.recv = Channel.open()
+        return port
+
+    @endpoint
+    def first_arg(self) -> object:
+        return self.first

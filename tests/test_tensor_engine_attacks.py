@@ -117,3 +117,24 @@ def test_malformed_ops_do_not_end_the_engine(procs):
             workers.slice(gpus=0).fetch.call_one(ids).get(timeout=T)
     for g in (0, 1):
         assert fetch_shard(t + 1, gpus=g).get(timeout=T).tolist() == [2.0, 2.0]
+
+
+def test_a_tensor_travels_only_in_actor_calls_and_spawns(procs, tmp_path):
+    """Pickled for anything else (a port, pickle.dumps, torch.save) it lent its shard to every proc for an
+    hour, and could never be read (through a port it failed on the receiving side, long after)."""
+    import pickle
+
+    from tensor_actors import Opener
+
+    from jupyter_mesh import SerializationError
+
+    with procs.activate():
+        t = torch.arange(2.0)
+    spawned = procs.spawn("opener", Opener, t * 2)  # a spawn argument: each actor gets its proc's shard
+    assert spawned.first_arg.call().get(timeout=T).item(gpus=1) == ("Tensor", [0.0, 2.0])
+    port = spawned.slice(gpus=1).open.call_one().get(timeout=T)
+    for send in (port.send, pickle.dumps, lambda x: torch.save(x, str(tmp_path / "t.pt"))):
+        with pytest.raises((MeshValueError, SerializationError), match="only as an argument of an actor call or spawn"):
+            send(t)
+    stats = engine_for(procs).workers.stats.call().get(timeout=T)
+    assert [s["loans"] for s in stats.values()] == [0, 0]

@@ -265,12 +265,13 @@ class Client:
     def spawn_actors(self, mesh: ActorMeshRef, cls: type, args: Any, kwargs: Any) -> Future[None]:
         ranks = mesh._shape.ranks()
         self._check_targets(mesh._ref, ranks, f"spawning {mesh._name}")
-        try:
-            payload, bufs = dumps((cls, args, kwargs))
-        except SerializationError as e:
-            # the arguments pickle, or the class itself does not
-            which = describe_unpicklable(args, kwargs) or f"the class does not pickle ({e.__cause__})"
-            raise SerializationError(f"{cls.__qualname__} was not spawned: {which}. {UNPICKLABLE_HINT}") from None
+        with pickling_for(mesh._ref.mesh_id, ranks):  # where a distributed tensor's shards must wait
+            try:
+                payload, bufs = dumps((cls, args, kwargs))
+            except SerializationError as e:
+                # the arguments pickle, or the class itself does not
+                which = describe_unpicklable(args, kwargs) or f"the class does not pickle ({e.__cause__})"
+                raise SerializationError(f"{cls.__qualname__} was not spawned: {which}. {UNPICKLABLE_HINT}") from None
         if self.hooks.spawned is not None:
             self.hooks.spawned(mesh, cls)
         fut: Future[None] = Future(f"spawn of {mesh._name}")

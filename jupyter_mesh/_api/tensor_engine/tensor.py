@@ -95,14 +95,20 @@ class DistributedTensor(torch.Tensor):
         may overtake the ops that make it, and the tensor may be dropped right after the call)."""
         desc = f"distributed tensor ref {self._jm_ref - BASE}"
         ranks = self._jm_view.ranks()
-        target = destination()  # an actor call's: its proc mesh and ranks (else: lent to every proc)
-        if target is not None and target[0] != self._jm_engine.mesh_id:
+        target = destination()  # an actor call's or spawn's: its proc mesh and ranks
+        if target is None:  # a port, pickle.dumps, torch.save: no actor of ours would ever collect a loan
+            raise MeshValueError(
+                f"{desc} of proc mesh '{self._jm_engine.name}' travels only as an argument of an actor call or "
+                "spawn on that mesh (each actor gets its own proc's shard), not through a port, pickle or "
+                "torch.save; fetch_shard(t, ...).get() gives one shard as a plain tensor"
+            )
+        if target[0] != self._jm_engine.mesh_id:
             raise MeshValueError(
                 f"{desc} lives on proc mesh '{self._jm_engine.name}', and this call goes to actors on another "
                 "one: a distributed tensor reaches only actors spawned on the procs that hold its shards; "
                 "spawn the actors there, or fetch_shard() it and pass the plain tensor"
             )
-        takers = None if target is None else sorted(set(target[1]) & set(ranks))
+        takers = sorted(set(target[1]) & set(ranks))
         bid = self._jm_engine.lend(self._jm_view, self._jm_ref, takers)
         if_unsent(lambda: self._jm_engine.unlend(self._jm_view, bid, takers))  # another argument failed to pickle
         return (borrowed, (self._jm_engine.mesh_id, self._jm_engine.name, ranks, bid, desc))
@@ -124,7 +130,7 @@ class DistributedTensor(torch.Tensor):
         return dispatch(torch.Tensor.clone, (self,), {}, None)  # type: ignore[no-any-return]
 
     def __copy__(self) -> DistributedTensor:
-        # as for a plain tensor, a copy with its own storage (pickling it would lend it to every proc)
+        # as for a plain tensor, a copy with its own storage (not by pickling, which only actor calls may)
         return dispatch(torch.Tensor.clone, (self,), {}, None)  # type: ignore[no-any-return]
 
 

@@ -27,8 +27,7 @@ from ...errors import ActorError, MeshTimeoutError, MeshValueError, RemoteFailur
 
 __all__ = ["REDUCTIONS", "Ref", "TensorWorker", "borrowed", "describe_func"]
 
-# seconds an uncollected loan is kept: a call cancelled before its actor unpickled it, or a tensor pickled
-# for something other than an actor call (lent to every proc of its mesh)
+# seconds an uncollected loan is kept: a call cancelled or lost before its actor unpickled it
 LOAN_TTL = 3600.0
 
 
