@@ -138,3 +138,16 @@ def test_a_tensor_travels_only_in_actor_calls_and_spawns(procs, tmp_path):
             send(t)
     stats = engine_for(procs).workers.stats.call().get(timeout=T)
     assert [s["loans"] for s in stats.values()] == [0, 0]
+
+
+def test_no_grad_here_is_no_grad_on_the_procs(procs):
+    """Grad mode is this thread's: the procs recorded autograd graphs for ops made under no_grad()."""
+    with procs.activate():
+        w = torch.rand(3, requires_grad=True)
+    with torch.no_grad():
+        y = w * 2
+        w.add_(1)  # the usual optimizer step: in place on a leaf, allowed only without grad
+    z = w * 2
+    assert not y.requires_grad and z.requires_grad
+    assert not fetch_shard(y, gpus=1).get(timeout=T).requires_grad
+    assert fetch_shard(z, gpus=1).get(timeout=T).requires_grad

@@ -201,7 +201,8 @@ def dispatch(
             out_ids.append(outs[i]._jm_ref)
         remote = [Ref(x._jm_ref) if isinstance(x, DistributedTensor) else x for x in flat]
         rargs, rkwargs = tree_unflatten(remote, tree)
-        engine.send(view, [("run", spec, name, rargs, rkwargs, out_ids)])
+        kind = "run" if torch.is_grad_enabled() else "run_no_grad"  # this thread's grad mode, there too
+        engine.send(view, [(kind, spec, name, rargs, rkwargs, out_ids)])
         return tree_unflatten(outs, out_tree)
 
 

@@ -237,7 +237,11 @@ class TensorWorker(Actor):
             try:
                 self._op(op)
             except Exception as e:  # noqa: BLE001 - see the docstring
-                outs = op[-1] if isinstance(op, tuple) and op[:1] in (("run",), ("rref",), ("reduce",)) else None
+                outs = (
+                    op[-1]
+                    if isinstance(op, tuple) and op[:1] in (("run",), ("run_no_grad",), ("rref",), ("reduce",))
+                    else None
+                )
                 if isinstance(outs, list) and all(type(i) is int for i in outs):
                     for i in outs:
                         _store.refs[i] = _failure(op[0], e)
@@ -260,6 +264,11 @@ class TensorWorker(Actor):
                 _store.unlend(op[1])
         elif kind == "run":
             self._run(*op[1:])
+        elif kind == "run_no_grad":
+            import torch
+
+            with torch.no_grad():
+                self._run(*op[1:])
         elif kind == "rref":
             self._rref(*op[1:])
         elif kind == "call":  # a @remote function's broadcast: its error goes to the output
