@@ -151,3 +151,30 @@ def test_no_grad_here_is_no_grad_on_the_procs(procs):
     assert not y.requires_grad and z.requires_grad
     assert not fetch_shard(y, gpus=1).get(timeout=T).requires_grad
     assert fetch_shard(z, gpus=1).get(timeout=T).requires_grad
+
+
+def test_the_first_reduce_does_not_wait_for_queued_ops(host, tmp_path):
+    """The first reduce on a mesh asked every worker for its inbox and waited for the answer, which
+    queued behind the ops before it: the controller blocked until they were done (up to 120 s, then
+    MeshTimeoutError), and a held or hung worker blocked the cell."""
+    import threading
+
+    from tensor_actors import wait_for_file
+
+    pm = host.spawn_procs(per_host={"gpus": 2})
+    try:
+        gate = tmp_path / "go"
+        with pm.activate():
+            t = torch.ones(2)
+        held = wait_for_file(t, str(gate))  # each proc's engine now waits for the file (at most 60 s)
+        out: list[object] = []
+        issuer = threading.Thread(target=lambda: out.append(held.reduce("gpus")), daemon=True)
+        issuer.start()
+        issuer.join(30)
+        returned_while_held = bool(out)
+        gate.touch()
+        issuer.join(T)
+        assert returned_while_held, "reduce() waited for the ops queued before it"
+        assert fetch_shard(out[0], gpus=1).get(timeout=T).tolist() == [20.0, 20.0]
+    finally:
+        pm.stop(timeout=5)

@@ -43,7 +43,9 @@ class MeshEngine:
         self.name: str = pm._ref.name
         self.proc_mesh = root
         self.workers = root.spawn("tensor_engine", TensorWorker)
-        self._inboxes: Future[Any] | None = None  # the workers' ports for reductions, asked on first use
+        # the workers' ports for reductions, asked now: a call queues behind the ops before it, so asked
+        # at the first reduce, the answer would wait for every op issued so far (the controller with it)
+        self._inboxes: Future[Any] = self.workers.inbox.call()
         # (view, ref id) of dropped tensors; appended from finalizers (any thread, even in the middle of
         # our own code): a deque's append needs no lock
         self._dead: collections.deque[tuple[Shape, int]] = collections.deque()
@@ -81,9 +83,7 @@ class MeshEngine:
                 pass
 
     def inboxes(self) -> dict[int, Any]:
-        """Global rank -> that worker's reduction inbox (one call to every worker, the first time)."""
-        if self._inboxes is None:
-            self._inboxes = self.workers.inbox.call()
+        """Global rank -> that worker's reduction inbox (asked when the workers were spawned)."""
         vm = self._inboxes.get(timeout=120)
         return dict(zip(self.proc_mesh._shape.ranks(), vm.values(), strict=True))
 
