@@ -87,8 +87,9 @@ class _Store:
     def get(self, ref_id: Any) -> Any:
         if type(ref_id) is not int or ref_id not in self.refs:
             raise MeshValueError(
-                f"no distributed tensor with ref {ref_id!r} on this proc: it was freed, or made on another "
-                "mesh; use the tensor while its Python object is alive, on the mesh that made it"
+                f"no distributed tensor with ref {ref_id!r} on this proc: it was freed, made on another mesh, "
+                "or made before this proc was respawned; use the tensor while its Python object is alive, on "
+                "the mesh that made it, and make it again after a respawn"
             )
         return self.refs[ref_id]
 
