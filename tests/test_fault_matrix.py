@@ -67,7 +67,7 @@ def test_fault(kind, sig, moment):
         fut = None
         spawner = None
         if moment == "call":
-            fut = w.sleep.call(30)
+            fut = w.sleep.call(STOPPED_FOR + 3)  # outlasts the fault; a healthy call ends on its own
         elif moment == "transfer":
             fut = w.numel.call(torch.ones(16 * 1024 * 1024))  # 64 MiB to each rank
         elif moment == "spawn":
