@@ -18,6 +18,7 @@ from ._api.host_mesh import HostMesh
 from ._api.mesh import ActorMesh, MeshEndpoint, ProcMesh
 from ._api.mesh import set_renderer as _set_renderer
 from ._api.session import shutdown, shutdown_context
+from ._api.tensor_engine import fetch_shard, remote
 from ._core import value_mesh as _value_mesh_module
 from ._core.actor import Actor, Endpoint, concurrent_endpoint, current_rank, endpoint
 from ._core.future import Future
@@ -168,10 +169,12 @@ __all__ = [
     "current_size",
     "default_bootstrap_cmd",
     "endpoint",
+    "fetch_shard",
     "get_or_spawn_controller",
     "get_rdma_backend",
     "hosts_from_config",
     "is_ibverbs_available",
+    "remote",
     "send",
     "shutdown",
     "shutdown_context",

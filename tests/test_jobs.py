@@ -39,3 +39,37 @@ def test_optional_methods_say_what_a_job_cannot_do():
 
 def test_local_job_is_a_job():
     assert issubclass(LocalJob, Job)
+
+
+# -- a job stopped on purpose stops every mesh on its hosts ---------------------------------------------
+@pytest.mark.integration
+@pytest.mark.parametrize("second_host_mesh", [False, True])
+def test_stopping_a_job_stops_its_meshes_so_calls_fail_at_once(second_host_mesh):
+    """Nobody watches the agents of a stopped job: a mesh left on them (by another HostMesh of the same
+    hosts too, as Monarch's ProcessJob gives out) must be stopped with them, or a call waits for ever.
+    A call in flight fails as stopped, later ones at once; the procs' exits are no failures."""
+    import time
+
+    from _procs import wait_dead
+    from actors import Faulty
+
+    from jupyter_mesh import ProcState, SupervisionError
+
+    job = LocalJob(hosts=2)
+    try:
+        host_mesh = job.host_mesh() if not second_host_mesh else None
+        pm = (host_mesh or job.host_mesh()).spawn_procs(per_host={"gpus": 1})
+        w = pm.spawn("w", Faulty)
+        pids = set(w.pid.call().get(timeout=30).values())
+        in_flight = w.sleep.call(30)
+        time.sleep(0.2)
+    finally:
+        job.stop()
+    assert pm.stopped and {r.state for r in pm.state().ranks} == {ProcState.STOPPED}
+    with pytest.raises(SupervisionError, match="stopped"):
+        in_flight.get(timeout=5)
+    t0 = time.monotonic()
+    with pytest.raises(SupervisionError, match="stopped"):
+        w.pid.call().get(timeout=20)
+    assert time.monotonic() - t0 < 5
+    assert not wait_dead(pids, 5)

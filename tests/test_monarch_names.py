@@ -280,6 +280,7 @@ def test_process_job_host_meshes_and_their_lifecycle():
     hosts.stop().get(timeout=30)
     assert again.stopped and not other.stopped  # each stops what it spawned
     hosts.shutdown().get(timeout=30)
+    assert other.stopped  # its hosts are gone: calls to it fail at once instead of waiting for ever
     with pytest.raises(MeshClosedError, match="already been shut down"):
         hosts.spawn_procs({"gpus": 1})
     job.kill()

@@ -59,7 +59,7 @@ def test_a_listener_of_some_kinds_gets_only_those():
     every: list = []
     unsub_every = t.subscribe(every.append)
     t.activity("m", [0], 1)
-    assert [(e.kind, e.rank, e.state) for e in every] == [("state", 0, ProcState.BUSY)]
+    assert [(e.kind, e.ranks, e.state, e.previous) for e in every] == [("calls", (0,), ProcState.BUSY, ProcState.IDLE)]
     assert len(some) == 1
     unsub_every()
     unsub()

@@ -141,6 +141,14 @@ def test_hub_coalesces_bursts_and_tracks_calls_and_failures():
     assert hub.flushes == flushes  # no view, no work
 
 
+def test_a_costly_flush_spaces_the_next_within_the_views_budget():
+    """A 16k-rank snapshot costs the hub ~0.3 s: the views then update less often, not ten times a second."""
+    from jupyter_mesh.ui.hub import BUDGET, next_pause
+
+    assert next_pause(0.1, 0.005) == 0.1  # 256 ranks: ten frames a second
+    assert next_pause(0.1, 0.3) == 0.3 / BUDGET  # 16k ranks: at most BUDGET of a core
+
+
 def test_importing_the_views_stays_light():
     code = (
         "import sys, jupyter_mesh, jupyter_mesh.ui; "

@@ -248,3 +248,28 @@ def test_the_mesh_kernel_starts_nothing_when_opted_out(monkeypatch):
         assert not templates(k.pid)
     finally:
         assert not k.shutdown()
+
+
+# -- the first tensor call --------------------------------------------------------------------------------
+@pytest.mark.skipif(not torch_installed, reason="torch is not installed")
+def test_the_first_tensor_call_to_a_fresh_proc_imports_nothing_of_torch(monkeypatch):
+    """A warm proc's first call with a tensor in and out (unpickled, computed on, pickled back) finds
+    every torch module it needs already loaded: the template imported them before the fork."""
+    import torch
+    from warm_actors import Loaded
+
+    monkeypatch.setenv("JUPYTER_MESH_WARM", "1")
+    job = LocalJob(1)
+    try:
+        procs = job.host_mesh().spawn_procs(per_host={"gpus": 2}, timeout=120)
+        probe = procs.spawn("probe", Loaded)
+        assert list(probe.had.call(["torch"]).get(60).values()) == [{"torch": True}] * 2
+        out = probe.double.call(torch.arange(4.0)).get(60)
+        assert all(torch.equal(t, torch.arange(4.0) * 2) for t in out.values())
+        new = probe.imported_since_start.call().get(60)
+        for rank, names in new.items():
+            torchy = [n for n in names if n.split(".")[0] in ("torch", "numpy", "functorch")]
+            assert torchy == [], f"rank {rank}'s first tensor call imported {torchy}"
+        procs.stop()
+    finally:
+        job.stop()

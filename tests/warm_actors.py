@@ -13,3 +13,26 @@ class Probe(Actor):
     @endpoint
     def info(self) -> tuple[int, bool]:
         return os.getppid(), self.had_torch
+
+
+class Loaded(Actor):
+    """Which modules a fresh proc had before its actor's own code, and what its first tensor call imported."""
+
+    def __init__(self) -> None:
+        self.at_start = set(sys.modules)  # before this actor imported anything itself
+
+    @endpoint
+    def had(self, names: list[str]) -> dict[str, bool]:
+        return {n: n in self.at_start for n in names}
+
+    @endpoint
+    def where(self) -> int:
+        return os.getppid()
+
+    @endpoint
+    def double(self, t):  # a tensor in, a tensor out
+        return t * 2
+
+    @endpoint
+    def imported_since_start(self) -> list[str]:
+        return sorted(set(sys.modules) - self.at_start)

@@ -11,6 +11,7 @@ from .._core.ports import Port
 from .._core.value_mesh import ValueMesh
 from ..errors import MeshValueError
 from .mesh import MeshEndpoint
+from .tensor_engine import Remote
 
 __all__ = ["Accumulator", "send"]
 
@@ -44,14 +45,15 @@ class Accumulator(Generic[R, A]):
 
 
 def send(
-    endpoint: MeshEndpoint[..., R],
+    endpoint: MeshEndpoint[..., R] | Remote[..., R],
     args: tuple[Any, ...],
     kwargs: dict[str, Any] | None = None,
     port: Port[R] | None = None,
     selection: Literal["all", "choose"] = "all",
 ) -> None:
     """Call ``endpoint`` on every actor (``selection="all"``) or on one (``"choose"``) without waiting.
-    With a ``port``, each result (or error) is sent to it as it arrives; without, results are dropped."""
+    With a ``port``, each result (or error) is sent to it as it arrives; without, results are dropped.
+    A ``@remote`` function runs on the procs of the active mesh (``with procs.activate():``)."""
     kwargs = kwargs or {}
     if selection not in ("all", "choose"):
         raise MeshValueError(f"send(selection=...) takes 'all' or 'choose', got {selection!r}")

@@ -99,6 +99,8 @@ class ActorMesh(_MeshTrait, Generic[A]):
     (``jupyter_mesh.mypy_plugin``) gives ``mesh.step`` the parameters and result of ``A.step``.
     """
 
+    _actor_class: type | None = None  # in the spawning process: its endpoints' ``propagate`` (``rref``)
+
     def __init__(
         self,
         ref: ProcMeshRef,
@@ -123,7 +125,7 @@ class ActorMesh(_MeshTrait, Generic[A]):
         m: ActorMesh[A] = ActorMesh(
             self._ref, self._actor_id, self._name, self._class_name, self._endpoint_names, shape
         )
-        m.initialized = self.initialized
+        m.initialized, m._actor_class = self.initialized, self._actor_class
         return m
 
     def __getattr__(self, name: str) -> MeshEndpoint[..., Any]:
@@ -218,6 +220,13 @@ class MeshEndpoint(Generic[P, R]):
         ``"max"`` (numbers, tensors, arrays: elementwise) or an associative, commutative ``f(a, b)``. The
         host agents fold on the way back, so the caller receives one value per subtree, not per actor."""
         return _client().cast(self._mesh, self._name, args, kwargs, mode="reduce", op=op)  # type: ignore[no-any-return]
+
+    def rref(self, *args: P.args, **kwargs: P.kwargs) -> Any:
+        """Call every actor; each result stays on its proc as a shard of the distributed tensor returned
+        at once (Monarch's tensor engine; the endpoint declares its result's shape with ``propagate=``)."""
+        from .tensor_engine import rref
+
+        return rref(self, _proc_mesh_ref(self._mesh._ref, None), args, kwargs)
 
     def __repr__(self) -> str:
         return f"<endpoint {self._mesh._class_name}.{self._name} on {self._mesh._shape}>"
@@ -325,6 +334,7 @@ class ProcMesh(_MeshTrait):
         mesh: ActorMesh[A] = ActorMesh(
             self._ref, new_id(name), name, cls.__qualname__, frozenset(endpoints_of(cls)), self._view
         )
+        mesh._actor_class = cls
         self._controller.faults.spawning(mesh._actor_id, self._ref.mesh_id)  # in an actor: it supervises them
         mesh.initialized = _client().spawn_actors(mesh, cls, args, kwargs)
         self._controller.watch_init(mesh, mesh.initialized, limit)
@@ -342,6 +352,13 @@ class ProcMesh(_MeshTrait):
         self._owner_only("stop")
         self._controller.stop_procs(self._ref, timeout)
         return Future.completed(None, f"stop of '{self._ref.name}'")
+
+    def activate(self) -> Any:
+        """``with procs.activate():`` torch calls in the block make distributed tensors on these procs
+        (Monarch's tensor engine, minimal: ``jupyter_mesh._api.tensor_engine``)."""
+        from .tensor_engine import activate
+
+        return activate(self)
 
     def __enter__(self) -> ProcMesh:
         return self

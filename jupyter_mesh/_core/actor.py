@@ -54,6 +54,7 @@ class Endpoint(Generic[P, R]):
         self.explicit_port = explicit_response_port
         # runs as a task beside the actor's other messages instead of one after another
         self.concurrent = concurrent
+        self.propagate: Callable[..., Any] | None = None  # the result's shape, for ``.rref()``
 
     @property
     def _explicit_response_port(self) -> bool:  # Monarch's attribute: concurrent endpoints reply through a port
@@ -113,16 +114,19 @@ def endpoint(
 
     ``@endpoint(explicit_response_port=True)``: the method gets a ``Port`` as its first argument (after
     ``self``) and answers through it, now or later, from any thread (its return value is ignored).
-    ``propagate`` is Monarch's tensor-engine option; accepted and ignored here.
+    ``propagate`` is Monarch's tensor-engine option: ``f(*meta_args)`` gives the shape of the result,
+    which ``actor_mesh.ep.rref(...)`` needs to return a distributed tensor without waiting.
     """
     if fn is None:
-        return lambda f: endpoint(f, explicit_response_port=explicit_response_port)
+        return lambda f: endpoint(f, explicit_response_port=explicit_response_port, propagate=propagate)
     if isinstance(fn, Endpoint):
         raise TypeError(f"{fn.name} is already an endpoint; use @endpoint once")
     if not callable(fn):
         raise TypeError(f"@endpoint decorates a function, got {type(fn).__name__}")
     kind = AsyncEndpoint if inspect.iscoroutinefunction(fn) else SyncEndpoint
-    return kind(fn, explicit_response_port)
+    ep: Endpoint[..., Any] = kind(fn, explicit_response_port)
+    ep.propagate = propagate
+    return ep
 
 
 def concurrent_endpoint(fn: Callable[..., Any] | None = None, *, explicit_response_port: bool = False) -> Any:

@@ -139,8 +139,14 @@ class MeshState:
 
 @dataclass(frozen=True)
 class MeshEvent:
-    """One change. ``kind``: created, state, failed, stopped, respawned, resized, note, host (``host``
-    is its index; ``note`` why it is no longer up)."""
+    """One change. ``kind``: created, state, calls, failed, stopped, respawned, resized, note, host
+    (``host`` is its index; ``note`` why it is no longer up).
+
+    ``state`` is one rank's change (``rank``, ``coords``). ``calls`` is many ranks' at once, as calls
+    start or end: ``ranks`` went from ``previous`` to ``state`` (idle to busy, or back) together. A
+    call to 256 ranks is then one event when it is sent and one per gathered reply (per host or per
+    subtree), not two per rank: views mark the mesh changed, and read ``ProcMesh.state()`` when they
+    draw."""
 
     kind: str
     mesh_id: str
@@ -153,6 +159,7 @@ class MeshEvent:
     note: str = ""
     time: float = field(default_factory=time.time)
     host: int | None = None
+    ranks: tuple[int, ...] = ()  # a ``calls`` event's ranks
 
 
 Listener = Callable[[MeshEvent], None]
@@ -205,6 +212,45 @@ class _TrackedMesh:
                 if not w.left:
                     self.wave = None
 
+    def count(self, ranks: Sequence[int], delta: int) -> list[int]:
+        """Calls to ``ranks`` started (+1) or ended (-1): the ranks that went busy (or idle) with it.
+
+        On the call path, for every rank of every call: a few list operations per rank, one wave
+        and busy-clock update per batch (not :meth:`moved` per rank)."""
+        inflight, state = self.inflight, self.state
+        if delta > 0:
+            for r in ranks:
+                inflight[r] += 1
+            moved = [r for r in ranks if state[r] is ProcState.IDLE]
+            if moved:
+                now = time.monotonic()
+                busy_since = self.busy_since
+                for r in moved:
+                    state[r] = ProcState.BUSY
+                    busy_since[r] = now
+                if self.wave is None:
+                    self.wave = _Wave(now)
+                self.wave.left.update(moved)
+                self.wave.done.difference_update(moved)
+            return moved
+        for r in ranks:
+            if inflight[r]:
+                inflight[r] -= 1
+        moved = [r for r in ranks if state[r] is ProcState.BUSY and not inflight[r]]
+        if moved:
+            busy_since = self.busy_since
+            for r in moved:
+                state[r] = ProcState.IDLE
+                busy_since[r] = None
+            w = self.wave
+            if w is not None:
+                ended = w.left.intersection(moved)
+                w.left -= ended
+                w.done |= ended
+                if not w.left:
+                    self.wave = None
+        return moved
+
     def progress(self, now: float) -> CallProgress | None:
         w = self.wave
         if w is None:
@@ -256,8 +302,8 @@ class StateTracker:
         self._moves = threading.Lock()
         self._meshes: dict[str, _TrackedMesh] = {}
         self._listeners: list[tuple[str | None, Listener, frozenset[str] | None]] = []
-        # which event kinds someone listens to (None in a listener's entry: all): a rank's busy/idle
-        # change on every call is built into an event only when someone wants "state" events
+        # which event kinds someone listens to (None in a listener's entry: all): the busy/idle changes
+        # of every call are built into a ``calls`` event only when someone wants those
         self._wants_all = False
         self._wants: frozenset[str] = frozenset()
 
@@ -400,25 +446,17 @@ class StateTracker:
                     self._emit(MeshEvent("note", e.mesh_id, e.name, r, e.coords[r], e.state[r], note=e.note(r, now)))
         return any_left
 
-    def activity(self, mesh_id: str, ranks: list[int], delta: int) -> None:
-        """Calls from this controller to ``ranks`` started (+1) or finished (-1)."""
+    def activity(self, mesh_id: str, ranks: Sequence[int], delta: int) -> None:
+        """Calls from this controller to ``ranks`` started (+1) or finished (-1): one ``calls`` event
+        for the ranks that went busy (or idle), if someone listens."""
         e = self._meshes.get(mesh_id)
         if e is None:
             return
-        moved = []
         with self._moves:
-            for r in ranks:
-                n = e.inflight[r] = max(0, e.inflight[r] + delta)
-                old = e.state[r]
-                if old in (ProcState.IDLE, ProcState.BUSY):
-                    new = ProcState.BUSY if n else ProcState.IDLE
-                    if new != old:
-                        e.state[r] = new
-                        e.moved(r, old, new)
-                        moved.append((r, old, new))
-        if self._wants_all or "state" in self._wants:
-            for r, old, new in moved:
-                self._emit(MeshEvent("state", e.mesh_id, e.name, r, e.coords[r], new, old))
+            moved = e.count(ranks, delta)
+        if moved and (self._wants_all or "calls" in self._wants):
+            new, old = (ProcState.BUSY, ProcState.IDLE) if delta > 0 else (ProcState.IDLE, ProcState.BUSY)
+            self._emit(MeshEvent("calls", e.mesh_id, e.name, state=new, previous=old, ranks=tuple(moved)))
 
     def failed(self, mesh_id: str, rank: int, failure: Failure) -> None:
         e = self._meshes.get(mesh_id)

@@ -81,7 +81,9 @@ class Agent(ProcWatch):
         # pipes, the template and its lifeline
         self.sel = selectors.DefaultSelector()
         self.lifeline_r, self.lifeline_w = os.pipe()
-        self.forkserver = ForkServer(cfg["key"], self.lifeline_r, list(cfg.get("preload") or []))
+        self.forkserver = ForkServer(
+            cfg["key"], self.lifeline_r, list(cfg.get("preload") or []), list(cfg.get("warm") or [])
+        )  # it starts now and preloads in the background: our hello does not wait for it
         self.sel.register(self.forkserver.sock, selectors.EVENT_READ, ("template", None))
         self.wake_r, self.wake_w = os.pipe()
         self.sel.register(self.wake_r, selectors.EVENT_READ, ("wake", None))

@@ -117,6 +117,7 @@ def dial_back(controller: str | None, key_file: str, bind_ip: str | None, host_i
         "host_index": host_index,
         "nonce": f"{kf.extra.get('nonce', '')}/{host_index}",
         "preload": list(kf.extra.get("preload") or []),
+        "warm": _module_names(kf.extra.get("warm") or [], "warm"),  # imported here when installed here
         "hb_timeout": float(kf.extra.get("hb_timeout", 3.0)),
         "stdin_lifeline": False,  # a scheduler's stdin is not ours: the controller's heartbeats are
         "keep_alive": kf.extra.get("keep_alive") is True,  # outlive the controller, for the next one
@@ -139,15 +140,14 @@ def _session_cfg(h: dict[str, Any], ip: str, listen_addr: str) -> dict[str, Any]
         raise ValueError("bad CURVE keys")
     parse_tcp(str(controller))
     nonce, index, hb = s.get("nonce"), s.get("host_index"), s.get("hb_timeout", 3.0)
-    preload = s.get("preload") or []
+    preload = _module_names(s.get("preload") or [], "preload")
+    warm = _module_names(s.get("warm") or [], "warm")
     if not (isinstance(nonce, str) and len(nonce) <= 128):
         raise ValueError("a bad nonce")
     if not (isinstance(index, int) and 0 <= index < 1 << 20):
         raise ValueError("a bad host index")
     if not (isinstance(hb, (int, float)) and 0.1 <= hb <= 600):
         raise ValueError("a bad heartbeat timeout")
-    if not (isinstance(preload, list) and all(isinstance(m, str) and len(m) < 200 for m in preload)):
-        raise ValueError("a bad preload list")
     return {
         "v": s.get("v"),
         "key": key,
@@ -157,10 +157,18 @@ def _session_cfg(h: dict[str, Any], ip: str, listen_addr: str) -> dict[str, Any]
         "host_index": index,
         "nonce": nonce,
         "preload": preload,
+        "warm": warm,
         "hb_timeout": float(hb),
         "stdin_lifeline": False,  # our pipe ends it if we die; a silent controller is gone
         "listen": listen_addr,
     }
+
+
+def _module_names(value: Any, what: str) -> list[str]:
+    """A list of module names off the wire or a key file, checked: at most 256 names, each short."""
+    if not (isinstance(value, list) and len(value) <= 256 and all(isinstance(m, str) and len(m) < 200 for m in value)):
+        raise ValueError(f"a bad {what} list")
+    return list(value)
 
 
 def listen(address: str, key_file: str | None, once: bool = False) -> int:

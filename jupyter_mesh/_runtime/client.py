@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, cast
 from .._core.context import context
 from .._core.future import Future
 from .._wire.protocol import BROKEN, DIRECT, GATHER, NO_REPLY, Kind
-from .._wire.serialize import UNPICKLABLE_HINT, describe_unpicklable, dumps
+from .._wire.serialize import UNPICKLABLE_HINT, describe_unpicklable, dumps, pickling_for
 from .._wire.transport import Message, Transport
 from ..errors import (
     CallSite,
@@ -99,14 +99,15 @@ class Client:
         self.boxes = ReplyBoxes(transport, self.on_reply, self._busy_boxes) if reply_boxes else None
 
     # -- helpers ---------------------------------------------------------------------------------------
-    def _encode_args(self, mesh: ActorMeshRef, endpoint: str, args: Any, kwargs: Any) -> tuple[bytes, list[Any]]:
-        try:
-            return dumps((args, kwargs))
-        except SerializationError:
-            which = describe_unpicklable(args, kwargs) or "an argument does not pickle"
-            raise SerializationError(
-                f"{mesh._class_name}.{endpoint} was not called: {which}. {UNPICKLABLE_HINT}"
-            ) from None
+    def _encode_args(
+        self, mesh: ActorMeshRef, endpoint: str, args: Any, kwargs: Any, ranks: list[int]
+    ) -> tuple[bytes, list[Any]]:
+        with pickling_for(mesh._ref.mesh_id, ranks):  # where a distributed tensor's shards must wait
+            try:
+                return dumps((args, kwargs))
+            except SerializationError:
+                which = describe_unpicklable(args, kwargs) or "an argument does not pickle"
+        raise SerializationError(f"{mesh._class_name}.{endpoint} was not called: {which}. {UNPICKLABLE_HINT}")
 
     def _check_targets(self, ref: ProcMeshRef, ranks: list[int], context: str, call: CallSite | None = None) -> None:
         if self.hooks.before_call is not None:
@@ -190,11 +191,14 @@ class Client:
             self.calls.actor_mesh[mesh._actor_id] = mesh._ref.mesh_id
         elif len(arr) < len(mesh._ref.proc_addrs):  # the mesh grew
             arr.extend([0] * (len(mesh._ref.proc_addrs) - len(arr)))
-        vals = [arr[r] for r in ranks]
+        n, first = len(arr), arr[ranks[0]]
+        if len(ranks) == n and arr.count(first) == n:  # every rank, all alike: the usual broadcast
+            arr[:] = [first + 1] * n
+            return first
+        vals = list(map(arr.__getitem__, ranks))
         for r in ranks:
             arr[r] += 1
-        first = vals[0]
-        return first if all(v == first for v in vals) else vals
+        return first if vals.count(first) == len(vals) else vals
 
     def _register(self, p: Pending) -> int:
         call_id = next(self._ids)
@@ -328,7 +332,7 @@ class Client:
         rd = reduce_ops.encode(op) if mode == "reduce" else None
         ranks = mesh._shape.ranks()
         self._check_targets(mesh._ref, ranks, f"calling {mesh._class_name}.{endpoint}", _site(mesh, endpoint))
-        payload, bufs = self._encode_args(mesh, endpoint, args, kwargs)
+        payload, bufs = self._encode_args(mesh, endpoint, args, kwargs, ranks)
         header: dict[str, Any] = {
             "k": Kind.CALL,
             "m": mesh._ref.mesh_id,
@@ -379,7 +383,7 @@ class Client:
         ref = mesh._ref
         if self.hooks.sent is not None:  # before the send: the ranks' first output may beat the return
             self.hooks.sent(mesh, ranks)
-        hosts = sorted({ref.rank_host[r] for r in ranks})
+        hosts = sorted(set(map(ref.rank_host.__getitem__, ranks)))
         agents = [ref.agent_addrs[h] for h in hosts]
         tp = tree.parents(len(hosts), tree.fanout()) if len(hosts) > 2 else None
         if tp is not None:  # past the fan-out: we send to the top agents, they relay (signed, like the rest)
@@ -464,7 +468,7 @@ class Client:
         what = f"{mesh._class_name}.{endpoint}"
         context, call = "calling " + what, _site(mesh, endpoint)
         self._check_targets(ref, [rank], context, call)
-        payload, bufs = self._encode_args(mesh, endpoint, args, kwargs)
+        payload, bufs = self._encode_args(mesh, endpoint, args, kwargs, [rank])
         fut: Future[Any] = Future(what)
         p = Pending(fut, ref.mesh_id, "one", mesh._name, endpoint, None, [rank], {rank}, ref=ref)
         p.actor_id, p.cls = mesh._actor_id, mesh._class_name

@@ -426,10 +426,32 @@ class Controller:
         (calls raise SupervisionError, kind stopped), not failed (the procs' exits are not failures to report)."""
         for rec in list(self.meshes.values()):
             if rec.job is job and not rec.stopped:
-                rec.stopped = True
-                self.client.mark_stopped(rec.ref.mesh_id)
-                self.state.stopped(rec.ref.mesh_id)
-                self.notify_procs(protocol.notice("stopped", rec.ref.mesh_id))
+                self._stopped_with_agents(rec)
+
+    def agents_stopping(self, addrs: list[str]) -> None:
+        """A job is about to stop these agents on purpose: the meshes with procs on them are stopped
+        first, whichever HostMesh spawned them (Monarch's ProcessJob hands out several of the same
+        hosts), so their procs' exits are not reported as failures and calls to them fail at once.
+        Without this a call to such a mesh waited for its timeout, or for ever: nobody watches a
+        forgotten agent."""
+        gone = set(addrs)
+        for rec in list(self.meshes.values()):
+            if not rec.stopped and gone.intersection(rec.ref.agent_addrs):
+                self._stopped_with_agents(rec)
+                for a in rec.ref.agent_addrs:  # a mesh over other agents too: their procs go as well
+                    if a not in gone and not self._closed:
+                        self.client.request(
+                            a, protocol.stop_procs(rec.ref.mesh_id, 5.0), what=f"stop of '{rec.ref.name}'"
+                        )
+
+    def _stopped_with_agents(self, rec: MeshRecord) -> None:
+        rec.stopped = True
+        self.client.mark_stopped(rec.ref.mesh_id)
+        self.state.stopped(rec.ref.mesh_id)
+        self.notify_procs(protocol.notice("stopped", rec.ref.mesh_id))
+        for addr in rec.ref.proc_addrs:
+            if addr:
+                self.client.forget_proc(addr)
 
     def _force_stop(self, rec: MeshRecord, host: int, why: str) -> None:
         """An agent did not answer a stop: kill its procs of this mesh ourselves where we can (same

@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from .agent_state import ProcEntry, describe_exit
@@ -23,9 +24,10 @@ __all__ = ["ForkServer"]
 
 
 class ForkServer:
-    def __init__(self, key_hex: str, lifeline_r: int, preload: list[str]):
+    def __init__(self, key_hex: str, lifeline_r: int, preload: list[str], warm: Sequence[str] = ()):
         self._key_hex, self._lifeline_r = key_hex, lifeline_r
         self.preload = list(preload)  # what every template of this host imports (meshes add to it)
+        self.warm = list(warm)  # what it imports when this host has it installed (``jobs.warm``)
         self.pending: dict[int, ProcEntry] = {}  # fork token -> the proc it is for, until "forked"
         self._asked: dict[int, float] = {}  # token -> when that fork was asked for
         self._tokens = iter(range(1, 1 << 62))
@@ -53,6 +55,8 @@ class ForkServer:
         self.sock, self.proc = ours, proc
         if self.preload:
             self.send({"op": "preload", "modules": self.preload, "token": 0})
+        if self.warm:  # after the named ones: a fork waits for both, and they are what it needs
+            self.send({"op": "preload", "modules": self.warm, "token": 0, "if_installed": True})
 
     @property
     def pid(self) -> int:

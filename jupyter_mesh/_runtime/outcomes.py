@@ -9,6 +9,8 @@ outcome is recorded under the client's lock before completion is decided.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pickle import loads as _unpickle  # plain values: no out-of-band buffers
 from typing import TYPE_CHECKING, Any
 
 from .._core.future import Future
@@ -70,24 +72,28 @@ class Outcomes:
         if h["k"] == Kind.REPLY:
             self.add(p, h["i"], h.get("rk", 0), h["ok"], msg.payload, msg.buffers)
             return
-        pos, bpos = 0, 0
-        payload = memoryview(msg.payload)
-        parts = []
-        for rank, ok, plen, nbuf in h["n"]:
-            parts.append((rank, ok, payload[pos : pos + plen], msg.buffers[bpos : bpos + nbuf]))
-            pos += plen
-            bpos += nbuf
         if p.mode == "request" or p.stream_q is not None:
-            for rank, ok, part, bufs in parts:
-                self.add(p, h["i"], rank, ok, part, bufs)
+            pos, bpos = 0, 0
+            payload = memoryview(msg.payload)
+            for rank, ok, plen, nbuf in h["n"]:
+                self.add(p, h["i"], rank, ok, payload[pos : pos + plen], msg.buffers[bpos : bpos + nbuf])
+                pos += plen
+                bpos += nbuf
             return
-        # a host's replies at once: one pass under the lock, one activity update, one completion
+        # a host's (or a subtree's) replies at once: one pass to decode, one under the lock, one
+        # activity update, one completion
+        ranks: list[int]
+        values: list[Any]
+        if p.mode == "spawn":  # each rank's reply says where its actor's inbox is
+            ranks, values, parts = [], [], _entries(h["n"], msg.payload, msg.buffers)
+        else:
+            ranks, values, parts = _plain_values(h["n"], msg.payload, msg.buffers)
         outcomes = [
             (rank, self._decode_outcome(p, rank, ok, part, bufs)) for rank, ok, part, bufs in parts if rank >= 0
         ]
-        if p.reduce and len(outcomes) < len(parts):  # a subtree's folded value (rank -1): one for its ranks
+        if p.reduce and any(x[0] < 0 for x in parts):  # a subtree's folded value (rank -1): one for its ranks
             outcomes += self._partial(p, h, next(x for x in parts if x[0] < 0))
-        self._record_outcomes(p, h["i"], outcomes)
+        self._record_outcomes(p, h["i"], outcomes, ranks, values)
 
     def _partial(self, p: Pending, h: dict[str, Any], part: tuple[int, int, Any, list[Any]]) -> list[tuple[int, Any]]:
         """Keep a reduce's partial value (or the agent's error folding it) for the ranks it holds."""
@@ -161,15 +167,31 @@ class Outcomes:
             f._set_result(_value(outcome))
         p.stream_q.put(f)
 
-    def _record_outcomes(self, p: Pending, call_id: int, outcomes: list[tuple[int, Any]]) -> None:
+    def _record_outcomes(
+        self,
+        p: Pending,
+        call_id: int,
+        outcomes: list[tuple[int, Any]],
+        ranks: Sequence[int] = (),
+        values: Sequence[Any] = (),
+    ) -> None:
         """Record ranks' outcomes of a call (not a stream); complete it when nothing is left, or at
         once when a rank's proc died (the whole call is doomed: it names every broken rank).
+        ``ranks`` returned ``values`` (plain values: no per-rank outcome to look at).
 
         Replies may be dispatched on two threads at once (a caller reading its reply box, the
         receive thread reporting a failure): outcomes are recorded before completion is decided."""
         with self.calls.lock:
-            finished = []
+            finished: list[int] = []
             deaths: dict[int, Failure] = {}
+            if ranks:
+                fresh = p.outstanding.intersection(ranks)
+                if len(fresh) == len(ranks):  # each once, and still awaited: the usual case
+                    p.outstanding -= fresh
+                    p.values.update(zip(ranks, values))
+                    finished = list(ranks)
+                else:  # some answered already (or twice): those are ignored, as below
+                    outcomes = [(r, _Returned(v)) for r, v in zip(ranks, values)] + outcomes
             for rank, outcome in outcomes:
                 if rank not in p.outstanding:
                     continue
@@ -248,10 +270,62 @@ class Outcomes:
             self._reduced(p)
         else:
             assert p.shape is not None
-            p.future._set_result(ValueMesh(p.shape, [p.values[r] for r in p.ranks]))
+            p.future._set_result(ValueMesh(p.shape, list(map(p.values.__getitem__, p.ranks))))
 
 
 _FOLDED = object()  # a rank whose value is in a reduce's partial
+
+# values that may be shared by the ranks that sent the same pickle: nobody can change them in place
+_IMMUTABLE = frozenset({type(None), bool, int, float, complex, str, bytes})
+_SHARED_MAX = 64  # pickles up to this size are compared with the previous rank's (None is 4 bytes)
+
+
+def _entries(
+    table: list[list[int]], payload: bytes | memoryview, buffers: list[Any]
+) -> list[tuple[int, int, memoryview, list[Any]]]:
+    """A gathered reply's (rank, ok, pickle, buffers) per entry of its table."""
+    view = memoryview(payload)
+    out, pos, bpos = [], 0, 0
+    for rank, ok, plen, nbuf in table:
+        out.append((rank, ok, view[pos : pos + plen], buffers[bpos : bpos + nbuf]))
+        pos += plen
+        bpos += nbuf
+    return out
+
+
+def _plain_values(
+    table: list[list[int]], payload: bytes | memoryview, buffers: list[Any]
+) -> tuple[list[int], list[Any], list[tuple[int, int, memoryview, list[Any]]]]:
+    """A gathered reply decoded in one pass, as long as every rank returned a plain value (``OK``, no
+    out-of-band buffers, a pickle that loads): (ranks, values, []). Equal small pickles in a row
+    (every rank returned None, or the same number) are loaded once when the value is immutable.
+    Anything else (an exception, a broken rank, a reduce's partial, buffers): ([], [], every entry),
+    each then decoded on its own."""
+    ranks = [row[0] for row in table]
+    if ranks and min(ranks) < 0:
+        return [], [], _entries(table, payload, buffers)
+    values: list[Any] = []
+    append = values.append  # (on the call path: no attribute lookups or helper calls per rank)
+    last: bytes | memoryview | None = None
+    last_value: Any = None
+    pos = 0
+    for _, ok, plen, nbuf in table:
+        if ok != OK or nbuf:
+            return [], [], _entries(table, payload, buffers)
+        end = pos + plen
+        part = payload[pos:end]
+        pos = end
+        if part == last:
+            append(last_value)
+            continue
+        try:
+            value = _unpickle(part)
+        except Exception:  # noqa: BLE001 - that rank's error: decoded on its own, it says why
+            return [], [], _entries(table, payload, buffers)
+        append(value)
+        if plen <= _SHARED_MAX and type(value) in _IMMUTABLE:
+            last, last_value = part, value
+    return ranks, values, []
 
 
 def _reduce_result(p: Pending) -> Any:

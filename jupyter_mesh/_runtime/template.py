@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import importlib
+import importlib.util
 import json
 import os
 import select
@@ -31,10 +32,14 @@ def _send(sock: socket.socket, obj: dict[str, Any]) -> None:
         os._exit(0)  # agent gone
 
 
-def _preload(mods: list[str]) -> list[str]:
+def _preload(mods: list[str], if_installed: bool = False) -> list[str]:
+    """Import ``mods``; the errors, as text. ``if_installed`` (the warm default): skip the names this
+    host does not have, silently (asked with ``find_spec``, which imports nothing of a top-level name)."""
     errors = []
     for m in mods:
         try:
+            if if_installed and m not in sys.modules and importlib.util.find_spec(m) is None:
+                continue
             importlib.import_module(m)
         except BaseException as e:  # noqa: BLE001 - reported, the proc will raise it again
             errors.append(f"{m}: {type(e).__name__}: {e}")
@@ -147,7 +152,8 @@ def main() -> None:
             if op == "key":
                 key = bytes.fromhex(msg["key"])
             elif op == "preload":
-                _send(sock, {"op": "preloaded", "token": msg["token"], "errors": _preload(msg["modules"])})
+                errors = _preload(msg["modules"], bool(msg.get("if_installed")))
+                _send(sock, {"op": "preloaded", "token": msg["token"], "errors": errors})
             elif op == "fork":
                 cfg = msg["cfg"]
                 cfg["template_pid"] = os.getpid()

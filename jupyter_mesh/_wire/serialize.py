@@ -7,20 +7,22 @@ without copying. torch is only looked at if something already imported it.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import pickle
 import socket
 import sys
+import threading
 import types
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import cloudpickle
 
 from ..errors import SerializationError
 
-__all__ = ["INBAND_LIMIT", "UNPICKLABLE_HINT", "describe_unpicklable", "dumps", "loads"]
+__all__ = ["INBAND_LIMIT", "UNPICKLABLE_HINT", "describe_unpicklable", "destination", "dumps", "loads", "pickling_for"]
 
 # Buffers smaller than this stay inside the pickle: a frame of its own costs more than a copy.
 INBAND_LIMIT = 32 * 1024
@@ -127,6 +129,29 @@ def _is_plain(obj: Any, depth: int = 0) -> bool:
         if not _is_plain(x, depth + 1):
             return False
     return True
+
+
+class _Destination(threading.local):
+    target: tuple[str, list[int]] | None = None
+
+
+_destination = _Destination()
+
+
+@contextlib.contextmanager
+def pickling_for(mesh_id: str, ranks: list[int]) -> Iterator[None]:
+    """Arguments pickled in this block go to these ranks of this proc mesh (a distributed tensor's
+    ``__reduce_ex__`` reads it: only those procs set its shard aside for the call)."""
+    prev, _destination.target = _destination.target, (mesh_id, ranks)
+    try:
+        yield
+    finally:
+        _destination.target = prev
+
+
+def destination() -> tuple[str, list[int]] | None:
+    """(proc mesh id, global ranks) that what is being pickled on this thread goes to, if known."""
+    return _destination.target
 
 
 def dumps(obj: Any) -> tuple[bytes, list[memoryview]]:

@@ -30,6 +30,7 @@ from .._wire.addresses import host_of
 from .._wire.keyfile import KeyFile, config_dir, write_key_file
 from .._wire.protocol import VERSION, Kind
 from ..errors import MeshTimeoutError, MeshValueError
+from .warm import split
 
 if TYPE_CHECKING:
     from .._runtime.controller import Controller
@@ -66,9 +67,11 @@ class JobFiles:
         self.log_path = os.path.join(self.dir, f"{self.token}.log")
         self.state_path = os.path.join(self.dir, f"{self.token}.json")
 
-    def write_key(self, preload: Sequence[str], keep_alive: bool = False) -> list[Future[dict[str, Any]]]:
+    def write_key(self, preload: Sequence[str] | None, keep_alive: bool = False) -> list[Future[dict[str, Any]]]:
         """Write the job key (0600) and start waiting for every host's hello (``TOKEN/INDEX``).
+        ``preload``: None warms each host with what it has installed (``jobs.warm``).
         ``keep_alive``: the agents outlive the controller, waiting for the next (``kept``)."""
+        named, warm = split(preload)
         ctl = self.controller
         assert ctl.transport.curve is not None  # checked in __init__
         write_key_file(
@@ -81,7 +84,8 @@ class JobFiles:
                     "controller": ctl.address,
                     "nonce": self.token,
                     "hb_timeout": ctl.hb_timeout,
-                    "preload": list(preload),
+                    "preload": named,
+                    "warm": warm,
                     "keep_alive": keep_alive,
                 },
             ),
@@ -161,6 +165,8 @@ def stop_agents(controller: Controller, agents: Sequence[AgentHandle]) -> None:
     heartbeating them; what the scheduler does next (cancel, wait) is the job's."""
     from .._wire.transport import Message  # zmq: imported with a job, not the package
 
+    if not controller.is_closed:
+        controller.agents_stopping([a.addr for a in agents])
     for a in agents:
         try:
             if not controller.is_closed:

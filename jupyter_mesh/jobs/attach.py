@@ -22,6 +22,7 @@ from .._wire.addresses import local_ip_towards, parse_tcp
 from .._wire.keyfile import KeyFile, default_key_path, read_key_file
 from .._wire.protocol import VERSION, Kind
 from ..errors import MeshClosedError, MeshError, MeshTimeoutError, MeshValueError
+from .warm import split
 
 if TYPE_CHECKING:  # zmq is imported when a job is made, not with the package
     from .._wire.transport import Transport
@@ -36,7 +37,7 @@ class AttachJob(Job):
         self,
         addresses: Sequence[str],
         key_file: str | None = None,
-        preload: Sequence[str] = (),
+        preload: Sequence[str] | None = None,
     ):
         from .._runtime.controller import Controller
 
@@ -55,7 +56,7 @@ class AttachJob(Job):
             raise MeshValueError(f"an agent address is listed twice: {list(addresses)}")
         self.addresses = parsed
         self._kf: KeyFile = read_key_file(key_file or default_key_path())
-        self._preload = list(preload)
+        self._preload, self._warm = split(preload)  # None: each host preloads what it has (``jobs.warm``)
         self._controller = Controller.reachable_from(parse_tcp(parsed[0])[0])
         self._controller.register_job(self)
         self._lock = threading.Lock()
@@ -87,6 +88,7 @@ class AttachJob(Job):
             "host_index": index,
             "hb_timeout": ctl.hb_timeout,
             "preload": self._preload,
+            "warm": self._warm,
         }
         from .._wire.transport import Message, Transport
 
@@ -149,6 +151,8 @@ class AttachJob(Job):
         for nonce in self._nonces:  # a hello still on its way is told to shut down, not admitted
             ctl.stop_expecting(nonce)
         agents = self._agents or []
+        if not ctl.is_closed:
+            ctl.agents_stopping([a.addr for a in agents])
         for a in agents:
             try:
                 if not ctl.is_closed:
@@ -171,7 +175,7 @@ def attach_to_workers(
     name: str | None = None,
     ca: str | None = None,
     key_file: str | None = None,
-    preload: Sequence[str] = (),
+    preload: Sequence[str] | None = None,
     timeout: float = 60.0,
 ) -> HostMesh:
     """A host mesh over agents started with ``jupyter-mesh agent --listen ADDR`` (Monarch's name).
@@ -179,6 +183,7 @@ def attach_to_workers(
     ``workers``: their addresses, ``tcp://IP:PORT``. ``key_file``: the mesh key they admit (default
     ``~/.jupyter_mesh/mesh.key``). ``ca`` is accepted for Monarch programs (``"trust_all_connections"``)
     and changes nothing: every connection is authenticated by the mesh key. ``name`` is unused.
+    ``preload``: what each host's template imports (default: torch & co. where installed, ``jobs.warm``).
     Waits (at most ``timeout``) until every agent answered, so a wrong address fails here."""
     if workers is None:
         raise MeshValueError("attach_to_workers needs workers=['tcp://IP:PORT', ...]")

@@ -161,6 +161,8 @@ class LocalJob(Job):
         from .._wire.transport import Message
 
         ctl = Controller._instance
+        if ctl is not None and not ctl.is_closed:
+            ctl.agents_stopping([a.addr for a in self._agents or []])
         for a in self._agents or []:  # "stop, we are still here" (closing stdin alone means we died)
             try:
                 if ctl is not None and not ctl.is_closed:

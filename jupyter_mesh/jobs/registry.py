@@ -85,10 +85,11 @@ def job_class(name: str) -> type[Job]:
     return cls
 
 
-def make_job(spec: str, nodes: int, preload: Sequence[str] = (), **options: Any) -> Job:
+def make_job(spec: str, nodes: int, preload: Sequence[str] | None = None, **options: Any) -> Job:
     """A job from ``NAME`` or ``NAME:SUB`` (``torchx:local_cwd``): ``job_class(NAME)(nodes=nodes,
     preload=preload, scheduler=SUB, **options)``. ``local`` takes ``hosts=``; ``attach`` needs
-    addresses, not a count (``AttachJob([...])``)."""
+    addresses, not a count (``AttachJob([...])``). ``preload=None`` is not passed: the job's own
+    default applies (ours: warm, ``jobs.warm``)."""
     name, sep, sub = spec.partition(":")
     if sep and not sub:
         raise MeshValueError(f"scheduler {spec!r}: write NAME or NAME:SUB, e.g. torchx:local_cwd")
@@ -97,7 +98,9 @@ def make_job(spec: str, nodes: int, preload: Sequence[str] = (), **options: Any)
     cls = job_class(name)
     if sub:
         options["scheduler"] = sub
-    kwargs = {"hosts" if name == "local" else "nodes": nodes, "preload": list(preload), **options}
+    kwargs: dict[str, Any] = {"hosts" if name == "local" else "nodes": nodes, **options}
+    if preload is not None:
+        kwargs["preload"] = list(preload)
     try:
         inspect.signature(cls).bind(**kwargs)
     except TypeError as e:

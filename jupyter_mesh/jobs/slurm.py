@@ -63,6 +63,8 @@ class SlurmJob(Job):
     (default: the one on the route to ``slurmctld``). ``python``: the interpreter on the nodes
     (default: this one; a cluster shares it through the file system). Inside an allocation
     (``SLURM_JOB_ID`` set) the agents are a step of it unless ``use_allocation=False``.
+    ``preload``: what each node's template imports; by default each imports torch and what this
+    program imported of ``jobs.warm``'s list, those the node has, in the background (``[]``: nothing).
     ``keep_alive``: the job outlives this controller (a kernel restart or crash: its agents keep their
     procs) until SLURM ends it or ``stop()``; ``SlurmJob.reattach()`` in the next kernel takes it back."""
 
@@ -73,7 +75,7 @@ class SlurmJob(Job):
         time: str | None = "01:00:00",
         account: str | None = None,
         slurm_args: Sequence[str] = (),
-        preload: Sequence[str] = (),
+        preload: Sequence[str] | None = None,
         bind: str | None = None,
         python: str | None = None,
         name: str = "jupyter-mesh",

@@ -54,14 +54,16 @@ class TorchXJob(Job):
     (default: this directory, what ``local_cwd`` and ``slurm`` use); ``resource``: a
     ``torchx.specs.Resource`` per replica. ``bind``: this host's IP that the replicas reach (default:
     loopback for ``local_cwd``, the route to ``slurmctld`` for ``slurm``; other schedulers need it).
-    ``python``: the interpreter on the hosts (default: this one)."""
+    ``python``: the interpreter on the hosts (default: this one). ``preload``: what each host's
+    template imports; by default torch and the heavy libraries this program imported, those each host
+    has, in the background (``jobs.warm``; ``[]``: nothing)."""
 
     def __init__(
         self,
         nodes: int = 1,
         scheduler: str = "local_cwd",
         scheduler_args: Mapping[str, Any] | None = None,
-        preload: Sequence[str] = (),
+        preload: Sequence[str] | None = None,
         bind: str | None = None,
         python: str | None = None,
         image: str | None = None,

@@ -9,16 +9,22 @@ so the template is ready by the time the first cell spawns.
 Whether torch is installed is asked with ``importlib.util.find_spec``, which never imports it here.
 Opt out with ``JUPYTER_MESH_WARM=0`` (or ``configure(warm=False)``); ``preload=[...]`` on the job or
 ``this_host`` (or ``$JUPYTER_MESH_PRELOAD``) names the list itself.
+
+Hosts that agents bring up elsewhere (``SlurmJob``, ``TorchXJob``, ``AttachJob``, ``%mesh up``) may not
+have what this machine has: their agents get :func:`remote_warm`'s list as ``warm`` in their
+configuration, and each host's template imports those of them installed *there* (asked the same way),
+in the background, while its agent has already reported in.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import sys
+from collections.abc import Sequence
 
 from .. import config
 
-__all__ = ["WARM_CANDIDATES", "default_preload", "enabled"]
+__all__ = ["WARM_CANDIDATES", "default_preload", "enabled", "remote_warm", "split"]
 
 WARM_CANDIDATES = (
     "numpy",
@@ -62,3 +68,18 @@ def default_preload() -> list[str]:
     if "torch" not in out and _installed("torch"):
         out.append("torch")
     return out
+
+
+def remote_warm() -> list[str]:
+    """What an agent on another host preloads when installed there: torch and the candidates this
+    program imported already; [] when opted out. Nothing is asked about this machine's installs."""
+    if not enabled():
+        return []
+    out = [m for m in WARM_CANDIDATES if m in sys.modules]
+    return out if "torch" in out else [*out, "torch"]
+
+
+def split(preload: Sequence[str] | None) -> tuple[list[str], list[str]]:
+    """A job's ``preload`` argument as (what every template must import, what it imports if installed):
+    ``None`` (not named) is the warm default, a list names exactly what to import."""
+    return ([], remote_warm()) if preload is None else (list(preload), [])

@@ -182,7 +182,13 @@ def _build_parsers() -> tuple[_Parser, _Parser]:
     size.add_argument("--procs", type=_positive, help="procs per host (dim 'procs'; default 2)")
     size.add_argument("--gpus", type=_positive, help="procs per host, one per GPU (dim 'gpus')")
     up.add_argument("--name", type=_name, default="procs", help="mesh name, also bound as a variable")
-    up.add_argument("--preload", type=_modules, action="append", default=[], help="modules every proc starts with")
+    up.add_argument(
+        "--preload",
+        type=_modules,
+        action="append",
+        default=[],
+        help="modules every proc starts with (default: torch & co. where installed)",
+    )
 
     sub.add_parser("status", help="the meshes, their procs and failed ranks")
 
@@ -302,7 +308,7 @@ class MeshMagics(Magics):
         if args.name in self.meshes:
             raise UsageError(f"mesh '{args.name}' is already up: `%mesh down {args.name}` first, or pick --name")
         dim, n = ("gpus", args.gpus) if args.gpus else ("procs", args.procs or 2)
-        preload = [m for group in args.preload for m in group]
+        preload = [m for group in args.preload for m in group] if args.preload else None  # None: warm
         where = JobSpec(kind, args.attach or [], args.partition, args.time, dict(args.scheduler_arg), args.keep_alive)
         hosts = len(args.attach) if args.attach else (args.hosts or 1)
         try:

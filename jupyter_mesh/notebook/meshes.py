@@ -31,7 +31,8 @@ class JobSpec:
     scheduler_args: dict[str, str] = field(default_factory=dict)
     keep_alive: bool = False
 
-    def job(self, hosts: int, preload: list[str]) -> Job:
+    def job(self, hosts: int, preload: list[str] | None) -> Job:
+        """``preload=None`` (no ``--preload``): each host warms up with what it has (``jobs.warm``)."""
         if self.kind == "slurm":
             return SlurmJob(
                 nodes=hosts,
@@ -58,7 +59,7 @@ class NamedMesh:
     hosts: int
     dim: str
     per_host: int
-    preload: list[str] = field(default_factory=list)
+    preload: list[str] | None = None  # None: the warm default
     where: JobSpec = field(default_factory=JobSpec)
 
     def exec_mesh(self) -> ActorMesh[RemoteExec]:
@@ -103,7 +104,7 @@ class MeshRegistry:
         hosts: int,
         dim: str,
         per_host: int,
-        preload: list[str],
+        preload: list[str] | None,
         timeout: float | None = None,
         where: JobSpec | None = None,
     ) -> NamedMesh:
@@ -121,7 +122,7 @@ class MeshRegistry:
         except BaseException:
             job.stop()
             raise
-        entry = self._entries[name] = NamedMesh(name, job, procs, executor, hosts, dim, per_host, list(preload), where)
+        entry = self._entries[name] = NamedMesh(name, job, procs, executor, hosts, dim, per_host, preload, where)
         self.default = name
         return entry
 

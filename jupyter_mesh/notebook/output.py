@@ -20,6 +20,7 @@ replies. Rules:
 from __future__ import annotations
 
 import collections
+import itertools
 import sys
 import threading
 import time
@@ -115,8 +116,7 @@ class OutputRouter:
         cell = self._cell
         if cell is None:
             return  # sent between cells (a sidebar action): the rank keeps its cell
-        for r in ranks:
-            self._owner[(mesh, r)] = cell
+        self._owner.update(zip(zip(itertools.repeat(mesh), ranks), itertools.repeat(cell)))  # no Python per rank
         cell.called.setdefault(mesh_id, set()).update(ranks)
 
     # -- receive thread ------------------------------------------------------------------------

@@ -1,0 +1,58 @@
+"""Actors and remote functions for test_tensor_engine.py (importable by the procs)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+from jupyter_mesh import Actor, current_rank, endpoint, remote
+
+
+class Holder(Actor):
+    """Receives distributed tensors: each actor gets the shard of its own proc."""
+
+    @endpoint
+    def describe(self, t: torch.Tensor) -> tuple[str, list[float], dict[str, int]]:
+        return type(t).__name__, t.flatten().tolist(), dict(current_rank())
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class Linear(Actor):
+    def __init__(self) -> None:
+        self.w = torch.full((3, 3), 2.0)
+
+    @endpoint(propagate=lambda x: x)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.w
+
+    @endpoint
+    def no_shape(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+@remote
+def rank_and_pid() -> tuple[dict[str, int], int]:
+    from jupyter_mesh import context
+
+    return dict(context().actor_instance.rank), os.getpid()
+
+
+@remote(propagate=lambda x, path: x)
+def wait_for_file(x: torch.Tensor, path: str) -> torch.Tensor:
+    """Holds the proc's tensor engine until ``path`` exists (at most 60 s): ops queue behind it."""
+    deadline = time.monotonic() + 60
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return x * 10
+
+
+@remote(propagate=lambda x: x)
+def fails_on_gpus_1(x: torch.Tensor) -> torch.Tensor:
+    if dict(current_rank())["gpus"] == 1:
+        raise RuntimeError("this proc refuses")
+    return x
