@@ -115,6 +115,23 @@ def test_the_first_spawn_forks_from_a_template_that_preloaded_torch_unless_opted
         job.stop()
 
 
+@pytest.mark.skipif(not torch_installed, reason="torch is not installed")
+def test_procs_forked_from_one_template_draw_different_random_numbers():
+    """Forked procs would share the template's generator state: the same "random" draws, the same
+    data order on every rank. Procs must seed as separately started processes (Monarch's) do."""
+    from warm_actors import Draws
+
+    job = LocalJob(1, preload=["numpy", "torch"])
+    try:
+        procs = job.host_mesh().spawn_procs(per_host={"gpus": 3}, timeout=120)
+        draws = list(procs.spawn("draws", Draws).draw.call().get(60).values())
+        python, numpy, _torch = zip(*draws, strict=True)  # torch: seeded as in any fresh process
+        assert len(set(python)) == 3 and len(set(numpy)) == 3, draws
+        procs.stop()
+    finally:
+        job.stop()
+
+
 # -- a fork server that dies ----------------------------------------------------------------------------
 def _slow_job(flag: str) -> LocalJob:
     return LocalJob(

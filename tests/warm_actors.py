@@ -36,3 +36,16 @@ class Loaded(Actor):
     @endpoint
     def imported_since_start(self) -> list[str]:
         return sorted(set(sys.modules) - self.at_start)
+
+
+class Draws(Actor):
+    """One number from each random generator a proc may inherit from its template."""
+
+    @endpoint
+    def draw(self) -> tuple[float, float, float]:
+        import random
+
+        import numpy
+        import torch
+
+        return random.random(), float(numpy.random.rand()), float(torch.rand(1).item())

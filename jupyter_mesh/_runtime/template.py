@@ -74,6 +74,7 @@ def _child(
         os.close(devnull)
         sys.stdout = open(1, "w", buffering=1, closefd=False)  # line-buffered: prints show promptly
         sys.stderr = open(2, "w", buffering=1, closefd=False)
+        _own_random_state()
         from . import proc
 
         code = proc.main(cfg, key, lifeline)
@@ -81,6 +82,16 @@ def _child(
         traceback.print_exc()
         os._exit(3)
     raise SystemExit(code)
+
+
+def _own_random_state() -> None:
+    """Every proc forks from this template's random state; a separately started process seeds
+    Python's ``random`` and numpy's global generator from the OS's entropy, so each proc must too
+    (``random`` reseeds itself at fork; numpy does not). torch is left as imported: its default seed
+    is the same fixed number in every fresh process, and a preloaded template has not drawn from it."""
+    np = sys.modules.get("numpy")
+    if np is not None:
+        np.random.seed()
 
 
 def main() -> None:
