@@ -30,6 +30,24 @@ class Owner(Actor):
         return bytes(self.raw)
 
     @endpoint
+    def pattern_handle(self, nbytes: int, kind: str) -> RDMABuffer:
+        """A buffer of ``nbytes`` holding ``pattern(nbytes)``: a ``bytearray`` or a uint8 tensor."""
+        data = pattern(nbytes)
+        self.raw = (
+            bytearray(data) if kind == "bytearray" else torch.frombuffer(bytearray(data), dtype=torch.uint8).clone()
+        )
+        self.kept = RDMABuffer(self.raw if kind != "bytearray" else memoryview(self.raw))
+        return self.kept
+
+    @endpoint
+    def raw_digest(self) -> str:
+        import hashlib
+
+        return hashlib.sha256(
+            bytes(self.raw) if isinstance(self.raw, bytearray) else self.raw.numpy().tobytes()
+        ).hexdigest()
+
+    @endpoint
     def head(self, k: int = 4) -> list:
         return self.t[:k].tolist()
 
@@ -46,6 +64,11 @@ class Owner(Actor):
         return os.getpid()
 
 
+def pattern(nbytes: int) -> bytes:
+    """Bytes no two offsets of which are likely to agree by chance (a shifted copy shows)."""
+    return (bytes(range(251)) * (nbytes // 251 + 1))[:nbytes]
+
+
 class Puller(Actor):
     """Reads from and writes to buffers it is given (actor to actor, and actor to controller)."""
 
@@ -58,6 +81,14 @@ class Puller(Actor):
     @endpoint
     async def push(self, buf: RDMABuffer, n: int, value: float) -> None:
         await buf.write_from(torch.full((n,), value))
+
+    @endpoint
+    def pull_raw(self, buf: RDMABuffer) -> tuple[str, str]:
+        import hashlib
+
+        dst = bytearray(buf.size())
+        buf.read_into(dst).get(timeout=20)
+        return get_rdma_backend(buf), hashlib.sha256(dst).hexdigest()
 
     @endpoint
     def pull_expecting_failure(self, buf: RDMABuffer, n: int, timeout: float) -> str:

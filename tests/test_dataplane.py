@@ -35,7 +35,7 @@ from jupyter_mesh._wire import shm as _shm  # noqa: E402
 from jupyter_mesh._wire.transport import Message, Transport  # noqa: E402
 
 HAS_UCX = _ucx.available()
-BACKENDS = ["shm", "zmq", pytest.param("ucx", marks=pytest.mark.skipif(not HAS_UCX, reason="ucxx not installed"))]
+BACKENDS = ["shm", "vm", "zmq", pytest.param("ucx", marks=pytest.mark.skipif(not HAS_UCX, reason="ucxx not installed"))]
 # UCX on one host runs over its TCP emulation: refused unless asked for (tests have one host only)
 UCX_ENV = {
     "UCX_TLS": "tcp,self",
@@ -284,8 +284,8 @@ def test_owner_killed(pair, backend, how):
         with pytest.raises(SupervisionError, match="failed"):
             buf.read_into(torch.empty(N)).get(timeout=10)
         return
-    if backend == "shm":
-        pytest.skip("an shm copy is one synchronous memcpy: there is no 'in flight' to interrupt")
+    if backend in ("shm", "vm"):
+        pytest.skip("a same-host copy is one synchronous copy: there is no 'in flight' to interrupt (see below)")
     # the owner freezes with a request in flight (a proc reader, which hears of deaths only through the
     # owner's pidfd), then dies: the reader's transfer must fail at once, not at its 30 s timeout.
     # One read first, so the reader is connected: a connection attempt to a frozen owner can give up on
@@ -311,8 +311,8 @@ def test_owner_killed(pair, backend, how):
 
 @pytest.mark.integration
 def test_transfer_times_out_when_owner_hangs(pair, backend):
-    if backend == "shm":
-        pytest.skip("shm transfers do not wait on the owner")
+    if backend in ("shm", "vm"):
+        pytest.skip("same-host copies do not wait on the owner")
     owner = pair.slice(gpus=0).spawn("owner", Owner, 1024)
     buf = owner.handle.call_one().get(timeout=30)
     buf.read_into(torch.empty(1024)).get(timeout=20)  # connected and warm

@@ -7,6 +7,9 @@ them. Which backend moves the bytes (``get_rdma_backend``):
 
 ``shm``  owner on this host: the tensor's storage lives in fd-backed shared memory (moved there once,
          in place, when the buffer is created) and the reader copies straight from/into it: one copy.
+``vm``   owner on this host, memory that is not shared (memoryview, bytearray, numpy): the kernel copies
+         between the two processes (``process_vm_readv``/``writev``, ``_data/vm.py``): one copy. Where
+         the kernel refuses (no ptrace permission, e.g. Yama), that owner is served over zmq instead.
 ``ucx``  UCX one-sided get/put (``_ucx``): cross-host, CUDA memory, or when forced. The owner registers
          the region with UCX when forced to, or lazily when a reader first asks over the control plane.
 ``zmq``  always available: the request goes over the signed control plane and the owner's *receive
@@ -28,6 +31,7 @@ import os
 import pickle
 import secrets
 import threading
+import time
 from typing import Any
 
 from .._core.context import context
@@ -37,6 +41,7 @@ from .._wire.protocol import Kind
 from ..errors import Failure, MeshClosedError, MeshError, MeshValueError, SupervisionError
 from . import owner as _rdma_owner
 from . import ucx as _ucx
+from . import vm as _vm
 from . import watch as _watch
 from .memory import BYTES, Region, buffer_address, copy_bytes, region_of
 from .owner import OwnerInfo, ShmDesc, handle_message, state
@@ -47,7 +52,7 @@ __all__ = ["ENV_BACKEND", "RDMABuffer", "get_rdma_backend", "handle_message"]
 
 ENV_BACKEND = "JUPYTER_MESH_RDMA_BACKEND"
 ENV_UCX_SAME_HOST = "JUPYTER_MESH_UCX_SAME_HOST"  # opt-in: forced UCX between processes of one host
-BACKENDS = ("shm", "ucx", "zmq")
+BACKENDS = ("shm", "vm", "ucx", "zmq")
 DEFAULT_TIMEOUT = 3.0  # seconds, as Monarch
 
 
@@ -56,7 +61,7 @@ def _forced() -> str | None:
     if v in ("", "auto"):
         return None
     if v not in BACKENDS:
-        raise MeshValueError(f"{ENV_BACKEND}={v!r} is not a backend; use auto, shm, ucx or zmq")
+        raise MeshValueError(f"{ENV_BACKEND}={v!r} is not a backend; use auto, shm, vm, ucx or zmq")
     return v
 
 
@@ -163,6 +168,8 @@ class RDMABuffer:
         fut: Future[None] = Future(f"{what} of {region.nbytes} bytes over {backend}")
         if backend == "shm":
             self._via_shm(op, region, offset, fut, what)
+        elif backend == "vm":
+            self._via_vm(op, region, offset, timeout, fut, what)
         elif backend == "zmq":
             self._via_zmq(op, region, offset, timeout, fut, what)
         else:
@@ -207,6 +214,9 @@ class RDMABuffer:
         if forced == "shm" and not (same and self._shm is not None):
             why = "the owner is on another host" if not same else "its data is not a CPU tensor in shared memory"
             raise MeshValueError(f"{ENV_BACKEND}=shm cannot serve this buffer: {why}; use auto, ucx or zmq")
+        if forced == "vm" and not (same and not cuda and _vm.available()):
+            why = "the owner is on another host" if not same else "this platform has no process_vm_readv"
+            raise MeshValueError(f"{ENV_BACKEND}=vm cannot serve this buffer: {why}; use auto, ucx or zmq")
         if forced == "ucx" and same and not cuda and os.environ.get(ENV_UCX_SAME_HOST) != "1":
             raise MeshValueError(
                 f"{ENV_BACKEND}=ucx between processes of one host: UCX would run over its TCP emulation, "
@@ -220,6 +230,8 @@ class RDMABuffer:
             return "ucx"
         if same and self._shm is not None:
             return "shm"
+        if same and _vm.available() and not _vm.denied((self._owner.pid, self._owner.start)):
+            return "vm"
         if not same and _ucx.available():
             return "ucx"
         return "zmq"
@@ -231,7 +243,7 @@ class RDMABuffer:
         try:
             if not _watch.owner_alive(o.pid, o.start):
                 raise ProcessLookupError
-            table, table_base = regions.get(o.pid, o.table_fd, o.table_inode, _rdma_owner.SLOTS * 8)
+            table, table_base = regions.get(o.pid, o.table_fd, o.table_inode, _rdma_owner.TABLE_BYTES)
             word = ctypes.c_uint64.from_address(table_base + 8 * self._slot)
             if word.value != self._token:
                 raise MeshClosedError(f"{what}: this RDMABuffer was dropped by its owner; ask it for a new one")
@@ -256,6 +268,47 @@ class RDMABuffer:
             fut._set_exception(self._owner_failure(what))
         elif dropped:
             fut._set_exception(MeshClosedError(f"{what}: the owner dropped this RDMABuffer during the copy"))
+        else:
+            fut._set_result(None)
+
+    def _via_vm(self, op: str, region: Region, offset: int, timeout: float, fut: Future[None], what: str) -> None:
+        o = self._owner
+        owner = (o.pid, o.start)
+        failure: BaseException | None = None
+        try:
+            if not _watch.owner_alive(o.pid, o.start):
+                raise ProcessLookupError(o.pid)
+            table, base = state().regions.get(o.pid, o.table_fd, o.table_inode, _rdma_owner.TABLE_BYTES)
+            token = ctypes.c_uint64.from_address(base + 8 * self._slot)
+            extent = (ctypes.c_uint64 * 2).from_address(base + _rdma_owner.extent_offset(self._slot))
+            if token.value != self._token:
+                raise MeshClosedError(f"{what}: this RDMABuffer was dropped by its owner; ask it for a new one")
+            address, size = extent[0], extent[1]  # the owner's own record, not the handle's word
+            if size != self._nbytes or offset + region.nbytes > size:
+                raise MeshError(f"{what}: the owner's record of this buffer ({size} bytes) does not match the handle")
+            if region.nbytes:
+                _vm.copy(op, o.pid, region.address, address + offset, region.nbytes)
+            if token.value != self._token:
+                failure = MeshClosedError(f"{what}: the owner dropped this RDMABuffer during the copy")
+            del table, token, extent
+        except _vm.Denied:  # no ptrace access to that owner here: the owner serves it (zmq)
+            _vm.deny(owner)
+            self._via_zmq(op, region, offset, timeout, fut, what)
+            return
+        except MeshError as e:
+            failure = e
+        except ProcessLookupError:  # ESRCH: the owner is gone, or exiting (its memory already is)
+            fut._set_exception(self._owner_failure(what))
+            return
+        except OSError as e:  # EFAULT, or the table's fd gone: the owner released it, or is dying
+            failure = MeshClosedError(f"{what}: the owner released this buffer's memory ({e.strerror or e})")
+            deadline = time.monotonic() + _DEATH_GRACE_S  # a dying owner loses its memory before /proc says so
+            while _watch.owner_alive(o.pid, o.start) and time.monotonic() < deadline:
+                time.sleep(0.01)
+        if not _watch.owner_alive(o.pid, o.start):  # the copy may have raced the owner's death
+            failure = self._owner_failure(what)
+        if failure is not None:
+            fut._set_exception(failure)
         else:
             fut._set_result(None)
 

@@ -9,7 +9,9 @@ word per live buffer in fd-backed shared memory (also registered with UCX when U
 a random token while the buffer lives and 0 once it is dropped. Readers on this host check it through
 the mapping, readers over UCX with an 8-byte get, before they move any byte. A dropped region is kept
 alive a few seconds more (``GRACE_S``), so a transfer that passed the check just before the drop still
-touches live memory.
+touches live memory. After the tokens the table holds each live buffer's extent (address and size in
+the owner's memory): a same-host reader copying with ``process_vm_readv`` (``vm``) takes them from
+there, never from the handle it was sent.
 """
 
 from __future__ import annotations
@@ -34,6 +36,12 @@ __all__ = ["Owned", "OwnerInfo", "ShmDesc", "handle_message", "state"]
 
 SLOTS = 8192  # live buffers per process
 GRACE_S = 5.0
+TABLE_BYTES = SLOTS * 24  # SLOTS tokens, then SLOTS (address, nbytes) pairs
+
+
+def extent_offset(slot: int) -> int:
+    """Where a slot's (address, nbytes) pair is in the liveness table."""
+    return SLOTS * 8 + 16 * slot
 
 
 @dataclass(frozen=True)
@@ -64,8 +72,8 @@ class ShmDesc:
 class _Liveness:
     def __init__(self) -> None:
         self.fd = os.memfd_create("jupyter-mesh-liveness", os.MFD_CLOEXEC)
-        os.ftruncate(self.fd, SLOTS * 8)
-        self.map = mmap.mmap(self.fd, SLOTS * 8)
+        os.ftruncate(self.fd, TABLE_BYTES)
+        self.map = mmap.mmap(self.fd, TABLE_BYTES)
         self.words = memoryview(self.map).cast("Q")
         self.inode = os.fstat(self.fd).st_ino
         self.address = buffer_address(self.map)
@@ -73,17 +81,21 @@ class _Liveness:
         self.ucx: _ucx.UcxDesc | None = None
         self.lock = threading.Lock()
 
-    def take(self) -> tuple[int, int]:
+    def take(self, address: int, nbytes: int) -> tuple[int, int]:
         with self.lock:
             if not self.free:
                 raise MeshError(f"this process owns {SLOTS} live RDMABuffers; drop() the ones no longer needed")
             slot = self.free.pop()
         token = secrets.randbits(63) | 1
+        at = extent_offset(slot) // 8
+        self.words[at], self.words[at + 1] = address, nbytes  # before the token: a reader checks it first
         self.words[slot] = token
         return slot, token
 
     def clear(self, slot: int) -> None:
         self.words[slot] = 0
+        at = extent_offset(slot) // 8
+        self.words[at] = self.words[at + 1] = 0
         with self.lock:
             self.free.append(slot)
 
@@ -151,7 +163,7 @@ class State:
         return self._me
 
     def own(self, buf_id: str, region: Region) -> tuple[int, int]:
-        slot, token = self.table.take()
+        slot, token = self.table.take(region.address, region.nbytes)
         with self.lock:
             self.owned[buf_id] = Owned(region, slot)
         return slot, token

@@ -32,6 +32,7 @@ from .._core.actor import Endpoint, endpoints_of
 from .._core.context import context
 from .._core.ports import DroppingPort
 from .._core.shape import Point
+from .._wire.lane import Inbox
 from .._wire.protocol import BROKEN, DIRECT, NO_REPLY, OK, RAISED, STOP_ENDPOINT, Kind
 from .._wire.serialize import UNPICKLABLE_HINT, dumps, loads
 from .._wire.transport import Message, Transport
@@ -85,7 +86,10 @@ class ActorHost:
         # a doorbell frame on the same inbox, so the thread waits on one socket only. The bell
         # carries a secret: a one-frame message from the wire is not mistaken for one.
         inproc = f"inproc://actor-{actor_id}"
-        self._inbox, self.address = runtime.transport.bind_inbox(inproc)
+        self._inbox, self.address, self._lane = runtime.transport.bind_inbox_with_lane(inproc)
+        # small calls from this host may come over the inbox's lane (no ZeroMQ I/O threads), the
+        # others over its socket: ``_in_order`` puts one sender's calls in order whichever way each came
+        self._reader = Inbox(self._inbox, self._lane)
         self._bell = runtime.transport.doorbell(inproc)
         self._bell_token = secrets.token_bytes(16)
         self._bell_lock = threading.Lock()
@@ -237,7 +241,7 @@ class ActorHost:
             self._used_loop = True
             self.loop.run_until_complete(self._run_tasks_until_mail())
         try:
-            frames = Transport.recv_frames(self._inbox)
+            frames = self._reader.recv()
         except zmq.ZMQError:
             return False
         if len(frames) == 1:
@@ -264,8 +268,7 @@ class ActorHost:
         return True
 
     def _has_mail(self) -> bool:
-        events: int = self._inbox.getsockopt(zmq.EVENTS)  # type: ignore[assignment]
-        return bool(events & zmq.POLLIN)
+        return self._reader.pending()
 
     def _in_order(self, msg: Message, seq: int | None) -> None:
         """Run ``msg`` when it is its sender's next; run the ones it was holding up after it."""
@@ -347,11 +350,15 @@ class ActorHost:
 
         fd = int(self._inbox.getsockopt(zmq.FD))  # type: ignore[arg-type]
         self.loop.add_reader(fd, readable)
+        if self._lane is not None:
+            self.loop.add_reader(self._lane.fd, readable)
         try:
             readable()  # mail that came before the reader was armed raises no new edge
             await waiter
         finally:
             self.loop.remove_reader(fd)
+            if self._lane is not None:
+                self.loop.remove_reader(self._lane.fd)
 
     async def _supervise(self, err: SupervisionError) -> None:
         """A mesh this actor spawned lost ranks: ask ``__supervise__``; unhandled means this proc fails.

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
+from .._wire.lane import Inbox
 from .._wire.transport import Message, Transport
 from . import interrupts
 
@@ -54,8 +55,10 @@ class ReplyBox:
     def __init__(self, boxes: ReplyBoxes, n: int):
         self._boxes = boxes
         inproc = f"inproc://jupyter-mesh-reply-{n}-{id(self):x}"
-        self.sock, self.address = boxes.transport.bind_inbox(inproc)
-        self._poll_list = [(self.sock, zmq.POLLIN)]
+        # replies from procs of this host come over the box's lane when small (``_wire.lane``)
+        self.sock, self.address, self.lane = boxes.transport.bind_inbox_with_lane(inproc)
+        self._reader = Inbox(self.sock, self.lane)
+        self._poll_list = self._reader.poll_list
         self.token = secrets.token_bytes(16)  # the doorbell's frame: wakes a waiting owner
         self._bell = boxes.transport.doorbell(inproc)
         self._bell_lock = threading.Lock()
@@ -143,9 +146,8 @@ class ReplyBox:
         transport = self._boxes.transport
         held = interrupts.hold()  # a reply taken off the socket is always dispatched
         try:
-            try:
-                frames = Transport.recv_frames(self.sock, zmq.NOBLOCK)
-            except zmq.Again:
+            frames = self._reader.recv_nowait()
+            if frames is None:
                 return
             if len(frames) == 1:  # our doorbell
                 return
@@ -163,6 +165,8 @@ class ReplyBox:
         with self._bell_lock:
             self._bell.close(linger=0)
         self.sock.close(linger=0)
+        if self.lane is not None:
+            self.lane.close()
 
 
 class _Held:
@@ -254,7 +258,7 @@ class ReplyBoxes:
                 break
             if box not in self._watched and not self._closed:
                 self._watched.add(box)
-                self.transport.watch(box.sock, box.token)
+                self.transport.watch(box.sock, box.token, box.lane)
         now = time.monotonic()
         busy = self._busy()
         for box in list(self._all):
@@ -265,12 +269,12 @@ class ReplyBoxes:
                             self._free.remove(box)
                             box.owner, box.adopted = _RECEIVE_THREAD, True
                             self._watched.add(box)
-                            self.transport.watch(box.sock, box.token)
+                            self.transport.watch(box.sock, box.token, box.lane)
                 continue
             if box.adopted:
                 if box in self._watched and box not in busy:  # all answered: back to the pool
                     self._watched.discard(box)
-                    self.transport.unwatch(box.sock)
+                    self.transport.unwatch(box.sock, box.lane)
                     with self._lock, box.lock:
                         box.owner, box.adopted, box.holder = 0, False, None
                         self._free.append(box)
