@@ -178,3 +178,57 @@ def test_the_first_reduce_does_not_wait_for_queued_ops(host, tmp_path):
         assert fetch_shard(out[0], gpus=1).get(timeout=T).tolist() == [20.0, 20.0]
     finally:
         pm.stop(timeout=5)
+
+
+def test_a_shard_that_arrives_after_its_reduce_gave_up_is_dropped(tmp_path):
+    """A peer later than $JUPYTER_MESH_TENSOR_WAIT fails the reduction; its shard, arriving after that,
+    was parked in the inbox for a reduction that would never come, until the worker ended."""
+    from tensor_actors import wait_on_gpus_1
+
+    from jupyter_mesh import ActorError
+    from jupyter_mesh.jobs import LocalJob
+
+    job = LocalJob(env={"JUPYTER_MESH_TENSOR_WAIT": "2"})
+    try:
+        pm = job.host_mesh().spawn_procs(per_host={"gpus": 2})
+        gate = tmp_path / "go"
+        with pm.activate():
+            t = torch.ones(2)
+        late = wait_on_gpus_1(t, str(gate)).reduce("gpus")  # gpus=0 waits 2 s for gpus=1, then gives up
+        with pytest.raises(ActorError, match="reduce"):
+            fetch_shard(late, gpus=0).get(timeout=T)
+        gate.touch()
+        assert fetch_shard(late, gpus=1).get(timeout=T).tolist() == [2.0, 2.0]  # gpus=1 had gpus=0's shard
+
+        def parked() -> int:
+            return engine_for(pm).workers.slice(gpus=0).stats.call_one().get(timeout=T)["parked"]
+
+        # the late shard is read by the next reduction on gpus=0, which must not keep it
+        assert fetch_shard(t.reduce("gpus"), gpus=0).get(timeout=T).tolist() == [2.0, 2.0]
+        assert parked() == 0
+    finally:
+        job.stop()
+
+
+def test_a_peer_without_the_shard_fails_the_reduce_at_once_and_the_next_one_works(tmp_path):
+    """A proc that lacks the shard (freed there, or respawned) raised before sending anything: its peers
+    waited $JUPYTER_MESH_TENSOR_WAIT, and their timed-out receive then swallowed the next reduction's
+    message, so every later reduce on those procs failed too."""
+    from jupyter_mesh import ActorError
+    from jupyter_mesh.jobs import LocalJob
+
+    job = LocalJob(env={"JUPYTER_MESH_TENSOR_WAIT": "2"})
+    try:
+        pm = job.host_mesh().spawn_procs(per_host={"gpus": 2})
+        with pm.activate():
+            t, u = torch.ones(2), torch.full((2,), 3.0)
+        engine_for(pm).workers.slice(gpus=1).ops.broadcast([("del", [t._jm_ref])])  # as after a respawn
+        gone = t.reduce("gpus")
+        for g in (0, 1):
+            with pytest.raises(ActorError, match="no distributed tensor with ref"):
+                fetch_shard(gone, gpus=g).get(timeout=T)
+        for _ in range(2):
+            for g in (0, 1):
+                assert fetch_shard(u.reduce("gpus"), gpus=g).get(timeout=T).tolist() == [6.0, 6.0]
+    finally:
+        job.stop()

@@ -11,6 +11,7 @@ expire. Nothing here trusts an id from the wire: an unknown ref is an error that
 
 from __future__ import annotations
 
+import collections
 import os
 import pickle
 import sys
@@ -227,6 +228,10 @@ class TensorWorker(Actor):
         self._port: Any = port
         self._inbox: Any = inbox
         self._early: dict[int, dict[int, Any]] = {}  # op id -> rank -> shard, sent before we got there
+        # the inbox's receive a reduction gave up on: still waiting, so the next one waits on it (a fresh
+        # one would queue behind it, and the stale one would swallow the next message)
+        self._pending: Any = None
+        self._closed: collections.deque[int] = collections.deque(maxlen=4096)  # reductions done here
 
     @endpoint
     def ops(self, batch: list[tuple[Any, ...]]) -> None:
@@ -324,7 +329,10 @@ class TensorWorker(Actor):
         (every worker runs its ops in the same order, so nobody waits for a peer that waits for it)."""
         me = _here().rank
         group = groups[me]
-        mine = _store.get(ref_id)
+        try:
+            mine = _store.get(ref_id)
+        except Exception as e:  # noqa: BLE001 - the peers get the failure instead of waiting for a shard
+            mine = _failure(f"reduce({how!r})", e)
         for r in group:
             if r != me:
                 ports[r].send((op_id, me, mine))
@@ -333,10 +341,13 @@ class TensorWorker(Actor):
         deadline = time.monotonic() + wait_limit()
         try:
             while len(got) < len(group):
-                op, rank, shard = self._inbox.recv().get(timeout=max(0.0, deadline - time.monotonic()))
+                if self._pending is None:
+                    self._pending = self._inbox.recv()
+                op, rank, shard = self._pending.get(timeout=max(0.0, deadline - time.monotonic()))
+                self._pending = None
                 if op == op_id:
                     got[rank] = shard
-                else:
+                elif op not in self._closed:  # a shard for a reduction we gave up on is dropped
                     self._early.setdefault(op, {})[rank] = shard
             bad = next((v for v in got.values() if isinstance(v, _Failed)), None)
             if bad is not None:
@@ -348,6 +359,8 @@ class TensorWorker(Actor):
             _store.refs[out_ids[0]] = REDUCTIONS[how](stacked)
         except Exception as e:  # noqa: BLE001 - stored for the fetch
             _store.refs[out_ids[0]] = _failure(f"reduce({how!r})", e)
+        finally:
+            self._closed.append(op_id)
 
     @endpoint
     def inbox(self) -> Any:
@@ -374,7 +387,11 @@ class TensorWorker(Actor):
     @endpoint
     def stats(self) -> dict[str, int]:
         """How many shards and loans this proc holds (tests read it to check that refs are freed)."""
-        return {"refs": len(_store.refs), "loans": len(_store.loans)}
+        return {
+            "refs": len(_store.refs),
+            "loans": len(_store.loans),
+            "parked": sum(len(v) for v in self._early.values()),
+        }
 
 
 REDUCTIONS: dict[str, Callable[[Any], Any]] = {
