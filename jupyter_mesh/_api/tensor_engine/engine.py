@@ -46,6 +46,7 @@ class MeshEngine:
         # the workers' ports for reductions, asked now: a call queues behind the ops before it, so asked
         # at the first reduce, the answer would wait for every op issued so far (the controller with it)
         self._inboxes: Future[Any] = self.workers.inbox.call()
+        self._inbox_procs = tuple(root._ref.proc_addrs)  # a respawned proc has a new address, a new inbox
         # (view, ref id) of dropped tensors; appended from finalizers (any thread, even in the middle of
         # our own code): a deque's append needs no lock
         self._dead: collections.deque[tuple[Shape, int]] = collections.deque()
@@ -83,7 +84,11 @@ class MeshEngine:
                 pass
 
     def inboxes(self) -> dict[int, Any]:
-        """Global rank -> that worker's reduction inbox (asked when the workers were spawned)."""
+        """Global rank -> that worker's reduction inbox (asked when the workers were spawned, and again
+        after a respawn)."""
+        procs = tuple(self.proc_mesh._ref.proc_addrs)
+        if procs != self._inbox_procs:
+            self._inbox_procs, self._inboxes = procs, self.workers.inbox.call()
         vm = self._inboxes.get(timeout=120)
         return dict(zip(self.proc_mesh._shape.ranks(), vm.values(), strict=True))
 
