@@ -28,6 +28,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+import msgpack
+
 __all__ = ["MARK", "MAX_BYTES", "Inbox", "Lane", "LaneSender", "lane_path", "recv_zmq_frames", "usable"]
 
 MARK = "+l"  # an ipc:// inbox address ending with this has a lane at ``lane_path(address)``
@@ -174,6 +176,9 @@ class Inbox:
         self.poll_list: list[Any] = [(sock, zmq.POLLIN)]
         if lane is not None:
             self.poll_list.append((lane.fd, zmq.POLLIN))
+        # read from one way, waiting while an older message of the same sender from the other goes first
+        self._held_zmq: list[Any] | None = None
+        self._held_lane: list[Any] | None = None
 
     def recv(self) -> list[Any]:
         """The next message's frames, from the socket or the lane, waiting for one. Raises
@@ -189,24 +194,51 @@ class Inbox:
             self._zmq.zmq_poll(self.poll_list, -1)
 
     def recv_nowait(self) -> list[Any] | None:
-        """The next message's frames if one is waiting (the lane first), else None."""
+        """The next message's frames if one is waiting, else None.
+
+        With messages waiting both ways, one sender's older one goes first: its counter is one for all
+        its destinations, so a lane message taken first could be thousands of counters ahead of a
+        ZeroMQ one it sent before, and the replay window (``replay.WINDOW``) would drop the older one
+        as a replay: a call lost, its caller waiting for ever. So the two ways merge by counter."""
         zmq = self._zmq
-        if self.lane is not None:
-            frames = self.lane.recv_frames()
-            if frames is not None:
-                return frames
-        if self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        z = self._held_zmq
+        if z is None and self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
             try:
-                return recv_zmq_frames(self.sock, zmq.NOBLOCK)
+                z = recv_zmq_frames(self.sock, zmq.NOBLOCK)
             except zmq.Again:
                 pass
-        return None
+        if self.lane is None:
+            self._held_zmq = None
+            return z
+        d = self._held_lane
+        if d is None:
+            d = self.lane.recv_frames()
+        if z is None or d is None:
+            self._held_zmq = self._held_lane = None
+            return z if z is not None else d
+        if _older(d, z):
+            self._held_zmq, self._held_lane = z, None
+            return d
+        self._held_zmq, self._held_lane = None, d
+        return z
 
     def pending(self) -> bool:
         """Is a message waiting, on the socket or on the lane? (never blocks)"""
+        if self._held_zmq is not None or self._held_lane is not None:
+            return True
         if self.sock.getsockopt(self._zmq.EVENTS) & self._zmq.POLLIN:
             return True
         return self.lane is not None and self.lane.pending()
+
+
+def _older(a: Sequence[Any], b: Sequence[Any]) -> bool:
+    """Did one sender number ``a`` before ``b``? (False for two senders, or anything not well formed:
+    this only orders messages; ``Transport.decode`` authenticates them.)"""
+    try:
+        ha, hb = msgpack.unpackb(a[1]), msgpack.unpackb(b[1])
+        return bool(ha["se"] == hb["se"] and ha["sn"] < hb["sn"])
+    except Exception:  # noqa: BLE001 - unauthenticated bytes: no order to keep
+        return False
 
 
 def recv_zmq_frames(sock: Any, flags: int) -> list[Any]:

@@ -1,0 +1,111 @@
+"""Attacks on the same-host lane (``_wire/lane.py``) and the ``vm`` data plane (issue #14): what a
+peer of this host can send to a lane, how lane and ZeroMQ messages may reorder, tampered handles.
+
+Unit tests: one process, a real transport bound in a private directory, real sockets.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import tempfile
+import time
+
+import pytest
+
+from jupyter_mesh._wire import lane as _lane
+from jupyter_mesh._wire.lane import Inbox
+from jupyter_mesh._wire.replay import WINDOW
+from jupyter_mesh._wire.transport import Message, Transport
+
+
+@pytest.fixture
+def transport():
+    d = tempfile.mkdtemp(prefix="jm-lane-")
+    t = Transport(os.urandom(32), bind=f"ipc://{d}")
+    socks: list = []
+    t.test_socks = socks  # type: ignore[attr-defined]
+    yield t
+    for s in socks:
+        s.close(linger=0)
+    t.close()
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _bind(t: Transport) -> tuple:
+    sock, address, lane = t.bind_inbox_with_lane()
+    t.test_socks.append(sock)  # type: ignore[attr-defined]
+    assert lane is not None
+    return sock, address, lane
+
+
+def _recv(inbox: Inbox, timeout: float = 5.0) -> list | None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        frames = inbox.recv_nowait()
+        if frames is not None:
+            return frames
+        time.sleep(0.002)
+    return None
+
+
+def test_a_queued_zeromq_message_is_not_overtaken_past_the_replay_window(transport):
+    """A large call goes through ZeroMQ; the sender then talks to others (its counter is one for all
+    destinations) and sends a small call to the same inbox, over the lane. A reader that was busy
+    meanwhile finds both waiting: it must take both, not drop the older one as a replay."""
+    sock, address, lane = _bind(transport)
+    _, other, _ = _bind(transport)
+    inbox = Inbox(sock, lane)
+    transport.send(address, Message({"k": "x", "i": 1}, b"b" * (_lane.MAX_BYTES + 1)))  # ZeroMQ
+    for _ in range(WINDOW + 10):  # numbered after it: messages to another inbox
+        transport.encode(Message({"k": "x"}, b""), other)
+    transport.send(address, Message({"k": "x", "i": 2}, b"small"))  # the lane
+    assert sock.poll(5000) and lane.pending()  # both wait for the reader
+    got = []
+    for _ in range(2):
+        frames = _recv(inbox)
+        assert frames is not None
+        msg = transport.decode(frames, address)
+        if msg is not None:
+            got.append(msg.header["i"])
+    assert sorted(got) == [1, 2], f"dropped: {transport.stats}"
+    assert transport.stats.dropped_replayed == 0
+
+
+def test_a_queued_lane_message_is_not_overtaken_past_the_replay_window(transport):
+    """The other way round: the small call first (the lane), then thousands of messages elsewhere,
+    then a large call to the same inbox (ZeroMQ). Both wait; both are taken, the older first."""
+    sock, address, lane = _bind(transport)
+    _, other, _ = _bind(transport)
+    inbox = Inbox(sock, lane)
+    transport.send(address, Message({"k": "x", "i": 1}, b"small"))  # the lane
+    for _ in range(WINDOW + 10):
+        transport.encode(Message({"k": "x"}, b""), other)
+    transport.send(address, Message({"k": "x", "i": 2}, b"b" * (_lane.MAX_BYTES + 1)))  # ZeroMQ
+    assert sock.poll(5000) and lane.pending()
+    got = []
+    for _ in range(2):
+        assert inbox.pending()
+        msg = transport.decode(_recv(inbox) or [], address)
+        assert msg is not None, f"dropped: {transport.stats}"
+        got.append(msg.header["i"])
+    assert got == [1, 2] and not inbox.pending()
+
+
+def test_two_ways_merge_in_send_order(transport):
+    """Small and large messages of one sender, interleaved: each taken once, none lost as a replay."""
+    sock, address, lane = _bind(transport)
+    inbox = Inbox(sock, lane)
+    sizes = [10, _lane.MAX_BYTES + 1, 10, 10, 70_000, 10, 2 * _lane.MAX_BYTES, 10]
+    for i, n in enumerate(sizes):
+        transport.send(address, Message({"k": "x", "i": i}, b"p" * n))
+    assert sock.poll(5000) and lane.pending()
+    got = []
+    for _ in sizes:
+        msg = transport.decode(_recv(inbox) or [], address)
+        assert msg is not None
+        got.append(msg.header["i"])
+    # ZeroMQ's I/O thread may hand a large one over after later small ones were taken: each still once
+    assert sorted(got) == list(range(len(sizes)))
+    assert inbox.recv_nowait() is None and transport.stats.dropped == 0
