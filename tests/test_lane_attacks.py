@@ -6,7 +6,9 @@ Unit tests: one process, a real transport bound in a private directory, real soc
 
 from __future__ import annotations
 
+import array
 import os
+import pickle
 import shutil
 import socket
 import tempfile
@@ -14,6 +16,9 @@ import time
 
 import pytest
 
+from jupyter_mesh import MeshValueError, RDMABuffer
+from jupyter_mesh._data import buffer as _buffer
+from jupyter_mesh._data.owner import SLOTS
 from jupyter_mesh._wire import lane as _lane
 from jupyter_mesh._wire.lane import Inbox
 from jupyter_mesh._wire.replay import WINDOW
@@ -109,3 +114,46 @@ def test_two_ways_merge_in_send_order(transport):
     # ZeroMQ's I/O thread may hand a large one over after later small ones were taken: each still once
     assert sorted(got) == list(range(len(sizes)))
     assert inbox.recv_nowait() is None and transport.stats.dropped == 0
+
+
+def test_descriptors_sent_with_a_datagram_are_not_kept(transport):
+    """Anyone of this user may attach descriptors (SCM_RIGHTS) to a datagram, well formed or not: the
+    reader never takes them, so the kernel closes them; a flood of them leaks nothing here."""
+    sock, address, lane = _bind(transport)
+    inbox = Inbox(sock, lane)
+    path = _lane.lane_path(address)
+    frames = transport.encode(Message({"k": "x", "i": 1}, b"p"), address)
+    good = _lane._LENS[3].pack(3, *map(len, frames)) + b"".join(frames)
+    before = len(os.listdir("/proc/self/fd"))
+    r, w = os.pipe()
+    raw = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [r, w] * 100).tobytes())]
+        raw.sendmsg([good], rights, 0, path)
+        raw.sendmsg([b"\x01\x00"], rights, 0, path)
+        msg = transport.decode(_recv(inbox) or [], address)
+        assert msg is not None and msg.header["i"] == 1
+        assert inbox.recv_nowait() is None and lane.dropped == 1
+    finally:
+        raw.close()
+        os.close(r)
+        os.close(w)
+    assert len(os.listdir("/proc/self/fd")) <= before
+
+
+@pytest.mark.parametrize("slot", [-1, SLOTS, 1 << 40, "0"])
+def test_a_handle_with_its_slot_altered_is_refused_when_unpickled(slot):
+    """The slot indexes the owner's liveness table as mapped in the reader: out of range, the reader
+    read (and compared, and copied with) memory outside it; a huge one crashed it."""
+    buf = RDMABuffer(bytearray(4096))
+    try:
+        _, (state,) = buf.__reduce__()
+        altered = (*state[:8], slot, state[9])
+        with pytest.raises(MeshValueError, match="altered on the way"):
+            _buffer._rebuild(altered)
+        for nbytes in (-1, 4096.0):
+            with pytest.raises(MeshValueError):
+                _buffer._rebuild((*state[:2], nbytes, *state[3:]))
+        assert pickle.loads(pickle.dumps(buf)).size() == 4096  # the genuine handle still is one
+    finally:
+        buf.drop()
