@@ -12,6 +12,7 @@ import pickle
 import shutil
 import socket
 import tempfile
+import threading
 import time
 
 import pytest
@@ -114,6 +115,64 @@ def test_two_ways_merge_in_send_order(transport):
     # ZeroMQ's I/O thread may hand a large one over after later small ones were taken: each still once
     assert sorted(got) == list(range(len(sizes)))
     assert inbox.recv_nowait() is None and transport.stats.dropped == 0
+
+
+def test_a_message_held_back_is_there_for_the_next_reader(transport):
+    """Merging reads one message ahead; that one waits on the lane, so whichever thread reads the
+    inbox next (a reply box goes from its caller's thread to the receive thread) still gets it."""
+    sock, address, lane = _bind(transport)
+    transport.send(address, Message({"k": "x", "i": 1}, b"small"))  # the lane
+    transport.send(address, Message({"k": "x", "i": 2}, b"b" * (_lane.MAX_BYTES + 1)))  # ZeroMQ
+    assert sock.poll(5000) and lane.pending()
+    first = Inbox(sock, lane)
+    assert transport.decode(first.recv_nowait() or [], address).header["i"] == 1  # type: ignore[union-attr]
+    assert lane.holds() and not sock.poll(0) and not lane.pending()  # only the hold has it now
+    second = Inbox(sock, lane)
+    assert second.pending()
+    assert transport.decode(second.recv(), address).header["i"] == 2  # type: ignore[union-attr]
+    assert not second.pending() and not lane.holds()
+
+
+def test_the_receive_thread_merges_a_watched_box_too():
+    """Reply boxes nobody waits on are read by the receive thread (``Transport.watch``): the lane
+    and the socket merge there as well, so neither of two waiting replies is dropped as a replay."""
+    d = tempfile.mkdtemp(prefix="jm-lane-")
+    key = os.urandom(32)
+    recv, send = Transport(key, bind=f"ipc://{d}"), Transport(key, bind=f"ipc://{d}")
+    sock, address, lane = recv.bind_inbox_with_lane()
+    got: list[int] = []
+    done = threading.Event()
+    watched: list[bool] = []
+
+    def tick() -> float | None:
+        if not watched:
+            recv.watch(sock, b"bell", lane)
+            watched.append(True)
+        return None
+
+    def handler(msg: Message, frames: list) -> None:
+        got.append(msg.header["i"])
+        if len(got) == 2:
+            done.set()
+
+    server = None
+    try:
+        send.send(address, Message({"k": "x", "i": 1}, b"small"))  # the lane
+        for _ in range(WINDOW + 10):
+            send.encode(Message({"k": "x"}, b""), send.address)
+        send.send(address, Message({"k": "x", "i": 2}, b"b" * (_lane.MAX_BYTES + 1)))  # ZeroMQ
+        assert sock.poll(5000) and lane.pending()
+        server = threading.Thread(target=recv.serve, args=(handler, tick), daemon=True)
+        server.start()
+        assert done.wait(10), f"taken: {got}; {recv.stats}"
+        assert sorted(got) == [1, 2] and recv.stats.dropped == 0
+    finally:
+        recv.close()  # stops serve() first
+        if server is not None:
+            server.join(5)
+        sock.close(linger=0)
+        send.close()
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def test_descriptors_sent_with_a_datagram_are_not_kept(transport):

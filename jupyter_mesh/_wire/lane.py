@@ -30,7 +30,7 @@ from typing import Any
 
 import msgpack
 
-__all__ = ["MARK", "MAX_BYTES", "Inbox", "Lane", "LaneSender", "lane_path", "recv_zmq_frames", "usable"]
+__all__ = ["MARK", "MAX_BYTES", "Inbox", "Lane", "LaneSender", "lane_path", "recv_zmq_frames", "take", "usable"]
 
 MARK = "+l"  # an ipc:// inbox address ending with this has a lane at ``lane_path(address)``
 MAX_BYTES = 60 * 1024  # bigger messages go through ZeroMQ (the default socket send buffer is ~208 KiB)
@@ -72,11 +72,18 @@ class Lane:
         self._poll = select.poll()
         self._poll.register(self.fd, select.POLLIN)
         self.dropped = 0  # datagrams that were not frames of ours (truncated, malformed)
+        # one message read from each way, waiting while an older one of its sender goes first (``take``)
+        self.held_zmq: list[Any] | None = None
+        self.held_dgram: list[Any] | None = None
         self.closed = False
 
     def pending(self) -> bool:
         """Is a datagram waiting? (never blocks)"""
         return bool(self._poll.poll(0))
+
+    def holds(self) -> bool:
+        """Did :func:`take` read a message that it has not returned yet?"""
+        return self.held_zmq is not None or self.held_dgram is not None
 
     def recv_frames(self) -> list[bytes] | None:
         """The frames of the next datagram, or None if none is waiting (or it was not well formed)."""
@@ -176,9 +183,6 @@ class Inbox:
         self.poll_list: list[Any] = [(sock, zmq.POLLIN)]
         if lane is not None:
             self.poll_list.append((lane.fd, zmq.POLLIN))
-        # read from one way, waiting while an older message of the same sender from the other goes first
-        self._held_zmq: list[Any] | None = None
-        self._held_lane: list[Any] | None = None
 
     def recv(self) -> list[Any]:
         """The next message's frames, from the socket or the lane, waiting for one. Raises
@@ -194,41 +198,52 @@ class Inbox:
             self._zmq.zmq_poll(self.poll_list, -1)
 
     def recv_nowait(self) -> list[Any] | None:
-        """The next message's frames if one is waiting, else None.
-
-        With messages waiting both ways, one sender's older one goes first: its counter is one for all
-        its destinations, so a lane message taken first could be thousands of counters ahead of a
-        ZeroMQ one it sent before, and the replay window (``replay.WINDOW``) would drop the older one
-        as a replay: a call lost, its caller waiting for ever. So the two ways merge by counter."""
-        zmq = self._zmq
-        z = self._held_zmq
-        if z is None and self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-            try:
-                z = recv_zmq_frames(self.sock, zmq.NOBLOCK)
-            except zmq.Again:
-                pass
+        """The next message's frames if one is waiting (one sender's older first: :func:`take`), else None."""
         if self.lane is None:
-            self._held_zmq = None
-            return z
-        d = self._held_lane
-        if d is None:
-            d = self.lane.recv_frames()
-        if z is None or d is None:
-            self._held_zmq = self._held_lane = None
-            return z if z is not None else d
-        if _older(d, z):
-            self._held_zmq, self._held_lane = z, None
-            return d
-        self._held_zmq, self._held_lane = None, d
-        return z
+            zmq = self._zmq
+            if self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                try:
+                    return recv_zmq_frames(self.sock, zmq.NOBLOCK)
+                except zmq.Again:
+                    pass
+            return None
+        return take(self.sock, self.lane)
 
     def pending(self) -> bool:
         """Is a message waiting, on the socket or on the lane? (never blocks)"""
-        if self._held_zmq is not None or self._held_lane is not None:
+        if self.lane is not None and self.lane.holds():
             return True
         if self.sock.getsockopt(self._zmq.EVENTS) & self._zmq.POLLIN:
             return True
         return self.lane is not None and self.lane.pending()
+
+
+def take(sock: Any, lane: Lane) -> list[Any] | None:
+    """The next message of an inbox with a lane (its socket ``sock``), if one is waiting, else None.
+
+    With messages waiting both ways, one sender's older one goes first: its counter is one for all its
+    destinations, so a lane message taken first could be thousands of counters ahead of a ZeroMQ one
+    it sent before (or the other way), and the replay window (``replay.WINDOW``) would drop the older
+    one as a replay: a call lost, its caller waiting for ever. So the two ways merge by counter; the
+    one read but not yet returned waits on the lane, for whichever thread reads the inbox next."""
+    z = lane.held_zmq
+    if z is None and sock.getsockopt(_EVENTS) & _POLLIN:
+        try:
+            z = recv_zmq_frames(sock, _NOBLOCK)
+        except Exception as e:  # zmq.Again: the message went to another poll (not ours to lose)
+            if getattr(e, "errno", None) != _EAGAIN:
+                raise
+    d = lane.held_dgram
+    if d is None:
+        d = lane.recv_frames()
+    if z is None or d is None:
+        lane.held_zmq = lane.held_dgram = None
+        return z if z is not None else d
+    if _older(d, z):
+        lane.held_zmq, lane.held_dgram = z, None
+        return d
+    lane.held_zmq, lane.held_dgram = None, d
+    return z
 
 
 def _older(a: Sequence[Any], b: Sequence[Any]) -> bool:
@@ -252,4 +267,5 @@ def recv_zmq_frames(sock: Any, flags: int) -> list[Any]:
     return frames
 
 
-_RCVMORE = 13  # zmq.RCVMORE (not imported here at module level: see ``Inbox``)
+# ZeroMQ's constants (zmq is not imported here at module level: see ``Inbox``)
+_RCVMORE, _EVENTS, _POLLIN, _NOBLOCK, _EAGAIN = 13, 15, 1, 1, 11
