@@ -216,3 +216,53 @@ def test_a_handle_with_its_slot_altered_is_refused_when_unpickled(slot):
         assert pickle.loads(pickle.dumps(buf)).size() == 4096  # the genuine handle still is one
     finally:
         buf.drop()
+
+
+def test_a_flood_from_a_program_without_the_key_blocks_nobody(transport):
+    """Another program of this user fills the lane with junk and forged frames, as fast as it can:
+    our sender never blocks (a full lane: ZeroMQ), and the reader still gets every real message."""
+    sock, address, lane = _bind(transport)
+    inbox = Inbox(sock, lane)
+    path = _lane.lane_path(address)
+    frames = transport.encode(Message({"k": "x"}, b"p"), address)
+    forged = _lane._LENS[3].pack(3, 32, len(frames[1]), 1) + b"\0" * 32 + frames[1] + b"q"
+    stop = threading.Event()
+
+    def flood() -> None:
+        raw = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK)
+        try:
+            while not stop.is_set():
+                for junk in (b"\x07", forged, b"\x01\x00" + b"\xff" * 5000):
+                    try:
+                        raw.sendto(junk, path)
+                    except BlockingIOError:
+                        time.sleep(0.0005)
+        finally:
+            raw.close()
+
+    flooder = threading.Thread(target=flood, daemon=True)
+    flooder.start()
+    got: set[int] = set()
+    try:
+        for i in range(300):
+            transport.send(address, Message({"k": "x", "i": i}, b"p" * (i * 997 % 70_000)))
+            frames_in = inbox.recv_nowait()
+            while frames_in is not None:
+                msg = transport.decode(frames_in, address)
+                if msg is not None:
+                    got.add(msg.header["i"])
+                frames_in = inbox.recv_nowait()
+        deadline = time.monotonic() + 10
+        while len(got) < 300 and time.monotonic() < deadline:
+            frames_in = inbox.recv_nowait()
+            if frames_in is None:
+                time.sleep(0.001)
+                continue
+            msg = transport.decode(frames_in, address)
+            if msg is not None:
+                got.add(msg.header["i"])
+    finally:
+        stop.set()
+        flooder.join(5)
+    assert got == set(range(300))
+    assert transport.stats.dropped_bad_signature > 0 and lane.dropped > 0
