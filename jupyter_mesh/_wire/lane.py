@@ -15,7 +15,9 @@ A message goes over the lane only when it has no out-of-band buffers, fits :data
 socket takes it at once; otherwise (the receiver's queue full, the receiver gone, a larger message) it
 goes through ZeroMQ as before, so nothing ever blocks on a busy peer. The two ways can reorder one
 sender's messages: lanes are only on inboxes whose readers do not depend on arrival order (actor inboxes
-order calls by their per-link sequence numbers; reply boxes match one reply to one call).
+order calls by their per-link sequence numbers; reply boxes match one reply to one call). What waits on
+both ways when the reader looks is merged by the sender's counter (:func:`take`), or the replay
+window would drop an older message that a newer one overtook by more than ``replay.WINDOW``.
 """
 
 from __future__ import annotations
