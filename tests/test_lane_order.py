@@ -6,6 +6,9 @@ Real procs; every adverb and payload sizes around the lane's bound, mixed in one
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -99,3 +102,38 @@ def test_a_busy_actor_takes_an_old_zeromq_call_after_thousands_of_other_messages
     g2.touch()
     assert [f.get(30) for f in futs] == [True, True, *range(qlen + 2)]
     assert busy.seen.call_one().get(30) == list(range(qlen + 2))
+
+
+def test_a_stopped_actor_blocks_no_sender_and_every_call_fails_when_it_is_killed(host):
+    """SIGSTOP the receiver mid-stream: its lane fills, the rest goes through ZeroMQ (more than the
+    kernel's socket buffer holds), and the caller never blocks. The supervisor then kills the stopped proc (missed heartbeats): every call queued
+    either way fails with the proc's supervision error; none waits for ever."""
+    from jupyter_mesh import SupervisionError
+
+    pm = host.spawn_procs(per_host={"gpus": 1})
+    try:
+        log = pm.spawn("log", Log)
+        assert log.note.call_one(-1, b"").get(60) == -1
+        (pid,) = pm.pids().values()
+        os.kill(pid, signal.SIGSTOP)
+        futs: list = []
+
+        def send() -> None:
+            # in-band payloads only: a tensor between 32 KiB and 1 MiB is sent from the caller's memory
+            # and the call waits until ZeroMQ let go of it (value semantics), which a stopped peer delays
+            inband = [p for p in _payloads() if isinstance(p, bytes)]
+            futs.extend(log.note.call_one(i, p) for i, p in enumerate(inband * 4))
+
+        sender = threading.Thread(target=send)
+        sender.start()
+        sender.join(60)
+        assert not sender.is_alive(), "sending to a stopped actor blocked"
+        for f in futs:
+            with pytest.raises(SupervisionError, match="stopped"):
+                f.get(60)
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, UnboundLocalError):
+            pass
+        pm.stop(timeout=10)
