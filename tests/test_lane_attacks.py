@@ -266,3 +266,19 @@ def test_a_flood_from_a_program_without_the_key_blocks_nobody(transport):
         flooder.join(5)
     assert got == set(range(300))
     assert transport.stats.dropped_bad_signature > 0 and lane.dropped > 0
+
+
+def test_a_thread_that_sent_over_a_lane_leaves_no_socket_behind(transport):
+    """Each sending thread has its own datagram socket; it must end with the thread, or a program
+    that starts threads (one per task, say) runs out of descriptors."""
+    sock, address, lane = _bind(transport)
+    inbox = Inbox(sock, lane)
+    transport.send(address, Message({"k": "x"}, b"p"))  # this thread's own socket, kept
+    assert _recv(inbox) is not None
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(100):
+        th = threading.Thread(target=transport.send, args=(address, Message({"k": "x"}, b"p")))
+        th.start()
+        th.join(10)
+        assert _recv(inbox) is not None  # it went over the lane
+    assert len(os.listdir("/proc/self/fd")) <= before

@@ -27,6 +27,7 @@ import select
 import socket
 import struct
 import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -125,25 +126,39 @@ class Lane:
             pass
 
 
+class _Mine:
+    """A sending thread's socket, closed when the thread ends (its locals go) or the sender closes."""
+
+    __slots__ = ("__weakref__", "sock")
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+
+    def __del__(self) -> None:
+        self.sock.close()
+
+
 class LaneSender:
     """The sending end: one unbound datagram socket per sending thread, for every lane of the session."""
 
     def __init__(self) -> None:
         self._local = threading.local()
-        self._all: list[socket.socket] = []
+        self._all: weakref.WeakSet[_Mine] = weakref.WeakSet()  # not a list: a thread's socket ends with it
         self._lock = threading.Lock()
         self._closed = False
 
     def _sock(self) -> socket.socket | None:
-        s: socket.socket | None = getattr(self._local, "sock", None)
-        if s is None:
+        mine: _Mine | None = getattr(self._local, "mine", None)
+        if mine is None:
             with self._lock:
                 if self._closed:
                     return None
-                s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
-                self._all.append(s)
-            self._local.sock = s
-        return s
+                mine = _Mine(
+                    socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
+                )
+                self._all.add(mine)
+            self._local.mine = mine
+        return mine.sock
 
     def send(self, address: str, frames: Sequence[Any]) -> bool:
         """Send ``frames`` over ``address``'s lane if it has one and takes them now; False: use ZeroMQ."""
@@ -169,9 +184,9 @@ class LaneSender:
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            socks, self._all = self._all, []
-        for s in socks:
-            s.close()
+            mine = list(self._all)
+        for m in mine:
+            m.sock.close()
 
 
 class Inbox:
