@@ -439,7 +439,27 @@ def _rebuild(state: tuple[Any, ...]) -> RDMABuffer:
     b = RDMABuffer.__new__(RDMABuffer)
     (b._id, b._owner, b._nbytes, b._dtype, b._device, b._readonly, b._shm, b._ucx, b._slot, b._token) = state
     b._dropped = False
+    _check_handle(b)
     return b
+
+
+def _check_handle(b: RDMABuffer) -> None:
+    """A handle's numbers index memory on this side (the owner's liveness table, its segment, mapped
+    here): one out of range would read or write outside them, so it is refused when unpickled."""
+    s = b._shm
+    ok = (
+        type(b._slot) is int
+        and 0 <= b._slot < _rdma_owner.SLOTS
+        and type(b._nbytes) is int
+        and b._nbytes >= 0
+        and isinstance(b._owner, OwnerInfo)
+        and (s is None or (isinstance(s, ShmDesc) and 0 <= s.offset and s.offset + b._nbytes <= s.size))
+    )
+    if not ok:
+        raise MeshValueError(
+            f"an RDMABuffer handle that no owner made (slot {b._slot!r}, {b._nbytes!r} bytes, shm {s!r}): "
+            "it was altered on the way; ask the owner for a new handle"
+        )
 
 
 def is_ibverbs_available() -> bool:

@@ -97,7 +97,8 @@ class ReplyBox:
                 if nested:
                     interrupts.release()
                 try:
-                    ready = zmq.zmq_poll(self._poll_list, wait_ms)
+                    # one read with another but not returned yet (``lane.take``) is here without a poll
+                    ready = (self.lane is not None and self.lane.holds()) or zmq.zmq_poll(self._poll_list, wait_ms)
                 finally:
                     if nested:
                         interrupts.hold()

@@ -15,7 +15,9 @@ A message goes over the lane only when it has no out-of-band buffers, fits :data
 socket takes it at once; otherwise (the receiver's queue full, the receiver gone, a larger message) it
 goes through ZeroMQ as before, so nothing ever blocks on a busy peer. The two ways can reorder one
 sender's messages: lanes are only on inboxes whose readers do not depend on arrival order (actor inboxes
-order calls by their per-link sequence numbers; reply boxes match one reply to one call).
+order calls by their per-link sequence numbers; reply boxes match one reply to one call). What waits on
+both ways when the reader looks is merged by the sender's counter (:func:`take`), or the replay
+window would drop an older message that a newer one overtook by more than ``replay.WINDOW``.
 """
 
 from __future__ import annotations
@@ -25,10 +27,13 @@ import select
 import socket
 import struct
 import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["MARK", "MAX_BYTES", "Inbox", "Lane", "LaneSender", "lane_path", "recv_zmq_frames", "usable"]
+import msgpack
+
+__all__ = ["MARK", "MAX_BYTES", "Inbox", "Lane", "LaneSender", "lane_path", "recv_zmq_frames", "take", "usable"]
 
 MARK = "+l"  # an ipc:// inbox address ending with this has a lane at ``lane_path(address)``
 MAX_BYTES = 60 * 1024  # bigger messages go through ZeroMQ (the default socket send buffer is ~208 KiB)
@@ -70,11 +75,18 @@ class Lane:
         self._poll = select.poll()
         self._poll.register(self.fd, select.POLLIN)
         self.dropped = 0  # datagrams that were not frames of ours (truncated, malformed)
+        # one message read from each way, waiting while an older one of its sender goes first (``take``)
+        self.held_zmq: list[Any] | None = None
+        self.held_dgram: list[Any] | None = None
         self.closed = False
 
     def pending(self) -> bool:
         """Is a datagram waiting? (never blocks)"""
         return bool(self._poll.poll(0))
+
+    def holds(self) -> bool:
+        """Did :func:`take` read a message that it has not returned yet?"""
+        return self.held_zmq is not None or self.held_dgram is not None
 
     def recv_frames(self) -> list[bytes] | None:
         """The frames of the next datagram, or None if none is waiting (or it was not well formed)."""
@@ -114,25 +126,39 @@ class Lane:
             pass
 
 
+class _Mine:
+    """A sending thread's socket, closed when the thread ends (its locals go) or the sender closes."""
+
+    __slots__ = ("__weakref__", "sock")
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+
+    def __del__(self) -> None:
+        self.sock.close()
+
+
 class LaneSender:
     """The sending end: one unbound datagram socket per sending thread, for every lane of the session."""
 
     def __init__(self) -> None:
         self._local = threading.local()
-        self._all: list[socket.socket] = []
+        self._all: weakref.WeakSet[_Mine] = weakref.WeakSet()  # not a list: a thread's socket ends with it
         self._lock = threading.Lock()
         self._closed = False
 
     def _sock(self) -> socket.socket | None:
-        s: socket.socket | None = getattr(self._local, "sock", None)
-        if s is None:
+        mine: _Mine | None = getattr(self._local, "mine", None)
+        if mine is None:
             with self._lock:
                 if self._closed:
                     return None
-                s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
-                self._all.append(s)
-            self._local.sock = s
-        return s
+                mine = _Mine(
+                    socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
+                )
+                self._all.add(mine)
+            self._local.mine = mine
+        return mine.sock
 
     def send(self, address: str, frames: Sequence[Any]) -> bool:
         """Send ``frames`` over ``address``'s lane if it has one and takes them now; False: use ZeroMQ."""
@@ -158,9 +184,9 @@ class LaneSender:
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            socks, self._all = self._all, []
-        for s in socks:
-            s.close()
+            mine = list(self._all)
+        for m in mine:
+            m.sock.close()
 
 
 class Inbox:
@@ -189,24 +215,62 @@ class Inbox:
             self._zmq.zmq_poll(self.poll_list, -1)
 
     def recv_nowait(self) -> list[Any] | None:
-        """The next message's frames if one is waiting (the lane first), else None."""
-        zmq = self._zmq
-        if self.lane is not None:
-            frames = self.lane.recv_frames()
-            if frames is not None:
-                return frames
-        if self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-            try:
-                return recv_zmq_frames(self.sock, zmq.NOBLOCK)
-            except zmq.Again:
-                pass
-        return None
+        """The next message's frames if one is waiting (one sender's older first: :func:`take`), else None."""
+        if self.lane is None:
+            zmq = self._zmq
+            if self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                try:
+                    return recv_zmq_frames(self.sock, zmq.NOBLOCK)
+                except zmq.Again:
+                    pass
+            return None
+        return take(self.sock, self.lane)
 
     def pending(self) -> bool:
         """Is a message waiting, on the socket or on the lane? (never blocks)"""
+        if self.lane is not None and self.lane.holds():
+            return True
         if self.sock.getsockopt(self._zmq.EVENTS) & self._zmq.POLLIN:
             return True
         return self.lane is not None and self.lane.pending()
+
+
+def take(sock: Any, lane: Lane) -> list[Any] | None:
+    """The next message of an inbox with a lane (its socket ``sock``), if one is waiting, else None.
+
+    With messages waiting both ways, one sender's older one goes first: its counter is one for all its
+    destinations, so a lane message taken first could be thousands of counters ahead of a ZeroMQ one
+    it sent before (or the other way), and the replay window (``replay.WINDOW``) would drop the older
+    one as a replay: a call lost, its caller waiting for ever. So the two ways merge by counter; the
+    one read but not yet returned waits on the lane, for whichever thread reads the inbox next."""
+    z = lane.held_zmq
+    if z is None and sock.getsockopt(_EVENTS) & _POLLIN:
+        try:
+            z = recv_zmq_frames(sock, _NOBLOCK)
+        except Exception as e:  # zmq.Again: the message went to another poll (not ours to lose)
+            if getattr(e, "errno", None) != _EAGAIN:
+                raise
+    d = lane.held_dgram
+    if d is None:
+        d = lane.recv_frames()
+    if z is None or d is None:
+        lane.held_zmq = lane.held_dgram = None
+        return z if z is not None else d
+    if _older(d, z):
+        lane.held_zmq, lane.held_dgram = z, None
+        return d
+    lane.held_zmq, lane.held_dgram = None, d
+    return z
+
+
+def _older(a: Sequence[Any], b: Sequence[Any]) -> bool:
+    """Did one sender number ``a`` before ``b``? (False for two senders, or anything not well formed:
+    this only orders messages; ``Transport.decode`` authenticates them.)"""
+    try:
+        ha, hb = msgpack.unpackb(a[1]), msgpack.unpackb(b[1])
+        return bool(ha["se"] == hb["se"] and ha["sn"] < hb["sn"])
+    except Exception:  # noqa: BLE001 - unauthenticated bytes: no order to keep
+        return False
 
 
 def recv_zmq_frames(sock: Any, flags: int) -> list[Any]:
@@ -220,4 +284,5 @@ def recv_zmq_frames(sock: Any, flags: int) -> list[Any]:
     return frames
 
 
-_RCVMORE = 13  # zmq.RCVMORE (not imported here at module level: see ``Inbox``)
+# ZeroMQ's constants (zmq is not imported here at module level: see ``Inbox``)
+_RCVMORE, _EVENTS, _POLLIN, _NOBLOCK, _EAGAIN = 13, 15, 1, 1, 11

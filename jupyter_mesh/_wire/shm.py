@@ -205,7 +205,7 @@ class RegionMap:
         key = (pid, inode)
         with self._lock:
             hit = self._maps.get(key)
-            if hit is not None:
+            if hit is not None and len(hit[0]) >= size:  # a larger size than mapped: fstat checks it below
                 self._maps.move_to_end(key)
                 return hit[1], hit[2]
         f = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR)

@@ -123,7 +123,9 @@ class Transport:
         self._outs_lock = threading.Lock()
         self._lane_out = _lane.LaneSender()  # same-host inboxes with a lane: small messages skip ZeroMQ
         self._lanes: list[_lane.Lane] = []  # ours, closed by close()
-        self._watched_lanes: dict[int, _lane.Lane] = {}  # lanes serve() reads too: fd -> lane
+        # watched inboxes with a lane, read together (``_drain``): socket -> lane, lane's fd -> socket
+        self._lane_of: dict[zmq.Socket[Any], _lane.Lane] = {}
+        self._lane_socks: dict[int, zmq.Socket[Any]] = {}
         self.stats = TransportStats()
         self._closed = False
 
@@ -405,11 +407,8 @@ class Transport:
                 return
             run_tick = not ready or (due is not None and time.monotonic() >= due)
             for sock, _ in ready:
-                if type(sock) is int:  # a watched lane
-                    lane = self._watched_lanes.get(sock)
-                    lane_frames = lane.recv_frames() if lane is not None else None
-                    if lane_frames is not None:
-                        self._handle(lane_frames, handler, None)
+                if type(sock) is int or sock in self._lane_of:  # a watched inbox with a lane
+                    self._drain(sock, handler)
                     continue
                 try:
                     frames = self.recv_frames(sock, zmq.NOBLOCK)
@@ -432,6 +431,28 @@ class Transport:
                     log.exception("error in the receive thread's tick")
                     delay = 0.05
                 due = None if delay is None else time.monotonic() + delay
+                for sock, lane in list(self._lane_of.items()):  # just watched: its last reader held one
+                    if lane.holds():
+                        self._drain(sock, handler)
+
+    def _drain(self, key: Any, handler: Callable[[Message, list[Any]], None]) -> None:
+        """Everything waiting on a watched inbox with a lane (``key``: its socket or the lane's fd), in
+        its senders' order (``lane.take``)."""
+        sock: Any = self._lane_socks.get(key) if type(key) is int else key
+        lane = self._lane_of.get(sock)
+        if lane is None:
+            return
+        token = self._watched.get(sock)
+        while True:
+            try:
+                frames = _lane.take(sock, lane)
+            except zmq.ZMQError:
+                return
+            if frames is None:
+                return
+            if len(frames) == 1 and frames[0] == token:
+                continue
+            self._handle(frames, handler, None)
 
     def _handle(self, frames: list[Any], handler: Callable[[Message, list[Any]], None], inbox: str | None) -> None:
         msg = self.decode(frames, inbox)
@@ -458,7 +479,8 @@ class Transport:
         self._watched[sock] = token
         self._poller.register(sock, zmq.POLLIN)
         if lane is not None:
-            self._watched_lanes[lane.fd] = lane
+            self._lane_of[sock] = lane
+            self._lane_socks[lane.fd] = sock
             self._poller.register(lane.fd, zmq.POLLIN)
 
     def unwatch(self, sock: zmq.Socket[Any], lane: _lane.Lane | None = None) -> None:
@@ -466,7 +488,8 @@ class Transport:
         assert self._poller is not None
         self._watched.pop(sock, None)
         self._poller.unregister(sock)
-        if lane is not None and self._watched_lanes.pop(lane.fd, None) is not None:
+        self._lane_of.pop(sock, None)
+        if lane is not None and self._lane_socks.pop(lane.fd, None) is not None:
             self._poller.unregister(lane.fd)
 
     @staticmethod
