@@ -70,6 +70,8 @@ class Outcomes:
         if p is None:
             return  # cancelled, timed out or already failed
         if h["k"] == Kind.REPLY:
+            if p.mode == "one" and h["ok"] == OK and self._one_returned(p, h, msg):
+                return
             self.add(p, h["i"], h.get("rk", 0), h["ok"], msg.payload, msg.buffers)
             return
         if p.mode == "request" or p.stream_q is not None:
@@ -94,6 +96,27 @@ class Outcomes:
         if p.reduce and any(x[0] < 0 for x in parts):  # a subtree's folded value (rank -1): one for its ranks
             outcomes += self._partial(p, h, next(x for x in parts if x[0] < 0))
         self._record_outcomes(p, h["i"], outcomes, ranks, values)
+
+    def _one_returned(self, p: Pending, h: dict[str, Any], msg: Message) -> bool:
+        """The latency path: ``call_one``/``choose`` returned a value. What ``add`` would do for it,
+        without the per-rank bookkeeping a mesh call needs; False: let ``add`` decide (it does not
+        unpickle, so ``add`` reports why)."""
+        try:
+            value = loads(msg.payload, msg.buffers)
+        except Exception:  # noqa: BLE001 - the general path turns it into that rank's error
+            return False
+        rank = h.get("rk", 0)
+        with self.calls.lock:
+            if rank not in p.outstanding:
+                return True  # answered already (a failure came first): ignored, as in ``add``
+            p.outstanding.discard(rank)
+            self.calls.pending.pop(h["i"], None)
+            busy = rank not in p.progressed
+        if busy and self.hooks.activity is not None:
+            self.hooks.activity(p.mesh_id, [rank], -1)
+        assert p.future is not None
+        p.future._set_result(value)
+        return True
 
     def _partial(self, p: Pending, h: dict[str, Any], part: tuple[int, int, Any, list[Any]]) -> list[tuple[int, Any]]:
         """Keep a reduce's partial value (or the agent's error folding it) for the ranks it holds."""

@@ -140,6 +140,9 @@ def _is_plain(obj: Any, depth: int = 0) -> bool:
     return True
 
 
+is_plain = _is_plain  # for callers that pickle plain data themselves, skipping ``pickling_for``
+
+
 class _Destination(threading.local):
     target: tuple[str, list[int]] | None = None
     unsent: list[Callable[[], None]] | None = None

@@ -1,0 +1,108 @@
+"""What ends an actor while its proc lives on: its failure record, dying of an error no caller
+receives, ``ActorMesh.stop()``, ``__cleanup__``, and telling its spawner (``ACTOR_FAULT``).
+
+A part of ``actor_host.ActorHost`` (a base class of it), kept apart: the call path is there, the ends here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import sys
+from typing import Any, Protocol
+
+from .._core.shape import Point
+from .._wire.protocol import BROKEN, NO_REPLY, OK, Kind
+from .._wire.serialize import dumps
+from .._wire.transport import Message, Transport
+from ..errors import Failure
+from .descendants import Descendants
+from .remote_errors import error_info, safe_str
+
+__all__ = ["ActorEnds"]
+
+
+class _Runtime(Protocol):
+    """What ending an actor needs of its proc's runtime (``actor_host.ProcSide`` has all of it)."""
+
+    transport: Transport
+    mesh_id: str
+    mesh_name: str
+    rank: int
+    coords: dict[str, int]
+    point: Point
+
+    def reply(self, h: dict[str, Any], ok: int, payload: bytes, bufs: list[Any]) -> None: ...
+
+
+class ActorEnds:
+    """The actor's ways to end; ``ActorHost`` sets the attributes below."""
+
+    runtime: _Runtime
+    actor_id: str
+    name: str
+    instance: Any
+    failure: Failure | None
+    spawner: str
+    cls_path: str
+    descendants: Descendants
+    closing: bool
+    loop: asyncio.AbstractEventLoop
+
+    # -- what ends the actor (its proc lives on) ----------------------------------------------------
+    def _failure(self, kind: str, detail: str, info: dict[str, Any] | None = None) -> Failure:
+        rt = self.runtime
+        who = f"{self.cls_path or 'actor'} {self.name}{rt.point}"  # Monarch's: module.Class name{'gpus': 0/4}
+        return Failure(
+            rt.mesh_name, rt.coords, kind, detail, info["tb"] if info else "", actor=self.name, who=who, rank=rt.rank
+        )
+
+    def _die(self, h: dict[str, Any], e: BaseException, how: str) -> None:
+        """An error no caller receives (or a BaseException) ends the actor, as in Monarch: a caller
+        waiting gets the failure, later calls too, and the spawner hears of it."""
+        info = error_info(e, h["ep"])
+        self.failure = self._failure("died", f"{self.name}.{h['ep']} raised {info['type']}: {info['msg']} {how}", info)
+        told = h["rm"] != NO_REPLY
+        if told:
+            self.runtime.reply(h, BROKEN, dumps(self.failure)[0], [])
+        self._report(self.failure, told)
+        self.descendants.end()
+
+    def _stop(self, h: dict[str, Any]) -> None:
+        """``ActorMesh.stop()``: the tasks it left running are cancelled, ``__cleanup__(None)`` runs, and
+        every later call is answered as stopped; the stop itself succeeds."""
+        if self.failure is None:
+            self._clean_up()
+            self.failure = self._failure("stopped", f"actor mesh '{self.name}' was stopped")
+            self.instance = None  # its resources go now, as its proc's would
+            self.descendants.end()
+        self.runtime.reply(h, OK, dumps(None)[0], [])
+
+    def _clean_up(self) -> None:
+        tasks = [t for t in asyncio.all_tasks(self.loop) if not t.done()]
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            self.loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        cleanup = getattr(self.instance, "__cleanup__", None)
+        try:
+            if cleanup is not None:
+                out = cleanup(None)
+                if inspect.isawaitable(out):
+                    self.loop.run_until_complete(out)  # type: ignore[arg-type]
+        except BaseException as e:  # noqa: BLE001 - the actor stops anyway; say why it did not clean up
+            print(f"[{self.name}] __cleanup__ raised:\n" + error_info(e, "__cleanup__")["tb"], file=sys.stderr)
+
+    def _report(self, failure: Failure, told: bool, untold: bool = False) -> None:
+        """Tell the spawner (``told``: a caller got it already, so only an owning actor must hear;
+        ``untold``: no caller will get it, even one waiting now, as with ``abort()``)."""
+        rt = self.runtime
+        if self.closing and failure.kind != "init":
+            return  # the proc stops: what its end interrupted is no failure
+        header = {"k": Kind.ACTOR_FAULT, "m": rt.mesh_id, "rk": rt.rank, "a": self.actor_id, "told": int(told)}
+        if untold:
+            header["ut"] = 1
+        try:
+            rt.transport.send(self.spawner, Message(header, dumps(failure)[0]))
+        except Exception as e:  # noqa: BLE001 - the spawner is gone: the log is all that is left
+            print(f"[{self.name}] {failure.detail} (its spawner could not be told: {safe_str(e)})", file=sys.stderr)
