@@ -69,10 +69,14 @@ class ProcWatch:
         stays usable (respawn, new meshes)."""
         fs = self.forkserver
         self.sel.unregister(fs.sock)
-        with self.lock:
+        with self.lock:  # forks are sent under this lock: none may reach the new one before its key
             forked = [p for p in self.procs.values() if p.alive and p.pid]
             unborn = list(fs.pending.values())
             cause = fs.reap()
+            # the new one before anyone hears of the failure: a spawn sent in answer to it must not
+            # go to the dead one's socket (lost: it waited for its timeout)
+            fs.start()
+            self.sel.register(fs.sock, selectors.EVENT_READ, ("template", None))
         for p in forked:
             kill(p.pid, signal.SIGKILL)
             self._proc_exited(p.pid, None, signal.SIGKILL, cause)
@@ -81,10 +85,7 @@ class ProcWatch:
         with self.lock:
             for mesh in {p.mesh_id: self.meshes[p.mesh_id] for p in unborn if p.mesh_id in self.meshes}.values():
                 self._check_waiters(mesh)
-        print(f"jupyter-mesh agent: {cause}; starting a new one", file=sys.stderr)
-        with self.lock:  # forks are sent under this lock: none may reach the new one before its key
-            fs.start()
-            self.sel.register(fs.sock, selectors.EVENT_READ, ("template", None))
+        print(f"jupyter-mesh agent: {cause}; started a new one", file=sys.stderr)
 
     def _heartbeat_tick(self, now: float) -> None:
         """Ping every running proc but the idle ones (``quiet``); one that stops answering is watched
