@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import netns
 from test_multihost import DRIVER, _env, _no_mesh_processes_in, drive, step
@@ -75,6 +76,9 @@ def test_a_killed_controllers_kept_job_is_taken_back_and_a_rank_that_died_meanwh
     assert p.returncode == -signal.SIGKILL
     victim = kept["pids"][1]
     os.kill(victim, signal.SIGKILL)  # while nobody drives the job
+    # the agents take a controller for live until it has been silent for the heartbeat timeout (3 s);
+    # a new one that starts faster than that is refused (test_a_live_controller_is_not_robbed...)
+    time.sleep(3.5)
     steps = drive("reattach", "-", "stop", "kill", env=env)
     r = step(steps, "reattach")
     assert r["error"] is None, r
