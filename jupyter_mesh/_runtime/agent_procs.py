@@ -102,11 +102,14 @@ class ProcWatch:
         for p in running:
             if not p.last_seen:
                 p.last_seen = now
-            if now - p.last_seen <= self.hb_interval * 1.5 and self.quiet.idle(p.pid, p.last_seen, now):
-                p.last_seen = now  # idle since it last answered (no I/O, not stopped): as good as a pong
-                continue
             silent = now - p.last_seen
             w = p.liveness
+            if w.noted and silent <= self.hb_timeout:  # it answers again: no longer "busy in native code"
+                w.noted = 0.0  # (before the idle check: a proc idle right after its busy spell kept the note)
+                self._event({"k": Kind.PROC_NOTE, "m": p.mesh_id, "rk": p.rank, "note": ""})
+            if silent <= self.hb_interval * 1.5 and self.quiet.idle(p.pid, p.last_seen, now):
+                p.last_seen = now  # idle since it last answered (no I/O, not stopped): as good as a pong
+                continue
             w.answered(p.last_seen)
             if silent > 1.5 * self.hb_interval:  # a pong is late: watch what the proc does meanwhile
                 w.sample(p.pid, now, p.actor_tids)
@@ -122,9 +125,6 @@ class ProcWatch:
                     self._event({"k": Kind.PROC_NOTE, "m": p.mesh_id, "rk": p.rank, "note": w.busy_note(silent)})
                     self._ping(p)
                 continue  # the pings it has not read yet will be answered when it lets go of the GIL
-            if w.noted:
-                w.noted = 0.0
-                self._event({"k": Kind.PROC_NOTE, "m": p.mesh_id, "rk": p.rank, "note": ""})
             self._ping(p)
 
     def _watch_template(self, now: float) -> None:
