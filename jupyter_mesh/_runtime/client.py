@@ -288,7 +288,7 @@ class Client:
             "rm": DIRECT,  # one reply per rank, not per host: each constructor is known done when it is
             "fa": int(actor_errors.fatal()),
         }
-        self._send_cast(mesh, ranks, header, payload, bufs, p)
+        fanout.send_cast(self, mesh, ranks, header, payload, bufs, p)
         if self.hooks.on_spawn is not None:
             self.hooks.on_spawn(mesh, payload, bufs)
         return fut
@@ -346,7 +346,7 @@ class Client:
         }
         if mode == "broadcast":
             header["rm"] = NO_REPLY
-            self._send_cast(mesh, ranks, header, payload, bufs, None)
+            fanout.send_cast(self, mesh, ranks, header, payload, bufs, None)
             return None
         fut: Future[Any] = Future(f"{mesh._class_name}.{endpoint}")
         how = "call" if mode == "reduce" else mode
@@ -359,7 +359,7 @@ class Client:
         if mode == "stream":
             p.stream_q = queue.SimpleQueue()
             header["rm"] = DIRECT
-            self._send_cast(mesh, ranks, header, payload, bufs, p)
+            fanout.send_cast(self, mesh, ranks, header, payload, bufs, p)
             return self._iter_stream(p, mesh._actor_id)
         header["rm"] = GATHER
         if rd is not None:
@@ -369,21 +369,10 @@ class Client:
         box = self.boxes.for_call() if self.boxes is not None else None
         if box is not None:
             self._reply_in_box(header, p, box)
-        self._send_cast(mesh, ranks, header, payload, bufs, p)
+        fanout.send_cast(self, mesh, ranks, header, payload, bufs, p)
         if self.boxes is not None and box is not None:
             self.boxes.sent()
         return fut
-
-    def _send_cast(
-        self,
-        mesh: ActorMeshRef,
-        ranks: list[int],
-        header: dict[str, Any],
-        payload: bytes,
-        bufs: list[Any],
-        p: Pending | None,
-    ) -> None:
-        fanout.send_cast(self, mesh, ranks, header, payload, bufs, p)
 
     def call_rank(self, mesh: ActorMeshRef, rank: int, endpoint: str, args: Any, kwargs: Any) -> Future[Any]:
         # the latency path (W2): keep it lean
