@@ -60,6 +60,15 @@ class Faulty(Actor):
         return r
 
     @endpoint
+    def fail_on_else_sleep(self, ranks: list[int], seconds: float) -> int:
+        """Ranks in ``ranks`` raise at once; the others answer after ``seconds``."""
+        r = current_rank().rank
+        if r in ranks:
+            raise ValueError(f"rank {r} refuses")
+        time.sleep(seconds)
+        return r
+
+    @endpoint
     def ok(self) -> str:
         return "fine"
 

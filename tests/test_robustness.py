@@ -55,6 +55,39 @@ def test_rank_dying_while_arguments_are_pickled_fails_the_call(host):
         pm.stop(timeout=2)
 
 
+@pytest.mark.parametrize("topology,kill", [("one agent", "proc"), ("two agents", "proc"), ("two agents", "agent")])
+def test_a_rank_that_answered_then_died_fails_the_waiting_call_and_counts_as_told(
+    host, recorded_faults, topology, kill
+):
+    """Found by CI on SLURM: a scancel's SIGTERM cancels a proc's call (it answers), then its agent
+    dies. Where the answer had reached us (ranks on other hosts: no agent holds it for a gather), the
+    call still waited on the other rank, so the death went to the fault hook as if nobody had been
+    told (a script exited 1), and the call went on waiting for the live rank."""
+    from jupyter_mesh import LocalJob
+
+    job = LocalJob(hosts=2) if topology == "two agents" else None
+    pm = (job.host_mesh() if job else host).spawn_procs(per_host={"gpus": 1 if job else 2})
+    try:
+        f = pm.spawn("f", Faulty)
+        pids = list(f.pid.call().get(timeout=20).values())
+        before = len(recorded_faults)
+        fut = f.fail_on_else_sleep.call([1], 30.0)
+        time.sleep(1.0)  # rank 1 has raised; rank 0 sleeps
+        assert job or kill == "proc"
+        os.kill(job.agents()[1].pid if kill == "agent" else pids[1], signal.SIGKILL)
+        t0 = time.monotonic()
+        with pytest.raises(SupervisionError) as err:
+            fut.get(timeout=15)
+        assert time.monotonic() - t0 < 12, "the call waited for the live rank instead of failing"
+        assert [fl.coords for fl in err.value.failures] == [{"hosts": 1, "gpus": 0} if job else {"gpus": 1}]
+        time.sleep(0.5)
+        assert recorded_faults[before:] == [], "the caller was told: the fault hook must not be"
+    finally:
+        pm.stop(timeout=2)
+        if job:
+            job.stop()
+
+
 def test_stream_survives_a_shrink(host):
     pm = host.spawn_procs(per_host={"gpus": 2})
     try:

@@ -262,12 +262,15 @@ class Controller:
             self.client.forget_proc(rec.ref.proc_addrs[rank])  # no socket left retrying a dead proc
         # order matters: whoever wakes up from a failed call, or sees the rank failed, may rely on
         # the fault having been handled and the state updated already
+        told = self.client.waits_on(mesh_id, rank)
         try:
-            self.faults.rank_failed(rec, rank, failure, self.client.waits_on(mesh_id, rank))
+            self.faults.rank_failed(rec, rank, failure, told)
         finally:
             self.state.failed(mesh_id, rank, failure)
-            self.client.mark_failed({rank: failure}, mesh_id)
+            hit = self.client.mark_failed({rank: failure}, mesh_id)
             self.notify_procs(protocol.notice("failed", mesh_id, rank), failure)
+        if told and not hit:  # the call that waited on it finished meanwhile, without hearing of it
+            self.faults.rank_failed(rec, rank, failure, False, hook_only=True)
 
     def notify_procs(self, header: dict[str, Any], obj: Any = None) -> None:
         """Tell every proc (through its agent: O(hosts) sends) that a rank failed or came back, so

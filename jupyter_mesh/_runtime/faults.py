@@ -65,15 +65,18 @@ class Faults:
             self.lent.add(mesh_id)
 
     # -- rank failures (a proc died) ------------------------------------------------------------------
-    def rank_failed(self, rec: MeshRecord, rank: int, failure: Failure, told: bool) -> None:
+    def rank_failed(self, rec: MeshRecord, rank: int, failure: Failure, told: bool, hook_only: bool = False) -> None:
         """Who handles a proc's failure: the actor that owns the mesh, else the fault hook if no call was
-        told (and the mesh was not lent to actors, who supervise what they spawned on it)."""
+        told (and the mesh was not lent to actors, who supervise what they spawned on it).
+        ``hook_only``: a second look, once a call thought told turned out not to be (an owner has it)."""
         if (rec.ref.mesh_id, rank) in self.host.killed_on_request:
             return
         if failure.rank is None:  # which rank of the mesh, for MeshFailure.crashed_ranks
             failure = dataclasses.replace(failure, rank=rank)
         emb = hooks.embedding()
         if rec.owner is not None and emb is not None:
+            if hook_only:
+                return
             emb.supervise(rec.owner, SupervisionError([failure], f"in mesh '{rec.ref.name}' that it owns"))
             return
         if not told and rec.ref.mesh_id not in self.lent:

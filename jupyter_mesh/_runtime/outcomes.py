@@ -217,6 +217,13 @@ class Outcomes:
                     outcomes = [(r, _Returned(v)) for r, v in zip(ranks, values)] + outcomes
             for rank, outcome in outcomes:
                 if rank not in p.outstanding:
+                    if (
+                        isinstance(outcome, Failure)
+                        and outcome.kind in _PROC_DEATH
+                        and self.calls.pending.get(call_id) is p
+                        and rank in p.ranks
+                    ):
+                        deaths[rank] = outcome  # it answered, then died: the call fails now, naming it
                     continue
                 p.outstanding.discard(rank)
                 finished.append(rank)
@@ -228,7 +235,7 @@ class Outcomes:
                         deaths[rank] = outcome
                 elif outcome is not _FOLDED:
                     p.values[rank] = _value(outcome)
-            if not finished:
+            if not finished and not deaths:
                 return
             done = not p.outstanding or bool(deaths)
             if done:

@@ -12,6 +12,7 @@ from ..errors import Failure, MeshClosedError, SupervisionError
 if TYPE_CHECKING:
     from .calls import CallTable, ClientHooks
     from .outcomes import Outcomes
+    from .pending import Pending
 
 __all__ = ["Supervision"]
 
@@ -47,12 +48,13 @@ class Supervision:
     def waits_on(self, mesh_id: str, rank: int) -> bool:
         """Whether a call from here waits on ``rank`` (then its caller will hear of a failure).
 
-        A spawn does not count: few programs look at ``ActorMesh.initialized``, so a failure that
-        only fails that future would go unseen."""
+        A rank that answered already counts while its call is pending (not a stream's: that rank's
+        future is out): its death fails that call at once (``mark_failed``). A spawn does not count:
+        few programs look at ``ActorMesh.initialized``, so a failure that only fails that future would
+        go unseen."""
         with self.calls.lock:
             return any(
-                p.mesh_id == mesh_id and rank in p.outstanding and p.mode != "spawn"
-                for p in self.calls.pending.values()
+                p.mesh_id == mesh_id and p.mode != "spawn" and _covers(p, rank) for p in self.calls.pending.values()
             )
 
     def waits_on_actor(self, actor_id: str, rank: int) -> bool:
@@ -74,18 +76,21 @@ class Supervision:
 
     def mark_failed(self, failure_by_rank: dict[int, Failure], mesh_id: str) -> int:
         """Ranks of ``mesh_id`` broke: fail what waits on them now, and later calls at the call site.
+        A pending call fails too where the rank answered it already (a SIGTERM's cancel, say) and
+        then died: the call still waits on others, and a dead rank dooms it (as in Monarch).
 
         Returns how many pending calls it failed (0: nobody was told; the fault hook should be)."""
         with self.calls.lock:
             for r, f in failure_by_rank.items():
                 self.calls.failed[(mesh_id, r)] = f
             hit = [
-                (cid, p)
+                (cid, p, [r for r in sorted(failure_by_rank) if _covers(p, r)])
                 for cid, p in self.calls.pending.items()
-                if p.mesh_id == mesh_id and p.outstanding & failure_by_rank.keys()
+                if p.mesh_id == mesh_id
             ]
-        for cid, p in hit:
-            for r in sorted(p.outstanding & failure_by_rank.keys()):
+        hit = [(cid, p, ranks) for cid, p, ranks in hit if ranks]
+        for cid, p, ranks in hit:
+            for r in ranks:
                 self.outcomes.add(p, cid, r, BROKEN, pickle.dumps(failure_by_rank[r]), [])
         return len(hit)
 
@@ -149,3 +154,9 @@ class Supervision:
             self.calls.pending.clear()
         for p in pending:
             p.fail(exc, len(p.outstanding))
+
+
+def _covers(p: Pending, rank: int) -> bool:
+    """Whether a pending call will report ``rank``'s death: it waits on it, or (not a stream) the rank
+    answered and the call still waits on others."""
+    return rank in p.outstanding or (p.stream_q is None and rank in p.ranks)
