@@ -15,7 +15,7 @@ import time
 import pytest
 
 from jupyter_mesh._wire import lane as _lane
-from jupyter_mesh._wire.lane import Inbox
+from jupyter_mesh._wire.lane_merge import Inbox, recv_zmq_frames
 from jupyter_mesh._wire.transport import Message, Transport
 
 
@@ -104,7 +104,7 @@ def test_a_full_or_gone_lane_falls_back_to_zeromq(transport):
     assert not os.path.exists(_lane.lane_path(address) or "")
     transport.send(address, Message({"k": "x", "i": 99}, b"p"))
     assert sock.poll(5000)
-    msg = transport.decode(_lane.recv_zmq_frames(sock, 0), address)
+    msg = transport.decode(recv_zmq_frames(sock, 0), address)
     assert msg is not None and msg.header["i"] == 99
 
 

@@ -21,7 +21,7 @@ from jupyter_mesh import MeshValueError, RDMABuffer
 from jupyter_mesh._data import buffer as _buffer
 from jupyter_mesh._data.owner import SLOTS
 from jupyter_mesh._wire import lane as _lane
-from jupyter_mesh._wire.lane import Inbox
+from jupyter_mesh._wire.lane_merge import Inbox
 from jupyter_mesh._wire.replay import WINDOW
 from jupyter_mesh._wire.transport import Message, Transport
 
