@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import tempfile
@@ -92,3 +93,15 @@ def mesh_kernel(actors: str) -> Iterator[Kernel]:
     k.ok(actors)
     yield k
     assert not k.shutdown(), "processes left after the kernel shut down"
+
+
+@contextlib.contextmanager
+def fresh_kernel() -> Iterator[Kernel]:
+    """A `mesh` kernel in Jupyter dirs of its own (environment variables set before this are its own);
+    on the way out, its shutdown must leave no process."""
+    isolate_jupyter_dirs()
+    k = Kernel()
+    try:
+        yield k
+    finally:
+        assert not k.shutdown(), "processes left after the kernel shut down"

@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 import pytest
-from _kernel import Kernel, isolate_jupyter_dirs
+from _kernel import Kernel, fresh_kernel
 
 from jupyter_mesh.ui.debug_channel import MAX_LINE, handle
 
@@ -75,14 +75,10 @@ def _raw_control(kernel: Kernel, content: Any, timeout: float = 30) -> dict[str,
 
 @pytest.mark.kernel
 def test_junk_on_the_control_channel_gets_an_error_reply_not_a_traceback():
-    isolate_jupyter_dirs()
-    k = Kernel()
-    try:
+    with fresh_kernel() as k:
         k.ok("import jupyter_mesh")
         for junk in (["op", "attach"], {"op": "attach", "rank": {"deep": [[[1]]]}, "mesh_id": 7}):
             reply = _raw_control(k, junk)
             assert reply["status"] == "error", reply
             assert "must be" in reply["error"] or "JSON object" in reply["error"], reply
         assert "ok" in k.ok("print('ok')").stream("stdout")  # the kernel carries on
-    finally:
-        assert not k.shutdown(), "processes left after the kernel shut down"

@@ -7,6 +7,7 @@ import copy
 
 import pytest
 import torch
+from _procs import reaped_procs
 from tensor_actors import Driver
 
 from jupyter_mesh import MeshValueError, fetch_shard
@@ -18,13 +19,8 @@ T = 120  # seconds: the first op on a mesh imports torch in each of its procs (s
 
 @pytest.fixture(scope="module")
 def procs(host):
-    from _procs import wait_dead
-
-    pm = host.spawn_procs(per_host={"gpus": 2})
-    pids = set(pm.pids().values())
-    yield pm
-    pm.stop(timeout=5)
-    assert not wait_dead(pids, 5.0)
+    with reaped_procs(host, 2) as pm:
+        yield pm
 
 
 def test_a_second_controller_on_the_same_procs_leaves_our_shards_alone(procs):
