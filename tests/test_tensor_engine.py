@@ -9,7 +9,7 @@ import signal
 import pytest
 import torch
 from _procs import reaped_procs, wait_for
-from tensor_actors import Holder, Linear, fails_on_gpus_1, rank_and_pid, wait_for_file
+from tensor_actors import Holder, Linear, T, fails_on_gpus_1, rank_and_pid, wait_for_file
 
 from jupyter_mesh import (
     ActorError,
@@ -25,7 +25,6 @@ from jupyter_mesh._api.tensor_engine.engine import engine_for
 from jupyter_mesh._api.tensor_engine.tensor import DistributedTensor
 
 pytestmark = pytest.mark.integration
-T = 120  # seconds: the first op on a mesh imports torch in each of its procs (slow on a loaded machine)
 
 
 @pytest.fixture(scope="module")

@@ -8,13 +8,12 @@ import copy
 import pytest
 import torch
 from _procs import reaped_procs
-from tensor_actors import Driver
+from tensor_actors import Driver, T
 
 from jupyter_mesh import MeshValueError, fetch_shard
 from jupyter_mesh._api.tensor_engine.engine import engine_for
 
 pytestmark = pytest.mark.integration
-T = 120  # seconds: the first op on a mesh imports torch in each of its procs (slow on a loaded machine)
 
 
 @pytest.fixture(scope="module")
