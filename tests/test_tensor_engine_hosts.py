@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _procs import wait_dead
-from tensor_actors import Holder, Linear, fails_on_gpus_1
+from _procs import reaped_procs
+from tensor_actors import Holder, Linear, T, fails_on_gpus_1
 
 from jupyter_mesh import ActorError, fetch_shard
 
 pytestmark = pytest.mark.integration
-T = 120  # seconds: the first op on a mesh imports torch in each of its procs (slow on a loaded machine)
 
 
 @pytest.fixture(scope="module")
@@ -21,12 +20,11 @@ def grid():
     from jupyter_mesh import LocalJob
 
     job = LocalJob(hosts=2)
-    pm = job.host_mesh().spawn_procs(per_host={"gpus": 2})
-    pids = set(pm.pids().values())
-    yield pm
-    pm.stop(timeout=5)
-    job.stop()
-    assert not wait_dead(pids, 5.0), "procs leaked"
+    try:
+        with reaped_procs(job.host_mesh(), 2) as pm:
+            yield pm
+    finally:
+        job.stop()
 
 
 def _all(t, pm):
