@@ -83,6 +83,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_failures.py
 	$(UCX_TEST_ENV) $(BIN)/python benchmarks/bench_dataplane.py
 	$(UCX_TEST_ENV) $(BIN)/python benchmarks/bench_multihost.py
+	$(BIN)/python benchmarks/bench_import.py
 
 lint: $(STAMP)
 	$(BIN)/python -m mypy jupyter_mesh
