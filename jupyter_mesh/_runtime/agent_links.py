@@ -85,7 +85,7 @@ class AgentLinks:
         h = msg.header
         if h.get("waiting"):  # a kept agent waits out its silent controller before it answers (``keep_alive``)
             nonce = str(h.get("nonce", ""))
-            ask = nonce.rpartition("/")[0]  # one reattach asks every host: say it once, not once per host
+            ask = nonce.rpartition("/")[0] or nonce  # one reattach asks every host: say it once, not once per host
             if nonce in self._waiters and ask not in self._told_waiting:
                 self._told_waiting.add(ask)
                 print(
