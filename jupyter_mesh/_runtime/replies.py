@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
-from .._wire.lane import Inbox
+from .._wire.lane_merge import Inbox
 from .._wire.transport import Message, Transport
 from . import interrupts
 
@@ -97,7 +97,7 @@ class ReplyBox:
                 if nested:
                     interrupts.release()
                 try:
-                    # one read with another but not returned yet (``lane.take``) is here without a poll
+                    # one read with another but not returned yet (``lane_merge.take``) is here without a poll
                     ready = (self.lane is not None and self.lane.holds()) or zmq.zmq_poll(self._poll_list, wait_ms)
                 finally:
                     if nested:

@@ -16,7 +16,7 @@ socket takes it at once; otherwise (the receiver's queue full, the receiver gone
 goes through ZeroMQ as before, so nothing ever blocks on a busy peer. The two ways can reorder one
 sender's messages: lanes are only on inboxes whose readers do not depend on arrival order (actor inboxes
 order calls by their per-link sequence numbers; reply boxes match one reply to one call). What waits on
-both ways when the reader looks is merged by the sender's counter (:func:`take`), or the replay
+both ways when the reader looks is merged by the sender's counter (``lane_merge``), or the replay
 window would drop an older message that a newer one overtook by more than ``replay.WINDOW``.
 """
 
@@ -31,9 +31,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-import msgpack
-
-__all__ = ["MARK", "MAX_BYTES", "Inbox", "Lane", "LaneSender", "lane_path", "recv_zmq_frames", "take", "usable"]
+__all__ = ["MARK", "MAX_BYTES", "Lane", "LaneSender", "lane_path", "usable"]
 
 MARK = "+l"  # an ipc:// inbox address ending with this has a lane at ``lane_path(address)``
 MAX_BYTES = 60 * 1024  # bigger messages go through ZeroMQ (the default socket send buffer is ~208 KiB)
@@ -75,7 +73,8 @@ class Lane:
         self._poll = select.poll()
         self._poll.register(self.fd, select.POLLIN)
         self.dropped = 0  # datagrams that were not frames of ours (truncated, malformed)
-        # one message read from each way, waiting while an older one of its sender goes first (``take``)
+        # one message read from each way, waiting while an older one of its sender goes first
+        # (``lane_merge.take``)
         self.held_zmq: list[Any] | None = None
         self.held_dgram: list[Any] | None = None
         self.closed = False
@@ -85,7 +84,7 @@ class Lane:
         return bool(self._poll.poll(0))
 
     def holds(self) -> bool:
-        """Did :func:`take` read a message that it has not returned yet?"""
+        """Did ``lane_merge.take`` read a message that it has not returned yet?"""
         return self.held_zmq is not None or self.held_dgram is not None
 
     def recv_frames(self) -> list[bytes] | None:
@@ -187,102 +186,3 @@ class LaneSender:
             mine = list(self._all)
         for m in mine:
             m.sock.close()
-
-
-class Inbox:
-    """An inbox's ZeroMQ socket and its lane (if any), read by one thread as one source of messages."""
-
-    def __init__(self, sock: Any, lane: Lane | None):
-        import zmq
-
-        self._zmq = zmq
-        self.sock, self.lane = sock, lane
-        self.poll_list: list[Any] = [(sock, zmq.POLLIN)]
-        if lane is not None:
-            self.poll_list.append((lane.fd, zmq.POLLIN))
-
-    def recv(self) -> list[Any]:
-        """The next message's frames, from the socket or the lane, waiting for one. Raises
-        ``zmq.ZMQError`` once the socket is closed."""
-        if self.lane is None:
-            return recv_zmq_frames(self.sock, 0)
-        while True:
-            frames = self.recv_nowait()
-            if frames is not None:
-                return frames
-            if self.lane.closed:
-                raise self._zmq.ZMQError(self._zmq.ENOTSOCK, "the inbox was closed")
-            self._zmq.zmq_poll(self.poll_list, -1)
-
-    def recv_nowait(self) -> list[Any] | None:
-        """The next message's frames if one is waiting (one sender's older first: :func:`take`), else None."""
-        if self.lane is None:
-            zmq = self._zmq
-            if self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-                try:
-                    return recv_zmq_frames(self.sock, zmq.NOBLOCK)
-                except zmq.Again:
-                    pass
-            return None
-        return take(self.sock, self.lane)
-
-    def pending(self) -> bool:
-        """Is a message waiting, on the socket or on the lane? (never blocks)"""
-        if self.lane is not None and self.lane.holds():
-            return True
-        if self.sock.getsockopt(self._zmq.EVENTS) & self._zmq.POLLIN:
-            return True
-        return self.lane is not None and self.lane.pending()
-
-
-def take(sock: Any, lane: Lane) -> list[Any] | None:
-    """The next message of an inbox with a lane (its socket ``sock``), if one is waiting, else None.
-
-    With messages waiting both ways, one sender's older one goes first: its counter is one for all its
-    destinations, so a lane message taken first could be thousands of counters ahead of a ZeroMQ one
-    it sent before (or the other way), and the replay window (``replay.WINDOW``) would drop the older
-    one as a replay: a call lost, its caller waiting for ever. So the two ways merge by counter; the
-    one read but not yet returned waits on the lane, for whichever thread reads the inbox next."""
-    z = lane.held_zmq
-    if z is None and sock.getsockopt(_EVENTS) & _POLLIN:
-        try:
-            z = recv_zmq_frames(sock, _NOBLOCK)
-        except Exception as e:  # zmq.Again: the message went to another poll (not ours to lose)
-            if getattr(e, "errno", None) != _EAGAIN:
-                raise
-    d = lane.held_dgram
-    if d is None:
-        d = lane.recv_frames()
-    if z is None or d is None:
-        lane.held_zmq = lane.held_dgram = None
-        return z if z is not None else d
-    if _older(d, z):
-        lane.held_zmq, lane.held_dgram = z, None
-        return d
-    lane.held_zmq, lane.held_dgram = None, d
-    return z
-
-
-def _older(a: Sequence[Any], b: Sequence[Any]) -> bool:
-    """Did one sender number ``a`` before ``b``? (False for two senders, or anything not well formed:
-    this only orders messages; ``Transport.decode`` authenticates them.)"""
-    try:
-        ha, hb = msgpack.unpackb(a[1]), msgpack.unpackb(b[1])
-        return bool(ha["se"] == hb["se"] and ha["sn"] < hb["sn"])
-    except Exception:  # noqa: BLE001 - unauthenticated bytes: no order to keep
-        return False
-
-
-def recv_zmq_frames(sock: Any, flags: int) -> list[Any]:
-    """Small frames (signature, header, payload) as bytes; buffer frames without copying.
-
-    Copying a small frame is cheaper than wrapping it in a ``zmq.Frame`` (~30 us a message here).
-    """
-    frames: list[Any] = [sock.recv(flags)]
-    while sock.getsockopt(_RCVMORE):
-        frames.append(sock.recv(copy=len(frames) < 3))
-    return frames
-
-
-# ZeroMQ's constants (zmq is not imported here at module level: see ``Inbox``)
-_RCVMORE, _EVENTS, _POLLIN, _NOBLOCK, _EAGAIN = 13, 15, 1, 1, 11

@@ -2,7 +2,8 @@
 
 Every message is ``[signature, header, payload, *buffers]``. ``header`` is msgpack (its kinds and keys are
 ``protocol``'s), ``payload`` a pickle, ``buffers`` the pickle's out-of-band buffers sent without copying.
-Small messages to an inbox of this host that has a lane skip ZeroMQ's I/O threads (``lane``).
+Small messages to an inbox of this host that has a lane skip ZeroMQ's I/O threads (``lane``; ``lane_merge``
+reads both ways of such an inbox in order).
 The signature is HMAC-SHA256 with the session key over header and payload, as Jupyter signs its
 messages; the header also pins the number and length of every buffer frame. A message whose signature
 or framing does not check out is dropped and counted *before* anything in it is decoded or unpickled.
@@ -29,7 +30,17 @@ import zmq
 
 from . import lane as _lane
 from . import shm as _shm
-from .channels import CurveKeys, check_bind, curve_wanted, is_loopback, max_frame
+from .channels import (
+    HANDSHAKE_MS,
+    CurveKeys,
+    OnlyClientKey,
+    check_bind,
+    curve_wanted,
+    is_loopback,
+    max_frame,
+    raise_fd_limit,
+)
+from .lane_merge import WatchedLanes, recv_zmq_frames
 from .protocol import VERSION, Kind
 from .replay import ReplayGuard
 
@@ -38,6 +49,11 @@ __all__ = ["Message", "Transport", "TransportStats"]
 log = logging.getLogger("jupyter_mesh.transport")
 
 BUFFER_SEND_WAIT = 30.0  # seconds a send waits for ZeroMQ to let go of the caller's buffers
+ZERO_COPY_MIN = 1 << 20
+"""The caller's buffers smaller than this are copied as they are sent (tens of microseconds), so the
+send need not wait for ZeroMQ to let go of them: a peer that reads nothing (SIGSTOPped) held the
+caller until it was declared dead. Larger ones go without a copy and are waited for; between procs
+of one host they travel through shared memory instead (``_shm``), with nothing to wait for."""
 _SIG_LEN = 32
 _SNDMORE = int(zmq.SNDMORE)
 _per_thread = threading.local()
@@ -109,7 +125,7 @@ class Transport:
 
             self._auth = ThreadAuthenticator(self._ctx, log=log)
             self._auth.start()
-            self._auth.configure_curve_callback("*", credentials_provider=_OnlyKey(self.curve.client_public))
+            self._auth.configure_curve_callback("*", credentials_provider=OnlyClientKey(self.curve.client_public))
         self._more: weakref.WeakSet[zmq.Socket[Any]] = weakref.WeakSet()  # closed by close(), if still open
         self._wake_name = f"inproc://jupyter-mesh-wake-{id(self):x}"
         self._inbox, self.address = self.bind_inbox(self._wake_name, inbox_port)
@@ -123,9 +139,7 @@ class Transport:
         self._outs_lock = threading.Lock()
         self._lane_out = _lane.LaneSender()  # same-host inboxes with a lane: small messages skip ZeroMQ
         self._lanes: list[_lane.Lane] = []  # ours, closed by close()
-        # watched inboxes with a lane, read together (``_drain``): socket -> lane, lane's fd -> socket
-        self._lane_of: dict[zmq.Socket[Any], _lane.Lane] = {}
-        self._lane_socks: dict[int, zmq.Socket[Any]] = {}
+        self._watched_lanes = WatchedLanes()  # watched inboxes with a lane: both ways read together
         self.stats = TransportStats()
         self._closed = False
 
@@ -164,7 +178,7 @@ class Transport:
             # a connection that does not finish its handshake is dropped after 5 s (not libzmq's 30):
             # anyone who reaches the port can open them, each holding a descriptor until then
             sock.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_MS)
-            _raise_fd_limit()
+            raise_fd_limit()
             if self.curve is not None:
                 sock.curve_server = True
                 sock.curve_publickey = self.curve.server_public
@@ -323,8 +337,8 @@ class Transport:
                 if len(frames) > 3:  # buffers go without a copy
                     if _all_received(frames):  # a relay: ZeroMQ already owns these (refcounted, shareable)
                         sock.send_multipart(frames, copy=False)
-                    else:  # the caller's memory: we wait below until ZeroMQ let go of it
-                        tracker = sock.send_multipart(_unwrapped(frames), copy=False, track=True)
+                    else:  # the caller's memory: large buffers are waited for below, until ZeroMQ let go of them
+                        tracker = _send_tracked(sock, frames)
                 else:  # frame by frame with a plain int flag: send_multipart's enum arithmetic costs ~2 us
                     for f in frames[:-1]:
                         sock.send(f, _SNDMORE)
@@ -407,7 +421,7 @@ class Transport:
                 return
             run_tick = not ready or (due is not None and time.monotonic() >= due)
             for sock, _ in ready:
-                if type(sock) is int or sock in self._lane_of:  # a watched inbox with a lane
+                if sock in self._watched_lanes:  # a watched inbox with a lane
                     self._drain(sock, handler)
                     continue
                 try:
@@ -431,28 +445,12 @@ class Transport:
                     log.exception("error in the receive thread's tick")
                     delay = 0.05
                 due = None if delay is None else time.monotonic() + delay
-                for sock, lane in list(self._lane_of.items()):  # just watched: its last reader held one
-                    if lane.holds():
-                        self._drain(sock, handler)
+                for sock in self._watched_lanes.holding():  # just watched: its last reader held one
+                    self._drain(sock, handler)
 
     def _drain(self, key: Any, handler: Callable[[Message, list[Any]], None]) -> None:
-        """Everything waiting on a watched inbox with a lane (``key``: its socket or the lane's fd), in
-        its senders' order (``lane.take``)."""
-        sock: Any = self._lane_socks.get(key) if type(key) is int else key
-        lane = self._lane_of.get(sock)
-        if lane is None:
-            return
-        token = self._watched.get(sock)
-        while True:
-            try:
-                frames = _lane.take(sock, lane)
-            except zmq.ZMQError:
-                return
-            if frames is None:
-                return
-            if len(frames) == 1 and frames[0] == token:
-                continue
-            self._handle(frames, handler, None)
+        """Everything waiting on a watched inbox with a lane, in its senders' order (``lane_merge``)."""
+        self._watched_lanes.drain(key, self._watched, lambda frames: self._handle(frames, handler, None))
 
     def _handle(self, frames: list[Any], handler: Callable[[Message, list[Any]], None], inbox: str | None) -> None:
         msg = self.decode(frames, inbox)
@@ -479,8 +477,7 @@ class Transport:
         self._watched[sock] = token
         self._poller.register(sock, zmq.POLLIN)
         if lane is not None:
-            self._lane_of[sock] = lane
-            self._lane_socks[lane.fd] = sock
+            self._watched_lanes.add(sock, lane)
             self._poller.register(lane.fd, zmq.POLLIN)
 
     def unwatch(self, sock: zmq.Socket[Any], lane: _lane.Lane | None = None) -> None:
@@ -488,14 +485,13 @@ class Transport:
         assert self._poller is not None
         self._watched.pop(sock, None)
         self._poller.unregister(sock)
-        self._lane_of.pop(sock, None)
-        if lane is not None and self._lane_socks.pop(lane.fd, None) is not None:
+        if self._watched_lanes.remove(sock, lane) and lane is not None:
             self._poller.unregister(lane.fd)
 
     @staticmethod
     def recv_frames(sock: zmq.Socket[Any], flags: int = 0) -> list[Any]:
         """Small frames (signature, header, payload) as bytes; buffer frames without copying."""
-        return _lane.recv_zmq_frames(sock, flags)
+        return recv_zmq_frames(sock, flags)
 
     def stop_serving(self) -> None:
         """Make :meth:`serve` return (from any thread)."""
@@ -549,38 +545,6 @@ class Transport:
         self._ctx.term()
 
 
-HANDSHAKE_MS = 5000
-_fd_limit_raised = False
-
-
-def _raise_fd_limit() -> None:
-    """A TCP bind can be sent half-open connections by anyone who reaches it: lift the soft limit on
-    open files to the hard one (up to 65536), once, so they cannot starve the process of descriptors."""
-    global _fd_limit_raised
-    if _fd_limit_raised:
-        return
-    _fd_limit_raised = True
-    import resource
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = 65536 if hard == resource.RLIM_INFINITY else min(hard, 65536)
-    if soft != resource.RLIM_INFINITY and soft < want:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
-        except (ValueError, OSError):
-            pass
-
-
-class _OnlyKey:
-    """ZAP credentials: a CURVE client is admitted only with the session's client key."""
-
-    def __init__(self, key: bytes):
-        self._key = key
-
-    def callback(self, domain: str, key: bytes) -> bool:
-        return hmac.compare_digest(key, self._key)
-
-
 def _hmac_state(key: bytes) -> Any:
     """HMAC-SHA256 keyed with ``key`` and nothing hashed yet; ``copy()`` it per message."""
     try:
@@ -597,10 +561,24 @@ def _all_received(frames: Sequence[Any]) -> bool:
     return all(isinstance(f, zmq.Frame) for f in frames[3:])
 
 
-def _unwrapped(frames: Sequence[Any]) -> list[Any]:
-    """For a tracked send: pyzmq refuses to track a received ``zmq.Frame`` ("Not a tracked message"),
-    so such frames go as views of their memory (still no copy) when mixed with the caller's buffers."""
-    return [f.buffer if isinstance(f, zmq.Frame) else f for f in frames]
+def _send_tracked(sock: zmq.Socket[Any], frames: Sequence[Any]) -> zmq.MessageTracker | None:
+    """Send a message that holds the caller's memory: immutable and received frames without a copy
+    and nothing to wait for (ZeroMQ holds a reference), other buffers below ``ZERO_COPY_MIN`` copied,
+    larger ones without a copy, each tracked: the tracker is done once ZeroMQ let go of all of them
+    (pyzmq's multipart tracker follows only the last frame)."""
+    trackers = []
+    last = len(frames) - 1
+    for i, f in enumerate(frames):
+        flags = 0 if i == last else _SNDMORE
+        if isinstance(f, (bytes, zmq.Frame)):
+            sock.send(f, flags, copy=False)
+        elif memoryview(f).nbytes < ZERO_COPY_MIN:
+            sock.send(f, flags, copy=True)
+        else:
+            frame = zmq.Frame(f, track=True)
+            sock.send(frame, flags, copy=False)
+            trackers.append(frame.tracker)
+    return zmq.MessageTracker(*trackers) if trackers else None
 
 
 def _bytes(f: Any) -> bytes:
