@@ -129,5 +129,6 @@ def release_process_group() -> bool:
 def _reset_group_names(dist: Any) -> None:
     """What ``destroy_process_group()`` does to torch's group-name count (private to torch: absent, nothing)."""
     world = getattr(getattr(dist, "distributed_c10d", None), "_world", None)
-    if world is not None and getattr(world, "group_count", 0):
+    count = getattr(world, "group_count", None)
+    if world is not None and isinstance(count, int) and count > 0:
         world.group_count = 0
