@@ -479,6 +479,7 @@ class Transport:
         self._watched[sock] = token
         self._poller.register(sock, zmq.POLLIN)
         if lane is not None:
+            lane.zmq_quiet = False  # our poller looks at the socket now (``lane.Lane.zmq_quiet``)
             self._lane_of[sock] = lane
             self._lane_socks[lane.fd] = sock
             self._poller.register(lane.fd, zmq.POLLIN)
@@ -489,8 +490,10 @@ class Transport:
         self._watched.pop(sock, None)
         self._poller.unregister(sock)
         self._lane_of.pop(sock, None)
-        if lane is not None and self._lane_socks.pop(lane.fd, None) is not None:
-            self._poller.unregister(lane.fd)
+        if lane is not None:
+            lane.zmq_quiet = False  # our poller may have cleared its descriptor: its next reader asks ZeroMQ
+            if self._lane_socks.pop(lane.fd, None) is not None:
+                self._poller.unregister(lane.fd)
 
     @staticmethod
     def recv_frames(sock: zmq.Socket[Any], flags: int = 0) -> list[Any]:
