@@ -151,6 +151,7 @@ class LaneSender:
         self._all: weakref.WeakSet[_Mine] = weakref.WeakSet()  # not a list: a thread's socket ends with it
         self._lock = threading.Lock()
         self._closed = False
+        self._paths: dict[str, str] = {}  # address -> its lane's path (``lane_path``), as they are used
 
     def _sock(self) -> socket.socket | None:
         mine: _Mine | None = getattr(self._local, "mine", None)
@@ -167,11 +168,16 @@ class LaneSender:
 
     def send(self, address: str, frames: Sequence[Any]) -> bool:
         """Send ``frames`` over ``address``'s lane if it has one and takes them now; False: use ZeroMQ."""
-        if not address.endswith(MARK) or len(frames) >= len(_LENS):
+        if len(frames) >= len(_LENS):
             return False
-        path = lane_path(address)
+        path = self._paths.get(address)
         if path is None:
-            return False
+            path = lane_path(address)
+            if path is None:
+                return False
+            if len(self._paths) >= 4096:  # addresses of gone peers: forgotten now and then
+                self._paths.clear()
+            self._paths[address] = path
         lens = [f.nbytes if type(f) is memoryview else len(f) for f in frames]
         if sum(lens) > MAX_BYTES - 2 - 4 * len(frames):
             return False
