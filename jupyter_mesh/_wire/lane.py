@@ -41,6 +41,7 @@ _SUFFIX = ".dg"
 _MAX_PATH = 107  # sun_path holds 108 bytes, the last one a NUL
 _U16 = struct.Struct("<H")
 _LENS = [struct.Struct("<H" + "I" * n) for n in range(8)]
+_LENS3 = _LENS[3]
 
 
 def lane_path(address: str) -> str | None:
@@ -106,6 +107,14 @@ class Lane:
             return None
         view = self._view
         (count,) = _U16.unpack_from(view, 0)
+        if count == 3:  # signature, header, payload: every message that takes the lane from us
+            _, a, b, c = _LENS3.unpack_from(view, 0)
+            if 14 + a + b + c != n:
+                self.dropped += 1
+                return None
+            a += 14
+            b += a
+            return [bytes(view[14:a]), bytes(view[a:b]), bytes(view[b:n])]
         if not 1 <= count < len(_LENS):
             self.dropped += 1
             return None
