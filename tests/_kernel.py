@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import json
 import os
+import queue
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,6 +73,24 @@ class Kernel:
         assert cell.status == "ok", f"cell failed: {cell.error and cell.error['evalue']}\n{cell.stream()}"
         return cell
 
+    def debug_request(self, content: Any, timeout: float = 30, raw: bool = False) -> dict[str, Any]:
+        """What the sidebar sends on the control channel: the reply's content. ``raw``: ``content`` goes
+        packed as-is (jupyter_client's ``msg`` only takes a dict; a raw client need not)."""
+        msg = self.kc.session.msg("jupyter_mesh_debug_request", {} if raw else content)
+        if raw:
+            msg["content"] = json.dumps(content).encode()
+        self.kc.control_channel.send(msg)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                reply = self.kc.control_channel.get_msg(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if reply["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
+                assert reply["msg_type"] == "jupyter_mesh_debug_reply"
+                return dict(reply["content"])
+        raise AssertionError(f"no answer to {content!r} within {timeout} s")
+
     def workers(self) -> set[int]:
         return descendants(self.pid)
 
@@ -92,3 +114,15 @@ def mesh_kernel(actors: str) -> Iterator[Kernel]:
     k.ok(actors)
     yield k
     assert not k.shutdown(), "processes left after the kernel shut down"
+
+
+@contextlib.contextmanager
+def fresh_kernel() -> Iterator[Kernel]:
+    """A `mesh` kernel in Jupyter dirs of its own (environment variables set before this are its own);
+    on the way out, its shutdown must leave no process."""
+    isolate_jupyter_dirs()
+    k = Kernel()
+    try:
+        yield k
+    finally:
+        assert not k.shutdown(), "processes left after the kernel shut down"

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+from collections.abc import Iterator
+from typing import Any
 
 
 def _ppid_map() -> dict[int, int]:
@@ -84,3 +87,14 @@ def wait_stopped(pid: int, timeout: float = 2.0) -> bool:
         return bool(states) and all(st in "Tt" for st in states)
 
     return bool(wait_for(all_stopped, timeout, 0.002))
+
+
+@contextlib.contextmanager
+def reaped_procs(host: Any, gpus: int, **spawn: Any) -> Iterator[Any]:
+    """A proc mesh of ``gpus`` procs per host (a module fixture's), stopped at the end with every one of
+    its procs checked gone."""
+    pm = host.spawn_procs(per_host={"gpus": gpus}, **spawn)
+    pids = set(pm.pids().values())
+    yield pm
+    pm.stop(timeout=5)
+    assert not wait_dead(pids, 5.0), "procs leaked"

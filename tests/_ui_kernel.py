@@ -9,6 +9,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from _procs import descendants, wait_dead
 from jupyter_client.manager import start_new_kernel
 
 
@@ -60,6 +61,19 @@ class Kernel:
     def comm_msgs(self, comm_id: str) -> list[dict[str, Any]]:
         return [m for m in self.iopub if m["content"].get("comm_id") == comm_id]
 
+    def sidebar_mesh(self, comm_id: str, name: str) -> dict[str, Any] | None:
+        """The latest view of mesh ``name`` on a sidebar channel (None once removed)."""
+        latest = None
+        for m in self.comm_msgs(comm_id):
+            d = m["content"].get("data", {})
+            if d.get("type") in ("snapshot", "update"):
+                for mesh in d["meshes"]:
+                    if mesh["name"] == name:
+                        latest = mesh
+                if latest is not None and latest["mesh_id"] in d.get("removed", []):
+                    latest = None
+        return latest
+
     def wait(self, pred: Callable[[], Any], timeout: float) -> Any:
         """Read IOPub until ``pred()`` is true (returns its value) or ``timeout`` runs out (returns it falsy)."""
         deadline = time.monotonic() + timeout
@@ -72,3 +86,10 @@ class Kernel:
     def shutdown(self) -> None:
         self.kc.stop_channels()
         self.km.shutdown_kernel(now=False)
+
+    def shutdown_reaped(self) -> set[int]:
+        """Shut down; the kernel's processes (it and everything below it) still alive 10 s later."""
+        pid = self.km.provisioner.process.pid  # type: ignore[union-attr]
+        below = descendants(pid) | {pid}
+        self.shutdown()
+        return wait_dead(below, 10)

@@ -49,3 +49,18 @@ class Owner(Actor):
             return int(procs.spawn("child", Stopper).step.call_one(2).get(timeout=60))
         finally:
             procs.stop()
+
+
+def wait_paused(n: int, timeout: float = 30.0) -> list:  # of debug.PausedActor
+    """On the controller: the paused actors once there are ``n`` of them (``debug.paused()``)."""
+    import time
+
+    from jupyter_mesh import debug
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        now = debug.paused()
+        if len(now) >= n:
+            return now
+        time.sleep(0.05)
+    raise AssertionError(f"expected {n} paused actors, got {debug.paused()}")

@@ -9,6 +9,8 @@ import torch
 
 from jupyter_mesh import Actor, current_rank, endpoint, remote
 
+T = 120  # seconds the tests wait: the first op on a mesh imports torch in each of its procs (slow when loaded)
+
 
 class Holder(Actor):
     """Receives distributed tensors: each actor gets the shard of its own proc."""

@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 import pytest
-from pdb_actors import Stopper
+from pdb_actors import Stopper, wait_paused
 
 from jupyter_mesh import ProcState, debug
 from jupyter_mesh._runtime.debug_socket import DebugSocket
@@ -136,13 +136,6 @@ def test_ctrl_c_in_the_terminal_after_its_controller_died_is_said_not_a_tracebac
 
 
 # -- post-mortem across a respawn ---------------------------------------------------------------------
-def _wait_paused(n: int, timeout: float = 30.0) -> list[PausedActor]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if len(debug.paused()) >= n:
-            return debug.paused()
-        time.sleep(0.05)
-    raise AssertionError(f"expected {n} paused actors, got {debug.paused()}")
 
 
 @pytest.mark.integration
@@ -162,7 +155,7 @@ def test_a_respawned_rank_keeps_post_mortem_debugging(procs):
             time.sleep(0.05)
         assert procs.respawn([2], timeout=60) == [2]
         fut = st.slice(gpus=2).fail.call_one(7)
-        (p,) = _wait_paused(1)
+        (p,) = wait_paused(1)
         assert p.post_mortem and p.rank == 2, p
         assert "7" in p.send("p x")
         p.cont()
@@ -248,7 +241,7 @@ def test_a_pdb_line_with_bytes_that_are_not_utf8_reaches_pdb(procs):
     "bad request: UnicodeEncodeError ... surrogates not allowed" and never reach pdb."""
     st = procs.spawn("stop", Stopper)
     fut = st.slice(gpus=1).step.call_one(4)
-    (p,) = _wait_paused(1)
+    (p,) = wait_paused(1)
     try:
         p.prompt()
         out = p.send("p x \udcff\udcfe")

@@ -9,14 +9,11 @@
 
 from __future__ import annotations
 
-import json
-import queue
 import threading
 import time
-from typing import Any
 
 import pytest
-from _kernel import Kernel, isolate_jupyter_dirs
+from _kernel import fresh_kernel
 
 from jupyter_mesh.ui.debug_channel import MAX_LINE, handle
 
@@ -57,32 +54,12 @@ def test_a_huge_delay_does_not_kill_the_long_call_timer(after):
     assert alarm._thread is not None and alarm._thread.is_alive()
 
 
-def _raw_control(kernel: Kernel, content: Any, timeout: float = 30) -> dict[str, Any]:
-    """Send ``content`` packed as-is (jupyter_client's ``msg`` only takes a dict; a raw client need not)."""
-    msg = kernel.kc.session.msg("jupyter_mesh_debug_request", {})
-    msg["content"] = json.dumps(content).encode()
-    kernel.kc.control_channel.send(msg)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            reply = kernel.kc.control_channel.get_msg(timeout=max(0.1, deadline - time.monotonic()))
-        except queue.Empty:
-            break
-        if reply["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
-            return dict(reply["content"])
-    raise AssertionError(f"no answer to {content!r} within {timeout} s")
-
-
 @pytest.mark.kernel
 def test_junk_on_the_control_channel_gets_an_error_reply_not_a_traceback():
-    isolate_jupyter_dirs()
-    k = Kernel()
-    try:
+    with fresh_kernel() as k:
         k.ok("import jupyter_mesh")
         for junk in (["op", "attach"], {"op": "attach", "rank": {"deep": [[[1]]]}, "mesh_id": 7}):
-            reply = _raw_control(k, junk)
+            reply = k.debug_request(junk, raw=True)
             assert reply["status"] == "error", reply
             assert "must be" in reply["error"] or "JSON object" in reply["error"], reply
         assert "ok" in k.ok("print('ok')").stream("stdout")  # the kernel carries on
-    finally:
-        assert not k.shutdown(), "processes left after the kernel shut down"

@@ -15,7 +15,8 @@ import threading
 import time
 
 import pytest
-from pdb_actors import Stopper
+from _procs import wait_for
+from pdb_actors import Stopper, wait_paused
 
 from jupyter_mesh import MeshValueError, SupervisionError, debug
 from jupyter_mesh._runtime.controller import Controller
@@ -25,16 +26,6 @@ from jupyter_mesh.ui.debug_terminal import parse_rank, parse_ranks
 pytestmark = pytest.mark.integration
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _wait_paused(n: int, timeout: float = 30.0) -> list[debug.PausedActor]:  # type: ignore[name-defined]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        now = debug.paused()
-        if len(now) >= n:
-            return now
-        time.sleep(0.05)
-    raise AssertionError(f"expected {n} paused actors, got {debug.paused()}")
 
 
 class Term:
@@ -160,7 +151,7 @@ def test_rank_selections_take_monarchs_syntax_and_ours():
 def test_the_terminal_lists_attaches_steps_and_continues_a_paused_rank(procs, term):
     st = procs.spawn("stop", Stopper)
     fut = st.slice(gpus=1).step.call_one(4)
-    _wait_paused(1)
+    wait_paused(1)
     t = term()
     t.expect("1 actor(s) paused")
     t.expect("(mesh debug) ")
@@ -182,7 +173,7 @@ def test_the_terminal_lists_attaches_steps_and_continues_a_paused_rank(procs, te
 def test_cast_reaches_the_chosen_ranks_and_continue_all_releases_them(procs, term):
     st = procs.spawn("stop", Stopper)
     futs = [st.slice(gpus=i).step.call_one(i) for i in range(4)]
-    _wait_paused(4)
+    wait_paused(4)
     out = one_shot("cast", "stop", "ranks(1,3)", "p", "x", "+", "100")
     assert "gpus=1 ---\n101" in out and "gpus=3 ---\n103" in out and "gpus=0" not in out, out
     out = one_shot("cast stop gpus=0:2 p x * 2")
@@ -197,7 +188,7 @@ def test_cast_reaches_the_chosen_ranks_and_continue_all_releases_them(procs, ter
 def test_the_controllers_own_prompt_and_the_terminal_never_share_a_rank(procs, term):
     st = procs.spawn("stop", Stopper)
     fut = st.slice(gpus=2).step.call_one(3)
-    (p,) = _wait_paused(1)
+    (p,) = wait_paused(1)
     reading, answer = threading.Event(), threading.Event()
 
     def read(prompt: str) -> str:
@@ -234,7 +225,7 @@ def test_the_controllers_own_prompt_and_the_terminal_never_share_a_rank(procs, t
 def test_a_terminal_that_dies_while_attached_gives_the_rank_back(procs, term):
     st = procs.spawn("stop", Stopper)
     fut = st.slice(gpus=0).step.call_one(1)
-    (p,) = _wait_paused(1)
+    (p,) = wait_paused(1)
     t = term("attach", "stop", "0")
     t.expect("(Pdb) ")
     assert p.attached and "jupyter-mesh debug" in p.attached_by
@@ -250,7 +241,7 @@ def test_a_terminal_that_dies_while_attached_gives_the_rank_back(procs, term):
 def test_a_proc_that_dies_while_attached_ends_the_session_with_its_failure(procs, term):
     st = procs.spawn("stop", Stopper)
     fut = st.slice(gpus=3).step.call_one(1)
-    _wait_paused(1)
+    wait_paused(1)
     t = term()
     t.expect("(mesh debug) ")
     t.do("attach stop gpus=3", "(Pdb) ")
@@ -265,14 +256,12 @@ def test_a_proc_that_dies_while_attached_ends_the_session_with_its_failure(procs
 def test_cancelling_the_call_while_the_terminal_is_attached_tells_it(procs, term):
     st = procs.spawn("stop", Stopper)
     fut = st.slice(gpus=1).step.call_one(1)
-    _wait_paused(1)
+    wait_paused(1)
     t = term()
     t.expect("(mesh debug) ")
     t.do("attach stop 1", "(Pdb) ")
     fut.cancel()  # what the notebook's interrupt does to the cell's call
-    deadline = time.monotonic() + 30
-    while debug.paused() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for(lambda: not debug.paused(), 30)
     said = t.do("p x")
     assert "no longer paused" in said, said
     assert st.slice(gpus=1).ping.call_one().get(30) == 1
@@ -318,7 +307,7 @@ def test_another_user_cannot_reach_the_debug_socket(procs):
 def test_two_terminals_on_one_rank_the_second_is_told_who_has_it(procs, term):
     st = procs.spawn("stop", Stopper)
     fut = st.slice(gpus=0).step.call_one(2)
-    _wait_paused(1)
+    wait_paused(1)
     first = term("attach", "stop", "0")
     first.expect("(Pdb) ")
     out = one_shot("attach", "stop", "0")
@@ -350,7 +339,7 @@ def test_attaching_again_after_a_detach_prompts_at_once(procs):
     more output (it used to wait for good)."""
     st = procs.spawn("stop", Stopper)
     fut = st.slice(gpus=2).step.call_one(6)
-    (p,) = _wait_paused(1)
+    (p,) = wait_paused(1)
     debug.attach(p, lambda prompt: "detach")
     answers = iter(["p x", "c"])
     again = threading.Thread(target=debug.attach, args=(p, lambda prompt: next(answers)), daemon=True)
@@ -375,7 +364,7 @@ def test_mesh_debug_cast_and_continue_leave_a_rank_the_terminal_holds_alone(proc
 
     st = procs.spawn("stop", Stopper)
     futs = [st.slice(gpus=i).step.call_one(i + 1) for i in range(2)]
-    _wait_paused(2)
+    wait_paused(2)
     t = term("attach", "stop", "1")
     t.expect("(Pdb) ")
     out = magic("cast", "stop", "gpus=0:2", "p", "x", "+", "100")

@@ -41,11 +41,8 @@ class Gate(Actor):
 def kernel():
     isolate_jupyter_dirs()
     k = Kernel("mesh")
-    pid = k.km.provisioner.process.pid
     yield k
-    below = descendants(pid) | {pid}
-    k.shutdown()
-    assert not wait_dead(below, 10), "the kernel left processes behind"
+    assert not k.shutdown_reaped(), "the kernel left processes behind"
 
 
 def _run(k: Kernel, code: str, timeout: float = 60) -> list[dict]:
@@ -74,19 +71,6 @@ def _text(msgs: list[dict]) -> str:
 
 def _displays(msgs: list[dict]) -> list[dict]:
     return [m["content"]["data"] for m in msgs if m["msg_type"] in ("display_data", "execute_result")]
-
-
-def _mesh(k: Kernel, comm_id: str, name: str) -> dict | None:
-    latest = None
-    for m in k.iopub:
-        d = m["content"].get("data", {}) if m["content"].get("comm_id") == comm_id else {}
-        if d.get("type") in ("snapshot", "update"):
-            for mesh in d["meshes"]:
-                if mesh["name"] == name:
-                    latest = mesh
-            if latest is not None and latest["mesh_id"] in d.get("removed", []):
-                latest = None
-    return latest
 
 
 def _channel(k: Kernel) -> str:
@@ -126,10 +110,9 @@ def test_progress_of_a_running_call_reaches_the_sidebar_and_status(kernel, tmp_p
     opened = tmp_path / "open"
     _run(k, f"fut = g.wait.call({str(opened)!r}, [0])")  # rank 0 answers, rank 1 waits for the file
     try:
-        assert k.wait(lambda: ((_mesh(k, comm_id, "prog") or {}).get("gather") or {}).get("done") == 1, 30), _mesh(
-            k, comm_id, "prog"
-        )
-        m = _mesh(k, comm_id, "prog")
+        done = k.wait(lambda: ((k.sidebar_mesh(comm_id, "prog") or {}).get("gather") or {}).get("done") == 1, 30)
+        assert done, k.sidebar_mesh(comm_id, "prog")
+        m = k.sidebar_mesh(comm_id, "prog")
         assert m is not None and m["gather"]["total"] == 2 and m["gather"]["left"] == [1]
         assert [r["state"] for r in m["ranks"]] == ["idle", "busy"]
         html = "".join(d.get("text/html", "") for d in _displays(_run(k, "%mesh status")))
@@ -151,7 +134,7 @@ def test_the_sidebars_stop_is_mesh_down(kernel):
     workers = descendants(pid) - before  # its agent, template and procs
     assert len(workers) >= 4, workers
     comm_id = _channel(k)
-    mesh = _mesh(k, comm_id, "side")
+    mesh = k.sidebar_mesh(comm_id, "side")
     assert mesh is not None
     res = _act(k, comm_id, "stop", mesh["mesh_id"])
     assert res["ok"], res
@@ -195,7 +178,7 @@ def test_hosts_reach_the_sidebar_and_a_lost_one_says_why(kernel):
     )
     try:
         comm_id = _channel(k)
-        m = _mesh(k, comm_id, "hh")
+        m = k.sidebar_mesh(comm_id, "hh")
         assert m is not None
         assert [(h["index"], h["address"], h["state"]) for h in m["hosts"]] == [(0, "local", "up"), (1, "local", "up")]
         assert [r["host"] for r in m["ranks"]] == [0, 1]
@@ -203,9 +186,9 @@ def test_hosts_reach_the_sidebar_and_a_lost_one_says_why(kernel):
         _run(k, "import os, signal\nos.kill(hjob.pids()[1], signal.SIGKILL)")
 
         def host_1() -> dict:
-            return ((_mesh(k, comm_id, "hh") or {}).get("hosts") or [{}, {}])[1]
+            return ((k.sidebar_mesh(comm_id, "hh") or {}).get("hosts") or [{}, {}])[1]
 
-        assert k.wait(lambda: host_1().get("state") == "lost", 20), _mesh(k, comm_id, "hh")
+        assert k.wait(lambda: host_1().get("state") == "lost", 20), k.sidebar_mesh(comm_id, "hh")
         assert "killed by SIGKILL" in host_1()["why"], host_1()
         html = "".join(d.get("text/html", "") for d in _displays(_run(k, "hh")))  # a snapshot, as %mesh status shows
         assert "data-host='1' data-host-state='lost'" in html and "killed by SIGKILL" in html, html

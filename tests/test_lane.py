@@ -7,66 +7,43 @@ Unit tests: one process, a real transport bound in a private directory, no procs
 from __future__ import annotations
 
 import os
-import shutil
 import socket
-import tempfile
 import threading
 import time
 
 import pytest
 import zmq
+from _lanes import bind_lane, lane_transport, recv_within
 
 from jupyter_mesh._wire import lane as _lane
-from jupyter_mesh._wire.lane import Inbox
+from jupyter_mesh._wire.lane_merge import Inbox, recv_zmq_frames
 from jupyter_mesh._wire.transport import Message, Transport
 
 
 @pytest.fixture
 def transport():
-    d = tempfile.mkdtemp(prefix="jm-lane-")
-    t = Transport(os.urandom(32), bind=f"ipc://{d}")
-    t.test_socks = []  # type: ignore[attr-defined]
-    yield t
-    for s in t.test_socks:  # type: ignore[attr-defined]
-        s.close(linger=0)
-    t.close()
-    shutil.rmtree(d, ignore_errors=True)
-
-
-def _bind(t: Transport) -> tuple:
-    sock, address, lane = t.bind_inbox_with_lane()
-    t.test_socks.append(sock)  # type: ignore[attr-defined]
-    return sock, address, lane
-
-
-def _recv(inbox: Inbox, timeout: float = 5.0) -> list | None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        frames = inbox.recv_nowait()
-        if frames is not None:
-            return frames
-        time.sleep(0.002)
-    return None
+    with lane_transport() as t:
+        yield t
 
 
 def test_small_messages_take_the_lane_and_large_ones_zeromq(transport):
-    sock, address, lane = _bind(transport)
+    sock, address, lane = bind_lane(transport)
     assert lane is not None and address.endswith(_lane.MARK)
     inbox = Inbox(sock, lane)
     transport.send(address, Message({"k": "x", "i": 1}, b"small"))
     assert lane.pending()  # it is on the datagram socket, not on ZeroMQ's
-    msg = transport.decode(_recv(inbox), address)
+    msg = transport.decode(recv_within(inbox), address)
     assert msg is not None and msg.header["i"] == 1 and msg.payload == b"small"
     big = b"b" * _lane.MAX_BYTES
     transport.send(address, Message({"k": "x", "i": 2}, big))
     assert not lane.pending()
-    msg = transport.decode(_recv(inbox), address)
+    msg = transport.decode(recv_within(inbox), address)
     assert msg is not None and msg.payload == big
     assert transport.stats.dropped == 0
 
 
 def test_a_datagram_is_checked_like_any_message(transport):
-    sock, address, lane = _bind(transport)
+    sock, address, lane = bind_lane(transport)
     inbox = Inbox(sock, lane)
     assert lane is not None
     frames = transport.encode(Message({"k": "x", "i": 1}, b"p"), address)
@@ -75,13 +52,13 @@ def test_a_datagram_is_checked_like_any_message(transport):
     try:
         # the same signed frames twice: the copy is a replay
         assert transport._lane_out.send(address, frames) and transport._lane_out.send(address, frames)
-        assert transport.decode(_recv(inbox), address) is not None
-        assert transport.decode(_recv(inbox), address) is None
+        assert transport.decode(recv_within(inbox), address) is not None
+        assert transport.decode(recv_within(inbox), address) is None
         assert transport.stats.dropped_replayed == 1
         # well framed, wrong signature: dropped before anything is unpickled
         forged = [b"\0" * 32, frames[1], frames[2]]
         assert transport._lane_out.send(address, forged)
-        assert transport.decode(_recv(inbox), address) is None
+        assert transport.decode(recv_within(inbox), address) is None
         assert transport.stats.dropped_bad_signature == 1
         # not our framing at all (lengths that do not add up, a bare byte, too long): never returned
         raw.sendto(b"\x03\x00" + b"\xff" * 12, path)
@@ -95,18 +72,18 @@ def test_a_datagram_is_checked_like_any_message(transport):
 
 
 def test_a_full_or_gone_lane_falls_back_to_zeromq(transport):
-    sock, address, lane = _bind(transport)
+    sock, address, lane = bind_lane(transport)
     inbox = Inbox(sock, lane)
     assert lane is not None
     for i in range(50):  # nobody reads: the kernel queues a few datagrams, ZeroMQ the rest
         transport.send(address, Message({"k": "x", "i": i}, b"p"))
-    got = sorted(transport.decode(_recv(inbox), address).header["i"] for _ in range(50))  # type: ignore[union-attr]
+    got = sorted(transport.decode(recv_within(inbox), address).header["i"] for _ in range(50))  # type: ignore[union-attr]
     assert got == list(range(50))
     lane.close()  # the reader's lane is gone (its socket file too): sends still arrive, over ZeroMQ
     assert not os.path.exists(_lane.lane_path(address) or "")
     transport.send(address, Message({"k": "x", "i": 99}, b"p"))
     assert sock.poll(5000)
-    msg = transport.decode(_lane.recv_zmq_frames(sock, 0), address)
+    msg = transport.decode(recv_zmq_frames(sock, 0), address)
     assert msg is not None and msg.header["i"] == 99
 
 
@@ -123,7 +100,7 @@ def test_a_reader_that_found_zeromq_empty_still_wakes_for_it(transport):
     """Once ZeroMQ was found empty the reader waits on its descriptor and the lane without asking
     ZeroMQ again (``Lane.zmq_quiet``): a large message sent then must still wake it, and be seen by
     ``pending``; the lane keeps working beside it."""
-    sock, address, lane = _bind(transport)
+    sock, address, lane = bind_lane(transport)
     inbox = Inbox(sock, lane)
     transport.send(address, Message({"k": "x", "i": 1}, b"small"))
     assert transport.decode(inbox.recv(), address).header["i"] == 1  # type: ignore[union-attr]
@@ -146,7 +123,7 @@ def test_a_reader_that_found_zeromq_empty_still_wakes_for_it(transport):
 def test_a_reader_asks_zeromq_again_after_someone_else_polled_it(transport):
     """A ``zmq.Poller`` (the receive thread reading a reply box it adopted) clears the descriptor when
     it looks: ``Transport.watch``/``unwatch`` make the next reader ask ZeroMQ itself."""
-    sock, address, lane = _bind(transport)
+    sock, address, lane = bind_lane(transport)
     inbox = Inbox(sock, lane)
     assert inbox.recv_nowait() is None and lane.zmq_quiet
     transport.send(address, Message({"k": "x", "i": 1}, b"b" * (_lane.MAX_BYTES + 1)))

@@ -16,52 +16,29 @@ import threading
 import time
 
 import pytest
+from _lanes import bind_lane, lane_transport, recv_within
 
 from jupyter_mesh import MeshValueError, RDMABuffer
 from jupyter_mesh._data import buffer as _buffer
 from jupyter_mesh._data.owner import SLOTS
 from jupyter_mesh._wire import lane as _lane
-from jupyter_mesh._wire.lane import Inbox
+from jupyter_mesh._wire.lane_merge import Inbox
 from jupyter_mesh._wire.replay import WINDOW
 from jupyter_mesh._wire.transport import Message, Transport
 
 
 @pytest.fixture
 def transport():
-    d = tempfile.mkdtemp(prefix="jm-lane-")
-    t = Transport(os.urandom(32), bind=f"ipc://{d}")
-    socks: list = []
-    t.test_socks = socks  # type: ignore[attr-defined]
-    yield t
-    for s in socks:
-        s.close(linger=0)
-    t.close()
-    shutil.rmtree(d, ignore_errors=True)
-
-
-def _bind(t: Transport) -> tuple:
-    sock, address, lane = t.bind_inbox_with_lane()
-    t.test_socks.append(sock)  # type: ignore[attr-defined]
-    assert lane is not None
-    return sock, address, lane
-
-
-def _recv(inbox: Inbox, timeout: float = 5.0) -> list | None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        frames = inbox.recv_nowait()
-        if frames is not None:
-            return frames
-        time.sleep(0.002)
-    return None
+    with lane_transport() as t:
+        yield t
 
 
 def test_a_queued_zeromq_message_is_not_overtaken_past_the_replay_window(transport):
     """A large call goes through ZeroMQ; the sender then talks to others (its counter is one for all
     destinations) and sends a small call to the same inbox, over the lane. A reader that was busy
     meanwhile finds both waiting: it must take both, not drop the older one as a replay."""
-    sock, address, lane = _bind(transport)
-    _, other, _ = _bind(transport)
+    sock, address, lane = bind_lane(transport)
+    _, other, _ = bind_lane(transport)
     inbox = Inbox(sock, lane)
     transport.send(address, Message({"k": "x", "i": 1}, b"b" * (_lane.MAX_BYTES + 1)))  # ZeroMQ
     for _ in range(WINDOW + 10):  # numbered after it: messages to another inbox
@@ -70,7 +47,7 @@ def test_a_queued_zeromq_message_is_not_overtaken_past_the_replay_window(transpo
     assert sock.poll(5000) and lane.pending()  # both wait for the reader
     got = []
     for _ in range(2):
-        frames = _recv(inbox)
+        frames = recv_within(inbox)
         assert frames is not None
         msg = transport.decode(frames, address)
         if msg is not None:
@@ -82,8 +59,8 @@ def test_a_queued_zeromq_message_is_not_overtaken_past_the_replay_window(transpo
 def test_a_queued_lane_message_is_not_overtaken_past_the_replay_window(transport):
     """The other way round: the small call first (the lane), then thousands of messages elsewhere,
     then a large call to the same inbox (ZeroMQ). Both wait; both are taken, the older first."""
-    sock, address, lane = _bind(transport)
-    _, other, _ = _bind(transport)
+    sock, address, lane = bind_lane(transport)
+    _, other, _ = bind_lane(transport)
     inbox = Inbox(sock, lane)
     transport.send(address, Message({"k": "x", "i": 1}, b"small"))  # the lane
     for _ in range(WINDOW + 10):
@@ -93,7 +70,7 @@ def test_a_queued_lane_message_is_not_overtaken_past_the_replay_window(transport
     got = []
     for _ in range(2):
         assert inbox.pending()
-        msg = transport.decode(_recv(inbox) or [], address)
+        msg = transport.decode(recv_within(inbox) or [], address)
         assert msg is not None, f"dropped: {transport.stats}"
         got.append(msg.header["i"])
     assert got == [1, 2] and not inbox.pending()
@@ -101,7 +78,7 @@ def test_a_queued_lane_message_is_not_overtaken_past_the_replay_window(transport
 
 def test_two_ways_merge_in_send_order(transport):
     """Small and large messages of one sender, interleaved: each taken once, none lost as a replay."""
-    sock, address, lane = _bind(transport)
+    sock, address, lane = bind_lane(transport)
     inbox = Inbox(sock, lane)
     sizes = [10, _lane.MAX_BYTES + 1, 10, 10, 70_000, 10, 2 * _lane.MAX_BYTES, 10]
     for i, n in enumerate(sizes):
@@ -109,7 +86,7 @@ def test_two_ways_merge_in_send_order(transport):
     assert sock.poll(5000) and lane.pending()
     got = []
     for _ in sizes:
-        msg = transport.decode(_recv(inbox) or [], address)
+        msg = transport.decode(recv_within(inbox) or [], address)
         assert msg is not None
         got.append(msg.header["i"])
     # ZeroMQ's I/O thread may hand a large one over after later small ones were taken: each still once
@@ -120,7 +97,7 @@ def test_two_ways_merge_in_send_order(transport):
 def test_a_message_held_back_is_there_for_the_next_reader(transport):
     """Merging reads one message ahead; that one waits on the lane, so whichever thread reads the
     inbox next (a reply box goes from its caller's thread to the receive thread) still gets it."""
-    sock, address, lane = _bind(transport)
+    sock, address, lane = bind_lane(transport)
     transport.send(address, Message({"k": "x", "i": 1}, b"small"))  # the lane
     transport.send(address, Message({"k": "x", "i": 2}, b"b" * (_lane.MAX_BYTES + 1)))  # ZeroMQ
     assert sock.poll(5000) and lane.pending()
@@ -178,7 +155,7 @@ def test_the_receive_thread_merges_a_watched_box_too():
 def test_descriptors_sent_with_a_datagram_are_not_kept(transport):
     """Anyone of this user may attach descriptors (SCM_RIGHTS) to a datagram, well formed or not: the
     reader never takes them, so the kernel closes them; a flood of them leaks nothing here."""
-    sock, address, lane = _bind(transport)
+    sock, address, lane = bind_lane(transport)
     inbox = Inbox(sock, lane)
     path = _lane.lane_path(address)
     frames = transport.encode(Message({"k": "x", "i": 1}, b"p"), address)
@@ -190,7 +167,7 @@ def test_descriptors_sent_with_a_datagram_are_not_kept(transport):
         rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [r, w] * 100).tobytes())]
         raw.sendmsg([good], rights, 0, path)
         raw.sendmsg([b"\x01\x00"], rights, 0, path)
-        msg = transport.decode(_recv(inbox) or [], address)
+        msg = transport.decode(recv_within(inbox) or [], address)
         assert msg is not None and msg.header["i"] == 1
         assert inbox.recv_nowait() is None and lane.dropped == 1
     finally:
@@ -221,7 +198,7 @@ def test_a_handle_with_its_slot_altered_is_refused_when_unpickled(slot):
 def test_a_flood_from_a_program_without_the_key_blocks_nobody(transport):
     """Another program of this user fills the lane with junk and forged frames, as fast as it can:
     our sender never blocks (a full lane: ZeroMQ), and the reader still gets every real message."""
-    sock, address, lane = _bind(transport)
+    sock, address, lane = bind_lane(transport)
     inbox = Inbox(sock, lane)
     path = _lane.lane_path(address)
     frames = transport.encode(Message({"k": "x"}, b"p"), address)
@@ -271,14 +248,14 @@ def test_a_flood_from_a_program_without_the_key_blocks_nobody(transport):
 def test_a_thread_that_sent_over_a_lane_leaves_no_socket_behind(transport):
     """Each sending thread has its own datagram socket; it must end with the thread, or a program
     that starts threads (one per task, say) runs out of descriptors."""
-    sock, address, lane = _bind(transport)
+    sock, address, lane = bind_lane(transport)
     inbox = Inbox(sock, lane)
     transport.send(address, Message({"k": "x"}, b"p"))  # this thread's own socket, kept
-    assert _recv(inbox) is not None
+    assert recv_within(inbox) is not None
     before = len(os.listdir("/proc/self/fd"))
     for _ in range(100):
         th = threading.Thread(target=transport.send, args=(address, Message({"k": "x"}, b"p")))
         th.start()
         th.join(10)
-        assert _recv(inbox) is not None  # it went over the lane
+        assert recv_within(inbox) is not None  # it went over the lane
     assert len(os.listdir("/proc/self/fd")) <= before

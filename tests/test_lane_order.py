@@ -40,8 +40,26 @@ def pair(host):
     pm.stop(timeout=10)
 
 
-def test_every_adverb_and_size_in_send_order(pair):
-    log = pair.slice(gpus=0).spawn("log", Log)
+@pytest.fixture(scope="module", params=["one agent", "two agents"])
+def two(request, pair):
+    """Two single-proc slices: on one host agent, or on two (``LocalJob(hosts=2)``: other agents of
+    this machine, where the lane is still open to the procs, but casts go through another agent)."""
+    if request.param == "one agent":
+        yield pair.slice(gpus=0), pair.slice(gpus=1)
+        return
+    from jupyter_mesh import LocalJob
+
+    job = LocalJob(hosts=2)
+    pm = job.host_mesh().spawn_procs(per_host={"gpus": 1})
+    try:
+        yield pm.slice(hosts=0), pm.slice(hosts=1)
+    finally:
+        pm.stop(timeout=10)
+        job.stop()
+
+
+def test_every_adverb_and_size_in_send_order(two):
+    log = two[0].spawn("log", Log)
     payloads = _payloads() * 3
     futs, streams = [], []
     for i, p in enumerate(payloads):
@@ -64,9 +82,9 @@ def test_every_adverb_and_size_in_send_order(pair):
     assert log.seen.call_one().get(60) == list(range(len(payloads)))
 
 
-def test_actor_to_actor_in_send_order(pair):
-    a = pair.slice(gpus=1).spawn("a", Log)
-    b = pair.slice(gpus=0).spawn("b", Log)
+def test_actor_to_actor_in_send_order(two):
+    a = two[1].spawn("a", Log)
+    b = two[0].spawn("b", Log)
     payloads = _payloads() * 3
     assert a.send_to.call_one(b, payloads).get(120) == list(range(len(payloads)))
     assert b.seen.call_one().get(60) == list(range(len(payloads)))

@@ -9,12 +9,11 @@
 
 from __future__ import annotations
 
-import queue
 import time
 from typing import Any
 
 import pytest
-from _kernel import Kernel, mesh_kernel
+from _kernel import mesh_kernel
 
 pytestmark = [
     pytest.mark.kernel,
@@ -105,21 +104,6 @@ def test_the_views_snapshots_carry_where_the_ranks_left_are(kernel):
     assert "[(2, 'hosts=0,gpus=2')] True" in cell.stream("stdout"), cell.stream()
 
 
-def _control(kernel: Kernel, content: dict[str, Any], timeout: float = 30) -> dict[str, Any]:
-    msg = kernel.kc.session.msg("jupyter_mesh_debug_request", content)
-    kernel.kc.control_channel.send(msg)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            reply = kernel.kc.control_channel.get_msg(timeout=max(0.1, deadline - time.monotonic()))
-        except queue.Empty:
-            break
-        if reply["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
-            assert reply["msg_type"] == "jupyter_mesh_debug_reply"
-            return dict(reply["content"])
-    raise AssertionError(f"no answer to {content} within {timeout} s")
-
-
 def test_the_sidebar_drives_a_paused_rank_while_a_cell_waits(kernel):
     # the cell waits on the call (prompts off: the sidebar serves the pause); the shell is busy, the
     # control channel answers
@@ -129,22 +113,22 @@ def test_the_sidebar_drives_a_paused_rank_while_a_cell_waits(kernel):
         msg_id = kernel.kc.execute("print('returned', s.slice(gpus=1).stop_here.call_one(41).get(120))")
         deadline = time.monotonic() + 60
         while True:
-            att = _control(kernel, {"op": "attach", "mesh_id": mesh_id, "rank": 1})
+            att = kernel.debug_request({"op": "attach", "mesh_id": mesh_id, "rank": 1})
             if att["status"] == "ok":
                 break
             assert time.monotonic() < deadline, att
             time.sleep(0.3)
         assert att["actor"] == "s" and att["label"] == "hosts=0,gpus=1" and ":" in att["where"], att
-        other = _control(kernel, {"op": "attach", "mesh_id": mesh_id, "rank": 0})
+        other = kernel.debug_request({"op": "attach", "mesh_id": mesh_id, "rank": 0})
         assert other["status"] == "error" and "not paused" in other["error"], other
 
-        p = _control(kernel, {"op": "send", "mesh_id": mesh_id, "rank": 1, "line": "p x * 2"})
+        p = kernel.debug_request({"op": "send", "mesh_id": mesh_id, "rank": 1, "line": "p x * 2"})
         assert p["status"] == "ok" and "82" in p["out"] and not p["ended"], p
-        stacks = _control(kernel, {"op": "stacks", "mesh_id": mesh_id})
+        stacks = kernel.debug_request({"op": "stacks", "mesh_id": mesh_id})
         assert stacks["status"] == "ok" and "stacks of 'procs' (4 ranks)" in stacks["out"], stacks
         assert "stop_here" in stacks["out"], stacks["out"]
 
-        c = _control(kernel, {"op": "send", "mesh_id": mesh_id, "rank": 1, "line": "continue"})
+        c = kernel.debug_request({"op": "send", "mesh_id": mesh_id, "rank": 1, "line": "continue"})
         assert c["status"] == "ok" and c["ended"], c
         out = []
         while True:
@@ -168,7 +152,7 @@ def test_a_rank_a_cells_prompt_serves_is_not_taken_by_the_sidebar(kernel):
     try:
         req = kernel.kc.get_stdin_msg(timeout=60)
         assert req["msg_type"] == "input_request" and "(Pdb)" in req["content"]["prompt"], req
-        att = _control(kernel, {"op": "attach", "mesh_id": mesh_id, "rank": 3})
+        att = kernel.debug_request({"op": "attach", "mesh_id": mesh_id, "rank": 3})
         assert att["status"] == "error" and "is being debugged from the notebook" in att["error"], att
         kernel.kc.input("c")
         reply = kernel.kc.get_shell_msg(timeout=60)
@@ -178,9 +162,9 @@ def test_a_rank_a_cells_prompt_serves_is_not_taken_by_the_sidebar(kernel):
 
 
 def test_unknown_requests_and_meshes_say_what_to_do(kernel):
-    bad = _control(kernel, {"op": "jump", "mesh_id": "x", "rank": 0})
+    bad = kernel.debug_request({"op": "jump", "mesh_id": "x", "rank": 0})
     assert bad["status"] == "error" and "expected attach, send, take or stacks" in bad["error"], bad
-    gone = _control(kernel, {"op": "stacks", "mesh_id": "nope"})
+    gone = kernel.debug_request({"op": "stacks", "mesh_id": "nope"})
     assert gone["status"] == "error" and "no proc mesh with id 'nope'" in gone["error"], gone
 
 

@@ -325,7 +325,7 @@ def test_a_connection_that_never_finishes_its_handshake_is_dropped():
     handshake interval, not held for libzmq's default 30 s."""
     import socket
 
-    from jupyter_mesh._wire.transport import HANDSHAKE_MS
+    from jupyter_mesh._wire.channels import HANDSHAKE_MS
 
     t = Transport(os.urandom(32), "tcp://127.0.0.1")
     try:

@@ -8,25 +8,16 @@ import signal
 import time
 
 import pytest
-from pdb_actors import Stopper
+from _procs import wait_for
+from pdb_actors import Stopper, wait_paused
 
 from jupyter_mesh import ProcState, SupervisionError, debug
-
-
-def _wait_paused(n: int, timeout: float = 20.0) -> list[debug.PausedActor]:  # type: ignore[name-defined]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        now = debug.paused()
-        if len(now) >= n:
-            return now
-        time.sleep(0.05)
-    raise AssertionError(f"expected {n} paused actors, got {debug.paused()}")
 
 
 def test_breakpoint_pauses_one_rank_and_pdb_commands_drive_it(procs):
     st = procs.spawn("stop", Stopper)
     fut = st.slice(gpus=1).step.call_one(4)
-    (p,) = _wait_paused(1)
+    (p,) = wait_paused(1)
     assert (p.mesh, p.rank, p.actor, p.coords) == (procs.name, 1, "stop", {"gpus": 1})
     assert p.where.endswith("pdb_actors.py:15"), p.where
     first = p.prompt()
@@ -46,16 +37,14 @@ def test_breakpoint_pauses_one_rank_and_pdb_commands_drive_it(procs):
     p.send("c")
     assert fut.get(10) == 41
     assert debug.paused() == [] and p.ended == "resumed"
-    deadline = time.monotonic() + 5
-    while procs.state().ranks[1].state == ProcState.PAUSED and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for(lambda: procs.state().ranks[1].state != ProcState.PAUSED, 5)
     assert procs.state().ranks[1].state == ProcState.IDLE and procs.state().ranks[1].note == ""
 
 
 def test_several_ranks_pause_and_continue_all_releases_them(procs):
     st = procs.spawn("stop", Stopper)
     fut = st.some.call(1, [0, 2, 3])
-    paused = _wait_paused(3)
+    paused = wait_paused(3)
     assert sorted(p.rank for p in paused) == [0, 2, 3]
     assert procs.state().ranks[1].state != ProcState.PAUSED
     assert all("return x + 1" in p.prompt() for p in paused)
@@ -67,7 +56,7 @@ def test_several_ranks_pause_and_continue_all_releases_them(procs):
 def test_async_endpoint_pauses_too(procs):
     st = procs.spawn("stop", Stopper)
     fut = st.slice(gpus=2).astep.call_one(1)
-    (p,) = _wait_paused(1)
+    (p,) = wait_paused(1)
     assert "return z" in p.prompt()
     assert "6" in p.send("p z")
     p.cont()
@@ -81,7 +70,7 @@ def test_a_pause_longer_than_the_heartbeat_timeout_is_not_a_hang(procs):
     hb = Controller.get().hb_timeout
     st = procs.spawn("stop", Stopper)
     fut = st.slice(gpus=3).step.call_one(1)
-    (p,) = _wait_paused(1)
+    (p,) = wait_paused(1)
     p.prompt()
     time.sleep(hb * 1.5 + 1)
     assert procs.state().ranks[3].state == ProcState.PAUSED
@@ -93,7 +82,7 @@ def test_a_pause_longer_than_the_heartbeat_timeout_is_not_a_hang(procs):
 def test_a_proc_killed_while_paused_ends_its_session_with_the_failure(procs):
     st = procs.spawn("stop", Stopper)
     fut = st.slice(gpus=0).step.call_one(1)
-    (p,) = _wait_paused(1)
+    (p,) = wait_paused(1)
     p.prompt()
     os.kill(procs.pids()[0], signal.SIGKILL)
     with pytest.raises(SupervisionError):
@@ -108,15 +97,12 @@ def test_interrupting_the_call_while_paused_cancels_it(procs):
 
     st = procs.spawn("stop", Stopper)
     fut = st.slice(gpus=2).step.call_one(1)
-    (p,) = _wait_paused(1)
+    (p,) = wait_paused(1)
     p.prompt()
     fut.cancel()
     with pytest.raises(MeshCancelledError):
         fut.get(5)
-    deadline = time.monotonic() + 10
-    while debug.paused() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert debug.paused() == [] and p.ended == "resumed"
+    assert wait_for(lambda: debug.paused() == [], 10) and p.ended == "resumed"
     assert st.slice(gpus=2).ping.call_one().get(10) == 2  # the actor serves again
 
 
@@ -127,7 +113,7 @@ def test_one_front_at_a_time_attaches(procs):
 
     st = procs.spawn("stop", Stopper)
     fut = st.slice(gpus=0).step.call_one(2)
-    (p,) = _wait_paused(1)
+    (p,) = wait_paused(1)
     reading, answer = threading.Event(), threading.Event()
 
     def read(prompt: str) -> str:
@@ -154,16 +140,13 @@ def test_an_actor_on_its_own_thread_pauses_alone_and_a_cancel_reaches_it(procs):
     first.initialized.get(30)
     second = procs.spawn("second", Stopper)
     fut = second.slice(gpus=1).step.call_one(3)
-    (p,) = _wait_paused(1)
+    (p,) = wait_paused(1)
     assert p.actor == "second" and "y = x * 10" in p.prompt()
     assert first.slice(gpus=1).ping.call_one().get(10) == 1  # same proc, other actor: runs on
     fut.cancel()
     with pytest.raises(MeshCancelledError):
         fut.get(5)
-    deadline = time.monotonic() + 10
-    while debug.paused() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert debug.paused() == [] and p.ended == "resumed"
+    assert wait_for(lambda: debug.paused() == [], 10) and p.ended == "resumed"
     assert second.slice(gpus=1).ping.call_one().get(10) == 1
 
 
@@ -175,7 +158,7 @@ def test_post_mortem_stops_where_an_endpoint_raised_and_the_caller_gets_the_erro
     assert debug.post_mortem(True) >= 4  # every proc of the session: other tests may keep some (this_proc)
     try:
         fut = st.slice(gpus=3).fail.call_one(5)
-        (p,) = _wait_paused(1)
+        (p,) = wait_paused(1)
         assert p.post_mortem and p.where.endswith("pdb_actors.py:32"), p
         first = p.prompt()
         assert "post-mortem: ZeroDivisionError" in first and "ratio = x / 0" in first, first

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
-from _procs import wait_dead, wait_for
+from _procs import reaped_procs, wait_dead, wait_for
 
 from jupyter_mesh import Actor, ActorError, LocalJob, MeshValueError, SupervisionError, endpoint
 from jupyter_mesh._core.shape import Shape
@@ -88,11 +88,8 @@ def test_a_slice_counts_its_ranks_from_zero():
 def procs(host):
     """4 procs for the module, torch imported once in their template (not in each test's procs):
     every test leaves them usable for the next, which is part of what they check."""
-    pm = host.spawn_procs(per_host={"gpus": 4}, preload=["torch"])
-    pids = set(pm.pids().values())
-    yield pm
-    pm.stop(timeout=5)
-    assert not wait_dead(pids, 5.0), "procs leaked"
+    with reaped_procs(host, 4, preload=["torch"]) as pm:
+        yield pm
 
 
 def _read_env(pm) -> dict[int, dict[str, str]]:

@@ -8,8 +8,8 @@ import signal
 
 import pytest
 import torch
-from _procs import wait_for
-from tensor_actors import Holder, Linear, fails_on_gpus_1, rank_and_pid, wait_for_file
+from _procs import reaped_procs, wait_for
+from tensor_actors import Holder, Linear, T, fails_on_gpus_1, rank_and_pid, wait_for_file
 
 from jupyter_mesh import (
     ActorError,
@@ -25,19 +25,13 @@ from jupyter_mesh._api.tensor_engine.engine import engine_for
 from jupyter_mesh._api.tensor_engine.tensor import DistributedTensor
 
 pytestmark = pytest.mark.integration
-T = 120  # seconds: the first op on a mesh imports torch in each of its procs (slow on a loaded machine)
 
 
 @pytest.fixture(scope="module")
 def mesh4(host):
     """One 4-proc mesh for the tests that leave it usable (its procs import torch once)."""
-    from _procs import wait_dead
-
-    pm = host.spawn_procs(per_host={"gpus": 4})
-    pids = set(pm.pids().values())
-    yield pm
-    pm.stop(timeout=5)
-    assert not wait_dead(pids, 5.0)
+    with reaped_procs(host, 4) as pm:
+        yield pm
 
 
 @pytest.fixture

@@ -7,24 +7,19 @@ import copy
 
 import pytest
 import torch
-from tensor_actors import Driver
+from _procs import reaped_procs
+from tensor_actors import Driver, T
 
 from jupyter_mesh import MeshValueError, fetch_shard
 from jupyter_mesh._api.tensor_engine.engine import engine_for
 
 pytestmark = pytest.mark.integration
-T = 120  # seconds: the first op on a mesh imports torch in each of its procs (slow on a loaded machine)
 
 
 @pytest.fixture(scope="module")
 def procs(host):
-    from _procs import wait_dead
-
-    pm = host.spawn_procs(per_host={"gpus": 2})
-    pids = set(pm.pids().values())
-    yield pm
-    pm.stop(timeout=5)
-    assert not wait_dead(pids, 5.0)
+    with reaped_procs(host, 2) as pm:
+        yield pm
 
 
 def test_a_second_controller_on_the_same_procs_leaves_our_shards_alone(procs):

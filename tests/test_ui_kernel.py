@@ -9,7 +9,6 @@ import sys
 import time
 
 import pytest
-from _procs import descendants, wait_dead
 from _ui_kernel import Kernel
 
 from jupyter_mesh.ui import TARGET
@@ -20,11 +19,8 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def kernel(tmp_path_factory):
     k = Kernel()
-    pid = k.km.provisioner.process.pid
     yield k
-    below = descendants(pid) | {pid}
-    k.shutdown()
-    assert not wait_dead(below, 10), "the kernel left processes behind"
+    assert not k.shutdown_reaped(), "the kernel left processes behind"
 
 
 def _data(k: Kernel, comm_id: str, kind: str) -> list[dict]:
@@ -33,20 +29,6 @@ def _data(k: Kernel, comm_id: str, kind: str) -> list[dict]:
         for m in k.comm_msgs(comm_id)
         if m["msg_type"] == "comm_msg" and m["content"]["data"].get("type") == kind
     ]
-
-
-def _mesh(k: Kernel, comm_id: str, name: str) -> dict | None:
-    """The latest view of mesh ``name`` on a sidebar channel (None once removed)."""
-    latest = None
-    for m in k.comm_msgs(comm_id):
-        d = m["content"].get("data", {})
-        if d.get("type") in ("snapshot", "update"):
-            for mesh in d["meshes"]:
-                if mesh["name"] == name:
-                    latest = mesh
-            if latest is not None and latest["mesh_id"] in d.get("removed", []):
-                latest = None
-    return latest
 
 
 def _widget_meshes(k: Kernel, comm_id: str) -> list[dict]:
@@ -88,10 +70,10 @@ def test_sidebar_and_widget_over_comms(kernel):
         "w = ui.widget()\n"
         "pm = this_host().spawn_procs(per_host={'gpus': 4}, name='m')"
     )
-    mesh = k.wait(lambda: (m := _mesh(k, chan, "m")) and m["counts"]["idle"] == 4 and m, 10)
-    assert mesh, _mesh(k, chan, "m")
+    mesh = k.wait(lambda: (m := k.sidebar_mesh(chan, "m")) and m["counts"]["idle"] == 4 and m, 10)
+    assert mesh, k.sidebar_mesh(chan, "m")
     assert mesh["dims"] == ["gpus"] and mesh["sizes"] == [4] and mesh["spawn"] == {"done": 4, "total": 4}
-    assert _mesh(k, ann_id, "m") is not None  # both channels hear it
+    assert k.sidebar_mesh(ann_id, "m") is not None  # both channels hear it
     widget_open = [
         m for m in k.iopub if m["msg_type"] == "comm_open" and "meshes" in m["content"]["data"].get("state", {})
     ]
@@ -104,21 +86,21 @@ def test_sidebar_and_widget_over_comms(kernel):
     # a proc dies: both views say so, with its cause, within 2 s
     t0 = time.monotonic()
     k.execute("import os, signal; os.kill(pm.pids()[2], signal.SIGKILL)")
-    assert k.wait(lambda: (m := _mesh(k, chan, "m")) and m["ranks"][2]["state"] == "failed", 2.0)
+    assert k.wait(lambda: (m := k.sidebar_mesh(chan, "m")) and m["ranks"][2]["state"] == "failed", 2.0)
     assert k.wait(lambda: [m for m in _widget_meshes(k, wid) if m["ranks"][2]["state"] == "failed"], 2.0)
     assert time.monotonic() - t0 < 2.0
-    failed = _mesh(k, chan, "m")
+    failed = k.sidebar_mesh(chan, "m")
     assert failed["ranks"][2]["failure"]["signal"] == 9 and "SIGKILL" in failed["failures"][-1]["detail"]
 
     # actions go through the public API; respawn brings the rank back
     res = _act(k, chan, "respawn", mesh["mesh_id"], 2)
     assert res["ok"] and res["lines"] == ["2"], res
-    assert k.wait(lambda: (m := _mesh(k, chan, "m")) and m["counts"]["idle"] == 4, 5)
+    assert k.wait(lambda: (m := k.sidebar_mesh(chan, "m")) and m["counts"]["idle"] == 4, 5)
     k.execute("print('hello from rank', pm.state().ranks[0].rank)")
     res = _act(k, chan, "kill", mesh["mesh_id"], 1)
     assert res["ok"], res
-    assert k.wait(lambda: (m := _mesh(k, chan, "m")) and m["ranks"][1]["state"] == "failed", 5)
-    assert "killed on request" in _mesh(k, chan, "m")["ranks"][1]["failure"]["detail"]
+    assert k.wait(lambda: (m := k.sidebar_mesh(chan, "m")) and m["ranks"][1]["state"] == "failed", 5)
+    assert "killed on request" in k.sidebar_mesh(chan, "m")["ranks"][1]["failure"]["detail"]
     res = _act(k, chan, "kill", "no-such-mesh", 0)
     assert not res["ok"] and "no proc mesh with id" in res["error"]
     res = _act(k, chan, "logs", mesh["mesh_id"], None)
@@ -137,5 +119,5 @@ def test_sidebar_and_widget_over_comms(kernel):
 
     res = _act(k, chan, "stop", mesh["mesh_id"], None)
     assert res["ok"], res
-    assert k.wait(lambda: _mesh(k, chan, "m") is None, 5)  # the sidebar drops stopped meshes
+    assert k.wait(lambda: k.sidebar_mesh(chan, "m") is None, 5)  # the sidebar drops stopped meshes
     assert k.wait(lambda: [m for m in _widget_meshes(k, wid) if m["stopped"]], 5)  # the widget greys it

@@ -238,33 +238,25 @@ print(sorted(set(procs.spawn("probe", Probe).info.call().get(60).values())))
 @pytest.mark.kernel
 @pytest.mark.skipif(not torch_installed, reason="torch is not installed")
 def test_the_mesh_kernel_starts_a_warm_template_at_kernel_start(monkeypatch):
-    from _kernel import Kernel, isolate_jupyter_dirs
+    from _kernel import fresh_kernel
 
-    isolate_jupyter_dirs()
     monkeypatch.setenv("JUPYTER_MESH_WARM", "1")
-    k = Kernel()
-    try:
+    with fresh_kernel() as k:
         # no cell has run: the kernel started its host, and the template preloads torch
         tmpl = wait_for(lambda: [t for t in templates(k.pid) if has_torch(t)], 120, interval=0.2)
         assert len(tmpl) == 1, f"no warm template below the kernel: {templates(k.pid)}"
         out = k.ok(PROBE_CELL, timeout=120).stream("stdout")
         assert f"[({tmpl[0]}, True)]" in out  # both procs forked from it, torch already loaded
-    finally:
-        assert not k.shutdown(), "processes outlived the kernel"
 
 
 @pytest.mark.kernel
 def test_the_mesh_kernel_starts_nothing_when_opted_out(monkeypatch):
-    from _kernel import Kernel, isolate_jupyter_dirs
+    from _kernel import fresh_kernel
 
-    isolate_jupyter_dirs()
     monkeypatch.setenv("JUPYTER_MESH_WARM", "0")
-    k = Kernel()
-    try:
+    with fresh_kernel() as k:
         k.ok("1")
         assert not templates(k.pid)
-    finally:
-        assert not k.shutdown()
 
 
 # -- the first tensor call --------------------------------------------------------------------------------

@@ -96,12 +96,10 @@ def test_torchx_replicas_report_in_at_once_and_fork_warm_procs(tmp_path, cfg):
 @pytest.mark.skipif(not torch_installed, reason="torch is not installed")
 def test_mesh_up_without_preload_forks_warm_procs_on_every_host_and_preload_names_the_list(monkeypatch):
     """``%mesh up --hosts 2`` (no ``--preload``) warms both hosts; ``--preload colorsys`` names the list."""
-    from _kernel import Kernel, isolate_jupyter_dirs
+    from _kernel import fresh_kernel
 
-    isolate_jupyter_dirs()
     monkeypatch.setenv("JUPYTER_MESH_WARM", "1")
-    k = Kernel()
-    try:
+    with fresh_kernel() as k:
         k.ok("%mesh up --hosts 2 --procs 1 --name w", timeout=180)
         k.ok("%mesh up --hosts 1 --procs 1 --name named --preload colorsys", timeout=180)
         probe = "import sys\n'torch' in sys.modules, 'colorsys' in sys.modules"
@@ -111,5 +109,3 @@ def test_mesh_up_without_preload_forks_warm_procs_on_every_host_and_preload_name
         assert named_result.count("(False, True)") == 1, named_result  # only what --preload named
         k.ok("%mesh down w", timeout=60)
         k.ok("%mesh down named", timeout=60)
-    finally:
-        assert not k.shutdown(), "processes outlived the kernel"

@@ -30,7 +30,7 @@ from .._core.actor import Endpoint, endpoints_of
 from .._core.context import context
 from .._core.ports import DroppingPort
 from .._core.shape import Point
-from .._wire.lane import Inbox
+from .._wire.lane_merge import Inbox
 from .._wire.protocol import BROKEN, DIRECT, NO_REPLY, OK, RAISED, STOP_ENDPOINT, Kind
 from .._wire.serialize import UNPICKLABLE_HINT, dumps, loads
 from .._wire.transport import Message, Transport

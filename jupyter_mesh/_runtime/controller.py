@@ -50,7 +50,7 @@ from .hooks import Embedding
 from .inits import Inits
 from .logs import WorkerLogs, cut_line
 from .records import MeshRecord, MeshRecords
-from .stacks import RankStacks, Stacks
+from .stacks import Stacks, ask_stacks
 
 if TYPE_CHECKING:
     from .._core.refs import ActorMeshRef, ProcMeshRef
@@ -499,36 +499,7 @@ class Controller:
 
     def stacks(self, ref: ProcMeshRef, ranks: list[int], timeout: float, all_threads: bool) -> Stacks:
         """Every thread's stack on ``ranks`` now, asked of each proc's receive thread at once."""
-        rec = self.meshes.live(ref)
-        asked = {}
-        for r in ranks:
-            if r in rec.failures or not ref.proc_addrs[r]:
-                continue
-            asked[r] = self.client.request(ref.proc_addrs[r], {"k": Kind.STACKS}, what=f"stacks of rank {r}")
-        deadline = time.monotonic() + timeout
-        out = []
-        for r in ranks:
-            label = ",".join(f"{k}={v}" for k, v in ref.coords(r).items())
-            fut = asked.get(r)
-            if fut is None:
-                f = rec.failures.get(r)
-                out.append(RankStacks(r, label, error=f"failed: {f.detail if f else 'not running'}"))
-                continue
-            try:
-                out.append(RankStacks(r, label, list(fut.get(max(0.0, deadline - time.monotonic())))))
-            except MeshTimeoutError:
-                pid = rec.pids.get(r)
-                out.append(
-                    RankStacks(
-                        r,
-                        label,
-                        error=f"no answer within {timeout:g} s: proc {pid} holds the GIL (native code?) or is "
-                        f"stopped; `py-spy dump --native --pid {pid}` on its host shows where",
-                    )
-                )
-            except MeshError as e:
-                out.append(RankStacks(r, label, error=f"no answer: {e}"))
-        return Stacks(ref.name, out, all_threads)
+        return ask_stacks(self.client, ref, self.meshes.live(ref), ranks, timeout, all_threads)
 
     def is_stopped(self, mesh_id: str) -> bool:
         rec = self.meshes.get(mesh_id)

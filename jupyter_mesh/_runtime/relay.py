@@ -19,6 +19,7 @@ import threading
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .._core.shape import Slice
+from .._wire import protocol
 from .._wire.protocol import BROKEN, DIRECT, GATHER, NO_REPLY, OK, RAISED, REDUCED, Kind
 from .._wire.serialize import dumps
 from .._wire.transport import Message
@@ -128,17 +129,8 @@ class Relay:
         """A relay to a live proc failed: release its sequence number there (or the actor would wait
         for it forever) and tell the caller what happened, as what it is, not as a death."""
         seq = h["q"] if "rk" in h or isinstance(h["q"], int) else h["q"][Slice.from_wire(h["sl"]).index_of(p.rank)]
-        skip = {
-            "k": Kind.SKIP,
-            "m": h["m"],
-            "a": h["a"],
-            "n": h.get("n", ""),
-            "s": h["s"],
-            "oe": h.get("se", ""),  # the caller's epoch: its calls are ordered per (address, epoch)
-            "q": seq,
-            "rk": p.rank,
-            "ck": h["k"],
-        }
+        skip = protocol.skip(h, seq, p.rank)
+        skip["oe"] = h.get("se", "")  # the caller's epoch: its calls are ordered per (address, epoch)
         try:
             self.agent.transport.send(p.addr, Message(skip))
         except Exception as e2:  # noqa: BLE001 - not even a header gets through: the proc is unusable

@@ -31,7 +31,7 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .._wire.lane import Inbox
+from .._wire.lane_merge import Inbox
 from .._wire.transport import Message, Transport
 from . import interrupts
 
@@ -94,7 +94,7 @@ class ReplyBox:
                 if nested:
                     interrupts.release()
                 try:
-                    ready = self._reader.wait(wait_ms)  # (a message held back by ``lane.take``: at once)
+                    ready = self._reader.wait(wait_ms)  # (a message held back by ``lane_merge.take``: at once)
                 finally:
                     if nested:
                         interrupts.hold()

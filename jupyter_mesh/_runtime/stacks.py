@@ -17,10 +17,19 @@ import os
 import sys
 import sysconfig
 import threading
+import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["RankStacks", "Stacks", "thread_stacks"]
+from .._wire.protocol import Kind
+from ..errors import MeshError, MeshTimeoutError
+
+if TYPE_CHECKING:
+    from .._core.refs import ProcMeshRef
+    from .client import Client
+    from .records import MeshRecord
+
+__all__ = ["RankStacks", "Stacks", "ask_stacks", "thread_stacks"]
 
 _PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../jupyter_mesh
 _STDLIB = tuple({sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"]})
@@ -98,6 +107,42 @@ class Stacks:
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
         p.text(str(self))
+
+
+def ask_stacks(
+    client: Client, ref: ProcMeshRef, rec: MeshRecord, ranks: list[int], timeout: float, all_threads: bool
+) -> Stacks:
+    """The controller's side: every thread's stack on ``ranks`` now, asked of each proc's receive thread
+    at once; a rank that failed, or does not answer within ``timeout``, says why instead."""
+    asked = {}
+    for r in ranks:
+        if r in rec.failures or not ref.proc_addrs[r]:
+            continue
+        asked[r] = client.request(ref.proc_addrs[r], {"k": Kind.STACKS}, what=f"stacks of rank {r}")
+    deadline = time.monotonic() + timeout
+    out = []
+    for r in ranks:
+        label = ",".join(f"{k}={v}" for k, v in ref.coords(r).items())
+        fut = asked.get(r)
+        if fut is None:
+            f = rec.failures.get(r)
+            out.append(RankStacks(r, label, error=f"failed: {f.detail if f else 'not running'}"))
+            continue
+        try:
+            out.append(RankStacks(r, label, list(fut.get(max(0.0, deadline - time.monotonic())))))
+        except MeshTimeoutError:
+            pid = rec.pids.get(r)
+            out.append(
+                RankStacks(
+                    r,
+                    label,
+                    error=f"no answer within {timeout:g} s: proc {pid} holds the GIL (native code?) or is "
+                    f"stopped; `py-spy dump --native --pid {pid}` on its host shows where",
+                )
+            )
+        except MeshError as e:
+            out.append(RankStacks(r, label, error=f"no answer: {e}"))
+    return Stacks(ref.name, out, all_threads)
 
 
 def _short(path: str) -> str:

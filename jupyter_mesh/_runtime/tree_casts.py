@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .._core.shape import Slice
+from .._wire import protocol
 from .._wire.protocol import BROKEN, DIRECT, GATHER, NO_REPLY, Kind
 from .._wire.serialize import dumps
 from .._wire.transport import Message, Transport
@@ -136,19 +137,9 @@ class TreeCasts:
         q = h["q"]
         for r in ranks:
             seq = q if isinstance(q, int) else q[sl.index_of(r)]
-            skip = {
-                "k": Kind.SKIP,
-                "m": h["m"],
-                "a": h["a"],
-                "n": h.get("n", ""),
-                "s": h["s"],
-                "q": seq,
-                "rk": r,
-                "ck": h["k"],
-                "rm": DIRECT if h["rm"] == DIRECT else NO_REPLY,  # a call's ranks failed above
-                "i": h.get("i", 0),
-                "lost": detail,
-            }
+            skip = protocol.skip(h, seq, r)
+            # rm: a gathered call's ranks failed above (the proc answers only a direct call itself)
+            skip.update(rm=DIRECT if h["rm"] == DIRECT else NO_REPLY, i=h.get("i", 0), lost=detail)
             if h.get("rt"):
                 skip["rt"] = h["rt"]
             try:

@@ -16,6 +16,7 @@ without CURVE, a bind off loopback is refused. Every TCP socket also drops a fra
 from __future__ import annotations
 
 import fcntl
+import hmac
 import ipaddress
 import os
 import shutil
@@ -30,12 +31,15 @@ __all__ = [
     "ENV_BIND",
     "ENV_INSECURE",
     "ENV_MAX_FRAME",
+    "HANDSHAKE_MS",
     "CurveKeys",
+    "OnlyClientKey",
     "check_private_dir",
     "curve_wanted",
     "default_bind",
     "is_loopback",
     "max_frame",
+    "raise_fd_limit",
     "remove_session_dir",
     "sweep_stale_dirs",
 ]
@@ -187,6 +191,38 @@ def max_frame() -> int:
     if n < 1 << 16:
         raise ValueError(f"{ENV_MAX_FRAME}={n} is too small for a control message; use at least 65536")
     return n
+
+
+HANDSHAKE_MS = 5000  # a TCP connection that has not finished its handshake by then is dropped
+_fd_limit_raised = False
+
+
+def raise_fd_limit() -> None:
+    """A TCP bind can be sent half-open connections by anyone who reaches it: lift the soft limit on
+    open files to the hard one (up to 65536), once, so they cannot starve the process of descriptors."""
+    global _fd_limit_raised
+    if _fd_limit_raised:
+        return
+    _fd_limit_raised = True
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 65536 if hard == resource.RLIM_INFINITY else min(hard, 65536)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        except (ValueError, OSError):
+            pass
+
+
+class OnlyClientKey:
+    """ZAP credentials: a CURVE client is admitted only with the session's client key."""
+
+    def __init__(self, key: bytes):
+        self._key = key
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        return hmac.compare_digest(key, self._key)
 
 
 def remove_session_dir(bind: str) -> None:

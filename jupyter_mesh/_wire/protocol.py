@@ -212,6 +212,13 @@ def reply_header(req_id: int, ok: int, rank: int | None = None) -> dict[str, Any
     return h
 
 
+def skip(call: dict[str, Any], seq: int, rank: int) -> dict[str, Any]:
+    """To a proc: the message ``call`` (its header) that was meant for ``rank`` with sequence number
+    ``seq`` will not come; the actor moves past that number instead of waiting for it."""
+    return {"k": Kind.SKIP, "m": call["m"], "a": call["a"], "n": call.get("n", ""), "s": call["s"], "q": seq,
+            "rk": rank, "ck": call["k"]}  # fmt: skip
+
+
 def check_version(theirs: object, who: str) -> None:
     """Raise if a peer speaks another protocol version, naming both."""
     if theirs != VERSION:

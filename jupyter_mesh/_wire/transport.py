@@ -2,7 +2,8 @@
 
 Every message is ``[signature, header, payload, *buffers]``. ``header`` is msgpack (its kinds and keys are
 ``protocol``'s), ``payload`` a pickle, ``buffers`` the pickle's out-of-band buffers sent without copying.
-Small messages to an inbox of this host that has a lane skip ZeroMQ's I/O threads (``lane``).
+Small messages to an inbox of this host that has a lane skip ZeroMQ's I/O threads (``lane``; ``lane_merge``
+reads both ways of such an inbox in order).
 The signature is HMAC-SHA256 with the session key over header and payload, as Jupyter signs its
 messages; the header also pins the number and length of every buffer frame. A message whose signature
 or framing does not check out is dropped and counted *before* anything in it is decoded or unpickled.
@@ -29,7 +30,17 @@ import zmq
 
 from . import lane as _lane
 from . import shm as _shm
-from .channels import CurveKeys, check_bind, curve_wanted, is_loopback, max_frame
+from .channels import (
+    HANDSHAKE_MS,
+    CurveKeys,
+    OnlyClientKey,
+    check_bind,
+    curve_wanted,
+    is_loopback,
+    max_frame,
+    raise_fd_limit,
+)
+from .lane_merge import WatchedLanes, recv_zmq_frames
 from .protocol import VERSION, Kind
 from .replay import ReplayGuard
 
@@ -110,7 +121,7 @@ class Transport:
 
             self._auth = ThreadAuthenticator(self._ctx, log=log)
             self._auth.start()
-            self._auth.configure_curve_callback("*", credentials_provider=_OnlyKey(self.curve.client_public))
+            self._auth.configure_curve_callback("*", credentials_provider=OnlyClientKey(self.curve.client_public))
         self._more: weakref.WeakSet[zmq.Socket[Any]] = weakref.WeakSet()  # closed by close(), if still open
         self._wake_name = f"inproc://jupyter-mesh-wake-{id(self):x}"
         self._inbox, self.address = self.bind_inbox(self._wake_name, inbox_port)
@@ -124,9 +135,7 @@ class Transport:
         self._outs_lock = threading.Lock()
         self._lane_out = _lane.LaneSender()  # same-host inboxes with a lane: small messages skip ZeroMQ
         self._lanes: list[_lane.Lane] = []  # ours, closed by close()
-        # watched inboxes with a lane, read together (``_drain``): socket -> lane, lane's fd -> socket
-        self._lane_of: dict[zmq.Socket[Any], _lane.Lane] = {}
-        self._lane_socks: dict[int, zmq.Socket[Any]] = {}
+        self._watched_lanes = WatchedLanes()  # watched inboxes with a lane: both ways read together
         self.stats = TransportStats()
         self._closed = False
 
@@ -165,7 +174,7 @@ class Transport:
             # a connection that does not finish its handshake is dropped after 5 s (not libzmq's 30):
             # anyone who reaches the port can open them, each holding a descriptor until then
             sock.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_MS)
-            _raise_fd_limit()
+            raise_fd_limit()
             if self.curve is not None:
                 sock.curve_server = True
                 sock.curve_publickey = self.curve.server_public
@@ -420,7 +429,7 @@ class Transport:
                 return
             run_tick = not ready or (due is not None and time.monotonic() >= due)
             for sock, _ in ready:
-                if type(sock) is int or sock in self._lane_of:  # a watched inbox with a lane
+                if sock in self._watched_lanes:  # a watched inbox with a lane
                     self._drain(sock, handler)
                     continue
                 try:
@@ -444,28 +453,12 @@ class Transport:
                     log.exception("error in the receive thread's tick")
                     delay = 0.05
                 due = None if delay is None else time.monotonic() + delay
-                for sock, lane in list(self._lane_of.items()):  # just watched: its last reader held one
-                    if lane.holds():
-                        self._drain(sock, handler)
+                for sock in self._watched_lanes.holding():  # just watched: its last reader held one
+                    self._drain(sock, handler)
 
     def _drain(self, key: Any, handler: Callable[[Message, list[Any]], None]) -> None:
-        """Everything waiting on a watched inbox with a lane (``key``: its socket or the lane's fd), in
-        its senders' order (``lane.take``)."""
-        sock: Any = self._lane_socks.get(key) if type(key) is int else key
-        lane = self._lane_of.get(sock)
-        if lane is None:
-            return
-        token = self._watched.get(sock)
-        while True:
-            try:
-                frames = _lane.take(sock, lane)
-            except zmq.ZMQError:
-                return
-            if frames is None:
-                return
-            if len(frames) == 1 and frames[0] == token:
-                continue
-            self._handle(frames, handler, None)
+        """Everything waiting on a watched inbox with a lane, in its senders' order (``lane_merge``)."""
+        self._watched_lanes.drain(key, self._watched, lambda frames: self._handle(frames, handler, None))
 
     def _handle(self, frames: list[Any], handler: Callable[[Message, list[Any]], None], inbox: str | None) -> None:
         msg = self.decode(frames, inbox)
@@ -492,9 +485,7 @@ class Transport:
         self._watched[sock] = token
         self._poller.register(sock, zmq.POLLIN)
         if lane is not None:
-            lane.zmq_quiet = False  # our poller looks at the socket now (``lane.Lane.zmq_quiet``)
-            self._lane_of[sock] = lane
-            self._lane_socks[lane.fd] = sock
+            self._watched_lanes.add(sock, lane)
             self._poller.register(lane.fd, zmq.POLLIN)
 
     def unwatch(self, sock: zmq.Socket[Any], lane: _lane.Lane | None = None) -> None:
@@ -502,16 +493,13 @@ class Transport:
         assert self._poller is not None
         self._watched.pop(sock, None)
         self._poller.unregister(sock)
-        self._lane_of.pop(sock, None)
-        if lane is not None:
-            lane.zmq_quiet = False  # our poller may have cleared its descriptor: its next reader asks ZeroMQ
-            if self._lane_socks.pop(lane.fd, None) is not None:
-                self._poller.unregister(lane.fd)
+        if self._watched_lanes.remove(sock, lane) and lane is not None:
+            self._poller.unregister(lane.fd)
 
     @staticmethod
     def recv_frames(sock: zmq.Socket[Any], flags: int = 0) -> list[Any]:
         """Small frames (signature, header, payload) as bytes; buffer frames without copying."""
-        return _lane.recv_zmq_frames(sock, flags)
+        return recv_zmq_frames(sock, flags)
 
     def stop_serving(self) -> None:
         """Make :meth:`serve` return (from any thread)."""
@@ -563,38 +551,6 @@ class Transport:
         if self._auth is not None:
             self._auth.stop()
         self._ctx.term()
-
-
-HANDSHAKE_MS = 5000
-_fd_limit_raised = False
-
-
-def _raise_fd_limit() -> None:
-    """A TCP bind can be sent half-open connections by anyone who reaches it: lift the soft limit on
-    open files to the hard one (up to 65536), once, so they cannot starve the process of descriptors."""
-    global _fd_limit_raised
-    if _fd_limit_raised:
-        return
-    _fd_limit_raised = True
-    import resource
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = 65536 if hard == resource.RLIM_INFINITY else min(hard, 65536)
-    if soft != resource.RLIM_INFINITY and soft < want:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
-        except (ValueError, OSError):
-            pass
-
-
-class _OnlyKey:
-    """ZAP credentials: a CURVE client is admitted only with the session's client key."""
-
-    def __init__(self, key: bytes):
-        self._key = key
-
-    def callback(self, domain: str, key: bytes) -> bool:
-        return hmac.compare_digest(key, self._key)
 
 
 def _hmac_state(key: bytes) -> Any:

@@ -18,6 +18,11 @@ from .remote_exec import RemoteExec
 
 __all__ = ["JobSpec", "MeshRegistry", "NamedMesh"]
 
+NEAR_TIMEOUT = 60.0
+"""Seconds ``%mesh up`` waits for hosts that are there already (this one, attached workers)."""
+QUEUED_TIMEOUT = 300.0
+"""Seconds ``%mesh up`` waits for a scheduler's job (SLURM, TorchX): it may queue first."""
+
 
 @dataclass(frozen=True)
 class JobSpec:
@@ -109,7 +114,7 @@ class MeshRegistry:
         where: JobSpec | None = None,
     ) -> NamedMesh:
         where = where or JobSpec()
-        timeout = timeout or (60.0 if where.kind in ("local", "attach") else 300.0)  # a scheduler may queue the job
+        timeout = timeout or (NEAR_TIMEOUT if where.kind in ("local", "attach") else QUEUED_TIMEOUT)
         job = where.job(hosts, preload)
         try:
             hosts_of = getattr(job, "host_mesh", None)  # every job gives one; a plugin's Job must too

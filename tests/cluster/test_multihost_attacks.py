@@ -293,10 +293,14 @@ def test_a_listener_stopped_mid_session_says_so(netns_hosts, config_dir):
 def test_mesh_up_attach_to_nothing_fails_within_a_minute(netns_hosts, config_dir):
     """``%mesh up --attach tcp://IP:PORT`` with nothing listening there: MeshRegistry.up gives every
     non-local job 300 s (meant for a SLURM queue), so the cell hangs 5 minutes before the (clear)
-    error. attach_to_workers' own default is 60 s; a refused TCP connect could even fail at once."""
+    error. attach_to_workers' own default is 60 s; a refused TCP connect could even fail at once.
+    The near-hosts wait (60 s) is cut to 5 s here: were the attach given the queued jobs' wait, the
+    cell would still block past the 90 s limit."""
     code = (
         "import time\n"
+        "from jupyter_mesh.notebook import meshes\n"
         "from jupyter_mesh.notebook.meshes import MeshRegistry, JobSpec\n"
+        "meshes.NEAR_TIMEOUT = 5.0\n"
         "t0 = time.monotonic()\n"
         "try:\n"
         f"    MeshRegistry().up('m', 1, 'procs', 1, [], where=JobSpec('attach', ['tcp://{netns_hosts[3].ip}:6999']))\n"
