@@ -50,6 +50,11 @@ log = logging.getLogger("jupyter_mesh.transport")
 
 _compare_digest, _unpackb = hmac.compare_digest, msgpack.unpackb
 BUFFER_SEND_WAIT = 30.0  # seconds a send waits for ZeroMQ to let go of the caller's buffers
+ZERO_COPY_MIN = 1 << 20
+"""The caller's buffers smaller than this are copied as they are sent (tens of microseconds), so the
+send need not wait for ZeroMQ to let go of them: a peer that reads nothing (SIGSTOPped) held the
+caller until it was declared dead. Larger ones go without a copy and are waited for; between procs
+of one host they travel through shared memory instead (``_shm``), with nothing to wait for."""
 _SIG_LEN = 32
 _SNDMORE = int(zmq.SNDMORE)
 _per_thread = threading.local()
@@ -345,8 +350,8 @@ class Transport:
                 if len(frames) > 3:  # buffers go without a copy
                     if _all_received(frames):  # a relay: ZeroMQ already owns these (refcounted, shareable)
                         sock.send_multipart(frames, copy=False)
-                    else:  # the caller's memory: we wait below until ZeroMQ let go of it
-                        tracker = sock.send_multipart(_unwrapped(frames), copy=False, track=True)
+                    else:  # the caller's memory: large buffers are waited for below, until ZeroMQ let go of them
+                        tracker = _send_tracked(sock, frames)
                 else:  # frame by frame with a plain int flag: send_multipart's enum arithmetic costs ~2 us
                     for f in frames[:-1]:
                         sock.send(f, _SNDMORE)
@@ -569,10 +574,24 @@ def _all_received(frames: Sequence[Any]) -> bool:
     return all(isinstance(f, zmq.Frame) for f in frames[3:])
 
 
-def _unwrapped(frames: Sequence[Any]) -> list[Any]:
-    """For a tracked send: pyzmq refuses to track a received ``zmq.Frame`` ("Not a tracked message"),
-    so such frames go as views of their memory (still no copy) when mixed with the caller's buffers."""
-    return [f.buffer if isinstance(f, zmq.Frame) else f for f in frames]
+def _send_tracked(sock: zmq.Socket[Any], frames: Sequence[Any]) -> zmq.MessageTracker | None:
+    """Send a message that holds the caller's memory: immutable and received frames without a copy
+    and nothing to wait for (ZeroMQ holds a reference), other buffers below ``ZERO_COPY_MIN`` copied,
+    larger ones without a copy, each tracked: the tracker is done once ZeroMQ let go of all of them
+    (pyzmq's multipart tracker follows only the last frame)."""
+    trackers = []
+    last = len(frames) - 1
+    for i, f in enumerate(frames):
+        flags = 0 if i == last else _SNDMORE
+        if isinstance(f, (bytes, zmq.Frame)):
+            sock.send(f, flags, copy=False)
+        elif memoryview(f).nbytes < ZERO_COPY_MIN:
+            sock.send(f, flags, copy=True)
+        else:
+            frame = zmq.Frame(f, track=True)
+            sock.send(frame, flags, copy=False)
+            trackers.append(frame.tracker)
+    return zmq.MessageTracker(*trackers) if trackers else None
 
 
 def _bytes(f: Any) -> bytes:
