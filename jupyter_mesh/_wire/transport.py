@@ -48,6 +48,7 @@ __all__ = ["Message", "Transport", "TransportStats"]
 
 log = logging.getLogger("jupyter_mesh.transport")
 
+_compare_digest, _unpackb = hmac.compare_digest, msgpack.unpackb
 BUFFER_SEND_WAIT = 30.0  # seconds a send waits for ZeroMQ to let go of the caller's buffers
 ZERO_COPY_MIN = 1 << 20
 """The caller's buffers smaller than this are copied as they are sent (tens of microseconds), so the
@@ -243,24 +244,36 @@ class Transport:
 
         ``inbox``: the address of the socket the frames were read from (see ``_admit``)."""
         try:
-            if len(frames) < 3:
+            n = len(frames)
+            if n < 3:
                 self.stats.dropped_malformed += 1
                 return None
             sig, header, payload = frames[0], frames[1], frames[2]
             if type(sig) is not bytes or type(header) is not bytes or type(payload) is not bytes:
                 sig, header, payload = _bytes(sig), _bytes(header), _bytes(payload)
-            if len(sig) != _SIG_LEN or not hmac.compare_digest(sig, self._sign(header, payload)):
+            signing = self._keyed.copy()  # as ``_sign``, inline: this runs for every message
+            signing.update(payload)
+            signing.update(header)
+            if len(sig) != _SIG_LEN or not _compare_digest(sig, signing.digest()):
                 self.stats.dropped_bad_signature += 1
                 return None
-            h = msgpack.unpackb(header, raw=False)
-            bufs = [f.buffer if isinstance(f, zmq.Frame) else f for f in frames[3:]]
-            if not isinstance(h, dict) or h.get("nb") != [memoryview(b).nbytes for b in bufs]:
-                self.stats.dropped_malformed += 1
-                return None
+            h = _unpackb(header, raw=False)
+            if n == 3:  # no buffer frames (most messages): the header must say so
+                bufs: list[Any] = []
+                if type(h) is not dict or h.get("nb") != bufs:
+                    self.stats.dropped_malformed += 1
+                    return None
+            else:
+                bufs = [f.buffer if isinstance(f, zmq.Frame) else f for f in frames[3:]]
+                if not isinstance(h, dict) or h.get("nb") != [memoryview(b).nbytes for b in bufs]:
+                    self.stats.dropped_malformed += 1
+                    return None
             if h.get("v") != VERSION and h.get("k") != Kind.AGENT_UP:  # the hello's keys never change:
                 self._other_version(h)  # its receiver refuses it by name (``protocol.check_version``)
                 return None
-            if not self._admit(h, inbox):
+            verdict = self._replays.check(h, inbox)  # ``_admit``, inline
+            if verdict is not None:
+                setattr(self.stats, verdict, getattr(self.stats, verdict) + 1)
                 return None
             if "sh" in h:  # authentic: now it is safe to open the segments it names
                 bufs = _shm.unstash(self.shm_prefix, h["sh"], bufs)
