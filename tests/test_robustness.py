@@ -7,9 +7,10 @@ import signal
 import time
 
 import pytest
+from _procs import wait_for
 from actors import Faulty, Tricky
 
-from jupyter_mesh import ActorError, SupervisionError
+from jupyter_mesh import ActorError, ProcState, SupervisionError
 
 pytestmark = pytest.mark.integration
 
@@ -80,6 +81,70 @@ def test_a_rank_that_answered_then_died_fails_the_waiting_call_and_counts_as_tol
         assert [fl.coords for fl in err.value.failures] == [{"hosts": 1, "gpus": 0} if job else {"gpus": 1}]
         time.sleep(0.5)
         assert recorded_faults[before:] == [], "the caller was told: the fault hook must not be"
+    finally:
+        pm.stop(timeout=2)
+        if job:
+            job.stop()
+
+
+def _grid(host, topology):
+    from jupyter_mesh import LocalJob
+
+    job = LocalJob(hosts=2) if topology == "two agents" else None
+    pm = (job.host_mesh() if job else host).spawn_procs(per_host={"gpus": 1 if job else 2})
+    return job, pm
+
+
+@pytest.mark.parametrize("topology", ["one agent", "two agents"])
+def test_ranks_of_one_call_dying_one_after_the_other_are_all_told(host, recorded_faults, topology):
+    """The first death fails the call at once; the rank still running it dies a moment later (a lost
+    host's ranks, a killed fork server's procs, a scancel: one at a time). Its caller was told the call
+    failed: that second death must not reach the fault hook as unhandled (a script would exit 1)."""
+    job, pm = _grid(host, topology)
+    try:
+        f = pm.spawn("f", Faulty)
+        pids = list(f.pid.call().get(timeout=20).values())
+        before = len(recorded_faults)
+        fut = f.sleep.call(30.0)
+        time.sleep(0.5)
+        victims = [a.pid for a in job.agents()] if job else pids
+        os.kill(victims[0], signal.SIGKILL)
+        with pytest.raises(SupervisionError):
+            fut.get(timeout=15)
+        os.kill(victims[1], signal.SIGKILL)
+        assert wait_for(lambda: all(r.state == ProcState.FAILED for r in pm.state().ranks), 15)
+        time.sleep(0.5)
+        assert recorded_faults[before:] == [], "the caller was told: the fault hook must not be"
+    finally:
+        pm.stop(timeout=2)
+        if job:
+            job.stop()
+
+
+@pytest.mark.parametrize("topology", ["one agent", "two agents"])
+def test_a_later_death_of_a_rank_that_ran_the_failed_call_is_news(host, recorded_faults, monkeypatch, topology):
+    """The other side: the rank still running the failed call finished it and dies long after the
+    incident (``outcomes.DOOMED_S``, cut to 1 s here), with nothing waiting on it: that death is news,
+    and the fault hook hears it."""
+    from jupyter_mesh._runtime import outcomes
+
+    monkeypatch.setattr(outcomes, "DOOMED_S", 1.0)
+    job, pm = _grid(host, topology)
+    try:
+        f = pm.spawn("f", Faulty)
+        pids = list(f.pid.call().get(timeout=20).values())
+        before = len(recorded_faults)
+        fut = f.fail_on_else_sleep.call([], 2.0)
+        time.sleep(0.5)
+        os.kill(pids[0], signal.SIGKILL)
+        with pytest.raises(SupervisionError):
+            fut.get(timeout=15)
+        second = pm.state().ranks[1].coords
+        assert f.slice(**second).ok.call_one().get(timeout=20) == "fine"  # after its sleep
+        time.sleep(1.5)
+        os.kill(pids[1], signal.SIGKILL)
+        assert wait_for(lambda: len(recorded_faults) > before, 15), "the later death was not reported"
+        assert [fl.coords for m in recorded_faults[before:] for fl in m.failures] == [second]
     finally:
         pm.stop(timeout=2)
         if job:

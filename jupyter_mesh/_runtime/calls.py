@@ -58,6 +58,10 @@ class CallTable:
         self.actor_mesh: dict[str, str] = {}  # actor id -> proc mesh id
         self.moved: dict[tuple[str, int], str] = {}  # respawned ranks' new addresses
         self.lost_peers: dict[str, str] = {}  # agents gone for good -> why
+        # the ranks of a call a death failed (the dead, and those still running it): (mesh id, rank) -> until
+        # when (monotonic). Their death's own note soon after (a host's ranks die one by one; an agent's
+        # gather may tell of a death before its note does) is part of what the call's caller was told
+        self.doomed: dict[tuple[str, int], float] = {}
 
     def finish(self, call_id: int) -> None:
         """Forget a call (answered, timed out, or given up on)."""

@@ -84,6 +84,7 @@ class Client:
         self.rank_moved = self.supervision.rank_moved
         self.reset_ranks = self.supervision.reset_ranks
         self.waits_on = self.supervision.waits_on
+        self.doomed = self.supervision.doomed
         self.waits_on_actor = self.supervision.waits_on_actor
         self.constructing = self.supervision.constructing
         self.trees = TreeCasts(transport, self.calls, self.outcomes)  # casts through agents' trees

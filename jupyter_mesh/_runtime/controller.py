@@ -263,13 +263,14 @@ class Controller:
         # order matters: whoever wakes up from a failed call, or sees the rank failed, may rely on
         # the fault having been handled and the state updated already
         told = self.client.waits_on(mesh_id, rank)
+        doomed = self.client.doomed(mesh_id, rank)  # its call failed already, of another rank's death
         try:
-            self.faults.rank_failed(rec, rank, failure, told)
+            self.faults.rank_failed(rec, rank, failure, told or doomed)
         finally:
             self.state.failed(mesh_id, rank, failure)
             hit = self.client.mark_failed({rank: failure}, mesh_id)
             self.notify_procs(protocol.notice("failed", mesh_id, rank), failure)
-        if told and not hit:  # the call that waited on it finished meanwhile, without hearing of it
+        if told and not hit and not doomed:  # the call that waited on it finished meanwhile, without it
             self.faults.rank_failed(rec, rank, failure, False, hook_only=True)
 
     def notify_procs(self, header: dict[str, Any], obj: Any = None) -> None:

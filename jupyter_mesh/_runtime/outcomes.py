@@ -9,6 +9,8 @@ outcome is recorded under the client's lock before completion is decided.
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Sequence
 from pickle import loads as _unpickle  # plain values: no out-of-band buffers
 from typing import TYPE_CHECKING, Any
@@ -39,6 +41,12 @@ if TYPE_CHECKING:
 __all__ = ["Outcomes"]
 
 _PROC_DEATH = frozenset({"exit", "signal", "heartbeat", "agent"})
+_DOOMED_MAX = 1 << 16
+DOOMED_S = 2 * float(os.environ.get("JUPYTER_MESH_HEARTBEAT_TIMEOUT", "3.0")) + 4
+"""How long after a death failed a call the death of a rank still running it counts as part of what the
+caller was told: the ranks of one incident (a lost host, a killed fork server, a scancel) die one at a
+time, at most about a heartbeat timeout apart. A later death is news (the fault hook hears it). A doomed rank's late answer seldom reaches us (its
+agent's gather went up already), so time is what tells the incident apart."""
 
 
 class _Returned:
@@ -246,6 +254,7 @@ class Outcomes:
                 # and what else broke before (ranks cut off by a lost relaying agent, undelivered ones)
                 others = [f for f in p.broken if f.kind not in _PROC_DEATH]
                 p.broken = [known[r] for r in sorted(known)] + others
+                self._doom(p, deaths)
                 finished += sorted(p.outstanding)
                 p.outstanding.clear()
             busy = [r for r in finished if r not in p.progressed] if p.progressed else finished
@@ -255,6 +264,18 @@ class Outcomes:
             self.hooks.constructed(p.mesh_id, finished, p.actor_id)
         if done:
             self._complete(p)
+
+    def _doom(self, p: Pending, deaths: dict[int, Failure]) -> None:
+        """A death failed the call: the ranks still running it are doomed, and so are the dead ones
+        (their agent's gather may tell of a death before its own note does), under ``calls.lock``."""
+        doomed = self.calls.doomed
+        now = time.monotonic()
+        if len(doomed) > _DOOMED_MAX:  # ranks that did not die: their time is up
+            for key in [k for k, until in doomed.items() if until < now]:
+                del doomed[key]
+        until = now + DOOMED_S
+        for r in p.outstanding | deaths.keys():
+            doomed[(p.mesh_id, r)] = until
 
     def _decode_outcome(self, p: Pending, rank: int, ok: int, payload: Any, bufs: list[Any]) -> Any:
         try:

@@ -4,6 +4,7 @@ later calls fail at the call site or reach the rank's new proc. ``client.Client`
 from __future__ import annotations
 
 import pickle
+import time
 from typing import TYPE_CHECKING, Any
 
 from .._wire.protocol import BROKEN
@@ -29,6 +30,7 @@ class Supervision:
         with self.calls.lock:
             self.calls.moved[(mesh_id, rank)] = address
             self.calls.failed.pop((mesh_id, rank), None)
+            self.calls.doomed.pop((mesh_id, rank), None)
             for actor_id, arr in self.calls.seq.items():
                 if self.calls.actor_mesh.get(actor_id) == mesh_id and rank < len(arr):
                     arr[rank] = 0
@@ -38,6 +40,7 @@ class Supervision:
         with self.calls.lock:
             for r in ranks:
                 self.calls.failed.pop((mesh_id, r), None)
+                self.calls.doomed.pop((mesh_id, r), None)
             for a in actor_ids:
                 arr = self.calls.seq.get(a)
                 if arr is not None:
@@ -56,6 +59,16 @@ class Supervision:
             return any(
                 p.mesh_id == mesh_id and p.mode != "spawn" and _covers(p, rank) for p in self.calls.pending.values()
             )
+
+    def doomed(self, mesh_id: str, rank: int) -> bool:
+        """Whether ``rank`` was in a call of ours that a death failed moments ago (``outcomes.DOOMED_S``;
+        once: it is forgotten here). Its death is then part of what that call's caller was told: the
+        ranks of a lost host, or of a killed fork server, die one at a time."""
+        with self.calls.lock:
+            until = self.calls.doomed.pop((mesh_id, rank), None)
+        if until is None:
+            return False
+        return time.monotonic() <= until
 
     def waits_on_actor(self, actor_id: str, rank: int) -> bool:
         """Whether a call from here (not a spawn) waits on that actor at ``rank``: it will hear of the
