@@ -22,11 +22,10 @@ def test_cancel_stops_sync_and_async_endpoints(procs, endpoint):
     one = s.slice(gpus=0)
     fut = getattr(one, endpoint).call_one(30)
     time.sleep(0.3)
-    t0 = time.monotonic()
     assert fut.cancel()
+    assert fut.cancelled()  # released by cancel() itself, before any answer from the proc
     with pytest.raises(MeshCancelledError):
-        fut.get(timeout=1)
-    assert time.monotonic() - t0 < 1.0
+        fut.get(timeout=0)
     # the actor is free again (it would be busy for 30 s otherwise) and counted the cancel
     assert one.counts.call_one().get(timeout=5) == (0, 1)
 
@@ -49,10 +48,10 @@ def test_ctrl_c_in_get_cancels_remote_work(procs):
     fut = one.busy_loop.call_one(30)
     timer = threading.Timer(0.3, os.kill, args=(os.getpid(), signal.SIGINT))
     timer.start()
-    t0 = time.monotonic()
+    # the wait outlasts the call: a wait that Ctrl-C did not break would end with the call's value
+    # (not cancelled, counts (1, 0)), and a late KeyboardInterrupt would find the future done
     with pytest.raises(KeyboardInterrupt):
-        fut.get(timeout=10)
-    assert time.monotonic() - t0 < 1.5
+        fut.get(timeout=60)
     assert fut.cancelled()
     assert one.counts.call_one().get(timeout=5) == (0, 1)
 

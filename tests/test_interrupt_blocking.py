@@ -75,12 +75,12 @@ def test_cancel_stops_a_blocking_call(procs, how):
         assert b.block.call_one(how, 0).get(60) == "finished"
     fut = b.block.call_one(how, 60)
     time.sleep(0.5)  # it is blocked now
-    t0 = time.monotonic()
     assert fut.cancel()
     with pytest.raises(MeshCancelledError):
-        fut.get(1)
-    assert b.seen.call_one().get(5) == [how]  # stopped inside the call, and answers the next one
-    assert time.monotonic() - t0 < 2.0
+        fut.get(0)  # released by cancel() itself
+    # stopped inside the call, and answers the next one: a call still blocked (60 s) would keep this
+    # one queued past its hang guard
+    assert b.seen.call_one().get(10) == [how]
 
 
 def test_cancel_of_a_whole_mesh_call_in_sleep(procs):
@@ -88,10 +88,9 @@ def test_cancel_of_a_whole_mesh_call_in_sleep(procs):
     b.initialized.get(10)
     fut = b.block.call("sleep", 60)
     time.sleep(0.5)
-    t0 = time.monotonic()
     fut.cancel()
-    assert list(b.seen.call().get(5).values()) == [["sleep"]] * 4
-    assert time.monotonic() - t0 < 2.0
+    # every rank was interrupted inside its sleep (60 s) and answers the next call within the hang guard
+    assert list(b.seen.call().get(10).values()) == [["sleep"]] * 4
 
 
 def _interrupt_after(*delays: float) -> list[threading.Timer]:

@@ -124,20 +124,18 @@ def test_a_failure_wakes_a_caller_reading_its_box(procs):
     pid = one.pid.call_one().get(timeout=5)
     fut = one.sleep.call_one(30)
     threading.Timer(0.3, os.kill, args=(pid, 9)).start()
-    t0 = time.monotonic()
-    with pytest.raises(SupervisionError):
+    # the call lasts 30 s: a reader the failure did not wake would end in MeshTimeoutError
+    with pytest.raises(SupervisionError, match="SIGKILL"):
         fut.get(timeout=10)
-    assert time.monotonic() - t0 < 2.0
 
 
 def test_a_cancel_from_another_thread_wakes_the_reader(procs):
     s = procs.spawn("s", Sleeper)
     fut = s.slice(gpus=1).nap.call_one(30)
     threading.Timer(0.3, fut.cancel).start()
-    t0 = time.monotonic()
+    # the call lasts 30 s: a reader the cancel did not wake would end in MeshTimeoutError
     with pytest.raises(MeshCancelledError):
         fut.get(timeout=10)
-    assert time.monotonic() - t0 < 1.5
 
 
 _CTRL_C_STORM = r"""
@@ -249,9 +247,8 @@ def test_a_callback_waiting_on_another_call_of_the_same_box_is_answered(procs):
     f2 = b.nap.call_one(0.1)  # same box
     got: list[str] = []
     threading.Timer(0.1, lambda: f1.add_done_callback(lambda _f: got.append(f2.get(timeout=3)))).start()
-    t0 = time.monotonic()
     assert f_long.get(timeout=8) == "finished"
-    assert time.monotonic() - t0 < 2.5 and got == ["finished"]
+    assert got == ["finished"]  # the callback ran, and its get() was answered, during the outer read
 
 
 def test_a_call_routed_to_a_box_that_went_back_to_the_pool_is_still_read(procs, monkeypatch):
