@@ -1,10 +1,12 @@
 """The small-call path and same-host RDMABuffer, jupyter_mesh and Monarch side by side. Prints one JSON object.
 
-    python benchmarks/bench_small.py [--monarch PYTHON] [--rounds 3] [--calls 2000] [--runs 5] [--mib 64]
+    python benchmarks/bench_small.py [--monarch PYTHON] [--ab TREE] [--rounds 3] [--calls 2000] [--runs 5] [--mib 64]
 
 Each round runs one fresh program per system, the systems alternating (jm, monarch, jm, monarch, ...),
-so drift in the machine's speed hits both alike. A program spawns 2 procs on this host and measures:
-* ``call_one_us``: ``owner.noop.call_one().get()`` round trips from the controller, p50/p99 (after 50
+so drift in the machine's speed hits both alike. ``--ab TREE`` adds another jupyter_mesh source tree
+(a checkout of main, say) to every round, for an A/B of two versions in the same run; every other round
+runs the systems in reverse order. A program spawns 2 procs on this host and measures:
+* ``call_one_us``: ``owner.noop.call_one().get()`` round trips from the controller, p50/p90/p99 (after 50
   warm-up calls)
 * ``rdma``: ``RDMABuffer`` of ``--mib`` MiB made by the proc ``owner``; the other proc times
   ``buf.read_into(dst).get()`` and ``buf.write_from(src).get()``, its local side allocated and touched
@@ -91,7 +93,7 @@ for _ in range(N):
     owner.noop.call_one().get()
     lat.append(time.perf_counter() - t)
 lat.sort()
-out = {"call_one_us": {"p50": round(1e6 * lat[len(lat) // 2], 1), "p99": round(1e6 * lat[int(0.99 * len(lat))], 1)}}
+out = {"call_one_us": {q: round(1e6 * lat[int(f * len(lat))], 1) for q, f in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))}}
 rdma = {}
 for kind in ("tensor", "memoryview"):
     try:
@@ -127,8 +129,8 @@ _MONARCH = (
 )
 
 
-def run(python: str, program: str, a: argparse.Namespace) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")])}
+def run(python: str, program: str, a: argparse.Namespace, tree: str = os.path.dirname(HERE)) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([tree, os.environ.get("PYTHONPATH", "")])}
     t0 = time.monotonic()
     args = [python, "-c", program, str(a.calls), str(a.mib << 20), str(a.runs)]
     try:
@@ -146,22 +148,26 @@ def run(python: str, program: str, a: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--monarch", metavar="PYTHON", help="a Python with torchmonarch: run Monarch side by side")
+    ap.add_argument("--ab", metavar="TREE", help="another jupyter_mesh source tree, run beside this one in every round")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--runs", type=int, default=5, help="timed transfers per size and op")
     ap.add_argument("--mib", type=int, default=64)
     ap.add_argument("--timeout", type=float, default=300, help="seconds per program")
     a = ap.parse_args()
-    systems = [("jupyter_mesh", sys.executable, _JM)]
+    here = os.path.dirname(HERE)
+    systems = [("jupyter_mesh", sys.executable, _JM, here)]
+    if a.ab:
+        systems.append(("jupyter_mesh@ab", sys.executable, _JM, os.path.abspath(a.ab)))
     if a.monarch:
-        systems.append(("monarch", a.monarch, _MONARCH))
+        systems.append(("monarch", a.monarch, _MONARCH, here))
     with open("/proc/loadavg") as f:
         load = f.read().split()[0]
     rounds: list[dict[str, Any]] = []
     for i in range(a.rounds):
         row: dict[str, Any] = {}
-        for name, python, program in systems:
-            row[name] = run(python, program, a)
+        for name, python, program, tree in systems if i % 2 == 0 else systems[::-1]:
+            row[name] = run(python, program, a, tree)
             print(f"round {i} {name}: {json.dumps(row[name])}", file=sys.stderr, flush=True)
         rounds.append(row)
     with open("/proc/loadavg") as f:
@@ -172,6 +178,8 @@ def main() -> None:
         "size_MiB": a.mib,
         "rounds": rounds,
     }
+    if a.ab:
+        result["ab_tree"] = os.path.abspath(a.ab)
     if a.monarch:
         ratios = []
         for row in rounds:
@@ -182,6 +190,12 @@ def main() -> None:
             except (KeyError, TypeError):
                 pass
         result["call_one_p50_ratio_jm_over_monarch"] = ratios
+        if a.ab:
+            result["call_one_p50_ratio_ab_over_monarch"] = [
+                round(row["jupyter_mesh@ab"]["call_one_us"]["p50"] / row["monarch"]["call_one_us"]["p50"], 3)
+                for row in rounds
+                if "call_one_us" in row.get("jupyter_mesh@ab", {}) and "call_one_us" in row.get("monarch", {})
+            ]
     print(json.dumps(result, indent=2))
 
 

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import sys
+import textwrap
 import time
 
 import pytest
@@ -117,3 +121,46 @@ def test_actors_calling_a_rank_hear_of_its_death_and_respawn(host):
     finally:
         target.stop()
         callers.stop()
+
+
+_RESPAWN_HANDLES = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    sys.path.insert(0, sys.argv[1])
+    from actors import Faulty
+    from jupyter_mesh import SupervisionError, this_host
+
+    procs = this_host().spawn_procs(per_host={"gpus": 3})
+    f = procs.spawn("f", Faulty)
+
+    def lose(*ranks):  # SIGKILL from outside: nothing waits on them, so fail fast holds the failures
+        for r in ranks:
+            os.kill(procs.pids()[r], signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while any(procs.state().ranks[r].state != "failed" for r in ranks) and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    lose(1, 2)
+    procs.respawn([1])                    # rank 1's failure is handled; rank 2's is not
+    try:
+        f.slice(gpus=0).ok.call_one().get(timeout=10)
+        print("NOT RAISED", flush=True)
+    except SupervisionError as e:
+        print("RAISED", sorted(x.rank for x in e.failures), flush=True)
+    lose(1)
+    procs.respawn()                       # every failed rank: nothing is left to raise
+    print("AFTER", list(f.ok.call().get(timeout=10).values()), flush=True)
+    """
+)
+
+
+def test_respawn_handles_the_failures_of_its_ranks_for_fail_fast(tmp_path):
+    """In a script, a rank lost and then respawned is handled: the next call does not raise its old
+    failure (another rank's, not respawned, still is), and the program exits 0."""
+    script = tmp_path / "respawn.py"
+    script.write_text(_RESPAWN_HANDLES)
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    out = subprocess.run([sys.executable, str(script), tests_dir], capture_output=True, text=True, timeout=120)
+    assert "RAISED [2]" in out.stdout, out.stdout + out.stderr
+    assert "AFTER ['fine', 'fine', 'fine']" in out.stdout, out.stdout + out.stderr
+    assert out.returncode == 0, out.stderr

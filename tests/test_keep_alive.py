@@ -110,11 +110,19 @@ def test_a_takeover_deposes_the_old_controller_here_and_in_the_procs_and_tells_i
     assert not a.keeper.refuses(msg(Kind.REATTACH, "ea"))  # it may ask to take the job back
 
 
+def answers(a: FakeAgent, to: str) -> list[dict[str, Any]]:
+    return [h for t, h in a.transport.sent if t == to and h["k"] == Kind.AGENT_UP]
+
+
 def test_a_live_controller_is_kept_unless_forced_and_a_forced_one_hears_it():
     a = FakeAgent()
     a.keeper.on_heartbeat(msg(Kind.HEARTBEAT, "ea"))
     reattach(a, B, "eb", "t/re-1/0")
-    assert a.controller == A and "still driven by a live controller" in a.transport.sent[0][1]["refused"]
+    assert a.controller == A and "waiting" in answers(a, B)[0]  # it may have died since its last heartbeat
+    assert a.keeper.on_heartbeat(msg(Kind.HEARTBEAT, "ea"))  # it did not: the reattach is refused now
+    last = answers(a, B)[-1]
+    assert a.controller == A and "still driven by a live controller" in last["refused"]
+    assert last["nonce"] == "t/re-1/0" and "force=True" in last["refused"]
     reattach(a, B, "eb", "t/re-2/0", force=True)
     assert a.controller == B and Kind.AGENT_GONE in a.transport.kinds(A)
 
@@ -138,3 +146,44 @@ def test_the_same_controller_reattaching_again_deposes_nobody():
     assert a.keeper.deposed == {} and a.keeper.owner_epoch == "eb"
     reattach(a, C, "ec", "t/re-3/0", force=True)
     assert a.keeper.deposed == {"eb": B}
+
+
+def test_a_reattach_waits_out_a_silent_controller_and_then_takes_the_job():
+    a = FakeAgent()
+    a.keeper.on_heartbeat(msg(Kind.HEARTBEAT, "ea"))
+    a.last_controller = time.monotonic() - 2.0  # A was killed: silent, but not for the whole timeout yet
+    reattach(a, B, "eb", "t/re-1/0")
+    (wait,) = answers(a, B)
+    assert "last heard from 2.0 s ago" in wait["waiting"] and "refused" not in wait and "hosted" not in wait
+    a.keeper.tick(time.monotonic())  # still within the timeout: it waits on
+    assert a.controller == A and len(answers(a, B)) == 1
+    a.keeper.tick(a.last_controller + a.hb_timeout)  # silent for the whole timeout: taken for dead
+    assert a.controller == B and a.keeper.owner_epoch == "eb"
+    assert [e["nonce"] for e in a.events if e["k"] == Kind.AGENT_UP and "hosted" in e] == ["t/re-1/0"]
+    assert Kind.AGENT_GONE in a.transport.kinds(A)  # were it only stalled, it hears who took the job
+    assert a.keeper.refuses(msg(Kind.CALL, "ea"))
+    a.keeper.tick(time.monotonic() + 60)
+    assert len(a.events) == 1  # answered once
+
+
+def test_a_held_reattach_takes_the_job_at_once_when_its_controller_detaches():
+    a = FakeAgent()
+    a.keeper.on_heartbeat(msg(Kind.HEARTBEAT, "ea"))
+    reattach(a, B, "eb", "t/re-1/0")
+    assert a.controller == A
+    a.keeper.on_detach(msg(Kind.DETACH, "ea"), [])  # a clean exit after all
+    assert a.controller == B and not a.keeper.detached
+    assert Kind.AGENT_GONE not in a.transport.kinds(A)  # it said it goes: nothing to tell it
+
+
+def test_a_second_reattach_held_behind_a_first_waits_for_the_new_owner():
+    a = FakeAgent()
+    a.keeper.on_heartbeat(msg(Kind.HEARTBEAT, "ea"))
+    a.last_controller = time.monotonic() - 2.5
+    reattach(a, B, "eb", "t/re-1/0")
+    reattach(a, C, "ec", "t/re-2/0")
+    a.keeper.tick(time.monotonic() + 1.0)
+    assert a.controller == B  # the first asked first; C now waits for B's heartbeats
+    assert len(answers(a, C)) == 2 and all("waiting" in h for h in answers(a, C))
+    assert a.keeper.on_heartbeat(msg(Kind.HEARTBEAT, "eb"))
+    assert "still driven by a live controller at " + B in answers(a, C)[-1]["refused"]

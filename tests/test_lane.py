@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 
 import pytest
+import zmq
 from _lanes import bind_lane, lane_transport, recv_within
 
 from jupyter_mesh._wire import lane as _lane
@@ -83,6 +85,55 @@ def test_a_full_or_gone_lane_falls_back_to_zeromq(transport):
     assert sock.poll(5000)
     msg = transport.decode(recv_zmq_frames(sock, 0), address)
     assert msg is not None and msg.header["i"] == 99
+
+
+def _recv_in_thread(inbox: Inbox, timeout: float = 10.0) -> list | None:
+    """``inbox.recv()`` (which blocks) on another thread, given up after ``timeout``."""
+    got: list = []
+    t = threading.Thread(target=lambda: got.append(inbox.recv()), daemon=True)
+    t.start()
+    t.join(timeout)
+    return got[0] if got else None
+
+
+def test_a_reader_that_found_zeromq_empty_still_wakes_for_it(transport):
+    """Once ZeroMQ was found empty the reader waits on its descriptor and the lane without asking
+    ZeroMQ again (``Lane.zmq_quiet``): a large message sent then must still wake it, and be seen by
+    ``pending``; the lane keeps working beside it."""
+    sock, address, lane = bind_lane(transport)
+    inbox = Inbox(sock, lane)
+    transport.send(address, Message({"k": "x", "i": 1}, b"small"))
+    assert transport.decode(inbox.recv(), address).header["i"] == 1  # type: ignore[union-attr]
+    assert lane.zmq_quiet and not inbox.pending()
+    big = b"b" * (_lane.MAX_BYTES + 1)
+    threading.Timer(0.2, lambda: transport.send(address, Message({"k": "x", "i": 2}, big))).start()
+    msg = transport.decode(_recv_in_thread(inbox) or [], address)  # blocked in poll when it was sent
+    assert msg is not None and msg.header["i"] == 2 and msg.payload == big
+    transport.send(address, Message({"k": "x", "i": 3}, big))
+    deadline = time.monotonic() + 5
+    while not inbox.pending() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert not lane.pending()  # it is on ZeroMQ's socket, and pending() saw it there
+    transport.send(address, Message({"k": "x", "i": 4}, b"small"))
+    got = [transport.decode(_recv_in_thread(inbox) or [], address) for _ in range(2)]
+    assert [m.header["i"] for m in got if m is not None] == [3, 4]
+    assert not inbox.pending() and transport.stats.dropped == 0
+
+
+def test_a_reader_asks_zeromq_again_after_someone_else_polled_it(transport):
+    """A ``zmq.Poller`` (the receive thread reading a reply box it adopted) clears the descriptor when
+    it looks: ``Transport.watch``/``unwatch`` make the next reader ask ZeroMQ itself."""
+    sock, address, lane = bind_lane(transport)
+    inbox = Inbox(sock, lane)
+    assert inbox.recv_nowait() is None and lane.zmq_quiet
+    transport.send(address, Message({"k": "x", "i": 1}, b"b" * (_lane.MAX_BYTES + 1)))
+    assert sock.poll(5000)  # an outside look: the descriptor no longer says anything is there
+    transport._poller = zmq.Poller()  # as serve() would have it, for watch/unwatch
+    transport.watch(sock, b"bell", lane)
+    transport.unwatch(sock, lane)
+    assert not lane.zmq_quiet
+    msg = transport.decode(_recv_in_thread(inbox) or [], address)
+    assert msg is not None and msg.header["i"] == 1
 
 
 def test_tcp_binds_have_no_lane():

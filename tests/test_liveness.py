@@ -9,10 +9,10 @@ import threading
 import time
 
 import pytest
-from _procs import wait_dead, wait_for
+from _procs import wait_dead, wait_for, wait_stopped
 from actors import Faulty
 
-from jupyter_mesh import LocalJob, ProcState, SupervisionError
+from jupyter_mesh import LocalJob, MeshTimeoutError, ProcState, SupervisionError
 
 pytestmark = pytest.mark.integration
 
@@ -116,3 +116,34 @@ def test_silent_host_agent_fails_its_ranks():
             os.kill(agent, signal.SIGCONT)
         job.stop()
     assert not wait_dead([agent], 5)
+
+
+def test_a_tensor_call_to_a_sigstopped_proc_returns_at_once_and_keeps_value_semantics(host):
+    """A proc that reads nothing (SIGSTOP) must not hold the caller: call_one returned only once
+    ZeroMQ let go of the argument's memory, i.e. once the agent declared the proc dead (~3 s) and its
+    socket closed. A buffer below the shared-memory size is now copied as it is sent, a larger one goes
+    through a segment: the call returns a pending future that times out, and what the actor gets is
+    the argument as it was at the call (the caller changed it afterwards)."""
+    np = pytest.importorskip("numpy")
+
+    pm = host.spawn_procs(per_host={"gpus": 1})
+    try:
+        f = pm.spawn("f", Faulty)
+        pid = f.pid.call_one().get(timeout=10)
+        small, large = np.zeros(512 << 10, np.uint8), np.zeros(4 << 20, np.uint8)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            assert wait_stopped(pid)
+            futs = [f.echo.call_one(x) for x in (small, large)]
+            small[:], large[:] = 1, 1  # value semantics: the calls carry what the arrays held then
+            assert not any(fut.done() for fut in futs)  # not failed: the caller was not held until the kill
+            for fut in futs:
+                with pytest.raises(MeshTimeoutError):
+                    fut.get(timeout=0.3)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        got = [fut.get(timeout=30) for fut in futs]  # a timed-out get cancels nothing: the replies come
+        assert [g.nbytes for g in got] == [small.nbytes, large.nbytes]
+        assert not any(g.any() for g in got)
+    finally:
+        pm.stop(timeout=2)

@@ -192,6 +192,27 @@ def test_a_rank_that_raises_is_named_first_and_the_mesh_runs_again(procs):
     assert list(run_script(procs, [ALLREDUCE]).get(60).values()) == [True] * 4
 
 
+def test_a_rank_whose_init_process_group_failed_joins_the_next_run(procs):
+    """torch names each new default group by a count ("0", "1", ...) that only a destroy resets: a rank
+    whose init raised (here it timed out alone; in CI a peer closed while it connected) kept "1" and
+    met the next run's ranks under another name in the store, all of them waiting for gloo's 30 minutes."""
+    with pytest.raises(ActorError) as caught:
+        run_script(procs, [ALLREDUCE, "--alone-rank", "0"]).get(60)
+    assert [f.coords for f in caught.value.failures] == [{"gpus": 0}], str(caught.value)
+    assert list(run_script(procs, [ALLREDUCE]).get(60).values()) == [True] * 4
+
+
+def test_no_rank_leaves_init_process_group_before_every_rank_has_its_group(procs, tmp_path):
+    """A rank that raised at once after init (step 0) tore down its connections while a slower peer was
+    still connecting: that peer's connectFullMesh failed, or waited for a rank that never came. Runs
+    meet at the end of init (torch's store barrier): rank 2's group comes up a second late, and every
+    rank's init returns only after it."""
+    args = [ALLREDUCE, "--slow-group-rank", "2", "--out", str(tmp_path)]
+    assert list(run_script(procs, args).get(60).values()) == [True] * 4
+    saw = {r: json.loads((tmp_path / f"saw{r}.json").read_text()) for r in range(4)}
+    assert saw == dict.fromkeys(range(4), True)
+
+
 def test_bad_scripts_say_what_went_wrong(procs, tmp_path):
     with pytest.raises(ActorError, match=r"no script 'no_such_train\.py' here"):
         run_script(procs.slice(gpus=0), ["no_such_train.py"]).get(30)

@@ -290,7 +290,7 @@ def test_mid_tree_agent_lost_mid_call(tmp_path, sig):
     """An agent in the middle of the tree dies (kill -9) or stalls (SIGSTOP) while a call waits: the
     call ends (no hang) naming the lost host and the ranks cut off below it, and the ranks below it
     still answer later calls (no sequence gap)."""
-    from _procs import descendants, wait_dead
+    from _procs import descendants, wait_dead, wait_stopped
 
     before = descendants(os.getpid())
     with configured(fanout=FANOUT):
@@ -301,6 +301,7 @@ def test_mid_tree_agent_lost_mid_call(tmp_path, sig):
             time.sleep(0.3)
             agent = job.pids()[MID]
             os.kill(agent, signal.SIGKILL if sig == "kill" else signal.SIGSTOP)
+            assert sig == "kill" or wait_stopped(agent, 30)
             with pytest.raises(SupervisionError) as e:
                 fut.get(30)
             gate.touch()
@@ -326,7 +327,7 @@ def test_cast_stuck_in_a_stopped_agent_leaves_no_gap(tmp_path):
     """A cast that a stopped mid-tree agent never forwards: once that agent is lost, the ranks below it
     are told (a skip of that sequence number), so their next calls run, and a stream's ranks there
     answer that the call was lost."""
-    from _procs import descendants, wait_dead
+    from _procs import descendants, wait_dead, wait_stopped
 
     before = descendants(os.getpid())
     with configured(fanout=FANOUT):
@@ -334,6 +335,9 @@ def test_cast_stuck_in_a_stopped_agent_leaves_no_gap(tmp_path):
         agent = job.pids()[MID]
         try:
             os.kill(agent, signal.SIGSTOP)
+            # kill() returns before the stop: the thread the signal woke starts it when it next runs, and
+            # meanwhile the agent's receive thread still relays (under load every rank answered)
+            assert wait_stopped(agent, 30)
             echo.store.broadcast("lost?")  # stuck in agent 2 for hosts 2 and 6
             answered, errors = [], []
             for f in echo.rank.stream():

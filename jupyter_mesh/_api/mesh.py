@@ -136,7 +136,9 @@ class ActorMesh(_MeshTrait, Generic[A]):
                 f"actor class {self._class_name} has no endpoint '{name}'; "
                 f"its endpoints are {sorted(self._endpoint_names)} (did you forget @endpoint?)"
             )
-        return MeshEndpoint(self, name)
+        ep: MeshEndpoint[..., Any] = MeshEndpoint(self, name)
+        self.__dict__[name] = ep  # ``mesh.step`` again finds it at once (no failed lookup, no new object)
+        return ep
 
     def __dir__(self) -> list[str]:
         return sorted(set(super().__dir__()) | self._endpoint_names)

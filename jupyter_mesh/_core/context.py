@@ -4,7 +4,8 @@ it, and (per thread) the actor running on the calling thread.
 Every layer reads it; only the runtime writes it (a proc installs its client and identity when it
 starts; the controller's client is made on first use through ``default_client``). Before this there
 were ten module globals; now a forked child that calls :func:`context` gets a fresh one (the pid is
-checked), so nothing of the parent's identity leaks into a new proc.
+checked; ``os.fork`` keeps the pid it is checked against current), so nothing of the parent's identity
+leaks into a new proc.
 """
 
 from __future__ import annotations
@@ -126,13 +127,24 @@ default_client: Callable[[], Requester] | None = None
 """Makes this program's client when nothing installed one (the API layer sets it: the controller's)."""
 
 
+_pid = os.getpid()  # this process's, kept current by a fork hook: ``os.getpid()`` is a system call
+
+
+def _forked() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
 def context() -> ProcessContext:
     """This process's context (a new one after a fork)."""
     global _context
     c = _context
-    if c is None or c.pid != os.getpid():
+    if c is None or c.pid != _pid:
         with _context_lock:
-            if _context is None or _context.pid != os.getpid():
+            if _context is None or _context.pid != _pid:
                 _context = ProcessContext()
             c = _context
     return c

@@ -212,12 +212,14 @@ class _TrackedMesh:
                 if not w.left:
                     self.wave = None
 
-    def count(self, ranks: Sequence[int], delta: int) -> list[int]:
+    def count(self, ranks: Sequence[int], delta: int) -> Sequence[int]:
         """Calls to ``ranks`` started (+1) or ended (-1): the ranks that went busy (or idle) with it.
 
         On the call path, for every rank of every call: a few list operations per rank, one wave
         and busy-clock update per batch (not :meth:`moved` per rank)."""
         inflight, state = self.inflight, self.state
+        if len(ranks) == 1:  # call_one, choose: the latency path
+            return self._count_one(ranks, delta)
         if delta > 0:
             for r in ranks:
                 inflight[r] += 1
@@ -250,6 +252,35 @@ class _TrackedMesh:
                 if not w.left:
                     self.wave = None
         return moved
+
+    def _count_one(self, ranks: Sequence[int], delta: int) -> Sequence[int]:
+        """:meth:`count` for one rank, without the lists and set operations a batch needs."""
+        r = ranks[0]
+        if delta > 0:
+            self.inflight[r] += 1
+            if self.state[r] is not ProcState.IDLE:
+                return ()
+            now = time.monotonic()
+            self.state[r], self.busy_since[r] = ProcState.BUSY, now
+            w = self.wave
+            if w is None:
+                w = self.wave = _Wave(now)
+            w.left.add(r)
+            w.done.discard(r)
+            return ranks
+        if self.inflight[r]:
+            self.inflight[r] -= 1
+        if self.state[r] is not ProcState.BUSY or self.inflight[r]:
+            return ()
+        self.state[r], self.busy_since[r] = ProcState.IDLE, None
+        w = self.wave
+        if w is not None:
+            if r in w.left:
+                w.left.discard(r)
+                w.done.add(r)
+            if not w.left:
+                self.wave = None
+        return ranks
 
     def progress(self, now: float) -> CallProgress | None:
         w = self.wave

@@ -22,7 +22,6 @@ import signal
 import sys
 import threading
 import traceback
-from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
 import zmq
@@ -328,7 +327,7 @@ class ActorHost(ActorEnds):
                 self._used_loop = True
                 self.loop.run_until_complete(self._call(msg, ep))
             else:
-                _run_now(self._call(msg, ep))
+                self._call_sync(msg, ep)
 
     def _last_resort(self, h: dict[str, Any], e: BaseException) -> None:
         """Replying itself failed (a broken exception, a full /dev/shm...): release the caller with a
@@ -442,9 +441,8 @@ class ActorHost(ActorEnds):
             self._ack_cancel(stopped)
         return stopped is not None
 
-    async def _call(self, msg: Message, ep: Endpoint[..., Any] | None) -> None:
-        """Run one call and reply. For a sync endpoint this coroutine never suspends, so the actor
-        thread drives it by hand (``_run_now``) without an event-loop turn."""
+    async def _call(self, msg: Message, ep: Endpoint[..., Any]) -> None:
+        """Run one call of an async endpoint and reply (``_call_sync`` for the others)."""
         h = msg.header
         if not self._begin(h):
             return
@@ -453,6 +451,31 @@ class ActorHost(ActorEnds):
         try:
             # arguments first: unpickling may import modules (torch), which a cancel must not cut
             args, kwargs = loads(msg.payload, msg.buffers)
+            if ep.explicit_port:
+                args, port = self._with_port(h, args)
+            self._enter(h)
+            ours = False
+            try:
+                self._task = self.loop.create_task(ep.fn(self.instance, *args, **kwargs))
+                result = await self._task
+            finally:
+                ours = self._leave() or self.closing  # cancelled, or interrupted by the proc's stop
+        except BaseException as e:  # noqa: BLE001 - an endpoint's error is its caller's, not the proc's
+            self._call_failed(h, e, ours, port)
+            return
+        if not ep.explicit_port:
+            self._respond(h, result)
+
+    def _call_sync(self, msg: Message, ep: Endpoint[..., Any] | None) -> None:
+        """:meth:`_call` for a sync endpoint (or none by that name): the same steps, run on this thread
+        with no coroutine to drive (the latency path)."""
+        h = msg.header
+        if not self._begin(h):
+            return
+        ours = True
+        port: ReplyPort | None = None
+        try:
+            args, kwargs = loads(msg.payload, msg.buffers)
             if ep is not None and ep.explicit_port:
                 args, port = self._with_port(h, args)
             self._enter(h)
@@ -460,23 +483,23 @@ class ActorHost(ActorEnds):
             try:
                 if ep is None:
                     raise AttributeError(f"{type(self.instance).__qualname__} has no endpoint '{h['ep']}'")
-                if ep.is_async:
-                    self._task = self.loop.create_task(ep.fn(self.instance, *args, **kwargs))
-                    result = await self._task
-                else:
-                    result = ep.fn(self.instance, *args, **kwargs)
+                result = ep.fn(self.instance, *args, **kwargs)
             finally:
-                ours = self._leave() or self.closing  # cancelled, or interrupted by the proc's stop
+                ours = self._leave() or self.closing
         except BaseException as e:  # noqa: BLE001 - an endpoint's error is its caller's, not the proc's
-            if not ours:
-                remote_pdb.post_mortem(e)  # only if asked (``jupyter_mesh.debug.post_mortem``)
-            if self.fatal and not ours and not isinstance(e, Exception):
-                self._die(h, e, "(a BaseException ends the actor)")
-            elif h["rm"] != NO_REPLY or not ours:  # a broadcast cut by a cancel or a stop: no error of its own
-                self._respond_error(h, e, port)
+            self._call_failed(h, e, ours, port)
             return
         if ep is None or not ep.explicit_port:
             self._respond(h, result)
+
+    def _call_failed(self, h: dict[str, Any], e: BaseException, ours: bool, port: ReplyPort | None) -> None:
+        """A call raised ``e`` (``ours``: before its endpoint ran, or our cancel / the proc's stop)."""
+        if not ours:
+            remote_pdb.post_mortem(e)  # only if asked (``jupyter_mesh.debug.post_mortem``)
+        if self.fatal and not ours and not isinstance(e, Exception):
+            self._die(h, e, "(a BaseException ends the actor)")
+        elif h["rm"] != NO_REPLY or not ours:  # a broadcast cut by a cancel or a stop: no error of its own
+            self._respond_error(h, e, port)
 
     # -- Monarch's explicit response ports and concurrent endpoints --------------------------------
     def _with_port(self, h: dict[str, Any], args: tuple[Any, ...]) -> tuple[tuple[Any, ...], ReplyPort | None]:
@@ -535,16 +558,6 @@ class ActorHost(ActorEnds):
             self.runtime.reply(h, RAISED, dumps(error_info(err, h["ep"], 0))[0], [])
             return
         self.runtime.reply(h, OK, payload, bufs)
-
-
-def _run_now(coro: Coroutine[Any, Any, None]) -> None:
-    """Run a coroutine that never suspends to its end, on this thread, without an event loop."""
-    try:
-        coro.send(None)
-    except StopIteration:
-        return
-    coro.close()
-    raise RuntimeError("a sync endpoint's call suspended; it must not await")
 
 
 def exit_proc(code: int) -> None:

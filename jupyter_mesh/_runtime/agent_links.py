@@ -59,6 +59,7 @@ class AgentLinks:
         self.seen: dict[str, float] = {}  # agent address -> when it last answered
         self.lost: dict[str, str] = {}  # agent address -> why it is gone for good
         self._waiters: dict[str, Future[dict[str, Any]]] = {}  # nonce -> the job waiting for that hello
+        self._told_waiting: set[str] = set()  # reattaches whose wait the user was told of
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._heartbeats, name="jupyter-mesh-heartbeat", daemon=True)
         self._thread.start()
@@ -82,6 +83,15 @@ class AgentLinks:
     def on_agent_up(self, msg: Message, frames: list[Any]) -> None:
         """An agent's hello: it listens at ``addr``; the job that started it waits on its nonce."""
         h = msg.header
+        if h.get("waiting"):  # a kept agent waits out its silent controller before it answers (``keep_alive``)
+            nonce = str(h.get("nonce", ""))
+            ask = nonce.rpartition("/")[0] or nonce  # one reattach asks every host: say it once, not once per host
+            if nonce in self._waiters and ask not in self._told_waiting:
+                self._told_waiting.add(ask)
+                print(
+                    f"jupyter_mesh: the agent at {str(h.get('addr'))[:80]}: {str(h['waiting'])[:300]}", file=sys.stderr
+                )
+            return
         w = self._waiters.pop(h.get("nonce", ""), None)
         refused = h.get("refused")
         if refused:  # a listening agent that serves another session, or speaks another version

@@ -95,6 +95,7 @@ class ProcWatch:
         if silent > self.controller_silence and not self.keeper.controller_silent(silent):
             print(f"jupyter-mesh agent: no heartbeat from the controller for {silent:.0f} s; exiting", file=sys.stderr)
             self.shutdown()
+        self.keeper.tick(now)  # a reattach that waits out a silent controller
         self._watch_template(now)
         with self.lock:
             running = [p for p in self.procs.values() if p.alive and p.up and not p.stopping]

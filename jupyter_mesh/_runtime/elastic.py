@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from .._core.refs import ProcMeshRef
     from .._core.state import StateTracker
     from .client import Client
+    from .faults import Faults
     from .records import MeshRecord, MeshRecords
 
 __all__ = ["Elastic"]
@@ -24,6 +25,7 @@ class ElasticHost(Protocol):
     """What elasticity needs of the controller."""
 
     client: Client
+    faults: Faults
     state: StateTracker
     meshes: MeshRecords
     killed_on_request: set[tuple[str, int]]
@@ -93,6 +95,8 @@ class Elastic:
             self.host.killed_on_request.discard((ref.mesh_id, r))
             self.host.state.respawned(ref.mesh_id, r, rec.pids[r])
             self.host.notify_procs(protocol.notice("respawned", ref.mesh_id, r, ref.proc_addrs[r]))
+        # respawning a rank handles its failure: fail fast must not raise it at the next call
+        self.host.faults.handled(ref.name, {r: dict(ref.coords(r)) for r in ranks})
         self._wait_actor_spawns(spawns, timeout, "while re-creating actors on respawned ranks")
         return ranks
 

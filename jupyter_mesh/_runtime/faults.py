@@ -131,6 +131,25 @@ class Faults:
             new = [f for f in err.failures if _key(f) not in seen]
             self.pending = MeshFailure([*(prev.failures if prev else []), *new], err.context)
 
+    def handled(self, mesh: str, ranks: dict[int, dict[str, int]]) -> None:
+        """The user respawned ``ranks`` (rank -> coords) of proc mesh ``mesh``: their failures (the
+        procs', and their actors', re-created with them) are handled, so fail fast no longer raises
+        them; another rank's failure stays held."""
+        coords = [sorted(c.items()) for c in ranks.values()]
+
+        def of_them(f: Failure) -> bool:
+            if f.mesh != mesh:
+                return False
+            return f.rank in ranks if f.rank is not None else bool(f.coords) and sorted(f.coords.items()) in coords
+
+        with self._lock:
+            prev = self.pending
+            if prev is None:
+                return
+            left = [f for f in prev.failures if not of_them(f)]
+            if len(left) != len(prev.failures):
+                self.pending = MeshFailure(left, prev.context) if left else None
+
     def raise_pending(self) -> None:
         """Raise an unhandled failure at the next API call (once), as fail-fast promises."""
         if self.pending is None:

@@ -12,6 +12,10 @@ an old one sent again. The agent answers with a hello that carries what it hosts
 rank its address, pid, and whether it lives (and if not, how it ended) — and reports to the new
 controller from then on. A controller still heard from is not taken over unless the new one says
 ``force``: two kernels must not drive one job by accident; when forced, the old one is told why.
+One that went silent (a kernel killed a moment ago) may be dead or only late, and the agent cannot
+tell yet: the reattach is held, and the new controller told it waits, until the old one either
+answers its next heartbeat (then the reattach is refused, within a quarter of the heartbeat timeout)
+or stays silent for the whole heartbeat timeout (then it is taken for dead and the job taken over).
 
 A controller that lost the job (it was stopped — SIGSTOP, swapping — or forced out) may wake up and
 go on: whatever it sends from then on (heartbeats, casts, stops; by its epoch) is dropped here and
@@ -23,6 +27,7 @@ it missed.
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -32,8 +37,6 @@ from .._wire.transport import Message
 from .agent_state import describe_exit, hello
 
 if TYPE_CHECKING:
-    import threading
-
     from .._wire.transport import Transport
     from .agent_state import HostedMesh, ProcEntry
 
@@ -70,6 +73,9 @@ class Keeper:
         self.deposed: dict[str, str] = {}  # controllers that lost this job (epoch -> address)
         self._told: dict[str, float] = {}  # when each of them was last told so
         self.missed: list[tuple[dict[str, Any], Any]] = []  # proc exits while the controller was silent
+        # reattaches held while the controller is silent but not yet past the heartbeat timeout
+        self._held: list[Message] = []
+        self._held_lock = threading.RLock()
 
     def from_owner(self, msg: Message) -> bool:
         if self.owner_epoch is None or msg.header.get("se") == self.owner_epoch:
@@ -105,6 +111,8 @@ class Keeper:
             self.owner_epoch = se  # the controller that started the job
         if se != self.owner_epoch or (self.detached and self.on_purpose):
             return False  # a key holder this job does not report to, or one that said it goes
+        if self._held:
+            self._refuse_held("it answered heartbeats while the reattach waited")
         if self.detached:
             self.detached = False
             missed, self.missed = self.missed, []
@@ -132,6 +140,7 @@ class Keeper:
             return  # the answer to a reattach that gave up, overtaken by a newer one
         if self.enabled and self.from_owner(msg):
             self._detach("the controller detached (it stopped, keeping this job alive)", on_purpose=True)
+            self._release_held(time.monotonic())  # a reattach that waited for it takes the job now
 
     def _detach(self, why: str, on_purpose: bool = False) -> None:
         a = self.agent
@@ -151,6 +160,10 @@ class Keeper:
             pass
 
     def on_reattach(self, msg: Message, frames: list[Any]) -> None:
+        with self._held_lock:
+            self._decide(msg, time.monotonic())
+
+    def _decide(self, msg: Message, now: float) -> None:
         a = self.agent
         h = msg.header
         new, nonce, force = h.get("controller"), h.get("nonce"), h.get("force") is True
@@ -162,18 +175,12 @@ class Keeper:
             print(f"jupyter-mesh agent: ignored a reattach: {e}", file=sys.stderr, flush=True)
             return
         cfg = {**a.cfg, "nonce": nonce}
-        silent = time.monotonic() - a.last_controller
-        refused = ""
+        silent = now - a.last_controller
         if not self.enabled:
-            refused = "this job was not started with keep_alive=True, so it cannot be reattached"
-        elif not self.detached and silent < a.hb_timeout and new != a.controller and not force:
-            refused = (
-                f"this job is still driven by a live controller at {a.controller} (heard from {silent:.1f} s ago); "
-                f"stop or restart that kernel first, or reattach with force=True to take it over"
-            )
-        if refused:
-            a.transport.send(new, Message(hello(cfg, a.transport.address, refused)))
-            a.transport.forget(new, linger_ms=1000)
+            self._refuse(msg, "this job was not started with keep_alive=True, so it cannot be reattached")
+            return
+        if not self.detached and silent < a.hb_timeout and new != a.controller and not force:
+            self._hold(msg, silent)
             return
         old, old_epoch, epoch = a.controller, self.owner_epoch, str(h.get("se"))
         if new != old and not (self.detached and self.on_purpose):
@@ -187,6 +194,61 @@ class Keeper:
         self.missed.clear()  # what the new controller needs, the hello says
         print(f"jupyter-mesh agent: reattached by {new}", file=sys.stderr, flush=True)
         a._event(hello(cfg, a.transport.address, hosted=self.hosted()))
+
+    # -- a reattach while the controller is silent, but not yet past the heartbeat timeout -----------
+    def _hold(self, msg: Message, silent: float) -> None:
+        """Wait for the old controller's next heartbeat (refused then) or the end of the heartbeat
+        timeout (taken over then: ``tick``); the new controller hears that it waits, and how long."""
+        a = self.agent
+        with self._held_lock:
+            self._held = [m for m in self._held if m.header.get("controller") != msg.header["controller"]]
+            self._held.append(msg)
+            del self._held[:-16]  # bounded: only key holders can send these, but still
+        wait = max(0.0, a.hb_timeout - silent)
+        note = (
+            f"its controller at {a.controller} was last heard from {silent:.1f} s ago: waiting up to "
+            f"{wait:.1f} s for it to answer (then this job is refused) or to be taken for dead (then this "
+            f"controller takes the job over)"
+        )
+        cfg = {**a.cfg, "nonce": msg.header["nonce"]}
+        a.transport.send(msg.header["controller"], Message(hello(cfg, a.transport.address, waiting=note)))
+        print(
+            f"jupyter-mesh agent: a reattach by {msg.header['controller']} waits: {note}", file=sys.stderr, flush=True
+        )
+
+    def tick(self, now: float) -> None:
+        """The agent's heartbeat tick: held reattaches take the job once its controller was silent
+        for the whole heartbeat timeout."""
+        if self._held and (self.detached or now - self.agent.last_controller >= self.agent.hb_timeout):
+            self._release_held(now)
+
+    def _take_held(self) -> list[Message]:
+        with self._held_lock:
+            held, self._held = self._held, []
+        return held
+
+    def _release_held(self, now: float) -> None:
+        """Decide the held reattaches again, in order: the first takes the job (its controller is
+        taken for dead or detached); any later one waits again, for the new owner's heartbeats."""
+        with self._held_lock:  # one decision at a time: the receive thread may be deciding another
+            for msg in self._take_held():
+                self._decide(msg, max(now, time.monotonic()))
+
+    def _refuse_held(self, why: str) -> None:
+        a = self.agent
+        with self._held_lock:
+            for msg in self._take_held():
+                self._refuse(
+                    msg,
+                    f"this job is still driven by a live controller at {a.controller} ({why}); stop or restart "
+                    f"that kernel first, or reattach with force=True to take it over",
+                )
+
+    def _refuse(self, msg: Message, why: str) -> None:
+        a = self.agent
+        new = msg.header["controller"]
+        a.transport.send(new, Message(hello({**a.cfg, "nonce": msg.header["nonce"]}, a.transport.address, why)))
+        a.transport.forget(new, linger_ms=1000)
 
     def _depose(self, epoch: str, addr: str) -> None:
         """From now on nothing of the controller at ``addr`` runs here, nor in this host's procs."""

@@ -102,7 +102,7 @@ class Outcomes:
         without the per-rank bookkeeping a mesh call needs; False: let ``add`` decide (it does not
         unpickle, so ``add`` reports why)."""
         try:
-            value = loads(msg.payload, msg.buffers)
+            value = loads(msg.payload, msg.buffers) if msg.buffers else _unpickle(msg.payload)
         except Exception:  # noqa: BLE001 - the general path turns it into that rank's error
             return False
         rank = h.get("rk", 0)

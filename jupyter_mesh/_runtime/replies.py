@@ -31,8 +31,6 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import zmq
-
 from .._wire.lane_merge import Inbox
 from .._wire.transport import Message, Transport
 from . import interrupts
@@ -58,7 +56,6 @@ class ReplyBox:
         # replies from procs of this host come over the box's lane when small (``_wire.lane``)
         self.sock, self.address, self.lane = boxes.transport.bind_inbox_with_lane(inproc)
         self._reader = Inbox(self.sock, self.lane)
-        self._poll_list = self._reader.poll_list
         self.token = secrets.token_bytes(16)  # the doorbell's frame: wakes a waiting owner
         self._bell = boxes.transport.doorbell(inproc)
         self._bell_lock = threading.Lock()
@@ -92,13 +89,12 @@ class ReplyBox:
             nested = interrupts.held()  # inside a dispatch on this thread: stay interruptible while waiting
             while not fut._done() and not fut._poked:  # poked: a debugger prompt needs this thread
                 wait_ms = -1 if deadline is None else int(max(0.0, deadline - time.monotonic()) * 1000)
-                # Ctrl-C here loses nothing: nothing was read (zmq_poll: Socket.poll builds a Poller).
+                # Ctrl-C here loses nothing: nothing was read.
                 # With no time left it still looks once: get(timeout=0) finds a reply already here
                 if nested:
                     interrupts.release()
                 try:
-                    # one read with another but not returned yet (``lane_merge.take``) is here without a poll
-                    ready = (self.lane is not None and self.lane.holds()) or zmq.zmq_poll(self._poll_list, wait_ms)
+                    ready = self._reader.wait(wait_ms)  # (a message held back by ``lane_merge.take``: at once)
                 finally:
                     if nested:
                         interrupts.hold()

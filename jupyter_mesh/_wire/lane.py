@@ -39,6 +39,7 @@ _SUFFIX = ".dg"
 _MAX_PATH = 107  # sun_path holds 108 bytes, the last one a NUL
 _U16 = struct.Struct("<H")
 _LENS = [struct.Struct("<H" + "I" * n) for n in range(8)]
+_LENS3 = _LENS[3]
 
 
 def lane_path(address: str) -> str | None:
@@ -77,6 +78,11 @@ class Lane:
         # (``lane_merge.take``)
         self.held_zmq: list[Any] | None = None
         self.held_dgram: list[Any] | None = None
+        # True while the socket's ZeroMQ descriptor (edge-triggered: it turns readable when the socket
+        # has news, until ZMQ_EVENTS is read) covers whether a message waits on the socket: ZeroMQ was
+        # last found with none and nothing was taken since (``lane_merge``). Whoever polls the socket by
+        # other means (a ``zmq.Poller``, ``Socket.poll``) sets it False: such a poll clears the descriptor.
+        self.zmq_quiet = False
         self.closed = False
 
     def pending(self) -> bool:
@@ -100,6 +106,14 @@ class Lane:
             return None
         view = self._view
         (count,) = _U16.unpack_from(view, 0)
+        if count == 3:  # signature, header, payload: every message that takes the lane from us
+            _, a, b, c = _LENS3.unpack_from(view, 0)
+            if 14 + a + b + c != n:
+                self.dropped += 1
+                return None
+            a += 14
+            b += a
+            return [bytes(view[14:a]), bytes(view[a:b]), bytes(view[b:n])]
         if not 1 <= count < len(_LENS):
             self.dropped += 1
             return None
@@ -145,6 +159,7 @@ class LaneSender:
         self._all: weakref.WeakSet[_Mine] = weakref.WeakSet()  # not a list: a thread's socket ends with it
         self._lock = threading.Lock()
         self._closed = False
+        self._paths: dict[str, str] = {}  # address -> its lane's path (``lane_path``), as they are used
 
     def _sock(self) -> socket.socket | None:
         mine: _Mine | None = getattr(self._local, "mine", None)
@@ -161,11 +176,16 @@ class LaneSender:
 
     def send(self, address: str, frames: Sequence[Any]) -> bool:
         """Send ``frames`` over ``address``'s lane if it has one and takes them now; False: use ZeroMQ."""
-        if not address.endswith(MARK) or len(frames) >= len(_LENS):
+        if len(frames) >= len(_LENS):
             return False
-        path = lane_path(address)
+        path = self._paths.get(address)
         if path is None:
-            return False
+            path = lane_path(address)
+            if path is None:
+                return False
+            if len(self._paths) >= 4096:  # addresses of gone peers: forgotten now and then
+                self._paths.clear()
+            self._paths[address] = path
         lens = [f.nbytes if type(f) is memoryview else len(f) for f in frames]
         if sum(lens) > MAX_BYTES - 2 - 4 * len(frames):
             return False

@@ -48,7 +48,13 @@ __all__ = ["Message", "Transport", "TransportStats"]
 
 log = logging.getLogger("jupyter_mesh.transport")
 
+_compare_digest, _unpackb = hmac.compare_digest, msgpack.unpackb
 BUFFER_SEND_WAIT = 30.0  # seconds a send waits for ZeroMQ to let go of the caller's buffers
+ZERO_COPY_MIN = 1 << 20
+"""The caller's buffers smaller than this are copied as they are sent (tens of microseconds), so the
+send need not wait for ZeroMQ to let go of them: a peer that reads nothing (SIGSTOPped) held the
+caller until it was declared dead. Larger ones go without a copy and are waited for; between procs
+of one host they travel through shared memory instead (``_shm``), with nothing to wait for."""
 _SIG_LEN = 32
 _SNDMORE = int(zmq.SNDMORE)
 _per_thread = threading.local()
@@ -238,24 +244,36 @@ class Transport:
 
         ``inbox``: the address of the socket the frames were read from (see ``_admit``)."""
         try:
-            if len(frames) < 3:
+            n = len(frames)
+            if n < 3:
                 self.stats.dropped_malformed += 1
                 return None
             sig, header, payload = frames[0], frames[1], frames[2]
             if type(sig) is not bytes or type(header) is not bytes or type(payload) is not bytes:
                 sig, header, payload = _bytes(sig), _bytes(header), _bytes(payload)
-            if len(sig) != _SIG_LEN or not hmac.compare_digest(sig, self._sign(header, payload)):
+            signing = self._keyed.copy()  # as ``_sign``, inline: this runs for every message
+            signing.update(payload)
+            signing.update(header)
+            if len(sig) != _SIG_LEN or not _compare_digest(sig, signing.digest()):
                 self.stats.dropped_bad_signature += 1
                 return None
-            h = msgpack.unpackb(header, raw=False)
-            bufs = [f.buffer if isinstance(f, zmq.Frame) else f for f in frames[3:]]
-            if not isinstance(h, dict) or h.get("nb") != [memoryview(b).nbytes for b in bufs]:
-                self.stats.dropped_malformed += 1
-                return None
+            h = _unpackb(header, raw=False)
+            if n == 3:  # no buffer frames (most messages): the header must say so
+                bufs: list[Any] = []
+                if type(h) is not dict or h.get("nb") != bufs:
+                    self.stats.dropped_malformed += 1
+                    return None
+            else:
+                bufs = [f.buffer if isinstance(f, zmq.Frame) else f for f in frames[3:]]
+                if not isinstance(h, dict) or h.get("nb") != [memoryview(b).nbytes for b in bufs]:
+                    self.stats.dropped_malformed += 1
+                    return None
             if h.get("v") != VERSION and h.get("k") != Kind.AGENT_UP:  # the hello's keys never change:
                 self._other_version(h)  # its receiver refuses it by name (``protocol.check_version``)
                 return None
-            if not self._admit(h, inbox):
+            verdict = self._replays.check(h, inbox)  # ``_admit``, inline
+            if verdict is not None:
+                setattr(self.stats, verdict, getattr(self.stats, verdict) + 1)
                 return None
             if "sh" in h:  # authentic: now it is safe to open the segments it names
                 bufs = _shm.unstash(self.shm_prefix, h["sh"], bufs)
@@ -332,8 +350,8 @@ class Transport:
                 if len(frames) > 3:  # buffers go without a copy
                     if _all_received(frames):  # a relay: ZeroMQ already owns these (refcounted, shareable)
                         sock.send_multipart(frames, copy=False)
-                    else:  # the caller's memory: we wait below until ZeroMQ let go of it
-                        tracker = sock.send_multipart(_unwrapped(frames), copy=False, track=True)
+                    else:  # the caller's memory: large buffers are waited for below, until ZeroMQ let go of them
+                        tracker = _send_tracked(sock, frames)
                 else:  # frame by frame with a plain int flag: send_multipart's enum arithmetic costs ~2 us
                     for f in frames[:-1]:
                         sock.send(f, _SNDMORE)
@@ -556,10 +574,24 @@ def _all_received(frames: Sequence[Any]) -> bool:
     return all(isinstance(f, zmq.Frame) for f in frames[3:])
 
 
-def _unwrapped(frames: Sequence[Any]) -> list[Any]:
-    """For a tracked send: pyzmq refuses to track a received ``zmq.Frame`` ("Not a tracked message"),
-    so such frames go as views of their memory (still no copy) when mixed with the caller's buffers."""
-    return [f.buffer if isinstance(f, zmq.Frame) else f for f in frames]
+def _send_tracked(sock: zmq.Socket[Any], frames: Sequence[Any]) -> zmq.MessageTracker | None:
+    """Send a message that holds the caller's memory: immutable and received frames without a copy
+    and nothing to wait for (ZeroMQ holds a reference), other buffers below ``ZERO_COPY_MIN`` copied,
+    larger ones without a copy, each tracked: the tracker is done once ZeroMQ let go of all of them
+    (pyzmq's multipart tracker follows only the last frame)."""
+    trackers = []
+    last = len(frames) - 1
+    for i, f in enumerate(frames):
+        flags = 0 if i == last else _SNDMORE
+        if isinstance(f, (bytes, zmq.Frame)):
+            sock.send(f, flags, copy=False)
+        elif memoryview(f).nbytes < ZERO_COPY_MIN:
+            sock.send(f, flags, copy=True)
+        else:
+            frame = zmq.Frame(f, track=True)
+            sock.send(frame, flags, copy=False)
+            trackers.append(frame.tracker)
+    return zmq.MessageTracker(*trackers) if trackers else None
 
 
 def _bytes(f: Any) -> bytes:

@@ -279,7 +279,10 @@ class SlurmJob(Job):
         and its meshes as they are now (``proc_meshes()``, ``actor_meshes()``; actors keep their state).
 
         ``job_id``: which one, when several are kept. A job whose controller still runs is refused
-        unless ``force=True`` (that controller is then told it lost the job). Needs a fresh session
+        unless ``force=True`` (that controller is then told it lost the job); one whose controller
+        went silent a moment ago (a kernel killed) is waited for, at most the heartbeat timeout, until
+        it answers (refused) or is taken for dead (taken back); stderr says so. ``timeout`` should
+        exceed the heartbeat timeout. Needs a fresh session
         (no meshes of its own yet): the kept job's keys become this session's."""
         from .._runtime.controller import Controller
 

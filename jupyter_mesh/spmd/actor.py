@@ -38,6 +38,11 @@ class SPMDActor(Actor):
 
     def _setup_env(self, master_addr: str, master_port: int) -> None:
         os.environ.update(torch_elastic_env(self.point(), master_addr, master_port))
+        # init_process_group returns on no rank before every rank has its group (torch's store barrier,
+        # off by default since torch 2.1): else a rank that fails at once (step 0) closes its connections
+        # while a slower peer still connects, and that peer's connectFullMesh fails, or waits for gloo's
+        # 30 minutes for a rank that left. A user's own setting stands.
+        os.environ.setdefault("TORCH_DIST_INIT_BARRIER", "1")
 
     @endpoint
     def get_host_port(self, use_ipaddr: AddrType | None = None) -> tuple[str, int]:

@@ -105,15 +105,30 @@ def _cleanup(script_globals: dict[str, Any]) -> None:
 
 
 def release_process_group() -> bool:
-    """Destroy torch's default process group (and every other one) if a script left it; True if it did."""
+    """Destroy torch's default process group (and every other one) if a script left it; True if it did.
+
+    Without one, torch's count of group names is put back to 0 as a destroy would: each
+    ``init_process_group`` takes the next name first ("0", "1", ...) and only a destroy resets the
+    count, so a rank whose ``init_process_group`` raised (a peer closed while it connected, a
+    timeout) would meet the others of the next run under another name in the store, and every rank
+    would wait there for gloo's 30 minutes."""
     dist = sys.modules.get("torch.distributed")
     if dist is None:  # the script never imported it: nothing to release
         return False
     try:
         if not (dist.is_available() and dist.is_initialized()):
+            _reset_group_names(dist)
             return False
         dist.destroy_process_group()
         return True
     except Exception as e:  # noqa: BLE001 - a broken group must not hide the script's own outcome
         print(f"[spmd] could not destroy the process group the script left: {e}", file=sys.stderr)
         return False
+
+
+def _reset_group_names(dist: Any) -> None:
+    """What ``destroy_process_group()`` does to torch's group-name count (private to torch: absent, nothing)."""
+    world = getattr(getattr(dist, "distributed_c10d", None), "_world", None)
+    count = getattr(world, "group_count", None)
+    if world is not None and isinstance(count, int) and count > 0:
+        world.group_count = 0
