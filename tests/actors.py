@@ -137,13 +137,19 @@ class Caller(Actor):
 
 
 class Sleeper(Actor):
+    """Counts its calls that finished and those cancelled while running. ``started``: a path prefix;
+    each call creates ``{started}{rank}`` once it runs, so a test cancels a running call, not one
+    still on its way (a cancel that comes first skips the call: neither count moves)."""
+
     def __init__(self):
         self.finished = 0
         self.cancelled = 0
 
     @endpoint
-    def busy_loop(self, seconds: float) -> str:
+    def busy_loop(self, seconds: float, started: str = "") -> str:
         end = time.monotonic() + seconds
+        if started:
+            open(f"{started}{current_rank().rank}", "w").close()
         try:
             while time.monotonic() < end:
                 pass
@@ -154,7 +160,9 @@ class Sleeper(Actor):
         return "finished"
 
     @endpoint
-    async def nap(self, seconds: float) -> str:
+    async def nap(self, seconds: float, started: str = "") -> str:
+        if started:
+            open(f"{started}{current_rank().rank}", "w").close()
         try:
             await asyncio.sleep(seconds)
         except asyncio.CancelledError:

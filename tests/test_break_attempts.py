@@ -165,11 +165,11 @@ def test_a_stopped_fork_server_fails_spawns_fast_and_spares_the_host():
         template = template_of(agent, pids)
         os.kill(template, signal.SIGSTOP)
         assert wait_stopped(template)
-        t0 = time.monotonic()
         try:
+            # the cause names the stopped fork server: the agent's watch failed the start (after the
+            # heartbeat timeout); the spawn's own 60 s timeout would raise MeshTimeoutError instead
             with pytest.raises(SupervisionError, match=r"(?s)never forked.*fork server .* is stopped"):
                 job.host_mesh().spawn_procs(per_host={"gpus": 1})
-            assert time.monotonic() - t0 < 10.0  # the heartbeat timeout (3 s) and a tick, not 60 s
         finally:
             os.kill(template, signal.SIGCONT)
         assert set(a.pid.call().get(10).values()) == pids  # the host and its mesh were spared

@@ -9,6 +9,7 @@ import threading
 import time
 
 import pytest
+from _procs import wait_for
 from actors import Sleeper
 
 from jupyter_mesh import MeshCancelledError
@@ -16,43 +17,49 @@ from jupyter_mesh import MeshCancelledError
 pytestmark = pytest.mark.integration
 
 
+def _running(started, ranks) -> bool:
+    """Wait until a Sleeper call runs on ``ranks`` (its ``started`` files): a cancel before that skips it."""
+    return wait_for(lambda: all(os.path.exists(f"{started}{r}") for r in ranks), 30)
+
+
 @pytest.mark.parametrize("endpoint", ["busy_loop", "nap"])
-def test_cancel_stops_sync_and_async_endpoints(procs, endpoint):
+def test_cancel_stops_sync_and_async_endpoints(procs, endpoint, tmp_path):
     s = procs.spawn("s", Sleeper)
     one = s.slice(gpus=0)
-    fut = getattr(one, endpoint).call_one(30)
-    time.sleep(0.3)
-    t0 = time.monotonic()
+    fut = getattr(one, endpoint).call_one(30, str(tmp_path / "started"))
+    assert _running(tmp_path / "started", [0])
     assert fut.cancel()
+    assert fut.cancelled()  # released by cancel() itself, before any answer from the proc
     with pytest.raises(MeshCancelledError):
-        fut.get(timeout=1)
-    assert time.monotonic() - t0 < 1.0
+        fut.get(timeout=0)
     # the actor is free again (it would be busy for 30 s otherwise) and counted the cancel
     assert one.counts.call_one().get(timeout=5) == (0, 1)
 
 
-def test_cancel_a_whole_mesh_call_and_queued_calls(procs):
+def test_cancel_a_whole_mesh_call_and_queued_calls(procs, tmp_path):
     s = procs.spawn("s", Sleeper)
-    running = s.nap.call(30)
+    running = s.nap.call(30, str(tmp_path / "started"))
     queued = s.nap.call(30)
-    time.sleep(0.3)
+    assert _running(tmp_path / "started", range(4))
     assert running.cancel() and queued.cancel()
-    counts = s.counts.call().get(timeout=5)  # answers at once: nothing is left running
+    # answers within the hang guard: nothing is left running (a 30 s nap would keep it queued)
+    counts = s.counts.call().get(timeout=10)
     for finished, cancelled in counts.values():
         # the queued call is skipped, or cancelled just after it started if its cancel came late
         assert finished == 0 and cancelled in (1, 2)
 
 
-def test_ctrl_c_in_get_cancels_remote_work(procs):
+def test_ctrl_c_in_get_cancels_remote_work(procs, tmp_path):
     s = procs.spawn("s", Sleeper)
     one = s.slice(gpus=1)
-    fut = one.busy_loop.call_one(30)
+    fut = one.busy_loop.call_one(30, str(tmp_path / "started"))
+    assert _running(tmp_path / "started", [1])
     timer = threading.Timer(0.3, os.kill, args=(os.getpid(), signal.SIGINT))
     timer.start()
-    t0 = time.monotonic()
+    # the wait outlasts the call: a wait that Ctrl-C did not break would end with the call's value
+    # (not cancelled, counts (1, 0)), and a late KeyboardInterrupt would find the future done
     with pytest.raises(KeyboardInterrupt):
-        fut.get(timeout=10)
-    assert time.monotonic() - t0 < 1.5
+        fut.get(timeout=60)
     assert fut.cancelled()
     assert one.counts.call_one().get(timeout=5) == (0, 1)
 

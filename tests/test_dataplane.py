@@ -297,10 +297,8 @@ def test_owner_killed(pair, backend, how):
         fut = puller.pull_expecting_failure.call_one(buf, N, 30.0)
         time.sleep(0.5)
         assert not fut.done()
-        t0 = time.monotonic()
         os.kill(pid, signal.SIGKILL)
-        text = fut.get(timeout=20)
-        assert time.monotonic() - t0 < 10
+        text = fut.get(timeout=20)  # below the transfer's 30 s timeout: only the death can end it in time
     finally:
         try:
             os.kill(pid, signal.SIGKILL)
@@ -320,10 +318,9 @@ def test_transfer_times_out_when_owner_hangs(pair, backend):
     os.kill(pid, signal.SIGSTOP)
     try:
         assert wait_stopped(pid)
-        t0 = time.monotonic()
+        # the transfer's own timeout ends it (the message names it), not the get's 10 s hang guard
         with pytest.raises(MeshTimeoutError, match=r"transfer timed out after 0\.5 s"):
             buf.read_into(torch.empty(1024), timeout=0.5).get(timeout=10)
-        assert time.monotonic() - t0 < 5
     finally:
         os.kill(pid, signal.SIGCONT)
 

@@ -15,9 +15,9 @@ import threading
 import time
 
 import pytest
-from _procs import wait_dead
+from _procs import wait_dead, wait_for
 
-from jupyter_mesh import Actor, MeshCancelledError, MeshInterrupted, endpoint
+from jupyter_mesh import Actor, MeshCancelledError, MeshInterrupted, current_rank, endpoint
 
 pytestmark = pytest.mark.integration
 
@@ -27,11 +27,15 @@ class Blocker(Actor):
         self.interrupted: list[str] = []
 
     @endpoint
-    def block(self, how: str, seconds: float) -> str:
+    def block(self, how: str, seconds: float, started: str = "") -> str:
+        """``started``: a path prefix; ``{started}{rank}`` is created as the call begins (a cancel
+        that comes before skips the call, and nothing is interrupted)."""
         import select
         import socket
         import threading
 
+        if started:
+            open(f"{started}{current_rank().rank}", "w").close()
         try:
             if how == "sleep":
                 time.sleep(seconds)
@@ -68,30 +72,31 @@ class Blocker(Actor):
 
 
 @pytest.mark.parametrize("how", ["sleep", "select", "socket", "lock", "torch"])
-def test_cancel_stops_a_blocking_call(procs, how):
+def test_cancel_stops_a_blocking_call(procs, how, tmp_path):
     b = procs.spawn("b", Blocker).slice(gpus=1)
     b.initialized.get(10)
     if how == "torch":  # the first call imports torch (seconds): interrupt the op, not the import
         assert b.block.call_one(how, 0).get(60) == "finished"
-    fut = b.block.call_one(how, 60)
+    fut = b.block.call_one(how, 60, str(tmp_path / "started"))
+    assert wait_for(lambda: os.path.exists(tmp_path / "started1"), 30)
     time.sleep(0.5)  # it is blocked now
-    t0 = time.monotonic()
     assert fut.cancel()
     with pytest.raises(MeshCancelledError):
-        fut.get(1)
-    assert b.seen.call_one().get(5) == [how]  # stopped inside the call, and answers the next one
-    assert time.monotonic() - t0 < 2.0
+        fut.get(0)  # released by cancel() itself
+    # stopped inside the call, and answers the next one: a call still blocked (60 s) would keep this
+    # one queued past its hang guard
+    assert b.seen.call_one().get(10) == [how]
 
 
-def test_cancel_of_a_whole_mesh_call_in_sleep(procs):
+def test_cancel_of_a_whole_mesh_call_in_sleep(procs, tmp_path):
     b = procs.spawn("b", Blocker)
     b.initialized.get(10)
-    fut = b.block.call("sleep", 60)
-    time.sleep(0.5)
-    t0 = time.monotonic()
+    fut = b.block.call("sleep", 60, str(tmp_path / "started"))
+    assert wait_for(lambda: all(os.path.exists(tmp_path / f"started{r}") for r in range(4)), 30)
+    time.sleep(0.5)  # they are asleep now
     fut.cancel()
-    assert list(b.seen.call().get(5).values()) == [["sleep"]] * 4
-    assert time.monotonic() - t0 < 2.0
+    # every rank was interrupted inside its sleep (60 s) and answers the next call within the hang guard
+    assert list(b.seen.call().get(10).values()) == [["sleep"]] * 4
 
 
 def _interrupt_after(*delays: float) -> list[threading.Timer]:

@@ -68,8 +68,7 @@ def test_stopping_a_job_stops_its_meshes_so_calls_fail_at_once(second_host_mesh)
     assert pm.stopped and {r.state for r in pm.state().ranks} == {ProcState.STOPPED}
     with pytest.raises(SupervisionError, match="stopped"):
         in_flight.get(timeout=5)
-    t0 = time.monotonic()
+    # known stopped: refused with that cause (waiting on the dead agents would end in MeshTimeoutError)
     with pytest.raises(SupervisionError, match="stopped"):
         w.pid.call().get(timeout=20)
-    assert time.monotonic() - t0 < 5
     assert not wait_dead(pids, 5)

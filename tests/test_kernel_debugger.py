@@ -143,12 +143,10 @@ def test_a_breakpoint_in_a_cell_stops_it_and_the_mesh_answers_meanwhile(kernel):
     thread = stopped["body"]["threadId"]
     frames = dap(k, "stackTrace", {"threadId": thread})["body"]["stackFrames"]
     assert frames[0]["line"] == 3 and frames[0]["source"]["path"] == source, frames[0]
-    # the cell is stopped; the mesh is not: a call made from the stopped frame is answered
-    t0 = time.monotonic()
+    # the cell is stopped; the mesh is not: a call made from the stopped frame is answered (with the
+    # mesh's threads stopped too, its get(20) would fail with MeshTimeoutError and the evaluation with it)
     ev = dap(k, "evaluate", {"expression": "s.ping.call().get(20)", "frameId": frames[0]["id"], "context": "repl"})
-    took = time.monotonic() - t0
     assert ev["success"] and "0" in ev["body"]["result"] and "1" in ev["body"]["result"], ev
-    assert took < 20, f"the evaluation waited {took:.1f} s: the mesh's threads were stopped too"
     ev = dap(k, "evaluate", {"expression": "b", "frameId": frames[0]["id"], "context": "repl"})
     assert ev["success"], ev
     assert dap(k, "continue", {"threadId": thread})["success"]

@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 from _procs import wait_dead, wait_for
@@ -119,9 +118,7 @@ def test_agents_exit_quietly(tmp_path):
     script = tmp_path / "cycles.py"
     # the abort came about one cycle in five: 10 cycles catch it about 9 runs in 10
     script.write_text(CYCLES.format(tests=TESTS, cycles=10))
-    t0 = time.monotonic()
-    r = subprocess.run([sys.executable, str(script)], capture_output=True, timeout=400, env=_env())
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, timeout=400, env=_env())  # no hang
     err = r.stderr.decode(errors="replace")
     assert r.returncode == 0 and r.stdout.strip() == b"done", err[-3000:]
     assert "Fatal Python error" not in err, err[-3000:]
-    assert time.monotonic() - t0 < 400

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -23,11 +24,9 @@ def test_sigstopped_proc_is_declared_dead_by_heartbeat(host):
         pid = f.slice(gpus=1).pid.call_one().get(timeout=10)
         fut = f.slice(gpus=1).sleep.call_one(60)
         os.kill(pid, signal.SIGSTOP)
-        t0 = time.monotonic()
+        # the call (60 s) cannot end on its own within the hang guard: the heartbeat verdict ends it
         with pytest.raises(SupervisionError, match="stopped answering heartbeats") as ei:
             fut.get(timeout=10)
-        took = time.monotonic() - t0
-        assert took < 5.0, took
         assert ei.value.failures[0].kind == "heartbeat"
         assert not wait_dead([pid], 3)  # killed, so the rank can be respawned
         assert pm.state().ranks[1].state == ProcState.FAILED
@@ -90,9 +89,11 @@ def test_stop_with_a_hung_proc_is_bounded(host):
     pm = host.spawn_procs(per_host={"gpus": 2})
     pids = list(pm.pids().values())
     os.kill(pids[0], signal.SIGSTOP)
-    t0 = time.monotonic()
-    pm.stop(timeout=1.0)
-    assert time.monotonic() - t0 < 3.0
+    # a stopped proc cannot finalize: stop() kills it after its timeout and returns (the join is a hang guard)
+    stopper = threading.Thread(target=pm.stop, kwargs={"timeout": 1.0}, daemon=True)
+    stopper.start()
+    stopper.join(30)
+    assert not stopper.is_alive(), "pm.stop hung on a stopped proc"
     assert not wait_dead(pids, 3)
 
 
@@ -105,12 +106,11 @@ def test_silent_host_agent_fails_its_ranks():
         f.initialized.get(timeout=10)
         fut = f.sleep.call(60)
         os.kill(agent, signal.SIGSTOP)
-        t0 = time.monotonic()
+        # the calls (60 s) cannot end on their own within the hang guard: the agent's verdict ends them
         with pytest.raises(SupervisionError, match="stopped answering heartbeats") as ei:
             fut.get(timeout=10)
-        assert time.monotonic() - t0 < 5.0
         assert {x.kind for x in ei.value.failures} == {"agent"}
-        assert wait_for(lambda: all(r.state == ProcState.FAILED for r in pm.state().ranks), 2)
+        assert wait_for(lambda: all(r.state == ProcState.FAILED for r in pm.state().ranks), 10)
     finally:
         with contextlib.suppress(ProcessLookupError):  # a lost agent is killed: it may be gone
             os.kill(agent, signal.SIGCONT)

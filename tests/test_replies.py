@@ -32,7 +32,12 @@ def _until(cond, timeout: float = 5.0) -> bool:
     return cond()
 
 
-def test_get_reads_the_reply_on_the_calling_thread(procs):
+def test_get_reads_the_reply_on_the_calling_thread(procs, monkeypatch):
+    from jupyter_mesh._runtime import replies
+
+    # no sweep meanwhile: on a loaded machine a reply could wait past SWEEP_S (20 ms) before this
+    # thread reaches get(), and the receive thread would rightly take the box over
+    monkeypatch.setattr(replies, "SWEEP_S", 60.0)
     c = procs.spawn("c", Counter, 0)
     one = c.slice(gpus=1)
     fut = one.incr.call_one(2)
@@ -124,20 +129,18 @@ def test_a_failure_wakes_a_caller_reading_its_box(procs):
     pid = one.pid.call_one().get(timeout=5)
     fut = one.sleep.call_one(30)
     threading.Timer(0.3, os.kill, args=(pid, 9)).start()
-    t0 = time.monotonic()
-    with pytest.raises(SupervisionError):
+    # the call lasts 30 s: a reader the failure did not wake would end in MeshTimeoutError
+    with pytest.raises(SupervisionError, match="SIGKILL"):
         fut.get(timeout=10)
-    assert time.monotonic() - t0 < 2.0
 
 
 def test_a_cancel_from_another_thread_wakes_the_reader(procs):
     s = procs.spawn("s", Sleeper)
     fut = s.slice(gpus=1).nap.call_one(30)
     threading.Timer(0.3, fut.cancel).start()
-    t0 = time.monotonic()
+    # the call lasts 30 s: a reader the cancel did not wake would end in MeshTimeoutError
     with pytest.raises(MeshCancelledError):
         fut.get(timeout=10)
-    assert time.monotonic() - t0 < 1.5
 
 
 _CTRL_C_STORM = r"""
@@ -173,18 +176,24 @@ def one_round():
         n["leaked"] += 1
     n["rounds"] += 1
 
-def rounds(end):
-    while time.monotonic() < end:
+def going(least, most):
+    # at least 3 s of storm, then on until 60 rounds and 60 interrupts (a count, not a time: a loaded
+    # machine completes fewer rounds a second); the 60 s bound is a hang guard
+    now = time.monotonic()
+    return now < least or (now < most and min(n["rounds"], n["interrupts"]) < 60)
+
+def rounds(least, most):
+    while going(least, most):
         try:
             one_round()
         except KeyboardInterrupt:
             n["interrupts"] += 1
 
-end = time.monotonic() + 3.0
+least, most = time.monotonic() + 3.0, time.monotonic() + 60.0
 os.write(storm.stdin.fileno(), b"go\n")
 while True:  # an interrupt on a loop's way back escapes its try: go on where it was
     try:
-        rounds(end)
+        rounds(least, most)
         storm.kill(); storm.wait()
         time.sleep(0.3)  # signals sent before the kill may still be on their way
         break
@@ -249,9 +258,8 @@ def test_a_callback_waiting_on_another_call_of_the_same_box_is_answered(procs):
     f2 = b.nap.call_one(0.1)  # same box
     got: list[str] = []
     threading.Timer(0.1, lambda: f1.add_done_callback(lambda _f: got.append(f2.get(timeout=3)))).start()
-    t0 = time.monotonic()
     assert f_long.get(timeout=8) == "finished"
-    assert time.monotonic() - t0 < 2.5 and got == ["finished"]
+    assert got == ["finished"]  # the callback ran, and its get() was answered, during the outer read
 
 
 def test_a_call_routed_to_a_box_that_went_back_to_the_pool_is_still_read(procs, monkeypatch):

@@ -172,8 +172,7 @@ def test_actor_calling_a_stopped_mesh_is_told(host):
         caller = callers.spawn("caller", Tricky).slice(gpus=0)
         assert caller.call_other.call_one(other, 10).get(timeout=15) == "answered"
         target.stop()
-        t0 = time.monotonic()
-        assert caller.call_other.call_one(other, 10).get(timeout=15) == SupervisionError.__name__  # as Monarch
-        assert time.monotonic() - t0 < 5
+        # told at once (as Monarch): the actor's own 10 s wait would have said MeshTimeoutError
+        assert caller.call_other.call_one(other, 10).get(timeout=15) == SupervisionError.__name__
     finally:
         callers.stop()

@@ -84,13 +84,13 @@ def test_killed_proc_fails_pending_call_and_later_calls(host):
         fut = f.slice(gpus=1).sleep.call_one(30)
         gathered = f.sleep.call(30)
         time.sleep(0.2)
-        t0 = time.monotonic()
         os.kill(pid1, signal.SIGKILL)
+        # failed by the exit itself (kind signal), not by a heartbeat verdict or a timeout
         with pytest.raises(SupervisionError, match="SIGKILL") as ei:
-            fut.get(timeout=5)
-        assert time.monotonic() - t0 < 2.0
+            fut.get(timeout=10)
         assert ei.value.failures[0].coords == {"gpus": 1}
         assert ei.value.failures[0].signal == signal.SIGKILL
+        assert ei.value.failures[0].kind == "signal"
         with pytest.raises(SupervisionError):
             gathered.get(timeout=2)  # fails fast: rank 0 is still sleeping
         with pytest.raises(SupervisionError, match="gpus=1"):

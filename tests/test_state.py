@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 
 import pytest
 from _procs import wait_for
@@ -89,11 +88,11 @@ def test_live_state_and_events(host):
         fut.get(timeout=5)
         assert wait_for(lambda: pm.state().ranks[1].state == ProcState.IDLE, 2)
         pid = pm.pids()[0]
-        t0 = time.monotonic()
         os.kill(pid, signal.SIGKILL)
-        assert wait_for(lambda: pm.state().ranks[0].state == ProcState.FAILED, 2)
-        assert time.monotonic() - t0 < 2
+        assert wait_for(lambda: pm.state().ranks[0].state == ProcState.FAILED, 10)
+        # failed by its exit (the signal is known), not by a later heartbeat verdict
         assert pm.state().ranks[0].failure.signal == signal.SIGKILL
+        assert pm.state().ranks[0].failure.kind == "signal"
         pm.stop()
         assert all(r.state == ProcState.STOPPED for r in pm.state().ranks)
         assert not any(s.name == "watched" for s in mesh_states())

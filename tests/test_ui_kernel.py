@@ -83,14 +83,13 @@ def test_sidebar_and_widget_over_comms(kernel):
     # updates are batched: a 4-proc spawn is 5 events, but few messages
     assert len([d for d in _data(k, chan, "update") if any(m["name"] == "m" for m in d["meshes"])]) <= 4
 
-    # a proc dies: both views say so, with its cause, within 2 s
-    t0 = time.monotonic()
+    # a proc dies: both views say so, with its cause (the signal: its exit was seen, no heartbeat verdict)
     k.execute("import os, signal; os.kill(pm.pids()[2], signal.SIGKILL)")
-    assert k.wait(lambda: (m := k.sidebar_mesh(chan, "m")) and m["ranks"][2]["state"] == "failed", 2.0)
-    assert k.wait(lambda: [m for m in _widget_meshes(k, wid) if m["ranks"][2]["state"] == "failed"], 2.0)
-    assert time.monotonic() - t0 < 2.0
+    assert k.wait(lambda: (m := k.sidebar_mesh(chan, "m")) and m["ranks"][2]["state"] == "failed", 10)
+    assert k.wait(lambda: [m for m in _widget_meshes(k, wid) if m["ranks"][2]["state"] == "failed"], 10)
     failed = k.sidebar_mesh(chan, "m")
     assert failed["ranks"][2]["failure"]["signal"] == 9 and "SIGKILL" in failed["failures"][-1]["detail"]
+    assert failed["ranks"][2]["failure"]["kind"] == "signal", failed["ranks"][2]
 
     # actions go through the public API; respawn brings the rank back
     res = _act(k, chan, "respawn", mesh["mesh_id"], 2)
