@@ -1,7 +1,7 @@
-"""The inbox wait (``_wire/lane_merge.Inbox``): one ``poll`` on the lane and on ZeroMQ's edge-triggered
-descriptor, ZeroMQ asked only while ``Lane.zmq_quiet`` says it may hold something. A reader that
-trusted a descriptor someone else had cleared would wait for ever with a message in ZeroMQ's queue;
-these hammers read inboxes every way there is, by turns, and require every message, with bounded waits.
+"""The inbox wait (``_wire/lane_merge.Inbox``): a reader of an inbox with a lane waits on ZeroMQ's socket
+and on the lane. A reader that trusted a ZeroMQ descriptor someone else had cleared would wait for ever
+with a message in ZeroMQ's queue; these hammers read inboxes every way there is, by turns, and require
+every message, with bounded waits.
 
 The first drives one inbox directly (senders on both ways, readers changing how and on which thread
 they read, the receive thread's poller taking it over and giving it back); the second runs real procs:
@@ -110,7 +110,7 @@ def test_an_inbox_read_every_way_by_turns_loses_nothing():
                 note(inbox.recv_nowait())
         missing = [(k, i) for k, n in sent.items() for i in range(n) if (k, i) not in got]
         assert not missing, (
-            f"{len(missing)} of {total} never read, e.g. {missing[:3]}: zmq_quiet={lane.zmq_quiet}, "
+            f"{len(missing)} of {total} never read, e.g. {missing[:3]}: "
             f"ZeroMQ holds one: {bool(sock.getsockopt(zmq.EVENTS) & zmq.POLLIN)}, lane: {lane.pending()}"
         )
         assert total > 1000

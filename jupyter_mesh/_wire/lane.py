@@ -78,11 +78,6 @@ class Lane:
         # (``lane_merge.take``)
         self.held_zmq: list[Any] | None = None
         self.held_dgram: list[Any] | None = None
-        # True while the socket's ZeroMQ descriptor (edge-triggered: it turns readable when the socket
-        # has news, until ZMQ_EVENTS is read) covers whether a message waits on the socket: ZeroMQ was
-        # last found with none and nothing was taken since (``lane_merge``). Whoever polls the socket by
-        # other means (a ``zmq.Poller``, ``Socket.poll``) sets it False: such a poll clears the descriptor.
-        self.zmq_quiet = False
         self.closed = False
 
     def pending(self) -> bool:

@@ -11,7 +11,6 @@ receive thread that watches borrowed reply boxes among its other sockets (:class
 
 from __future__ import annotations
 
-import select
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -25,10 +24,11 @@ __all__ = ["Inbox", "WatchedLanes", "recv_zmq_frames", "take"]
 class Inbox:
     """An inbox's ZeroMQ socket and its lane (if any), read by one thread as one source of messages.
 
-    With a lane, the reader waits in one ``poll`` on the lane and on the socket's ZeroMQ descriptor,
-    and asks ZeroMQ (``ZMQ_EVENTS``: a system call and ~3 us of pyzmq a look) only when that
-    descriptor says something changed or the socket may still hold messages (:attr:`Lane.zmq_quiet`);
-    a lane message then costs one ``poll`` and one ``recvmsg``. One ``Inbox`` per reading thread."""
+    Waiting is level-triggered (``zmq_poll`` on the socket and the lane's descriptor): it looks at
+    ZeroMQ's own state each time. A wait on ZeroMQ's edge-triggered descriptor with a "found empty"
+    flag (one ``poll`` and one ``recvmsg`` per lane message) measured ~60 us faster per ``call_one``,
+    but a proc of a cross-host test then slept through its heartbeats with every thread idle, twice in
+    one CI run; it was backed out until that is understood."""
 
     def __init__(self, sock: Any, lane: Lane | None):
         import zmq
@@ -36,59 +36,29 @@ class Inbox:
         self._zmq = zmq
         self.sock, self.lane = sock, lane
         self.poll_list: list[Any] = [(sock, zmq.POLLIN)]
-        self._poll: Any = None
-        self._lane_fd = -1
-        self._ready: list[tuple[int, int]] | None = None  # what the last ``wait`` saw, for the next read
         if lane is not None:
-            self._poll = select.poll()
-            self._poll.register(int(sock.getsockopt(zmq.FD)), select.POLLIN)
-            self._poll.register(lane.fd, select.POLLIN)
-            self._lane_fd = lane.fd
+            self.poll_list.append((lane.fd, zmq.POLLIN))
 
     def recv(self) -> list[Any]:
         """The next message's frames, from the socket or the lane, waiting for one. Raises
         ``zmq.ZMQError`` once the socket is closed."""
-        lane = self.lane
-        if lane is None:
+        if self.lane is None:
             return recv_zmq_frames(self.sock, 0)
         while True:
-            frames = self._take(self._look(-1))
+            frames = self.recv_nowait()
             if frames is not None:
                 return frames
-            if lane.closed:
+            if self.lane.closed:
                 raise self._zmq.ZMQError(self._zmq.ENOTSOCK, "the inbox was closed")
+            self._zmq.zmq_poll(self.poll_list, -1)
 
     def wait(self, timeout_ms: int) -> bool:
         """Wait up to ``timeout_ms`` (-1: for ever) until a message may be waiting; reads nothing, so
-        an interrupt here loses nothing. True: :meth:`recv_nowait` is worth a try."""
-        if self.lane is None:
-            return bool(self._zmq.zmq_poll(self.poll_list, timeout_ms))
-        self._ready = ready = self._look(timeout_ms)
-        return ready is None or bool(ready)
-
-    def _look(self, timeout_ms: int) -> list[tuple[int, int]] | None:
-        """The descriptors that are readable, waiting up to ``timeout_ms`` for one; None: something may
-        be waiting already (a held message, or ZeroMQ not known to be empty), look at everything."""
-        lane = self.lane
-        assert lane is not None
-        if lane.held_zmq is not None or lane.held_dgram is not None or not lane.zmq_quiet:
-            return None
-        return self._poll.poll(timeout_ms)  # type: ignore[no-any-return]
-
-    def _take(self, ready: list[tuple[int, int]] | None) -> list[Any] | None:
-        lane = self.lane
-        assert lane is not None
-        if ready is None:
-            return take(self.sock, lane)
-        if not ready:
-            return None
-        zmq_ready = dgram_ready = False
-        for fd, _ in ready:  # any event (an error too) is worth a look: the read reports it
-            if fd == self._lane_fd:
-                dgram_ready = True
-            else:
-                zmq_ready = True
-        return take(self.sock, lane, zmq_ready, dgram_ready)
+        an interrupt here loses nothing. True: :meth:`recv_nowait` is worth a try (a message read
+        with another but not returned yet, ``take``, is there without a poll)."""
+        if self.lane is not None and self.lane.holds():
+            return True
+        return bool(self._zmq.zmq_poll(self.poll_list, timeout_ms))
 
     def recv_nowait(self) -> list[Any] | None:
         """The next message's frames if one is waiting (one sender's older first: :func:`take`), else None."""
@@ -100,20 +70,15 @@ class Inbox:
                 except zmq.Again:
                     pass
             return None
-        ready, self._ready = self._ready, None
-        return self._take(ready if ready else self._look(0))
+        return take(self.sock, self.lane)
 
     def pending(self) -> bool:
         """Is a message waiting, on the socket or on the lane? (never blocks)"""
-        lane = self.lane
-        if lane is None:
-            return bool(self.sock.getsockopt(self._zmq.EVENTS) & self._zmq.POLLIN)
-        ready = self._look(0)
-        if ready is None:  # held, or ZeroMQ not known to be empty
-            return lane.holds() or lane.pending() or _zmq_has_in(self.sock, lane)
-        if any(fd == self._lane_fd for fd, _ in ready):
+        if self.lane is not None and self.lane.holds():
             return True
-        return bool(ready) and _zmq_has_in(self.sock, lane)
+        if self.sock.getsockopt(self._zmq.EVENTS) & self._zmq.POLLIN:
+            return True
+        return self.lane is not None and self.lane.pending()
 
 
 class WatchedLanes:
@@ -128,15 +93,12 @@ class WatchedLanes:
         self._socks: dict[int, Any] = {}  # lane's fd -> socket
 
     def add(self, sock: Any, lane: Lane) -> None:
-        lane.zmq_quiet = False  # the receive thread's poller looks at the socket now (``Lane.zmq_quiet``)
         self._lane_of[sock] = lane
         self._socks[lane.fd] = sock
 
     def remove(self, sock: Any, lane: Lane | None) -> bool:
         """Forget ``sock``; True if ``lane``'s descriptor was watched (the caller unregisters it)."""
         self._lane_of.pop(sock, None)
-        if lane is not None:  # the poller may have cleared its descriptor: its next reader asks ZeroMQ
-            lane.zmq_quiet = False
         return lane is not None and self._socks.pop(lane.fd, None) is not None
 
     def __contains__(self, key: Any) -> bool:
@@ -168,12 +130,8 @@ class WatchedLanes:
         return [sock for sock, lane in self._lane_of.items() if lane.holds()]
 
 
-def take(sock: Any, lane: Lane, zmq_ready: bool | None = None, dgram_ready: bool = True) -> list[Any] | None:
+def take(sock: Any, lane: Lane) -> list[Any] | None:
     """The next message of an inbox with a lane (its socket ``sock``), if one is waiting, else None.
-
-    ``zmq_ready``/``dgram_ready``: what a ``poll`` of the socket's descriptor and the lane just said
-    (``Inbox``); by default both are looked at. ZeroMQ is asked unless its descriptor stayed quiet
-    since it was last found empty (``Lane.zmq_quiet``).
 
     With messages waiting both ways, one sender's older one goes first: its counter is one for all its
     destinations, so a lane message taken first could be thousands of counters ahead of a ZeroMQ one
@@ -181,14 +139,14 @@ def take(sock: Any, lane: Lane, zmq_ready: bool | None = None, dgram_ready: bool
     one as a replay: a call lost, its caller waiting for ever. So the two ways merge by counter; the
     one read but not yet returned waits on the lane, for whichever thread reads the inbox next."""
     z = lane.held_zmq
-    if z is None and (zmq_ready is None or zmq_ready or not lane.zmq_quiet) and _zmq_has_in(sock, lane):
+    if z is None and sock.getsockopt(_EVENTS) & _POLLIN:
         try:
             z = recv_zmq_frames(sock, _NOBLOCK)
         except Exception as e:  # zmq.Again: the message went to another poll (not ours to lose)
             if getattr(e, "errno", None) != _EAGAIN:
                 raise
     d = lane.held_dgram
-    if d is None and dgram_ready:
+    if d is None:
         d = lane.recv_frames()
     if z is None or d is None:
         lane.held_zmq = lane.held_dgram = None
@@ -198,14 +156,6 @@ def take(sock: Any, lane: Lane, zmq_ready: bool | None = None, dgram_ready: bool
         return d
     lane.held_zmq, lane.held_dgram = None, d
     return z
-
-
-def _zmq_has_in(sock: Any, lane: Lane) -> bool:
-    """Ask ZeroMQ whether a message waits (``ZMQ_EVENTS``, which also clears its descriptor), and note
-    the answer: until a message is taken or the descriptor turns readable, asking again is not needed."""
-    has_in = bool(sock.getsockopt(_EVENTS) & _POLLIN)
-    lane.zmq_quiet = not has_in
-    return has_in
 
 
 def _older(a: Sequence[Any], b: Sequence[Any]) -> bool:
