@@ -267,7 +267,10 @@ class Outcomes:
 
     def _doom(self, p: Pending, deaths: dict[int, Failure]) -> None:
         """A death failed the call: the ranks still running it are doomed, and so are the dead ones
-        (their agent's gather may tell of a death before its own note does), under ``calls.lock``."""
+        (their agent's gather may tell of a death before its own note does), under ``calls.lock``.
+        Not for a spawn: few programs look at its future, so its ranks' deaths stay news (``waits_on``)."""
+        if p.mode == "spawn":
+            return
         doomed = self.calls.doomed
         now = time.monotonic()
         if len(doomed) > _DOOMED_MAX:  # ranks that did not die: their time is up
