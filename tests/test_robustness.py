@@ -64,10 +64,7 @@ def test_a_rank_that_answered_then_died_fails_the_waiting_call_and_counts_as_tol
     dies. Where the answer had reached us (ranks on other hosts: no agent holds it for a gather), the
     call still waited on the other rank, so the death went to the fault hook as if nobody had been
     told (a script exited 1), and the call went on waiting for the live rank."""
-    from jupyter_mesh import LocalJob
-
-    job = LocalJob(hosts=2) if topology == "two agents" else None
-    pm = (job.host_mesh() if job else host).spawn_procs(per_host={"gpus": 1 if job else 2})
+    job, pm = _grid(host, topology)
     try:
         f = pm.spawn("f", Faulty)
         pids = list(f.pid.call().get(timeout=20).values())
