@@ -118,6 +118,47 @@ def test_silent_host_agent_fails_its_ranks():
     assert not wait_dead([agent], 5)
 
 
+@pytest.mark.parametrize("moment", ["idle", "mid-call"])
+def test_an_agent_stalled_past_its_procs_timeout_keeps_them(moment):
+    """An agent that could not run for longer than its procs' heartbeat timeout (SIGSTOP here; a starved
+    or suspended host the same) finds their pongs unread when it resumes: that silence is its own, and it
+    must not kill them as deadlocked (it did: every idle proc, each "no thread running ... a deadlock").
+    The controller is made lenient so that only the agent's verdict on its procs is tested."""
+    job = LocalJob(hosts=1)
+    agent = job.pids()[0]
+    try:
+        job._controller.links.hb_timeout = 120.0  # the agent itself keeps the 3 s it was started with
+        pm = job.host_mesh().spawn_procs(per_host={"gpus": 2})
+        f = pm.spawn("f", Faulty)
+        pids = f.pid.call().get(timeout=10)
+        fut = None
+        if moment == "idle":  # told idle from /proc and not pinged: no pong on its way to refresh it
+
+            def untouched() -> bool:
+                before = [_io_counters(p) for p in pids.values()]
+                time.sleep(1.6)
+                return [_io_counters(p) for p in pids.values()] == before
+
+            assert wait_for(untouched, 20, 0.0)
+        else:
+            fut = f.sleep.call(6.0)
+        os.kill(agent, signal.SIGSTOP)
+        assert wait_stopped(agent)
+        time.sleep(4.5)  # past the agent's 3 s verdict on a silent proc
+        os.kill(agent, signal.SIGCONT)
+        time.sleep(2.0)  # the agent's next ticks (every 0.75 s) get their chance to judge
+        if fut is not None:
+            assert set(fut.get(timeout=20).values()) == {6.0}
+        assert f.pid.call().get(timeout=10) == pids
+        assert [r.state for r in pm.state().ranks] != [ProcState.FAILED] * 2
+        assert all(r.failure is None for r in pm.state().ranks)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(agent, signal.SIGCONT)
+        job.stop()
+    assert not wait_dead([agent, *pids.values()], 5)
+
+
 def test_a_tensor_call_to_a_sigstopped_proc_returns_at_once_and_keeps_value_semantics(host):
     """A proc that reads nothing (SIGSTOP) must not hold the caller: call_one returned only once
     ZeroMQ let go of the argument's memory, i.e. once the agent declared the proc dead (~3 s) and its

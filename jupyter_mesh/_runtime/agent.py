@@ -62,6 +62,7 @@ class Agent(ProcWatch):
         # closes our stdin, and silence only means it is busy (a long C call holding its GIL)
         self.controller_silence = float("inf") if cfg.get("stdin_lifeline") else 3 * self.hb_timeout
         self.last_controller = time.monotonic()
+        self.last_tick = self.last_controller  # the I/O thread's last heartbeat tick (``_heartbeat_tick``)
         self.bind: str = cfg["bind"]  # the controller's: a private directory on its host, or TCP
         self.curve = CurveKeys.from_wire(cfg["curve"]) if cfg.get("curve") else None
         self.transport = Transport(self.key, self.bind, self.curve)

@@ -50,6 +50,7 @@ class ProcWatch:
     hb_interval: float
     controller_silence: float
     last_controller: float
+    last_tick: float
     shutting_down: bool
 
     if TYPE_CHECKING:
@@ -91,6 +92,10 @@ class ProcWatch:
         """Ping every running proc but the idle ones (``quiet``); one that stops answering is watched
         (``liveness``): busy ones are reported to the controller, hung ones (stopped, deadlocked) are
         declared dead after hb_timeout."""
+        stall = now - self.last_tick - self.hb_interval
+        self.last_tick = now
+        if stall > self.hb_interval:
+            self._forgive(stall, now)
         silent = now - self.last_controller
         if silent > self.controller_silence and not self.keeper.controller_silent(silent):
             print(f"jupyter-mesh agent: no heartbeat from the controller for {silent:.0f} s; exiting", file=sys.stderr)
@@ -127,6 +132,19 @@ class ProcWatch:
                     self._ping(p)
                 continue  # the pings it has not read yet will be answered when it lets go of the GIL
             self._ping(p)
+
+    def _forgive(self, stall: float, now: float) -> None:
+        """This agent could not run for ``stall`` seconds (SIGSTOP, a starved or suspended host): the
+        pongs and heartbeats of that time wait unread in its sockets, so that silence is nobody's fault.
+        Without this, an agent stalled for most of the timeout killed every idle proc as deadlocked
+        when it resumed (the controller already forgives its own stalls: ``agent_links``)."""
+        self.last_controller = min(now, self.last_controller + stall)
+        with self.lock:
+            for p in self.procs.values():  # (an answer read meanwhile by the receive thread is newer)
+                if p.last_seen:
+                    p.last_seen = min(now, p.last_seen + stall)
+                if p.liveness.progress:
+                    p.liveness.progress = min(now, p.liveness.progress + stall)
 
     def _watch_template(self, now: float) -> None:
         """Forks overdue while the template is stopped (SIGSTOP): those starts fail now, with the cause;
