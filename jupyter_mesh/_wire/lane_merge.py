@@ -26,9 +26,9 @@ class Inbox:
 
     Waiting is level-triggered (``zmq_poll`` on the socket and the lane's descriptor): it looks at
     ZeroMQ's own state each time. A wait on ZeroMQ's edge-triggered descriptor with a "found empty"
-    flag (one ``poll`` and one ``recvmsg`` per lane message) measured ~60 us faster per ``call_one``,
-    but a proc of a cross-host test then slept through its heartbeats with every thread idle, twice in
-    one CI run; it was backed out until that is understood."""
+    flag (one ``poll`` and one ``recvmsg`` per lane message) measured ~60 us faster per ``call_one`` on
+    a loaded VM but slower on a quiet one (README, "call_one, issue #14, second pass"), and every
+    other use of the socket would have to keep that flag true: not worth it."""
 
     def __init__(self, sock: Any, lane: Lane | None):
         import zmq
