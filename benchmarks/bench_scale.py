@@ -14,7 +14,9 @@ Each (system, hosts, procs per host) point runs in a fresh program (``_CHILD``),
   relay gathering its P replies): what processes, sockets and wake-ups alone cost on this machine
 * ``idle_cpu_pct``: CPU of the controller and every process below it (agents, procs, templates),
   in % of one core, from ``/proc/<pid>/stat`` over ``--idle`` seconds with the mesh idle
-jupyter_mesh: ``LocalJob(hosts=H)``, H agents on this machine. Monarch 0.7 (``--monarch`` names a Python
+jupyter_mesh: ``LocalJob(hosts=H)``, H agents on this machine; each agent's fork server preloads torch
+by default (warm, ``jobs/warm.py``), H imports of torch on the same cores: ``--cold`` adds the same point
+with ``JUPYTER_MESH_WARM=0`` (``jupyter_mesh_cold``). Monarch 0.7 (``--monarch`` names a Python
 that has ``torchmonarch``): ``ProcessJob({"hosts": H})``, H host processes on this machine, each over
 unix sockets. A point that runs past ``--timeout`` is recorded as such. This program makes itself the
 subreaper of everything its points start: whatever a point leaves behind is counted (``leftover``)
@@ -263,8 +265,11 @@ def _sweep() -> int:
     return len(left)
 
 
-def point(python: str, program: str, h: int, p: int, calls: int, idle: int, timeout: float) -> dict[str, Any]:
+def point(
+    python: str, program: str, h: int, p: int, calls: int, idle: int, timeout: float, extra_env: dict[str, str]
+) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")])}
+    env.update(extra_env)
     t0 = time.monotonic()
     try:
         out = subprocess.run(
@@ -299,6 +304,11 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=240, help="seconds per point")
     ap.add_argument("--monarch-max-procs", type=int, default=64, help="larger Monarch points are skipped")
     ap.add_argument("--no-floor", action="store_true", help="skip the bare pyzmq floor of each point")
+    ap.add_argument(
+        "--cold",
+        action="store_true",
+        help="also run jupyter_mesh with JUPYTER_MESH_WARM=0 (templates preload nothing): what warm costs here",
+    )
     a = ap.parse_args()
     if a.quick:
         grid = [(1, 4), (1, 16), (2, 8), (8, 32)]
@@ -307,9 +317,11 @@ def main() -> None:
         grid = [(h, p) for h in map(int, a.hosts.split(",")) for p in map(int, a.procs.split(","))]
     if hasattr(ctypes, "CDLL") and sys.platform == "linux":
         ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: orphans of a point come to us
-    systems = [("jupyter_mesh", sys.executable, _JM)]
+    systems: list[tuple[str, str, str, dict[str, str]]] = [("jupyter_mesh", sys.executable, _JM, {})]
+    if a.cold:
+        systems.append(("jupyter_mesh_cold", sys.executable, _JM, {"JUPYTER_MESH_WARM": "0"}))
     if a.monarch:
-        systems.append(("monarch", a.monarch, _MONARCH))
+        systems.append(("monarch", a.monarch, _MONARCH, {}))
     with open("/proc/loadavg") as f:
         load_before = f.read().split()[0]
     results: dict[str, Any] = {
@@ -320,11 +332,11 @@ def main() -> None:
     }
     for h, p in grid:
         row: dict[str, Any] = {"hosts": h, "procs_per_host": p, "procs": h * p}
-        for name, python, program in systems:  # side by side: each point on both, one after the other
+        for name, python, program, extra_env in systems:  # side by side: each point on both, one after the other
             if name == "monarch" and h * p > a.monarch_max_procs:
                 row[name] = {"skipped": f"over --monarch-max-procs {a.monarch_max_procs} (memory of its procs)"}
                 continue
-            row[name] = point(python, program, h, p, a.calls, a.idle, a.timeout)
+            row[name] = point(python, program, h, p, a.calls, a.idle, a.timeout, extra_env)
             print(f"{name} {h}x{p}: {json.dumps(row[name])}", file=sys.stderr, flush=True)
         if not a.no_floor:
             row["floor_pyzmq"] = floor(h, p, a.calls, a.timeout)
