@@ -126,8 +126,10 @@ def test_an_agent_stalled_past_its_procs_timeout_keeps_them(moment):
     The controller is made lenient so that only the agent's verdict on its procs is tested."""
     job = LocalJob(hosts=1)
     agent = job.pids()[0]
+    links = job._controller.links  # the process's one controller: restored for the tests after this one
+    kept_timeout = links.hb_timeout
     try:
-        job._controller.links.hb_timeout = 120.0  # the agent itself keeps the 3 s it was started with
+        links.hb_timeout = 120.0  # the agent itself keeps the 3 s it was started with
         pm = job.host_mesh().spawn_procs(per_host={"gpus": 2})
         f = pm.spawn("f", Faulty)
         pids = f.pid.call().get(timeout=10)
@@ -153,6 +155,7 @@ def test_an_agent_stalled_past_its_procs_timeout_keeps_them(moment):
         assert [r.state for r in pm.state().ranks] != [ProcState.FAILED] * 2
         assert all(r.failure is None for r in pm.state().ranks)
     finally:
+        links.hb_timeout = kept_timeout
         with contextlib.suppress(ProcessLookupError):
             os.kill(agent, signal.SIGCONT)
         job.stop()
