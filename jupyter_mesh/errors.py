@@ -18,6 +18,8 @@
     ├── MeshTimeoutError            a wait ran out; ``phase`` says which (spawn, call, stop, transfer)
     │                               (also a builtin ``TimeoutError``)
     ├── MeshCancelledError          you cancelled the call (``Future.cancel()``, Ctrl-C, notebook ■)
+    ├── MeshDeadlockError           a wait that could never end: ``get()`` on a pending future on the
+    │                               receive thread, which alone reads its reply (a ``RuntimeError``)
     ├── UsageError-like subclasses of builtins for bad input at the call site:
     │   ├── MeshValueError          (ValueError) bad slice, unknown dim, wrong shape
     │   └── SerializationError      (TypeError) an argument or result cannot be pickled
@@ -44,6 +46,7 @@ __all__ = [
     "Failure",
     "MeshCancelledError",
     "MeshClosedError",
+    "MeshDeadlockError",
     "MeshError",
     "MeshFailure",
     "MeshInterrupted",
@@ -383,6 +386,25 @@ class MeshClosedError(MeshError, RuntimeError):
 class MeshCancelledError(MeshError):
     """The call was cancelled here; the remote work was asked to stop (async endpoints are cancelled,
     sync endpoints get KeyboardInterrupt at their next Python instruction)."""
+
+
+class MeshDeadlockError(MeshError, RuntimeError):
+    """A wait that could never end, refused at once instead of hanging: ``get()`` (or ``result()``,
+    ``exception()``) on a future that is still pending, called on jupyter_mesh's receive thread (where
+    done callbacks run). Its reply can only be read by that thread, which would be the one waiting.
+    ``what`` is the future's call, ``thread`` the receive thread's name."""
+
+    def __init__(self, what: str, thread: str = "the receive thread"):
+        self.what, self.thread = what, thread
+        super().__init__(
+            f"get() on a pending future ({what}) from code running on jupyter_mesh's receive thread "
+            f"({thread!r}; done callbacks run there): its reply can only be read by this very thread, so the "
+            "wait could never end. What to do: chain instead, with add_done_callback(fn) on that future (fn "
+            "runs once its reply is in), or call get() from a thread of your own or from an actor endpoint."
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.what, self.thread))
 
 
 class MeshTimeoutError(MeshError, TimeoutError):

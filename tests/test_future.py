@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import pickle
 import threading
 import time
 
 import pytest
 
-from jupyter_mesh import MeshCancelledError, MeshTimeoutError
-from jupyter_mesh._core.future import Future
+from jupyter_mesh import MeshCancelledError, MeshDeadlockError, MeshTimeoutError
+from jupyter_mesh._core.future import Future, mark_receive_thread
 
 
 def _later(seconds: float, fn, *args) -> None:
@@ -106,3 +107,40 @@ def test_a_cancelled_await_cancels_the_future():
 
     asyncio.run(main())
     assert f.cancelled()
+
+
+def test_the_rule_holds_for_any_thread_marked_as_a_receive_thread():
+    """On the receive thread (``Transport.serve`` marks it) get() on a pending future is refused at once;
+    done futures and polls (timeout=0) still answer. tests/test_callback_get.py: the same with processes."""
+    pending: Future[int] = Future("Demo.step")
+    done = Future.completed(5, "Demo.done")
+    out: dict[str, object] = {}
+
+    def on_receive_thread() -> None:
+        mark_receive_thread()
+        try:
+            out["done"] = done.get()
+            for timeout in (None, 30.0):
+                try:
+                    pending.get(timeout)
+                except MeshDeadlockError as e:
+                    out[f"refused {timeout}"] = e
+            try:
+                pending.get(timeout=0)
+            except MeshTimeoutError:
+                out["poll"] = "timeout"
+        finally:
+            mark_receive_thread(False)
+
+    t = threading.Thread(target=on_receive_thread, name="jupyter-mesh-recv")
+    t.start()
+    t.join(30)
+    assert out["done"] == 5 and out["poll"] == "timeout"
+    err = out["refused None"]
+    assert isinstance(err, MeshDeadlockError) and isinstance(err, RuntimeError) and "refused 30.0" in out
+    assert "Demo.step" in str(err) and "'jupyter-mesh-recv'" in str(err)
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is MeshDeadlockError and str(back) == str(err)
+    assert not pending.done()
+    pending._set_result(7)  # elsewhere (this thread is not marked) the wait works as always
+    assert pending.get(timeout=5) == 7

@@ -15,9 +15,9 @@ import time
 from collections.abc import Callable, Generator
 from typing import Any, Generic, Protocol, TypeVar
 
-from ..errors import MeshCancelledError, MeshTimeoutError
+from ..errors import MeshCancelledError, MeshDeadlockError, MeshTimeoutError
 
-__all__ = ["INTERRUPTED", "Future"]
+__all__ = ["INTERRUPTED", "Future", "mark_receive_thread"]
 
 INTERRUPTED = "jupyter_mesh: interrupted"
 """The message of a task cancelled for Ctrl-C / the notebook's ■ (the ``mesh`` kernel cancels the
@@ -52,6 +52,18 @@ class PauseHook(Protocol):
 
 
 pause_hook: PauseHook | None = None  # set by ``jupyter_mesh.debug.prompt_while_waiting``
+
+_thread = threading.local()  # ``receives``: this thread reads the process's messages (``mark_receive_thread``)
+
+
+def mark_receive_thread(on: bool = True) -> None:
+    """Say that the calling thread is the process's receive thread (``Transport.serve``), where done
+    callbacks run. A ``get()`` there on a pending future raises ``MeshDeadlockError`` at once: the reply
+    it waits for can only be read by this thread, so waiting would hang until its timeout (or for ever).
+    Reading that reply from inside the wait instead would re-enter the receive loop in the middle of a
+    dispatch: every kind of message (heartbeats, failures, other replies) handled inside a user's
+    callback, by handlers not written to be re-entered; refusing is the safe answer."""
+    _thread.receives = on
 
 
 class Future(Generic[T]):
@@ -169,9 +181,13 @@ class Future(Generic[T]):
     def get(self, timeout: float | None = None) -> T:
         """Wait for the value; raise the remote error, or ``MeshTimeoutError(phase="call")``.
 
-        Ctrl-C (or a notebook interrupt) while waiting cancels the remote work, then re-raises.
+        Ctrl-C (or a notebook interrupt) while waiting cancels the remote work, then re-raises. On the
+        receive thread (in a done callback) a pending future raises ``MeshDeadlockError`` at once
+        (``mark_receive_thread``); ``timeout=0`` there still just looks (``MeshTimeoutError``).
         """
         if self._state == _PENDING:
+            if (timeout is None or timeout > 0) and getattr(_thread, "receives", False):
+                raise MeshDeadlockError(self._what, threading.current_thread().name)
             try:
                 hook = pause_hook
                 if hook is None:
@@ -240,6 +256,10 @@ class Future(Generic[T]):
     def exception(self, timeout: float | None = None) -> BaseException | None:
         try:
             self.get(timeout)
+        except MeshDeadlockError:
+            if self._state == _PENDING:  # the wait was refused: this is no error of the future's
+                raise
+            return self._value if self._state == _ERROR else None  # type: ignore[no-any-return]
         except MeshTimeoutError:
             if self._state == _PENDING:
                 raise
@@ -253,7 +273,8 @@ class Future(Generic[T]):
         return self._state != _PENDING
 
     def add_done_callback(self, fn: Callable[[Future[T]], Any]) -> None:
-        """``fn(future)`` once done: at once if it is, else on the thread that finishes it."""
+        """``fn(future)`` once done: at once if it is, else on the thread that finishes it (mostly the
+        receive thread: a ``get()`` in ``fn`` on a future still pending raises ``MeshDeadlockError``)."""
         self._detach()
         with self._lock:
             if self._state == _PENDING:

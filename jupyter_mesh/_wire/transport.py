@@ -28,6 +28,7 @@ from typing import Any
 import msgpack
 import zmq
 
+from .._core.future import mark_receive_thread
 from . import lane as _lane
 from . import shm as _shm
 from .channels import (
@@ -405,10 +406,14 @@ class Transport:
         has passed; it may :meth:`watch` more sockets, whose messages go to ``handler`` too.
         """
         self._server = threading.current_thread()
-        if tick is None:
-            self._serve_inbox(handler)
-        else:
-            self._serve_polling(handler, tick)
+        mark_receive_thread()  # a get() here on a pending future raises: only this thread reads its reply
+        try:
+            if tick is None:
+                self._serve_inbox(handler)
+            else:
+                self._serve_polling(handler, tick)
+        finally:
+            mark_receive_thread(False)
 
     def _serve_inbox(self, handler: Callable[[Message, list[Any]], None]) -> None:
         inbox = self._inbox

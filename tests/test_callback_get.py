@@ -1,0 +1,89 @@
+"""get() inside a done callback: the receive thread runs callbacks, and the reply a pending future waits
+for can only be read by that thread, so such a get() raises MeshDeadlockError at once instead of
+hanging until its timeout. On done futures it returns their value; callbacks on other threads (an
+actor's) still wait as usual. In the controller and in an actor's proc alike."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+from _procs import wait_for
+from callback_actors import KINDS, Chainer, Gate, chain
+
+from jupyter_mesh._runtime.client import current_client
+
+pytestmark = pytest.mark.integration
+
+OPEN = "open"
+
+
+def _expected(kind: str) -> object:
+    """What a future of ``kind`` on a ``Gate`` (or a spawn) gives."""
+    return {"call_one": OPEN, "call": [OPEN] * 4, "choose": OPEN, "spawn": None}[kind]
+
+
+def _check(report: dict, kind: str, thread: str) -> None:
+    assert report["ran"], f"the callback did not finish within 60 s: {report}"
+    assert report["thread"] == thread, report  # it ran where the replies are read
+    # refused at once: the error says so, not a timeout, and the call it would have waited on was still
+    # pending then (it finishes below, once let go)
+    for how in ("get", "result", "exception"):
+        assert report[how] == "MeshDeadlockError", (how, report)
+    msg = report["get_message"]
+    assert "receive thread" in msg and thread in msg and "add_done_callback" in msg, msg
+    assert report["still_pending"] is True
+    assert report["poll"] == "MeshTimeoutError"  # get(timeout=0) only looks, as anywhere
+    want = _expected(kind)
+    assert report["done_before"] == want
+    assert report["done_in_callback"] == want  # a done future's get() in the callback gives its value
+    assert report["self_in_callback"] == want
+    assert report["trigger"] == want
+    assert report["pending_after"] == want  # the refused wait did not disturb the call
+
+
+def _mesh_still_works(procs, gate, tmp: str) -> None:
+    path = os.path.join(tmp, "after")
+    open(path, "w").close()
+    assert gate.slice(gpus=2).wait.call_one(path).get(timeout=30) == OPEN
+    assert sorted(gate.wait.call(path).get(timeout=30).values()) == [OPEN] * 4
+    chained = threading.Event()
+    f = gate.wait.choose(path)
+    f.add_done_callback(lambda g: chained.set() if g.get() == OPEN else None)
+    assert chained.wait(30) and f.get(timeout=30) == OPEN
+
+
+def _nothing_in_flight(*meshes) -> None:
+    client = current_client()
+    ids = {m._actor_id for m in meshes}
+    assert wait_for(lambda: not any(a in ids for a, _ in client.calls.pending.load), 10), client.calls.pending.load
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_get_on_a_pending_future_in_a_callback_on_the_controllers_receive_thread_raises(procs, tmp_path, kind):
+    pend, trig = procs.spawn("pend", Gate), procs.spawn("trig", Gate)
+    report = chain(kind, procs, pend, trig, str(tmp_path))
+    _check(report, kind, "jupyter-mesh-recv")
+    _mesh_still_works(procs, trig, str(tmp_path))
+    _nothing_in_flight(pend, trig)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_get_on_a_pending_future_in_a_callback_on_an_actors_receive_thread_raises(procs, tmp_path, kind):
+    pend, trig = procs.spawn("pend", Gate), procs.spawn("trig", Gate)
+    chainer = procs.spawn("chainer", Chainer)
+    report = chainer.slice(gpus=0).chain.call_one(kind, procs, pend, trig, str(tmp_path)).get(timeout=120)
+    _check(report, kind, "recv")
+    _mesh_still_works(procs, trig, str(tmp_path))
+    # the actor that ran it is fine too
+    again = chainer.slice(gpus=0).chain.call_one("call_one", procs, pend, trig, str(tmp_path)).get(timeout=120)
+    _check(again, "call_one", "recv")
+    _nothing_in_flight(pend, trig, chainer)
+
+
+def test_a_callback_on_an_actors_own_thread_may_still_wait_on_a_pending_future(procs, tmp_path):
+    gate, chainer = procs.spawn("gate", Gate), procs.spawn("chainer", Chainer)
+    report = chainer.slice(gpus=3).on_actor_thread.call_one(gate, str(tmp_path)).get(timeout=120)
+    assert report["thread"] == report["actor_thread"] and report["thread"] != "recv", report
+    assert report["value"] == OPEN
