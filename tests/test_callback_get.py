@@ -87,3 +87,34 @@ def test_a_callback_on_an_actors_own_thread_may_still_wait_on_a_pending_future(p
     report = chainer.slice(gpus=3).on_actor_thread.call_one(gate, str(tmp_path)).get(timeout=120)
     assert report["thread"] == report["actor_thread"] and report["thread"] != "recv", report
     assert report["value"] == OPEN
+
+
+def test_iterating_a_pending_stream_in_a_callback_on_the_receive_thread_raises(procs, tmp_path):
+    """A stream's next result inside such a callback waits on the same replies: refused at once too,
+    while results already in are still handed out; the stream goes on afterwards, from our thread."""
+    pend, trig = procs.spawn("pend", Gate), procs.spawn("trig", Gate)
+    gated, first = tmp_path / "gated", tmp_path / "first"
+    first.touch()
+    stream = pend.wait.stream(str(gated))  # all 4 ranks wait for the gate
+    trigger = trig.slice(gpus=0).wait.call_one(str(first))
+    report: dict = {}
+    ran = threading.Event()
+
+    def on_done(f) -> None:
+        try:
+            report["thread"] = threading.current_thread().name
+            try:
+                next(stream)
+                report["next"] = "returned"
+            except Exception as e:  # noqa: BLE001 - the report says what it was
+                report["next"], report["message"] = type(e).__name__, str(e)
+        finally:
+            ran.set()
+
+    trigger.add_done_callback(on_done)
+    assert ran.wait(60) and trigger.get(timeout=30) == OPEN
+    assert report["thread"] == "jupyter-mesh-recv", report
+    assert report["next"] == "MeshDeadlockError" and "stream" in report["message"], report
+    gated.touch()
+    assert [f.get(timeout=30) for f in stream] == [OPEN] * 4  # nothing of it was lost
+    _nothing_in_flight(pend, trig)

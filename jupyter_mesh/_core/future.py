@@ -17,7 +17,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from ..errors import MeshCancelledError, MeshDeadlockError, MeshTimeoutError
 
-__all__ = ["INTERRUPTED", "Future", "mark_receive_thread"]
+__all__ = ["INTERRUPTED", "Future", "mark_receive_thread", "on_receive_thread"]
 
 INTERRUPTED = "jupyter_mesh: interrupted"
 """The message of a task cancelled for Ctrl-C / the notebook's ■ (the ``mesh`` kernel cancels the
@@ -64,6 +64,11 @@ def mark_receive_thread(on: bool = True) -> None:
     dispatch: every kind of message (heartbeats, failures, other replies) handled inside a user's
     callback, by handlers not written to be re-entered; refusing is the safe answer."""
     _thread.receives = on
+
+
+def on_receive_thread() -> bool:
+    """Is the calling thread the process's receive thread (``mark_receive_thread``)?"""
+    return bool(getattr(_thread, "receives", False))
 
 
 class Future(Generic[T]):
@@ -186,7 +191,7 @@ class Future(Generic[T]):
         (``mark_receive_thread``); ``timeout=0`` there still just looks (``MeshTimeoutError``).
         """
         if self._state == _PENDING:
-            if (timeout is None or timeout > 0) and getattr(_thread, "receives", False):
+            if (timeout is None or timeout > 0) and on_receive_thread():
                 raise MeshDeadlockError(self._what, threading.current_thread().name)
             try:
                 hook = pause_hook

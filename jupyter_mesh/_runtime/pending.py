@@ -5,13 +5,14 @@
 from __future__ import annotations
 
 import queue
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .._core.future import Future
+from .._core.future import Future, on_receive_thread
 from .._core.shape import Shape
-from ..errors import CallSite, Failure, RemoteFailure
+from ..errors import CallSite, Failure, MeshDeadlockError, RemoteFailure
 from .remote_errors import exception_of, render_traceback
 
 if TYPE_CHECKING:
@@ -139,6 +140,10 @@ class Stream(Iterator[Future[Any]]):
         if not self._left:
             raise StopIteration
         assert self._p.stream_q is not None
+        if self._p.stream_q.empty() and on_receive_thread():  # a done callback: only this thread reads
+            raise MeshDeadlockError(  # the replies it would wait for (``future.mark_receive_thread``)
+                f"the next result of a stream of {self._p.endpoint}", threading.current_thread().name
+            )
         try:
             item = self._p.stream_q.get()
         except KeyboardInterrupt:
