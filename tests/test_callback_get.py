@@ -118,3 +118,32 @@ def test_iterating_a_pending_stream_in_a_callback_on_the_receive_thread_raises(p
     gated.touch()
     assert [f.get(timeout=30) for f in stream] == [OPEN] * 4  # nothing of it was lost
     _nothing_in_flight(pend, trig)
+
+
+def test_a_call_made_inside_the_callback_is_waited_for_as_anywhere(procs, tmp_path):
+    """The receive thread reads the replies of calls it makes itself (in a reply box of its own): a
+    get() on those inside a callback returns their values, every adverb, as it did before the refusal."""
+    gate, trig = procs.spawn("gate", Gate), procs.spawn("trig", Gate)
+    opened = tmp_path / "opened"
+    opened.touch()
+    path = str(opened)
+    trigger = trig.slice(gpus=0).wait.call_one(str(tmp_path / "late"))
+    report: dict = {}
+    ran = threading.Event()
+
+    def on_done(f) -> None:
+        try:
+            report["thread"] = threading.current_thread().name
+            report["call_one"] = gate.slice(gpus=1).wait.call_one(path).get(timeout=30)
+            report["call"] = sorted(gate.wait.call(path).get(timeout=30).values())
+            report["choose"] = gate.wait.choose(path).get(timeout=30)
+        except Exception as e:  # noqa: BLE001 - the report says what it was
+            report["error"] = repr(e)
+        finally:
+            ran.set()
+
+    trigger.add_done_callback(on_done)
+    (tmp_path / "late").touch()
+    assert ran.wait(90), report
+    assert report == {"thread": "jupyter-mesh-recv", "call_one": OPEN, "call": [OPEN] * 4, "choose": OPEN}
+    _nothing_in_flight(gate, trig)

@@ -187,12 +187,11 @@ class Future(Generic[T]):
         """Wait for the value; raise the remote error, or ``MeshTimeoutError(phase="call")``.
 
         Ctrl-C (or a notebook interrupt) while waiting cancels the remote work, then re-raises. On the
-        receive thread (in a done callback) a pending future raises ``MeshDeadlockError`` at once
-        (``mark_receive_thread``); ``timeout=0`` there still just looks (``MeshTimeoutError``).
+        receive thread (in a done callback) a pending future whose reply that thread does not read in a
+        box of its own raises ``MeshDeadlockError`` at once (``mark_receive_thread``); ``timeout=0``
+        there still just looks (``MeshTimeoutError``).
         """
         if self._state == _PENDING:
-            if (timeout is None or timeout > 0) and on_receive_thread():
-                raise MeshDeadlockError(self._what, threading.current_thread().name)
             try:
                 hook = pause_hook
                 if hook is None:
@@ -200,6 +199,7 @@ class Future(Generic[T]):
                     wait = timeout
                     if self._driver is not None:
                         wait = self._driver.drive(self, wait)
+                    self._refuse_unanswerable(wait)
                     if not self._wait(wait):
                         raise MeshTimeoutError("call", timeout, self._what)
                 else:
@@ -214,6 +214,13 @@ class Future(Generic[T]):
             raise self._value
         return self._value  # type: ignore[no-any-return]
 
+    def _refuse_unanswerable(self, wait: float | None) -> None:
+        """On the receive thread, a wait for a reply this thread does not read itself (no reply box of
+        its own drove it to the end: ``drive`` left time) could never end: raise instead of hanging. A
+        call the callback made itself is answered in this thread's own box, and waits as anywhere."""
+        if self._state == _PENDING and not self._poked and (wait is None or wait > 0) and on_receive_thread():
+            raise MeshDeadlockError(self._what, threading.current_thread().name)
+
     def _get_serving(self, hook: PauseHook, timeout: float | None) -> None:
         """``get()``'s wait while a front serves debugger prompts on this thread: time spent at a
         prompt does not count against ``timeout``."""
@@ -224,6 +231,7 @@ class Future(Generic[T]):
             try:
                 if self._driver is not None:
                     wait = self._driver.drive(self, wait)
+                self._refuse_unanswerable(wait)
                 done = self._wait(wait)
             finally:
                 if stop is not None:
