@@ -7,7 +7,7 @@ import signal
 import time
 
 import pytest
-from _procs import wait_dead, wait_for
+from _procs import wait_dead, wait_for, wait_stopped
 from busy_actors import Native, SlowInit, Waiter
 
 from jupyter_mesh import ProcState, SupervisionError
@@ -47,6 +47,7 @@ def test_busy_proc_that_is_then_stopped_is_hung(host):
         fut = n.spin.call_one(30.0)
         assert wait_for(lambda: "busy" in pm.state().ranks[0].note, 12), pm.state().ranks[0]
         os.kill(pid, signal.SIGSTOP)
+        assert wait_stopped(pid)
         # the call (30 s) cannot end on its own within the hang guard: only the heartbeat verdict ends it
         with pytest.raises(SupervisionError, match="stopped answering heartbeats") as ei:
             fut.get(timeout=15)

@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 import pytest
+from _procs import wait_stopped
 from pdb_actors import Stopper, wait_paused
 
 from jupyter_mesh import ProcState, debug
@@ -210,6 +211,7 @@ def test_stacks_refuses_a_timeout_that_is_not_a_bound(procs):
 
     os.kill(procs.pids()[0], signal.SIGSTOP)
     try:
+        assert wait_stopped(procs.pids()[0])
         for bad in (float("inf"), float("nan"), 0, -1):
             with pytest.raises(MeshValueError, match="above 0"):
                 procs.stacks(timeout=bad)

@@ -1,6 +1,7 @@
 """Each process kind (proc, agent, fork server) killed or stopped (then resumed) at each moment (idle,
 mid-call, mid-transfer of a 64 MiB argument, mid-spawn of another mesh): nothing hangs, what failed
-says so with its cause, the job gives a working mesh again, and nothing is left behind.
+says so with its cause, the job gives a working mesh again, and nothing is left behind. A stall shorter
+than the heartbeat timeout (``test_stall``) is no fault at all: nothing may fail.
 
 The specific outcomes of each fault are tested in ``test_faults.py``, ``test_liveness.py`` and
 ``test_break_attempts.py``; this is the cross product, with the properties every case must keep.
@@ -15,9 +16,9 @@ import threading
 import time
 
 import pytest
-from _procs import template_of, wait_dead
+from _procs import template_of, wait_dead, wait_stopped
 
-from jupyter_mesh import Actor, LocalJob, MeshError, ProcState, endpoint
+from jupyter_mesh import Actor, HostState, LocalJob, MeshError, ProcState, endpoint
 
 pytestmark = pytest.mark.integration
 
@@ -25,6 +26,7 @@ KINDS = ["proc", "agent", "template"]
 SIGNALS = ["kill", "stop"]
 MOMENTS = ["idle", "call", "transfer", "spawn"]
 STOPPED_FOR = 4.5  # past the 3 s heartbeat timeout
+STALLED_FOR = 1.5  # half of it: a busy host, a swapped-out process, a debugger's pause
 
 
 class Worker(Actor):
@@ -84,6 +86,7 @@ def test_fault(kind, sig, moment):
         time.sleep(0.1)
         os.kill(target, signal.SIGKILL if sig == "kill" else signal.SIGSTOP)
         if sig == "stop":
+            assert wait_stopped(target)
             time.sleep(STOPPED_FOR)
             with contextlib.suppress(ProcessLookupError):  # given up and killed meanwhile, maybe
                 os.kill(target, signal.SIGCONT)
@@ -117,6 +120,77 @@ def test_fault(kind, sig, moment):
         assert len(list(pm2.spawn("v", Worker).pid.call().get(30).values())) == 1
         pm2.stop(timeout=5)
     finally:
+        job.stop()
+    assert not wait_dead(job.pids(), 5)
+    assert not wait_dead(procs, 5)
+
+
+@pytest.mark.parametrize("moment", MOMENTS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_stall(kind, moment, recorded_faults):
+    """Stopped for half the heartbeat timeout, then resumed: no fault at all. The call, the transfer
+    and the spawn under way return their values, no rank fails, no host is given up, the fault hook
+    hears nothing, and the mesh answers from the same procs."""
+    import torch
+
+    job = LocalJob(hosts=1)
+    spawned: list[object] = []
+    before = len(recorded_faults)
+    target = 0
+    try:
+        pm = job.host_mesh().spawn_procs(per_host={"gpus": 2})
+        w = pm.spawn("w", Worker)
+        pids = w.pid.call().get(20)
+        procs = set(pids.values())
+        agents = job.pids()
+        lost = dict(job._controller.links.lost)  # the session's controller: agents earlier tests gave up
+        target = _target(job, procs, kind)
+        fut = None
+        spawner = None
+        if moment == "call":
+            fut = w.sleep.call(STALLED_FOR + 1.5)  # under way before the stall and after it
+        elif moment == "transfer":
+            fut = w.numel.call(torch.ones(16 * 1024 * 1024))  # 64 MiB to each rank
+        elif moment == "spawn":
+
+            def spawn() -> None:
+                try:
+                    spawned.append(job.host_mesh().spawn_procs(per_host={"gpus": 1}, timeout=30))
+                except MeshError as e:
+                    spawned.append(e)
+
+            spawner = threading.Thread(target=spawn)
+            spawner.start()
+            time.sleep(0.05)
+        time.sleep(0.1)
+        os.kill(target, signal.SIGSTOP)
+        assert wait_stopped(target)
+        time.sleep(STALLED_FOR)
+        os.kill(target, signal.SIGCONT)
+        if fut is not None:
+            want = STALLED_FOR + 1.5 if moment == "call" else 16 * 1024 * 1024
+            assert set(fut.get(20).values()) == {want}
+        if spawner is not None:
+            spawner.join(40)
+            assert not spawner.is_alive(), "spawn_procs hung"
+            (m,) = spawned
+            assert not isinstance(m, BaseException), f"the spawn failed: {m}"
+            assert len(m.spawn("v", Worker).pid.call().get(20)) == 1  # type: ignore[attr-defined]
+        time.sleep(2 * 0.75)  # two heartbeat ticks after the resume: a late verdict would be in by now
+        assert w.pid.call().get(20) == pids
+        st = pm.state()
+        assert [(r.state, r.failure) for r in st.ranks] == [(ProcState.IDLE, None)] * 2
+        assert [h.state for h in st.hosts] == [HostState.UP]
+        assert job.pids() == agents and job._controller.links.lost == lost
+        assert recorded_faults[before:] == [], "a stall is no fault: the fault hook must hear nothing"
+        pm.stop(timeout=5)
+        assert not wait_dead(procs, 10)
+        for m in spawned:
+            m.stop(timeout=5)  # type: ignore[attr-defined]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            if target:
+                os.kill(target, signal.SIGCONT)
         job.stop()
     assert not wait_dead(job.pids(), 5)
     assert not wait_dead(procs, 5)

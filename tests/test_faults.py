@@ -13,7 +13,7 @@ import signal
 import time
 
 import pytest
-from _procs import template_of, wait_dead, wait_for
+from _procs import template_of, wait_dead, wait_for, wait_stopped
 from actors import Counter, Faulty
 
 from jupyter_mesh import DeliveryError, LocalJob, ProcState, SupervisionError
@@ -67,6 +67,7 @@ def test_stalled_agent_is_given_up_and_replaced():
         f.initialized.get(10)
         agent = job.pids()[0]
         os.kill(agent, signal.SIGSTOP)
+        assert wait_stopped(agent)
         with pytest.raises(SupervisionError, match="is lost: it stopped answering heartbeats"):
             f.sleep.call(30).get(10)
         with contextlib.suppress(ProcessLookupError):  # it is killed when given up: SIGCONT may find nobody

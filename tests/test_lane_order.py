@@ -16,6 +16,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from _procs import wait_stopped  # noqa: E402
 from lane_order_actors import Log  # noqa: E402
 
 from jupyter_mesh._wire import lane as _lane  # noqa: E402
@@ -134,6 +135,7 @@ def test_a_stopped_actor_blocks_no_sender_and_every_call_fails_when_it_is_killed
         assert log.note.call_one(-1, b"").get(60) == -1
         (pid,) = pm.pids().values()
         os.kill(pid, signal.SIGSTOP)
+        assert wait_stopped(pid)
         futs: list = []
 
         def send() -> None:

@@ -31,6 +31,7 @@ from jupyter_mesh import LocalJob, RDMABuffer
 from jupyter_mesh._runtime.controller import Controller
 from actors import Faulty
 from rdma_actors import Owner, Puller
+from _procs import wait_stopped
 
 jupyter_mesh.lowlevel.set_fault_hook(lambda err: None)  # the stopped proc will be declared dead: expected
 job = LocalJob(hosts=1)
@@ -45,6 +46,7 @@ puller.slice(gpus=1).push.call_one(mine, 1 << 18, 2.0).get(30)
 assert echo.slice(gpus=0).echo.call_one(torch.ones(1 << 19)).get(30).sum() == 1 << 19  # 2 MiB: a segment
 pids = pm.pids()
 os.kill(pids[0], signal.SIGSTOP)
+assert wait_stopped(pids[0])
 futs = [echo.slice(gpus=0).echo.call_one(torch.ones(1 << 19)) for _ in range(3)]
 agent = job.pids()[0]
 with open(f"/proc/{{agent}}/task/{{agent}}/children") as f:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -16,6 +19,8 @@ from jupyter_mesh import LocalJob, MeshTimeoutError, ProcState, SupervisionError
 
 pytestmark = pytest.mark.integration
 
+DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stall_driver.py")
+
 
 def test_sigstopped_proc_is_declared_dead_by_heartbeat(host):
     pm = host.spawn_procs(per_host={"gpus": 2})
@@ -24,6 +29,7 @@ def test_sigstopped_proc_is_declared_dead_by_heartbeat(host):
         pid = f.slice(gpus=1).pid.call_one().get(timeout=10)
         fut = f.slice(gpus=1).sleep.call_one(60)
         os.kill(pid, signal.SIGSTOP)
+        assert wait_stopped(pid)
         # the call (60 s) cannot end on its own within the hang guard: the heartbeat verdict ends it
         with pytest.raises(SupervisionError, match="stopped answering heartbeats") as ei:
             fut.get(timeout=10)
@@ -76,6 +82,7 @@ def test_idle_sigstopped_proc_is_declared_dead_by_heartbeat(host):
         pid = f.slice(gpus=1).pid.call_one().get(timeout=10)
         time.sleep(3.0)  # known idle by now
         os.kill(pid, signal.SIGSTOP)
+        assert wait_stopped(pid)
         assert wait_for(lambda: pm.state().ranks[1].state == ProcState.FAILED, 8)
         assert not wait_dead([pid], 3)
         assert pm.state().ranks[0].state != ProcState.FAILED
@@ -89,6 +96,7 @@ def test_stop_with_a_hung_proc_is_bounded(host):
     pm = host.spawn_procs(per_host={"gpus": 2})
     pids = list(pm.pids().values())
     os.kill(pids[0], signal.SIGSTOP)
+    assert wait_stopped(pids[0])
     # a stopped proc cannot finalize: stop() kills it after its timeout and returns (the join is a hang guard)
     stopper = threading.Thread(target=pm.stop, kwargs={"timeout": 1.0}, daemon=True)
     stopper.start()
@@ -106,6 +114,7 @@ def test_silent_host_agent_fails_its_ranks():
         f.initialized.get(timeout=10)
         fut = f.sleep.call(60)
         os.kill(agent, signal.SIGSTOP)
+        assert wait_stopped(agent)
         # the calls (60 s) cannot end on their own within the hang guard: the agent's verdict ends them
         with pytest.raises(SupervisionError, match="stopped answering heartbeats") as ei:
             fut.get(timeout=10)
@@ -119,17 +128,16 @@ def test_silent_host_agent_fails_its_ranks():
 
 
 @pytest.mark.parametrize("moment", ["idle", "mid-call"])
-def test_an_agent_stalled_past_its_procs_timeout_keeps_them(moment):
+def test_an_agent_stalled_past_its_procs_timeout_keeps_them(moment, monkeypatch):
     """An agent that could not run for longer than its procs' heartbeat timeout (SIGSTOP here; a starved
     or suspended host the same) finds their pongs unread when it resumes: that silence is its own, and it
     must not kill them as deadlocked (it did: every idle proc, each "no thread running ... a deadlock").
     The controller is made lenient so that only the agent's verdict on its procs is tested."""
     job = LocalJob(hosts=1)
     agent = job.pids()[0]
-    links = job._controller.links  # the process's one controller: restored for the tests after this one
-    kept_timeout = links.hb_timeout
     try:
-        links.hb_timeout = 120.0  # the agent itself keeps the 3 s it was started with
+        # the agent itself keeps the 3 s it was started with; the controller is the session's: put back after
+        monkeypatch.setattr(job._controller.links, "hb_timeout", 120.0)
         pm = job.host_mesh().spawn_procs(per_host={"gpus": 2})
         f = pm.spawn("f", Faulty)
         pids = f.pid.call().get(timeout=10)
@@ -155,11 +163,52 @@ def test_an_agent_stalled_past_its_procs_timeout_keeps_them(moment):
         assert [r.state for r in pm.state().ranks] != [ProcState.FAILED] * 2
         assert all(r.failure is None for r in pm.state().ranks)
     finally:
-        links.hb_timeout = kept_timeout
         with contextlib.suppress(ProcessLookupError):
             os.kill(agent, signal.SIGCONT)
         job.stop()
     assert not wait_dead([agent, *pids.values()], 5)
+
+
+def test_a_controller_stalled_past_the_heartbeat_timeout_keeps_its_agent():
+    """A controller that could not run for longer than the heartbeat timeout (SIGSTOP here; a kernel
+    holding the GIL in a long C call, a laptop's lid closed) finds its agent's answers unread when it
+    resumes: that silence is its own (``AgentLinks._forgive``), so the agent is not lost, no rank fails,
+    the call that ended meanwhile returns its value, and the mesh answers from the same procs. Its own
+    process, for the test to stop; it reports what it sees (``stall_driver.py``)."""
+    driver = subprocess.Popen(
+        [sys.executable, DRIVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    pids: list[int] = []
+    try:
+        assert driver.stdout is not None and driver.stdin is not None
+        ready = json.loads(driver.stdout.readline() or "{}")
+        assert ready, "the driver did not start its mesh"
+        pids = [ready["agent"], *ready["procs"].values()]
+        os.kill(driver.pid, signal.SIGSTOP)
+        assert wait_stopped(driver.pid)
+        time.sleep(4.5)  # past the 3 s heartbeat timeout (the agent waits 9 s for a silent controller)
+        os.kill(driver.pid, signal.SIGCONT)
+        driver.stdin.write("resumed\n")
+        driver.stdin.flush()
+        seen = json.loads(driver.stdout.readline() or "{}")
+        assert "error" not in seen, seen["error"]
+        assert seen["lost"] == {} and seen["hosts"] == ["up"], seen["lost"]
+        assert seen["faults"] == [], "the fault hook was told of a failure"
+        assert seen["call"] == [3.0] and seen["answers"] == ["fine", "fine"]
+        assert seen["same_agent"] and seen["same_procs"]
+        assert seen["ranks"] == [["idle", "None"]] * 2
+        assert json.loads(driver.stdout.readline() or "{}") == {"stopped": True}
+        assert driver.wait(30) == 0
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(driver.pid, signal.SIGCONT)
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait(10)
+        for f in (driver.stdin, driver.stdout):
+            if f is not None:
+                f.close()
+    assert not wait_dead(pids, 5)
 
 
 def test_a_tensor_call_to_a_sigstopped_proc_returns_at_once_and_keeps_value_semantics(host):

@@ -6,6 +6,7 @@ import os
 import signal
 import time
 
+from _procs import wait_stopped
 from stack_actors import Stuck
 
 
@@ -38,6 +39,7 @@ def test_a_rank_that_holds_the_gil_or_is_stopped_or_failed_says_why(procs):
     stuck.slice(gpus=0).hold_the_gil.broadcast()
     pids = procs.pids()
     os.kill(pids[1], signal.SIGSTOP)
+    assert wait_stopped(pids[1])
     os.kill(pids[2], signal.SIGKILL)
     deadline = time.monotonic() + 10
     while procs.state().ranks[2].state.value != "failed" and time.monotonic() < deadline:
