@@ -164,3 +164,46 @@ def test_respawn_handles_the_failures_of_its_ranks_for_fail_fast(tmp_path):
     assert "RAISED [2]" in out.stdout, out.stdout + out.stderr
     assert "AFTER ['fine', 'fine', 'fine']" in out.stdout, out.stdout + out.stderr
     assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.parametrize("which", ["ours", "monarch"])
+def test_a_fault_hook_may_respawn_and_call(host, which):
+    """The natural answer to a failure is to respawn and go on, from the hook itself: a hook runs on a
+    thread of its own (``hooks.fault_hook``), so its waits are answered. On the receive thread, where it
+    ran before, respawn() hung (and the mesh's stop after it), then raised MeshDeadlockError."""
+    import threading
+
+    import jupyter_mesh
+    from jupyter_mesh.lowlevel import set_fault_hook
+
+    pm = host.spawn_procs(per_host={"gpus": 2})
+    report: dict = {}
+    ran = threading.Event()
+
+    def hook(err) -> None:
+        try:
+            report["thread"] = threading.current_thread().name
+            report["respawned"] = pm.respawn()
+            report["pids"] = sorted(f.pid.call().get(timeout=30).values())
+        except Exception as e:  # noqa: BLE001 - the report says what it was
+            report["error"] = repr(e)
+        finally:
+            ran.set()
+
+    prev = set_fault_hook(hook) if which == "ours" else None
+    if which == "monarch":
+        jupyter_mesh.unhandled_fault_hook = hook
+    try:
+        f = pm.spawn("f", Faulty)
+        kept, killed = f.pid.call().get(timeout=10).values()
+        os.kill(killed, signal.SIGKILL)  # nothing waits on it: the hook hears
+        assert ran.wait(60), report
+        assert report.get("thread") == "jupyter-mesh-faults" and "error" not in report, report
+        assert report["respawned"] == [1] and kept in report["pids"] and killed not in report["pids"], report
+        assert [r.state for r in pm.state().ranks] == [ProcState.IDLE] * 2
+    finally:
+        if which == "ours":
+            set_fault_hook(prev)
+        else:
+            jupyter_mesh.unhandled_fault_hook = None
+        pm.stop(timeout=5)

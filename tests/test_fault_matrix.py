@@ -19,6 +19,7 @@ import pytest
 from _procs import template_of, wait_dead, wait_stopped
 
 from jupyter_mesh import Actor, HostState, LocalJob, MeshError, ProcState, endpoint
+from jupyter_mesh._runtime.hooks import drain_fault_hooks
 
 pytestmark = pytest.mark.integration
 
@@ -182,7 +183,7 @@ def test_stall(kind, moment, recorded_faults):
         assert [(r.state, r.failure) for r in st.ranks] == [(ProcState.IDLE, None)] * 2
         assert [h.state for h in st.hosts] == [HostState.UP]
         assert job.pids() == agents and job._controller.links.lost == lost
-        assert recorded_faults[before:] == [], "a stall is no fault: the fault hook must hear nothing"
+        assert drain_fault_hooks() and recorded_faults[before:] == [], "a stall is no fault: the hook heard it"
         pm.stop(timeout=5)
         assert not wait_dead(procs, 10)
         for m in spawned:

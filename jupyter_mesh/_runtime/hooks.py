@@ -8,7 +8,10 @@ goes first: returning means handled, raising means unhandled, and the failure th
 
 from __future__ import annotations
 
+import queue
 import sys
+import threading
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
@@ -24,6 +27,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Embedding",
     "FaultHook",
+    "drain_fault_hooks",
     "embed",
     "embedding",
     "fail_fast",
@@ -62,8 +66,9 @@ def embedding() -> Embedding | None:
 
 
 FaultHook = Callable[[MeshFailure], None]
-"""Called (on the runtime's receive thread) with a failure that no pending call was told about: a
-:class:`MeshFailure`, which is a ``SupervisionError`` (hooks written for one still work)."""
+"""Called with a failure that no pending call was told about: a :class:`MeshFailure`, which is a
+``SupervisionError`` (hooks written for one still work). A hook the user installed runs on a thread of
+its own (``jupyter-mesh-faults``), one failure after the other, so it may respawn, call and wait."""
 
 
 def fail_fast(err: SupervisionError) -> None:
@@ -117,7 +122,53 @@ def set_monarch_fault_hook(hook: Callable[[MeshFailure], object] | None) -> None
 
 
 def fault_hook(err: MeshFailure) -> None:
-    """Hand ``err`` to the installed hooks: Monarch's first (once per failed rank), if the user set it."""
+    """Hand ``err`` to the installed hooks: Monarch's first (once per failed rank), if the user set it.
+
+    Called on the receive thread, which alone reads replies: a hook run there that respawns or calls
+    and waits (the natural thing to do about a failure) could never be answered (``MeshDeadlockError``),
+    and a slow one would hold every other message up. So hooks the user installed run on a thread of
+    their own, in order; the default (fail fast) stays inline, so that the next API call already
+    raises what it holds."""
+    if _monarch_hook is unhandled_fault_hook and _hook is fail_fast:
+        _call_hooks(err)
+        return
+    global _hook_thread
+    with _hook_lock:
+        if _hook_thread is None or not _hook_thread.is_alive():  # (a forked child has none running)
+            _hook_thread = threading.Thread(target=_run_hooks, name="jupyter-mesh-faults", daemon=True)
+            _hook_thread.start()
+        _hook_queue.put(err)
+
+
+_hook_queue: queue.SimpleQueue[MeshFailure | threading.Event] = queue.SimpleQueue()
+_hook_lock = threading.Lock()
+_hook_thread: threading.Thread | None = None
+
+
+def drain_fault_hooks(timeout: float = 10.0) -> bool:
+    """Wait until the failures handed to the hook thread so far were delivered (a test that asserts
+    the hook heard nothing asks this first); False if a hook still runs after ``timeout``."""
+    with _hook_lock:
+        if _hook_thread is None or not _hook_thread.is_alive():
+            return True
+        done = threading.Event()
+        _hook_queue.put(done)
+    return done.wait(timeout)
+
+
+def _run_hooks() -> None:
+    while True:
+        err = _hook_queue.get()
+        if isinstance(err, threading.Event):  # ``drain_fault_hooks``: everything before it is delivered
+            err.set()
+            continue
+        try:
+            _call_hooks(err)
+        except BaseException:  # noqa: BLE001 - a broken hook (even sys.exit) must not end the next ones
+            traceback.print_exc()
+
+
+def _call_hooks(err: MeshFailure) -> None:
     mh = _monarch_hook
     if mh is not unhandled_fault_hook:
         try:
