@@ -391,20 +391,21 @@ class MeshCancelledError(MeshError):
 class MeshDeadlockError(MeshError, RuntimeError):
     """A wait that could never end, refused at once instead of hanging: ``get()`` (or ``result()``,
     ``exception()``) on a future that is still pending, called on jupyter_mesh's receive thread (where
-    done callbacks run). Its reply can only be read by that thread, which would be the one waiting.
-    ``what`` is the future's call, ``thread`` the receive thread's name."""
+    done callbacks run), or ``await`` of one in an event loop run there. Its reply can only be read by
+    that thread, which would be the one waiting. ``what`` is the future's call, ``thread`` the receive
+    thread's name, ``how`` the wait (``get()`` or ``await``)."""
 
-    def __init__(self, what: str, thread: str = "the receive thread"):
-        self.what, self.thread = what, thread
+    def __init__(self, what: str, thread: str = "the receive thread", how: str = "get()"):
+        self.what, self.thread, self.how = what, thread, how
         super().__init__(
-            f"get() on a pending future ({what}) from code running on jupyter_mesh's receive thread "
+            f"{how} on a pending future ({what}) from code running on jupyter_mesh's receive thread "
             f"({thread!r}; done callbacks run there): its reply can only be read by this very thread, so the "
             "wait could never end. What to do: chain instead, with add_done_callback(fn) on that future (fn "
             "runs once its reply is in), or call get() from a thread of your own or from an actor endpoint."
         )
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.what, self.thread))
+        return (type(self), (self.what, self.thread, self.how))
 
 
 class MeshTimeoutError(MeshError, TimeoutError):

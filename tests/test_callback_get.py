@@ -147,3 +147,126 @@ def test_a_call_made_inside_the_callback_is_waited_for_as_anywhere(procs, tmp_pa
     assert ran.wait(90), report
     assert report == {"thread": "jupyter-mesh-recv", "call_one": OPEN, "call": [OPEN] * 4, "choose": OPEN}
     _nothing_in_flight(gate, trig)
+
+
+def test_a_call_made_inside_the_callback_is_waited_for_while_many_threads_hold_reply_boxes(procs, tmp_path):
+    """More calling threads than ``replies.MAX_BOXES``, each holding its box (alive, idle), left the
+    receive thread none: a call made in a callback went to the inbox only that thread reads, and its
+    get() raised MeshDeadlockError (a pool of 16+ workers was enough). One box is kept for it."""
+    from jupyter_mesh._runtime.replies import MAX_BOXES
+
+    gate, trig = procs.spawn("gate", Gate), procs.spawn("trig", Gate)
+    opened = tmp_path / "opened"
+    opened.touch()
+    path = str(opened)
+    release, answered = threading.Event(), threading.Semaphore(0)
+
+    def worker() -> None:
+        try:
+            gate.slice(gpus=0).wait.call_one(path).get(timeout=30)  # takes a box, and keeps it while alive
+        finally:
+            answered.release()
+            release.wait(60)
+
+    workers = [threading.Thread(target=worker) for _ in range(MAX_BOXES + 2)]
+    for t in workers:
+        t.start()
+    report: dict = {}
+    ran = threading.Event()
+    try:
+        assert all(answered.acquire(timeout=60) for _ in workers)
+        trigger = trig.slice(gpus=0).wait.call_one(str(tmp_path / "late"))
+
+        def on_done(f) -> None:
+            try:
+                report["thread"] = threading.current_thread().name
+                report["call_one"] = gate.slice(gpus=1).wait.call_one(path).get(timeout=30)
+            except Exception as e:  # noqa: BLE001 - the report says what it was
+                report["error"] = repr(e)
+            finally:
+                ran.set()
+
+        trigger.add_done_callback(on_done)
+        (tmp_path / "late").touch()
+        assert ran.wait(60), report
+    finally:
+        release.set()
+        for t in workers:
+            t.join(30)
+    assert report == {"thread": "jupyter-mesh-recv", "call_one": OPEN}
+    _nothing_in_flight(gate, trig)
+
+
+def test_a_port_fed_by_another_thread_of_this_process_may_be_waited_on_in_a_callback(procs, tmp_path):
+    """A port's receiver gets a value sent in this same process straight from the sending thread, not
+    from the receive thread: its recv().get() in a done callback can end, and did before the refusal
+    (it raised MeshDeadlockError)."""
+    from jupyter_mesh import Channel
+
+    trig = procs.spawn("trig", Gate)
+    send, recv = Channel.open()
+    report: dict = {}
+    ran = threading.Event()
+
+    def send_once_waited_for() -> None:  # (sent earlier, the value would be there before the get())
+        wait_for(lambda: recv._inbox._waiting, 30)
+        send.send("sent")
+
+    def on_done(f) -> None:
+        try:
+            report["thread"] = threading.current_thread().name
+            threading.Thread(target=send_once_waited_for).start()
+            report["value"] = recv.recv().get(timeout=30)
+        except Exception as e:  # noqa: BLE001 - the report says what it was
+            report["error"] = repr(e)
+        finally:
+            ran.set()
+
+    trigger = trig.slice(gpus=0).wait.call_one(str(tmp_path / "late"))
+    trigger.add_done_callback(on_done)
+    (tmp_path / "late").touch()
+    assert ran.wait(60), report
+    assert report == {"thread": "jupyter-mesh-recv", "value": "sent"}
+
+
+def test_awaiting_a_pending_future_in_an_event_loop_run_by_a_callback_raises(procs, tmp_path):
+    """``asyncio.run`` inside a done callback runs its loop on the receive thread: an ``await`` there of a
+    pending future (one made before, or a call the callback made) waited for a reply that thread reads
+    only once the callback returns: a hang for ever (here: the 30 s ``wait_for``). Refused at once, as
+    get() is; the calls are not disturbed."""
+    import asyncio
+
+    gate, trig = procs.spawn("gate", Gate), procs.spawn("trig", Gate)
+    gated = tmp_path / "gated"
+    pending = gate.slice(gpus=0).wait.call_one(str(gated))
+    report: dict = {}
+    ran = threading.Event()
+    made: list = []
+
+    async def waits(fut) -> object:
+        return await fut
+
+    def on_done(f) -> None:
+        try:
+            report["thread"] = threading.current_thread().name
+            for name, fut in (("before", pending), ("inside", gate.slice(gpus=1).wait.call_one(str(gated)))):
+                made.append(fut)
+                try:
+                    report[name] = asyncio.run(asyncio.wait_for(waits(fut), 30))
+                except Exception as e:  # noqa: BLE001 - the report says what it was
+                    report[name] = type(e).__name__
+                    report[name + "_message"] = str(e)
+        finally:
+            ran.set()
+
+    trigger = trig.slice(gpus=0).wait.call_one(str(tmp_path / "late"))
+    trigger.add_done_callback(on_done)
+    (tmp_path / "late").touch()
+    assert ran.wait(90), report
+    assert report["thread"] == "jupyter-mesh-recv", report
+    for name in ("before", "inside"):
+        assert report[name] == "MeshDeadlockError", report
+        assert report[name + "_message"].startswith("await on a pending future"), report
+    gated.touch()
+    assert [f.get(timeout=30) for f in made] == [OPEN, OPEN]  # refused waits, calls intact
+    _nothing_in_flight(gate, trig)

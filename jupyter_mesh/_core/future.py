@@ -75,6 +75,7 @@ class Future(Generic[T]):
     """A value that arrives later. ``get(timeout)`` blocks; ``await fut`` suspends."""
 
     __slots__ = (
+        "_any_thread",
         "_callbacks",
         "_driver",
         "_lock",
@@ -101,6 +102,9 @@ class Future(Generic[T]):
         self._remote_cancelled = False
         self._driver: Driver | None = None
         self._poked = False  # a debugger pause wants the waiting thread (``PauseHook``)
+        # may be finished by a thread other than the receive thread (a port's sender in this process,
+        # UCX's progress thread): a wait for it there can end, so it is never refused
+        self._any_thread = False
 
     # -- producer side (the runtime) --------------------------------------------------------------
     def _finish(self, state: int, value: Any) -> bool:
@@ -218,7 +222,13 @@ class Future(Generic[T]):
         """On the receive thread, a wait for a reply this thread does not read itself (no reply box of
         its own drove it to the end: ``drive`` left time) could never end: raise instead of hanging. A
         call the callback made itself is answered in this thread's own box, and waits as anywhere."""
-        if self._state == _PENDING and not self._poked and (wait is None or wait > 0) and on_receive_thread():
+        if (
+            self._state == _PENDING
+            and not self._poked
+            and not self._any_thread
+            and (wait is None or wait > 0)
+            and on_receive_thread()
+        ):
             raise MeshDeadlockError(self._what, threading.current_thread().name)
 
     def _get_serving(self, hook: PauseHook, timeout: float | None) -> None:
@@ -299,6 +309,10 @@ class Future(Generic[T]):
 
     def __await__(self) -> Generator[Any, None, T]:
         loop = asyncio.get_running_loop()
+        if self._state == _PENDING and not self._any_thread and on_receive_thread():
+            # an event loop run inside a done callback (asyncio.run): the reply would be read by this
+            # thread once the callback returns, and the callback waits for the loop: it hung for ever
+            raise MeshDeadlockError(self._what, threading.current_thread().name, "await")
         waiter: asyncio.Future[T] = loop.create_future()
 
         def copy() -> None:

@@ -59,6 +59,7 @@ class PortInbox(PortEntry):
 
     def take(self, ranked: bool) -> Future[Any]:
         fut: Future[Any] = Future("PortReceiver.recv")
+        fut._any_thread = True  # a sender in this process (any thread) puts its value straight in
         with self._lock:
             if not self._items:
                 self._waiting.append((fut, ranked))

@@ -345,6 +345,7 @@ class RDMABuffer:
 
     def _via_ucx(self, op: str, region: Region, offset: int, timeout: float, fut: Future[None], what: str) -> None:
         node = _ucx.node()  # here, not on the receive thread: the first one takes a moment
+        fut._any_thread = True  # finished on UCX's progress thread: a get() in a done callback can end
         st = state()
         w = self._watch(timeout, fut, what)
         word = ctypes.c_uint64(0)

@@ -31,6 +31,7 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from .._core.future import on_receive_thread
 from .._wire.lane_merge import Inbox
 from .._wire.transport import Message, Transport
 from . import interrupts
@@ -45,6 +46,8 @@ log = logging.getLogger("jupyter_mesh.replies")
 _RECEIVE_THREAD = -1  # the owner of a box taken out of the pool by the receive thread
 SWEEP_S = 0.02  # how long replies may wait in a box nobody reads before the receive thread takes it
 MAX_BOXES = 16  # more calling threads than this share the receive thread's inbox
+# (but the receive thread itself always gets one: a call made in a done callback is answered in it, and
+# its get() there is refused otherwise: ``Future._refuse_unanswerable``)
 
 
 class ReplyBox:
@@ -219,9 +222,15 @@ class ReplyBoxes:
         with self._lock:
             if self._closed:
                 return None
+            # other threads use at most MAX_BOXES at a time, so one more is always left for the
+            # receive thread: busy calling threads (a pool of 16 workers) took every box, and a call
+            # made in a callback was answered in the inbox only that thread reads (refused, a hang before)
+            receive = on_receive_thread()
+            if not receive and len(self._all) - len(self._free) >= MAX_BOXES:
+                return None
             if self._free:
                 box = self._free.pop()
-            elif len(self._all) < MAX_BOXES:
+            elif len(self._all) < MAX_BOXES + 1:
                 box = ReplyBox(self, len(self._all))
                 self._all.append(box)
             else:
