@@ -166,6 +166,44 @@ def test_respawn_handles_the_failures_of_its_ranks_for_fail_fast(tmp_path):
     assert out.returncode == 0, out.stderr
 
 
+_HOOK_AT_EXIT = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    sys.path.insert(0, sys.argv[1])
+    from actors import Faulty
+    from jupyter_mesh import this_host
+    from jupyter_mesh.lowlevel import set_fault_hook
+
+    def hook(err):
+        print("HOOK BEGAN", flush=True)
+        respawned = procs.respawn()
+        print("HOOK DONE", respawned, f.ok.call_one().get(timeout=30), flush=True)
+
+    set_fault_hook(hook)
+    procs = this_host().spawn_procs(per_host={"gpus": 1})
+    f = procs.spawn("f", Faulty)
+    os.kill(procs.pids()[0], signal.SIGKILL)
+    deadline = time.monotonic() + 20
+    while procs.state().ranks[0].state != "failed" and time.monotonic() < deadline:
+        time.sleep(0.005)
+    print("MAIN ENDS", flush=True)  # the program ends as soon as it sees the failure
+    """
+)
+
+
+def test_a_fault_hook_handed_a_failure_finishes_when_the_program_ends_right_after(tmp_path):
+    """A script that ends just after a failure: its fault hook, handed the failure, still runs to its
+    end, with the mesh up (it respawns and calls). Run inline on the receive thread, it always had;
+    on its own (daemon) thread it was cut off at exit, or never began."""
+    script = tmp_path / "hook_at_exit.py"
+    script.write_text(_HOOK_AT_EXIT)
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    out = subprocess.run([sys.executable, str(script), tests_dir], capture_output=True, text=True, timeout=120)
+    assert "MAIN ENDS" in out.stdout, out.stdout + out.stderr
+    assert "HOOK DONE [0] fine" in out.stdout, out.stdout + out.stderr
+    assert out.returncode == 0, out.stderr
+
+
 @pytest.mark.parametrize("which", ["ours", "monarch"])
 def test_a_fault_hook_may_respawn_and_call(host, which):
     """The natural answer to a failure is to respawn and go on, from the hook itself: a hook runs on a

@@ -513,6 +513,16 @@ class Controller:
 
     # -- shutdown ---------------------------------------------------------------------------------
     def _at_exit(self) -> None:
+        # a failure handed to the user's fault hook just before the program ended: the hook ran on the
+        # receive thread before anyone could see the failure, so a script that ended then still had it
+        # run; on its own thread (a daemon) it was cut off, or never began. Let it finish, with the
+        # mesh still up (it may respawn or call), but not hold the exit for ever
+        if not hooks.drain_fault_hooks(hooks.DRAIN_AT_EXIT_S):
+            print(
+                f"jupyter_mesh: a fault hook still ran {hooks.DRAIN_AT_EXIT_S:g} s after the program ended; "
+                "exiting without it (failures queued behind it were not handed to it)",
+                file=sys.stderr,
+            )
         self.shutdown()
         err = self.pending_fault
         if err is not None:  # fail fast: an ignored failure makes the program fail

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from .client import Client
 
 __all__ = [
+    "DRAIN_AT_EXIT_S",
     "Embedding",
     "FaultHook",
     "drain_fault_hooks",
@@ -139,6 +140,9 @@ def fault_hook(err: MeshFailure) -> None:
             _hook_thread.start()
         _hook_queue.put(err)
 
+
+DRAIN_AT_EXIT_S = 10.0
+"""How long the program's exit waits for the user's fault hook to finish the failures it was handed."""
 
 _hook_queue: queue.SimpleQueue[MeshFailure | threading.Event] = queue.SimpleQueue()
 _hook_lock = threading.Lock()
