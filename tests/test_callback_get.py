@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import threading
+import uuid
 
 import pytest
 from _procs import wait_for
@@ -60,6 +61,29 @@ def _nothing_in_flight(*meshes) -> None:
     assert wait_for(lambda: not any(a in ids for a, _ in client.calls.pending.load), 10), client.calls.pending.load
 
 
+def _in_callback(trig, tmp_path, body) -> dict:
+    """Run ``body(report)`` inside a done callback, on the receive thread (that of a call to ``trig``
+    answered once its file exists); the report also says where it ran and what it raised."""
+    late = tmp_path / f"late-{uuid.uuid4().hex[:8]}"
+    trigger = trig.slice(gpus=0).wait.call_one(str(late))
+    report: dict = {}
+    ran = threading.Event()
+
+    def on_done(f) -> None:
+        try:
+            report["thread"] = threading.current_thread().name
+            body(report)
+        except Exception as e:  # noqa: BLE001 - the report says what it was
+            report["error"] = repr(e)
+        finally:
+            ran.set()
+
+    trigger.add_done_callback(on_done)
+    late.touch()
+    assert ran.wait(90), report
+    return report
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_get_on_a_pending_future_in_a_callback_on_the_controllers_receive_thread_raises(procs, tmp_path, kind):
     pend, trig = procs.spawn("pend", Gate), procs.spawn("trig", Gate)
@@ -93,28 +117,16 @@ def test_iterating_a_pending_stream_in_a_callback_on_the_receive_thread_raises(p
     """A stream's next result inside such a callback waits on the same replies: refused at once too,
     while results already in are still handed out; the stream goes on afterwards, from our thread."""
     pend, trig = procs.spawn("pend", Gate), procs.spawn("trig", Gate)
-    gated, first = tmp_path / "gated", tmp_path / "first"
-    first.touch()
+    gated = tmp_path / "gated"
     stream = pend.wait.stream(str(gated))  # all 4 ranks wait for the gate
-    trigger = trig.slice(gpus=0).wait.call_one(str(first))
-    report: dict = {}
-    ran = threading.Event()
 
-    def on_done(f) -> None:
-        try:
-            report["thread"] = threading.current_thread().name
-            try:
-                next(stream)
-                report["next"] = "returned"
-            except Exception as e:  # noqa: BLE001 - the report says what it was
-                report["next"], report["message"] = type(e).__name__, str(e)
-        finally:
-            ran.set()
+    def body(report: dict) -> None:
+        next(stream)
+        report["next"] = "returned"
 
-    trigger.add_done_callback(on_done)
-    assert ran.wait(60) and trigger.get(timeout=30) == OPEN
+    report = _in_callback(trig, tmp_path, body)
     assert report["thread"] == "jupyter-mesh-recv", report
-    assert report["next"] == "MeshDeadlockError" and "stream" in report["message"], report
+    assert "MeshDeadlockError" in report["error"] and "stream" in report["error"], report
     gated.touch()
     assert [f.get(timeout=30) for f in stream] == [OPEN] * 4  # nothing of it was lost
     _nothing_in_flight(pend, trig)
@@ -127,24 +139,13 @@ def test_a_call_made_inside_the_callback_is_waited_for_as_anywhere(procs, tmp_pa
     opened = tmp_path / "opened"
     opened.touch()
     path = str(opened)
-    trigger = trig.slice(gpus=0).wait.call_one(str(tmp_path / "late"))
-    report: dict = {}
-    ran = threading.Event()
 
-    def on_done(f) -> None:
-        try:
-            report["thread"] = threading.current_thread().name
-            report["call_one"] = gate.slice(gpus=1).wait.call_one(path).get(timeout=30)
-            report["call"] = sorted(gate.wait.call(path).get(timeout=30).values())
-            report["choose"] = gate.wait.choose(path).get(timeout=30)
-        except Exception as e:  # noqa: BLE001 - the report says what it was
-            report["error"] = repr(e)
-        finally:
-            ran.set()
+    def body(report: dict) -> None:
+        report["call_one"] = gate.slice(gpus=1).wait.call_one(path).get(timeout=30)
+        report["call"] = sorted(gate.wait.call(path).get(timeout=30).values())
+        report["choose"] = gate.wait.choose(path).get(timeout=30)
 
-    trigger.add_done_callback(on_done)
-    (tmp_path / "late").touch()
-    assert ran.wait(90), report
+    report = _in_callback(trig, tmp_path, body)
     assert report == {"thread": "jupyter-mesh-recv", "call_one": OPEN, "call": [OPEN] * 4, "choose": OPEN}
     _nothing_in_flight(gate, trig)
 
@@ -171,24 +172,13 @@ def test_a_call_made_inside_the_callback_is_waited_for_while_many_threads_hold_r
     workers = [threading.Thread(target=worker) for _ in range(MAX_BOXES + 2)]
     for t in workers:
         t.start()
-    report: dict = {}
-    ran = threading.Event()
     try:
         assert all(answered.acquire(timeout=60) for _ in workers)
-        trigger = trig.slice(gpus=0).wait.call_one(str(tmp_path / "late"))
 
-        def on_done(f) -> None:
-            try:
-                report["thread"] = threading.current_thread().name
-                report["call_one"] = gate.slice(gpus=1).wait.call_one(path).get(timeout=30)
-            except Exception as e:  # noqa: BLE001 - the report says what it was
-                report["error"] = repr(e)
-            finally:
-                ran.set()
+        def body(report: dict) -> None:
+            report["call_one"] = gate.slice(gpus=1).wait.call_one(path).get(timeout=30)
 
-        trigger.add_done_callback(on_done)
-        (tmp_path / "late").touch()
-        assert ran.wait(60), report
+        report = _in_callback(trig, tmp_path, body)
     finally:
         release.set()
         for t in workers:
@@ -205,27 +195,16 @@ def test_a_port_fed_by_another_thread_of_this_process_may_be_waited_on_in_a_call
 
     trig = procs.spawn("trig", Gate)
     send, recv = Channel.open()
-    report: dict = {}
-    ran = threading.Event()
 
     def send_once_waited_for() -> None:  # (sent earlier, the value would be there before the get())
         wait_for(lambda: recv._inbox._waiting, 30)
         send.send("sent")
 
-    def on_done(f) -> None:
-        try:
-            report["thread"] = threading.current_thread().name
-            threading.Thread(target=send_once_waited_for).start()
-            report["value"] = recv.recv().get(timeout=30)
-        except Exception as e:  # noqa: BLE001 - the report says what it was
-            report["error"] = repr(e)
-        finally:
-            ran.set()
+    def body(report: dict) -> None:
+        threading.Thread(target=send_once_waited_for).start()
+        report["value"] = recv.recv().get(timeout=30)
 
-    trigger = trig.slice(gpus=0).wait.call_one(str(tmp_path / "late"))
-    trigger.add_done_callback(on_done)
-    (tmp_path / "late").touch()
-    assert ran.wait(60), report
+    report = _in_callback(trig, tmp_path, body)
     assert report == {"thread": "jupyter-mesh-recv", "value": "sent"}
 
 
@@ -239,30 +218,21 @@ def test_awaiting_a_pending_future_in_an_event_loop_run_by_a_callback_raises(pro
     gate, trig = procs.spawn("gate", Gate), procs.spawn("trig", Gate)
     gated = tmp_path / "gated"
     pending = gate.slice(gpus=0).wait.call_one(str(gated))
-    report: dict = {}
-    ran = threading.Event()
     made: list = []
 
     async def waits(fut) -> object:
         return await fut
 
-    def on_done(f) -> None:
-        try:
-            report["thread"] = threading.current_thread().name
-            for name, fut in (("before", pending), ("inside", gate.slice(gpus=1).wait.call_one(str(gated)))):
-                made.append(fut)
-                try:
-                    report[name] = asyncio.run(asyncio.wait_for(waits(fut), 30))
-                except Exception as e:  # noqa: BLE001 - the report says what it was
-                    report[name] = type(e).__name__
-                    report[name + "_message"] = str(e)
-        finally:
-            ran.set()
+    def body(report: dict) -> None:
+        for name, fut in (("before", pending), ("inside", gate.slice(gpus=1).wait.call_one(str(gated)))):
+            made.append(fut)
+            try:
+                report[name] = asyncio.run(asyncio.wait_for(waits(fut), 30))
+            except Exception as e:  # noqa: BLE001 - the report says what it was
+                report[name] = type(e).__name__
+                report[name + "_message"] = str(e)
 
-    trigger = trig.slice(gpus=0).wait.call_one(str(tmp_path / "late"))
-    trigger.add_done_callback(on_done)
-    (tmp_path / "late").touch()
-    assert ran.wait(90), report
+    report = _in_callback(trig, tmp_path, body)
     assert report["thread"] == "jupyter-mesh-recv", report
     for name in ("before", "inside"):
         assert report[name] == "MeshDeadlockError", report

@@ -154,13 +154,17 @@ _RESPAWN_HANDLES = textwrap.dedent(
 )
 
 
+def _run_script(script, text: str) -> subprocess.CompletedProcess:
+    """Run ``text`` as a script of its own (the tests' folder is its first argument), to its end."""
+    script.write_text(text)
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    return subprocess.run([sys.executable, str(script), tests_dir], capture_output=True, text=True, timeout=120)
+
+
 def test_respawn_handles_the_failures_of_its_ranks_for_fail_fast(tmp_path):
     """In a script, a rank lost and then respawned is handled: the next call does not raise its old
     failure (another rank's, not respawned, still is), and the program exits 0."""
-    script = tmp_path / "respawn.py"
-    script.write_text(_RESPAWN_HANDLES)
-    tests_dir = os.path.dirname(os.path.abspath(__file__))
-    out = subprocess.run([sys.executable, str(script), tests_dir], capture_output=True, text=True, timeout=120)
+    out = _run_script(tmp_path / "respawn.py", _RESPAWN_HANDLES)
     assert "RAISED [2]" in out.stdout, out.stdout + out.stderr
     assert "AFTER ['fine', 'fine', 'fine']" in out.stdout, out.stdout + out.stderr
     assert out.returncode == 0, out.stderr
@@ -195,10 +199,7 @@ def test_a_fault_hook_handed_a_failure_finishes_when_the_program_ends_right_afte
     """A script that ends just after a failure: its fault hook, handed the failure, still runs to its
     end, with the mesh up (it respawns and calls). Run inline on the receive thread, it always had;
     on its own (daemon) thread it was cut off at exit, or never began."""
-    script = tmp_path / "hook_at_exit.py"
-    script.write_text(_HOOK_AT_EXIT)
-    tests_dir = os.path.dirname(os.path.abspath(__file__))
-    out = subprocess.run([sys.executable, str(script), tests_dir], capture_output=True, text=True, timeout=120)
+    out = _run_script(tmp_path / "hook_at_exit.py", _HOOK_AT_EXIT)
     assert "MAIN ENDS" in out.stdout, out.stdout + out.stderr
     assert "HOOK DONE [0] fine" in out.stdout, out.stdout + out.stderr
     assert out.returncode == 0, out.stderr

@@ -14,6 +14,7 @@ import os
 import signal
 import threading
 import time
+from typing import Any
 
 import pytest
 from _procs import template_of, wait_dead, wait_stopped
@@ -54,11 +55,35 @@ def _target(job: LocalJob, procs: set[int], kind: str) -> int:
     return template_of(agent, procs)
 
 
+def _begin(moment: str, job: LocalJob, w: Any, call_s: float, spawned: list[object]) -> tuple[Any, Any]:
+    """Put the mesh in ``moment``: a call of ``call_s`` seconds or a 64 MiB transfer under way, or another
+    mesh being spawned (its result or error lands in ``spawned``); idle does nothing."""
+    import torch
+
+    fut = spawner = None
+    if moment == "call":
+        fut = w.sleep.call(call_s)
+    elif moment == "transfer":
+        fut = w.numel.call(torch.ones(16 * 1024 * 1024))  # 64 MiB to each rank
+    elif moment == "spawn":
+
+        def spawn() -> None:
+            try:
+                spawned.append(job.host_mesh().spawn_procs(per_host={"gpus": 1}, timeout=30))
+            except MeshError as e:
+                spawned.append(e)
+
+        spawner = threading.Thread(target=spawn)
+        spawner.start()
+        time.sleep(0.05)
+    time.sleep(0.1)
+    return fut, spawner
+
+
 @pytest.mark.parametrize("moment", MOMENTS)
 @pytest.mark.parametrize("sig", SIGNALS)
 @pytest.mark.parametrize("kind", KINDS)
 def test_fault(kind, sig, moment):
-    import torch
 
     job = LocalJob(hosts=1)
     spawned: list[object] = []
@@ -67,24 +92,7 @@ def test_fault(kind, sig, moment):
         w = pm.spawn("w", Worker)
         procs = set(w.pid.call().get(20).values())
         target = _target(job, procs, kind)
-        fut = None
-        spawner = None
-        if moment == "call":
-            fut = w.sleep.call(STOPPED_FOR + 3)  # outlasts the fault; a healthy call ends on its own
-        elif moment == "transfer":
-            fut = w.numel.call(torch.ones(16 * 1024 * 1024))  # 64 MiB to each rank
-        elif moment == "spawn":
-
-            def spawn() -> None:
-                try:
-                    spawned.append(job.host_mesh().spawn_procs(per_host={"gpus": 1}, timeout=30))
-                except MeshError as e:
-                    spawned.append(e)
-
-            spawner = threading.Thread(target=spawn)
-            spawner.start()
-            time.sleep(0.05)
-        time.sleep(0.1)
+        fut, spawner = _begin(moment, job, w, STOPPED_FOR + 3, spawned)  # a call outlasts the fault
         os.kill(target, signal.SIGKILL if sig == "kill" else signal.SIGSTOP)
         if sig == "stop":
             assert wait_stopped(target)
@@ -132,7 +140,6 @@ def test_stall(kind, moment, recorded_faults):
     """Stopped for half the heartbeat timeout, then resumed: no fault at all. The call, the transfer
     and the spawn under way return their values, no rank fails, no host is given up, the fault hook
     hears nothing, and the mesh answers from the same procs."""
-    import torch
 
     job = LocalJob(hosts=1)
     spawned: list[object] = []
@@ -146,24 +153,7 @@ def test_stall(kind, moment, recorded_faults):
         agents = job.pids()
         lost = dict(job._controller.links.lost)  # the session's controller: agents earlier tests gave up
         target = _target(job, procs, kind)
-        fut = None
-        spawner = None
-        if moment == "call":
-            fut = w.sleep.call(STALLED_FOR + 1.5)  # under way before the stall and after it
-        elif moment == "transfer":
-            fut = w.numel.call(torch.ones(16 * 1024 * 1024))  # 64 MiB to each rank
-        elif moment == "spawn":
-
-            def spawn() -> None:
-                try:
-                    spawned.append(job.host_mesh().spawn_procs(per_host={"gpus": 1}, timeout=30))
-                except MeshError as e:
-                    spawned.append(e)
-
-            spawner = threading.Thread(target=spawn)
-            spawner.start()
-            time.sleep(0.05)
-        time.sleep(0.1)
+        fut, spawner = _begin(moment, job, w, STALLED_FOR + 1.5, spawned)  # a call spans the stall
         os.kill(target, signal.SIGSTOP)
         assert wait_stopped(target)
         time.sleep(STALLED_FOR)
