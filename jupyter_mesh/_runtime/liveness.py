@@ -1,6 +1,6 @@
 """Busy or hung: what the agent makes of a proc that stopped answering its pings.
 
-A proc's pong is sent by its main thread, which needs the GIL. An endpoint in a long C call that
+A proc's pong is sent by its receive thread, which needs the GIL. An endpoint in a long C call that
 holds the GIL (a numerical kernel, pickling a huge object, ``ctypes.PyDLL``) silences the proc
 without it being stuck, and killing it would lose real work. So silence alone does not condemn a
 proc: the agent asks the kernel (``/proc/<pid>/stat`` and its threads') whether it makes progress.
