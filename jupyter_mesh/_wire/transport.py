@@ -41,6 +41,7 @@ from .channels import (
     max_frame,
     raise_fd_limit,
 )
+from .frame_send import send_frames
 from .lane_merge import WatchedLanes, recv_zmq_frames
 from .protocol import VERSION, Kind
 from .replay import ReplayGuard
@@ -51,13 +52,7 @@ log = logging.getLogger("jupyter_mesh.transport")
 
 _compare_digest, _unpackb = hmac.compare_digest, msgpack.unpackb
 BUFFER_SEND_WAIT = 30.0  # seconds a send waits for ZeroMQ to let go of the caller's buffers
-ZERO_COPY_MIN = 1 << 20
-"""The caller's buffers smaller than this are copied as they are sent (tens of microseconds), so the
-send need not wait for ZeroMQ to let go of them: a peer that reads nothing (SIGSTOPped) held the
-caller until it was declared dead. Larger ones go without a copy and are waited for; between procs
-of one host they travel through shared memory instead (``_shm``), with nothing to wait for."""
 _SIG_LEN = 32
-_SNDMORE = int(zmq.SNDMORE)
 _per_thread = threading.local()
 
 
@@ -345,18 +340,9 @@ class Transport:
             self.stats.sent += 1  # same host, small: straight into the reader's socket (``lane``)
             return None
         sock, lock = self._out(address)
-        tracker = None
         with lock:
             try:
-                if len(frames) > 3:  # buffers go without a copy
-                    if _all_received(frames):  # a relay: ZeroMQ already owns these (refcounted, shareable)
-                        sock.send_multipart(frames, copy=False)
-                    else:  # the caller's memory: large buffers are waited for below, until ZeroMQ let go of them
-                        tracker = _send_tracked(sock, frames)
-                else:  # frame by frame with a plain int flag: send_multipart's enum arithmetic costs ~2 us
-                    for f in frames[:-1]:
-                        sock.send(f, _SNDMORE)
-                    sock.send(frames[-1])
+                tracker = send_frames(sock, frames)  # (large buffers of the caller's: waited for below)
             except BaseException:
                 # interrupted half-way (Ctrl-C between frames): the socket would glue the rest of
                 # this message to the next one, so it goes and a fresh one is made on next use
@@ -571,32 +557,6 @@ def _hmac_state(key: bytes) -> Any:
         return _hashlib.hmac_new(key, b"", "sha256")
     except (ImportError, AttributeError, ValueError):
         return hmac.new(key, digestmod=hashlib.sha256)
-
-
-def _all_received(frames: Sequence[Any]) -> bool:
-    """Are all buffer frames ``zmq.Frame``s received off a socket? Those can be re-sent as they are, to
-    any number of peers, with no copy and nothing to wait for: ZeroMQ counts their references."""
-    return all(isinstance(f, zmq.Frame) for f in frames[3:])
-
-
-def _send_tracked(sock: zmq.Socket[Any], frames: Sequence[Any]) -> zmq.MessageTracker | None:
-    """Send a message that holds the caller's memory: immutable and received frames without a copy
-    and nothing to wait for (ZeroMQ holds a reference), other buffers below ``ZERO_COPY_MIN`` copied,
-    larger ones without a copy, each tracked: the tracker is done once ZeroMQ let go of all of them
-    (pyzmq's multipart tracker follows only the last frame)."""
-    trackers = []
-    last = len(frames) - 1
-    for i, f in enumerate(frames):
-        flags = 0 if i == last else _SNDMORE
-        if isinstance(f, (bytes, zmq.Frame)):
-            sock.send(f, flags, copy=False)
-        elif memoryview(f).nbytes < ZERO_COPY_MIN:
-            sock.send(f, flags, copy=True)
-        else:
-            frame = zmq.Frame(f, track=True)
-            sock.send(frame, flags, copy=False)
-            trackers.append(frame.tracker)
-    return zmq.MessageTracker(*trackers) if trackers else None
 
 
 def _bytes(f: Any) -> bytes:
