@@ -17,7 +17,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from ..errors import MeshCancelledError, MeshDeadlockError, MeshTimeoutError
 
-__all__ = ["INTERRUPTED", "Future", "mark_receive_thread", "on_receive_thread"]
+__all__ = ["INTERRUPTED", "Future", "mark_receive_thread", "on_receive_thread", "refused"]
 
 INTERRUPTED = "jupyter_mesh: interrupted"
 """The message of a task cancelled for Ctrl-C / the notebook's ■ (the ``mesh`` kernel cancels the
@@ -69,6 +69,11 @@ def mark_receive_thread(on: bool = True) -> None:
 def on_receive_thread() -> bool:
     """Is the calling thread the process's receive thread (``mark_receive_thread``)?"""
     return bool(getattr(_thread, "receives", False))
+
+
+def refused(what: str, how: str = "get()") -> MeshDeadlockError:
+    """The error for a wait on the receive thread that could never end (``what``: the call waited on)."""
+    return MeshDeadlockError(what, threading.current_thread().name, how)
 
 
 class Future(Generic[T]):
@@ -229,7 +234,7 @@ class Future(Generic[T]):
             and (wait is None or wait > 0)
             and on_receive_thread()
         ):
-            raise MeshDeadlockError(self._what, threading.current_thread().name)
+            raise refused(self._what)
 
     def _get_serving(self, hook: PauseHook, timeout: float | None) -> None:
         """``get()``'s wait while a front serves debugger prompts on this thread: time spent at a
@@ -312,7 +317,7 @@ class Future(Generic[T]):
         if self._state == _PENDING and not self._any_thread and on_receive_thread():
             # an event loop run inside a done callback (asyncio.run): the reply would be read by this
             # thread once the callback returns, and the callback waits for the loop: it hung for ever
-            raise MeshDeadlockError(self._what, threading.current_thread().name, "await")
+            raise refused(self._what, "await")
         waiter: asyncio.Future[T] = loop.create_future()
 
         def copy() -> None:

@@ -122,6 +122,10 @@ def set_monarch_fault_hook(hook: Callable[[MeshFailure], object] | None) -> None
     _monarch_hook = hook or unhandled_fault_hook
 
 
+DRAIN_AT_EXIT_S = 10.0
+"""How long the program's exit waits for the user's fault hook to finish the failures it was handed."""
+
+
 def fault_hook(err: MeshFailure) -> None:
     """Hand ``err`` to the installed hooks: Monarch's first (once per failed rank), if the user set it.
 
@@ -141,15 +145,12 @@ def fault_hook(err: MeshFailure) -> None:
         _hook_queue.put(err)
 
 
-DRAIN_AT_EXIT_S = 10.0
-"""How long the program's exit waits for the user's fault hook to finish the failures it was handed."""
-
 _hook_queue: queue.SimpleQueue[MeshFailure | threading.Event] = queue.SimpleQueue()
 _hook_lock = threading.Lock()
 _hook_thread: threading.Thread | None = None
 
 
-def drain_fault_hooks(timeout: float = 10.0) -> bool:
+def drain_fault_hooks(timeout: float = DRAIN_AT_EXIT_S) -> bool:
     """Wait until the failures handed to the hook thread so far were delivered (a test that asserts
     the hook heard nothing asks this first); False if a hook still runs after ``timeout``."""
     with _hook_lock:

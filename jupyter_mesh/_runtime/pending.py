@@ -5,14 +5,13 @@
 from __future__ import annotations
 
 import queue
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .._core.future import Future, on_receive_thread
+from .._core.future import Future, on_receive_thread, refused
 from .._core.shape import Shape
-from ..errors import CallSite, Failure, MeshDeadlockError, RemoteFailure
+from ..errors import CallSite, Failure, RemoteFailure
 from .remote_errors import exception_of, render_traceback
 
 if TYPE_CHECKING:
@@ -141,9 +140,7 @@ class Stream(Iterator[Future[Any]]):
             raise StopIteration
         assert self._p.stream_q is not None
         if self._p.stream_q.empty() and on_receive_thread():  # a done callback: only this thread reads
-            raise MeshDeadlockError(  # the replies it would wait for (``future.mark_receive_thread``)
-                f"the next result of a stream of {self._p.endpoint}", threading.current_thread().name
-            )
+            raise refused(f"the next result of a stream of {self._p.endpoint}")  # the replies it waits for
         try:
             item = self._p.stream_q.get()
         except KeyboardInterrupt:
