@@ -148,9 +148,10 @@ class Sleeper(Actor):
     @endpoint
     def busy_loop(self, seconds: float, started: str = "") -> str:
         end = time.monotonic() + seconds
-        if started:
-            open(f"{started}{current_rank().rank}", "w").close()
         try:
+            # inside the try: a cancel that lands the instant the file exists is still counted
+            if started:
+                open(f"{started}{current_rank().rank}", "w").close()
             while time.monotonic() < end:
                 pass
         except KeyboardInterrupt:
