@@ -50,6 +50,11 @@ def templates(pid: int) -> list[int]:
     return [p for p in descendants(pid) if mark in _cmdline(p) and mark not in _cmdline(_ppid(p))]
 
 
+def fork_servers(pid: int) -> list[int]:
+    """Before any proc is forked: the fork servers below ``pid``, a template and its warm child."""
+    return [p for p in descendants(pid) if "jupyter_mesh._runtime.template" in _cmdline(p)]
+
+
 def has_torch(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/maps") as f:
@@ -98,17 +103,21 @@ def test_asking_whether_torch_is_installed_does_not_import_it():
 @pytest.mark.skipif(not torch_installed, reason="torch is not installed")
 @pytest.mark.parametrize("warm_on", [True, False])
 def test_the_first_spawn_forks_from_a_template_that_preloaded_torch_unless_opted_out(monkeypatch, warm_on):
+    import torch  # noqa: F401 - a program that uses torch: its spawns wait for the warm imports
+
     monkeypatch.setenv("JUPYTER_MESH_WARM", "1" if warm_on else "0")
     job = LocalJob(1)  # no preload named: the default
     try:
         procs = job.host_mesh().spawn_procs(per_host={"gpus": 2}, timeout=120)
         agent = job.pids()[0]
         (template,) = templates(agent)
-        assert has_torch(template) == warm_on
+        assert not has_torch(template)  # warm imports are its warm child's, the template forks on meanwhile
         from warm_actors import Probe
 
         infos = list(procs.spawn("probe", Probe).info.call().get(60).values())
-        assert all(ppid == template for ppid, _ in infos)  # forked by the host's template
+        # forked by the host's template (cold), or by its warm child
+        assert all((ppid if not warm_on else _ppid(ppid)) == template for ppid, _ in infos), (infos, template)
+        assert all(has_torch(ppid) == warm_on for ppid, _ in infos)
         assert all(had == warm_on for _, had in infos)  # torch was there before the actor's own code
         procs.stop()
     finally:
@@ -220,6 +229,7 @@ def test_kill_9_of_a_script_leaves_no_agent_or_warming_template():
 # -- the kernel -----------------------------------------------------------------------------------------
 PROBE_CELL = """
 import os, sys
+import torch  # a notebook that uses torch: its spawn waits for the warm child, if it is not ready yet
 from jupyter_mesh import Actor, endpoint, this_host
 
 class Probe(Actor):
@@ -242,9 +252,9 @@ def test_the_mesh_kernel_starts_a_warm_template_at_kernel_start(monkeypatch):
 
     monkeypatch.setenv("JUPYTER_MESH_WARM", "1")
     with fresh_kernel() as k:
-        # no cell has run: the kernel started its host, and the template preloads torch
-        tmpl = wait_for(lambda: [t for t in templates(k.pid) if has_torch(t)], 120, interval=0.2)
-        assert len(tmpl) == 1, f"no warm template below the kernel: {templates(k.pid)}"
+        # no cell has run: the kernel started its host, and its template's warm child preloads torch
+        tmpl = wait_for(lambda: [t for t in fork_servers(k.pid) if has_torch(t)], 120, interval=0.2)
+        assert len(tmpl) == 1, f"no warm template below the kernel: {fork_servers(k.pid)}"
         out = k.ok(PROBE_CELL, timeout=120).stream("stdout")
         assert f"[({tmpl[0]}, True)]" in out  # both procs forked from it, torch already loaded
 
@@ -280,5 +290,151 @@ def test_the_first_tensor_call_to_a_fresh_proc_imports_nothing_of_torch(monkeypa
             torchy = [n for n in names if n.split(".")[0] in ("torch", "numpy", "functorch")]
             assert torchy == [], f"rank {rank}'s first tensor call imported {torchy}"
         procs.stop()
+    finally:
+        job.stop()
+
+
+# -- a spawn before the warm imports are done ------------------------------------------------------------
+EARLY_SCRIPT = """
+import json, os, sys, threading, time, types
+uses, flag = sys.argv[1] == "uses", sys.argv[2]
+from jupyter_mesh import LocalJob
+from jupyter_mesh._runtime import warm_libs
+from warm_actors import Probe
+from _procs import wait_for
+from test_warm import _ppid, templates
+
+# the warm list gets slow_warm_import first (a library "this program imported"), held while FLAG exists
+warm_libs.WARM_CANDIDATES = (*warm_libs.WARM_CANDIDATES, "slow_warm_import")
+sys.modules["slow_warm_import"] = types.ModuleType("slow_warm_import")
+job = LocalJob(1, env={"JM_SLOW_IMPORT_FLAG": flag})
+del sys.modules["slow_warm_import"]
+if uses:
+    import torch
+(template,) = wait_for(lambda: templates(job.pids()[0]), 30)
+
+def spawn():
+    procs = job.host_mesh().spawn_procs(per_host={"gpus": 2}, timeout=120)
+    infos = set(procs.spawn("probe", Probe).info.call().get(60).values())
+    return [("template" if ppid == template else "warm child" if _ppid(ppid) == template else ppid, had)
+            for ppid, had in sorted(infos)]
+
+got = {}
+th = threading.Thread(target=lambda: got.update(first=spawn()), daemon=True)
+th.start()
+th.join(3.0)  # a cold spawn answers in well under a second; the warm child waits on FLAG for 60 s
+print(json.dumps({"done_while_warming": not th.is_alive()}), flush=True)
+os.unlink(flag)
+th.join(120)
+import torch  # from now on this program uses torch: its spawns wait for the warm child
+print(json.dumps({"first": got["first"], "second": spawn()}), flush=True)
+job.stop()
+"""
+
+
+@pytest.mark.skipif(not torch_installed, reason="torch is not installed")
+@pytest.mark.parametrize("uses", ["uses", "not"])
+def test_a_spawn_waits_for_the_warm_imports_only_if_the_program_uses_them(tmp_path, uses):
+    """Warm imports (torch: seconds per host) run in the template's warm child: a program that imported
+    none of them forks at once meanwhile, cold; one that did (it will send tensors) waits, then forks warm."""
+    flag = tmp_path / "slow"
+    flag.write_text("")
+    out = subprocess.run(
+        [sys.executable, "-c", EARLY_SCRIPT, uses, str(flag)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=_env(JUPYTER_MESH_WARM="1"),
+    )
+    assert out.returncode == 0, out.stderr
+    first_line, second_line = (json.loads(line) for line in out.stdout.splitlines())
+    assert first_line["done_while_warming"] == (uses == "not")
+    # cold: forked at once by the template itself; warm: by its warm child, once that was ready
+    assert second_line["first"] == [["template", False] if uses == "not" else ["warm child", True]]
+    assert second_line["second"] == [["warm child", True]]
+
+
+def _slow_warm_job(monkeypatch, flag: str) -> LocalJob:
+    """A LocalJob whose template's warm child imports ``slow_warm_import`` (held while ``flag`` exists)
+    then torch; this program "uses" it, so its spawns wait for the warm child."""
+    from jupyter_mesh._runtime import warm_libs
+
+    monkeypatch.setenv("JUPYTER_MESH_WARM", "1")
+    monkeypatch.setattr(warm_libs, "WARM_CANDIDATES", (*warm_libs.WARM_CANDIDATES, "slow_warm_import"))
+    monkeypatch.setitem(sys.modules, "slow_warm_import", types.ModuleType("slow_warm_import"))
+    return LocalJob(1, env={"PYTHONPATH": _env()["PYTHONPATH"], "JM_SLOW_IMPORT_FLAG": flag})
+
+
+def _warm_child(template: int) -> int:
+    return wait_for(lambda: next((p for p in fork_servers(template) if _ppid(p) == template), 0), 30)
+
+
+@pytest.mark.skipif(not torch_installed, reason="torch is not installed")
+def test_a_warm_child_that_dies_warming_leaves_its_template_forking_cold(monkeypatch, tmp_path):
+    from warm_actors import Probe
+
+    flag = tmp_path / "slow"
+    flag.write_text("")
+    job = _slow_warm_job(monkeypatch, str(flag))
+    try:
+        (template,) = wait_for(lambda: templates(job.pids()[0]), 30)
+        child = _warm_child(template)
+        assert child, "no warm child started"
+        result: dict[str, object] = {}
+
+        def spawn() -> None:
+            procs = job.host_mesh().spawn_procs(per_host={"gpus": 2}, timeout=60)
+            result["infos"] = sorted(set(procs.spawn("probe", Probe).info.call().get(60).values()))
+            procs.stop()
+
+        th = threading.Thread(target=spawn, daemon=True)
+        th.start()
+        th.join(1.0)
+        assert th.is_alive(), "the spawn did not wait for the warm child"
+        os.kill(child, signal.SIGKILL)
+        th.join(60)
+        assert not th.is_alive(), "the spawn held for a warm child hung after that child died"
+        assert result["infos"] == [(template, False)]  # forked by the template itself, without torch
+    finally:
+        flag.unlink(missing_ok=True)
+        job.stop()
+
+
+@pytest.mark.skipif(not torch_installed, reason="torch is not installed")
+@pytest.mark.parametrize("fault", ["kill", "stop"])
+def test_a_warm_child_that_serves_is_the_fork_server(monkeypatch, tmp_path, fault):
+    """Once it took over, the warm child is the host's fork server: killed, its procs go with it, the
+    agent says so and starts a new one; stopped, the spawns waiting on it fail with that cause."""
+    from warm_actors import Probe
+
+    from jupyter_mesh import SupervisionError
+
+    flag = tmp_path / "slow"  # (never created: the warm imports run through)
+    job = _slow_warm_job(monkeypatch, str(flag))
+    try:
+        procs = job.host_mesh().spawn_procs(per_host={"gpus": 2}, timeout=120)
+        infos = sorted(set(procs.spawn("probe", Probe).info.call().get(60).values()))
+        ((child, had),) = infos
+        (template,) = templates(job.pids()[0])
+        assert had and _ppid(child) == template
+        if fault == "kill":
+            os.kill(child, signal.SIGKILL)
+            assert not wait_dead({template}, 10.0), "the template outlived its warm child"
+            with pytest.raises(SupervisionError):
+                procs.spawn("again", Probe).info.call().get(30)
+            after = job.host_mesh().spawn_procs(per_host={"gpus": 1}, timeout=120)
+            assert after.spawn("probe", Probe).info.call().get(60)  # a new fork server forks
+            after.stop()
+        else:
+            os.kill(child, signal.SIGSTOP)
+            try:
+                with pytest.raises(SupervisionError, match=f"fork server .*pid {child}.* is stopped"):
+                    job.host_mesh().spawn_procs(per_host={"gpus": 1}, timeout=60)
+                assert procs.spawn("still", Probe).info.call().get(30)  # its procs live on
+            finally:
+                os.kill(child, signal.SIGCONT)
+            after = job.host_mesh().spawn_procs(per_host={"gpus": 1}, timeout=60)
+            assert after.spawn("probe", Probe).info.call().get(60)
+            after.stop()
     finally:
         job.stop()

@@ -50,7 +50,7 @@ def listeners(n: int) -> tuple[list[subprocess.Popen[bytes]], list[str]]:
 def check(job, flag: str, names: list[str]) -> None:
     """The agents joined while FLAG held their templates; then procs fork warm from those templates."""
     from _procs import descendants
-    from test_warm import has_torch, templates
+    from test_warm import _ppid, has_torch, templates
     from warm_actors import Loaded
 
     agents = job.agents(120)
@@ -62,7 +62,13 @@ def check(job, flag: str, names: list[str]) -> None:
     ppids = sorted(probe.where.call().get(60).values())
     mine = descendants(os.getpid())  # attach, local_cwd: the agents run here; SLURM's run on its nodes
     tmpl = sorted(t for a in agents if a.pid in mine for t in templates(a.pid))
-    say("spawned", had=had, ppids=ppids, templates=tmpl, torch_in_templates=[has_torch(t) for t in tmpl])
+    say(
+        "spawned",
+        had=had,
+        grandparents=sorted(_ppid(p) for p in ppids),
+        templates=tmpl,
+        torch_in_parents=[has_torch(p) for p in ppids],
+    )
     procs.stop()
 
 
@@ -71,10 +77,11 @@ def main() -> None:
     import slow_warm_import  # noqa: F401 - imported here at once (no flag yet): "this program imported it"
 
     os.environ["JM_SLOW_IMPORT_FLAG"] = flag  # the agents' templates wait on it
+    from jupyter_mesh._runtime import warm_libs
     from jupyter_mesh.config import configured
     from jupyter_mesh.jobs import warm
 
-    warm.WARM_CANDIDATES = (*warm.WARM_CANDIDATES, "slow_warm_import")
+    warm_libs.WARM_CANDIDATES = (*warm_libs.WARM_CANDIDATES, "slow_warm_import")  # the controller asks it too
     names = ["torch", "slow_warm_import"]
     say("list", remote=warm.remote_warm())
     if mode == "attach":

@@ -52,6 +52,7 @@ class HostMesh(_MeshTrait):
         preload: list[str] | tuple[str, ...] = (),
         timeout: float = 60.0,
         bootstrap_command: Any = None,
+        warm: bool | None = None,
     ) -> ProcMesh:
         """Start ``per_host`` procs on every host: the mesh has the host dims plus the per-host dims.
 
@@ -63,6 +64,9 @@ class HostMesh(_MeshTrait):
         Settings made with ``jupyter_mesh.config.configure`` travel to the new procs.
         ``bootstrap_command`` (Monarch's, ``default_bootstrap_cmd().with_env({...})``): its environment is the
         new procs'.
+        ``warm``: whether the procs wait for their host's warm imports (torch...: ``jobs.warm``) when those
+        are still running, rather than fork at once without them. By default they wait only if this
+        program imported one of those libraries itself (its actors likely need them too).
         """
         self._check_up()
         if bootstrap_command is not None:
@@ -86,6 +90,7 @@ class HostMesh(_MeshTrait):
             preload=list(preload),
             timeout=timeout,
             host_dims=len(self._shape.labels),
+            warm=warm,
         )
         procs = ProcMesh(self._controller, ref, host_mesh=self)
         self._spawned.append(procs)

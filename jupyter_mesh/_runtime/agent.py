@@ -253,6 +253,7 @@ class Agent(ProcWatch):
                 "deposed": list(self.keeper.deposed),  # controllers that lost this job: nothing of theirs runs
                 "cwd": cfg0.get("cwd"),
                 "path": cfg0.get("path"),
+                "warm_wait": cfg0.get("warm_wait") is not False,  # (read by the template, not the proc)
             }
             self.forkserver.fork(p, cfg, [out_w, err_w])
             os.close(out_w)

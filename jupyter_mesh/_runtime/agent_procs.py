@@ -203,6 +203,9 @@ class ProcWatch:
                         kill(p.pid, signal.SIGKILL)
         elif op == "exit":
             self._proc_exited(msg["pid"], msg["code"], msg["signal"])
+        elif op == "serving":  # its warm child forks from now on: a stopped fork server is that one
+            with self.lock:
+                self.forkserver.serving = int(msg["pid"])
         elif op == "preloaded" and msg["errors"]:
             print("jupyter-mesh agent: preload failed: " + "; ".join(msg["errors"]), file=sys.stderr)
 

@@ -50,6 +50,7 @@ class ForkServer:
             stdin=subprocess.DEVNULL,
         )
         theirs.close()
+        self.serving = proc.pid  # the process that forks: its warm child once that took over (``template``)
         # the key first, before anyone else can send on this socket: a fork before it makes keyless procs
         socket.send_fds(ours, [json.dumps({"op": "key", "key": self._key_hex}).encode()], [])
         self.sock, self.proc = ours, proc
@@ -103,10 +104,10 @@ class ForkServer:
         if w is None:  # silence counts from the oldest fork asked for
             w = self._watch = Liveness()
             w.answered(oldest)
-        w.sample(self.pid, now)
+        w.sample(self.serving, now)
         if w.state in ("T", "t"):
             return (
-                f"its host's fork server (template, pid {self.pid}) is stopped (SIGSTOP or a debugger: "
+                f"its host's fork server (template, pid {self.serving}) is stopped (SIGSTOP or a debugger: "
                 f"state {w.state}) and did not fork for {now - oldest:.1f} s; resume it (SIGCONT) and spawn again"
             )
         return None

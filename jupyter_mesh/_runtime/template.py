@@ -47,7 +47,7 @@ def _preload(mods: list[str], if_installed: bool = False) -> list[str]:
 
 
 def _child(
-    sock: socket.socket, wake: tuple[int, int], fds: list[int], cfg: dict[str, Any], key: bytes, lifeline: int
+    sock: socket.socket, close: list[int], fds: list[int], cfg: dict[str, Any], key: bytes, lifeline: int
 ) -> None:
     """Runs in the forked child; becomes a proc. A stopped proc leaves by ``SystemExit`` through the
     template's frames, so its interpreter finalizes as at any normal exit; everything else ends here."""
@@ -62,8 +62,8 @@ def _child(
         if os.getppid() != cfg["template_pid"]:
             os._exit(71)
         sock.close()
-        os.close(wake[0])
-        os.close(wake[1])
+        for fd in close:  # the template's own: its wake-up pipe, the socket to its warming child
+            os.close(fd)
         out_fd, err_fd = fds
         os.dup2(out_fd, 1)
         os.dup2(err_fd, 2)
@@ -94,6 +94,207 @@ def _own_random_state() -> None:
         np.random.seed()
 
 
+def _wake_pipe() -> tuple[int, int]:
+    """A pipe that SIGCHLD writes to (``set_wakeup_fd``), so ``select`` sees a child's exit."""
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    os.set_blocking(r, False)
+    signal.set_wakeup_fd(w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    return r, w
+
+
+def _recv(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
+    """One message and its file descriptors; (None, []) once the other end is gone."""
+    while True:
+        try:
+            data, fds, _flags, _addr = socket.recv_fds(sock, 1 << 20, 4)
+        except OSError as e:
+            if e.errno == errno.EINTR:
+                continue
+            return None, []
+        return (json.loads(data) if data else None), list(fds)
+
+
+class _Server:
+    """One template's loop: read the agent's requests, fork, reap and report.
+
+    The warm list (``if_installed``: torch and co.) is imported by a child of this template, the *warm
+    child*, so that forks need not wait for it: until that child has imported them this template forks
+    at once, for every spawn whose program did not import one of them (``warm_wait`` false; its actors
+    are not expected to need them). A spawn that did (a program that imported torch will send tensors)
+    is held until the warm child is ready. Then this template hands the agent's socket over: the warm
+    child forks everything from then on, and this one only reaps its own children. It exits when the
+    warm child dies, so the agent sees its fork server gone and starts a new one, as for any template.
+    """
+
+    def __init__(self, sock: socket.socket, lifeline: int) -> None:
+        self.sock, self.lifeline = sock, lifeline
+        self.key = b""
+        self.r, self.w = _wake_pipe()
+        self.reading = True  # False once a warm child serves the agent's socket
+        self.warming: socket.socket | None = None  # to the warm child, until it takes over
+        self.warm_pid = 0
+        self.held: list[tuple[dict[str, Any], list[int]]] = []  # forks that wait for the warm child
+        self.later: list[tuple[list[str], bool]] = []  # preloads asked for after it forked: it imports them too
+        self.hand: socket.socket | None = None  # in the warm child: to the template, until it takes over
+
+    # -- the loop -----------------------------------------------------------------------------------
+    def serve(self) -> None:
+        while True:
+            watch = [self.r]
+            if self.reading and not self.held:  # forks held: what comes next waits its turn
+                watch.append(self.sock.fileno())
+            if self.warming is not None:
+                watch.append(self.warming.fileno())
+            try:
+                ready, _, _ = select.select(watch, [], [])
+            except InterruptedError:
+                continue
+            if self.r in ready:
+                self._reap()
+            if self.warming is not None and self.warming.fileno() in ready:
+                self._from_warm_child()
+            if self.sock.fileno() in ready and self.reading and not self.held:
+                self._from_agent()
+
+    def _from_agent(self) -> None:
+        msg, fds = _recv(self.sock)
+        if msg is None:
+            os._exit(0)  # the agent is gone: children follow through PDEATHSIG
+        op = msg["op"]
+        if op == "key":
+            self.key = bytes.fromhex(msg["key"])
+        elif op == "preload":
+            if_installed = bool(msg.get("if_installed"))
+            if if_installed and self.warming is None and not self.warm_pid:
+                self._start_warm_child(msg["modules"])
+                return
+            if self.warming is not None:  # the warm child imports it too, before it takes over
+                self.later.append((msg["modules"], if_installed))
+                if if_installed:
+                    return
+            errors = _preload(msg["modules"], if_installed)
+            _send(self.sock, {"op": "preloaded", "token": msg["token"], "errors": errors})
+        elif op == "fork":
+            if self.warming is not None and msg["cfg"].get("warm_wait", True):
+                self.held.append((msg, fds))
+            else:
+                self._fork(msg, fds)
+
+    def _fork(self, msg: dict[str, Any], fds: list[int]) -> None:
+        cfg = msg["cfg"]
+        cfg["template_pid"] = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            for private in (self.warming, self.hand):  # the template's own sockets: not the proc's
+                if private is not None:
+                    private.close()
+            _child(self.sock, [self.r, self.w], fds, cfg, self.key, self.lifeline)
+        for fd in fds:
+            os.close(fd)
+        _send(self.sock, {"op": "forked", "token": msg["token"], "pid": pid})
+
+    def _reap(self) -> None:
+        try:
+            while os.read(self.r, 512):
+                pass
+        except BlockingIOError:
+            pass
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            code = os.waitstatus_to_exitcode(status)
+            if pid == self.warm_pid:
+                self._warm_child_died(code)
+                continue
+            _send(
+                self.sock,
+                {"op": "exit", "pid": pid, "code": code if code >= 0 else None, "signal": -code if code < 0 else None},
+            )
+
+    # -- the warm child -------------------------------------------------------------------------------
+    def _start_warm_child(self, modules: list[str]) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        parent = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            ours.close()
+            self._become_warm_child(theirs, modules, parent)
+        theirs.close()
+        self.warming, self.warm_pid = ours, pid
+
+    def _from_warm_child(self) -> None:
+        assert self.warming is not None
+        msg, _ = _recv(self.warming)
+        if msg is None:  # it died before taking over; its exit, reaped, says how (``_warm_child_died``)
+            self.warming.close()
+            self.warming = None
+            return
+        if msg["op"] == "ready":  # it imported the warm list: hand it what waits, then the socket
+            _send(self.warming, {"op": "later", "preloads": self.later})
+            for held, fds in self.held:
+                socket.send_fds(self.warming, [json.dumps(held).encode()], fds)
+                for fd in fds:
+                    os.close(fd)
+            _send(self.warming, {"op": "yours"})
+            self.warming.close()
+            self.warming, self.held, self.later, self.reading = None, [], [], False
+
+    def _warm_child_died(self, code: int) -> None:
+        if not self.reading:
+            os._exit(0)  # it served the agent: its procs died with it; our exit tells the agent
+        # it died warming: this template serves on, without the warm list
+        self.warm_pid = -1  # (not 0: no second warm child)
+        if self.warming is not None:
+            self.warming.close()
+            self.warming = None
+        how = f"exit code {code}" if code >= 0 else f"signal {-code}"
+        _send(self.sock, {"op": "preloaded", "token": 0, "errors": [f"the warm-up import died ({how})"]})
+        for m, fds in self.held:
+            self._fork(m, fds)
+        self.held, self.later = [], []
+
+    def _become_warm_child(self, hand: socket.socket, modules: list[str], parent: int) -> None:
+        """Runs in the forked warm child: import the warm list, then take the agent's socket over."""
+        try:
+            ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # die with the template
+        except Exception:  # noqa: BLE001
+            pass
+        if os.getppid() != parent:
+            os._exit(0)
+        os.close(self.r)
+        os.close(self.w)
+        self.r, self.w = _wake_pipe()  # our own: the template's pipe would hear its children, not ours
+        self.warming, self.warm_pid, self.held, self.later, self.reading = None, 0, [], [], False
+        self.hand = hand
+        errors = _preload(modules, True)
+        _send(hand, {"op": "ready"})
+        while True:
+            msg, fds = _recv(hand)
+            if msg is None:
+                os._exit(0)  # the template died
+            if msg["op"] == "later":  # preloads the template was asked for while we imported
+                for mods, if_installed in msg["preloads"]:
+                    errors += _preload(mods, if_installed)
+                # the agent watches us from now on (a stopped fork server is one that forks)
+                _send(self.sock, {"op": "serving", "pid": os.getpid()})
+                if errors:
+                    _send(self.sock, {"op": "preloaded", "token": 0, "errors": errors})
+            elif msg["op"] == "fork":
+                self._fork(msg, fds)
+            elif msg["op"] == "yours":
+                break
+        hand.close()
+        self.hand, self.reading = None, True
+        self.serve()
+        os._exit(0)
+
+
 def main() -> None:
     # die with the agent even while busy in a long preload (torch: seconds), when nobody reads the
     # socket whose EOF would say so; the agent starts us from its main thread, which lives as long as it
@@ -106,13 +307,8 @@ def main() -> None:
     sock = socket.socket(fileno=int(sys.argv[1]))
     lifeline = int(sys.argv[2])
     os.set_inheritable(lifeline, True)
-    r, w = os.pipe()
-    os.set_blocking(w, False)
-    os.set_blocking(r, False)
-    signal.set_wakeup_fd(w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # interrupts are for procs, delivered by the agent
-    key = b""
+    server = _Server(sock, lifeline)
     # import what every proc needs before the first fork
     import cloudpickle  # noqa: F401
     import msgpack  # noqa: F401
@@ -121,59 +317,7 @@ def main() -> None:
     from . import client, proc  # noqa: F401
 
     _send(sock, {"op": "ready", "pid": os.getpid()})
-    while True:
-        try:
-            ready, _, _ = select.select([sock.fileno(), r], [], [])
-        except InterruptedError:
-            continue
-        if r in ready:
-            try:
-                while os.read(r, 512):
-                    pass
-            except BlockingIOError:
-                pass
-            while True:
-                try:
-                    pid, status = os.waitpid(-1, os.WNOHANG)
-                except ChildProcessError:
-                    break
-                if pid == 0:
-                    break
-                code = os.waitstatus_to_exitcode(status)
-                _send(
-                    sock,
-                    {
-                        "op": "exit",
-                        "pid": pid,
-                        "code": code if code >= 0 else None,
-                        "signal": -code if code < 0 else None,
-                    },
-                )
-        if sock.fileno() in ready:
-            try:
-                data, fds, _flags, _addr = socket.recv_fds(sock, 1 << 20, 4)
-            except OSError as e:
-                if e.errno == errno.EINTR:
-                    continue
-                os._exit(0)
-            if not data:
-                os._exit(0)  # the agent is gone: children follow through PDEATHSIG
-            msg = json.loads(data)
-            op = msg["op"]
-            if op == "key":
-                key = bytes.fromhex(msg["key"])
-            elif op == "preload":
-                errors = _preload(msg["modules"], bool(msg.get("if_installed")))
-                _send(sock, {"op": "preloaded", "token": msg["token"], "errors": errors})
-            elif op == "fork":
-                cfg = msg["cfg"]
-                cfg["template_pid"] = os.getpid()
-                pid = os.fork()
-                if pid == 0:
-                    _child(sock, (r, w), fds, cfg, key, lifeline)
-                for fd in fds:
-                    os.close(fd)
-                _send(sock, {"op": "forked", "token": msg["token"], "pid": pid})
+    server.serve()
 
 
 if __name__ == "__main__":

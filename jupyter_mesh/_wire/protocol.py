@@ -141,11 +141,12 @@ class Kind:
 
 
 def spawn_procs(mesh_id: str, name: str, ranks: list[int], shape: Any, env: dict[str, str],
-                preload: list[str], host_dims: int = 1) -> dict[str, Any]:  # fmt: skip
+                preload: list[str], host_dims: int = 1, warm_wait: bool = True) -> dict[str, Any]:  # fmt: skip
     """Fork ``ranks`` of a new proc mesh (``shape``: its wire form) on the agent's host; its first
-    ``host_dims`` dims are the hosts' (torchrun's LOCAL_* variables count the others)."""
+    ``host_dims`` dims are the hosts' (torchrun's LOCAL_* variables count the others). ``warm_wait``:
+    a fork waits for the host's warm imports (torch...) rather than go before them."""
     return {"k": Kind.SPAWN_PROCS, "m": mesh_id, "name": name, "ranks": ranks, "shape": shape, "env": env,
-            "preload": preload, "host_dims": host_dims}  # fmt: skip
+            "preload": preload, "host_dims": host_dims, "warm_wait": warm_wait}  # fmt: skip
 
 
 def start_procs(mesh_id: str, ranks: list[int], shape: Any = None) -> dict[str, Any]:

@@ -44,7 +44,8 @@ class LocalJob(Job):
         self._controller = Controller.get()
         self._controller.register_job(self)
         self._n = hosts
-        self._preload = default_preload() if preload is None else list(preload)
+        # named: every fork waits for it; the default is warm: forks need not wait (``_runtime.template``)
+        self._preload, self._warm = ([], default_preload()) if preload is None else (list(preload), [])
         self._env = {**os.environ, **env} if env else None  # the agents' (and so their procs') environment
         self._procs: list[subprocess.Popen[bytes]] = []
         self._waiters: list[Future[dict[str, Any]]] = []
@@ -66,6 +67,7 @@ class LocalJob(Job):
             "controller": self._controller.address,
             "host_index": index,
             "preload": self._preload,
+            "warm": self._warm,
             "nonce": nonce,
             "hb_timeout": self._controller.hb_timeout,
             "nested": self._controller.embedded,  # started by an actor inside a proc
