@@ -246,9 +246,18 @@ def _descendants() -> list[int]:
     return out
 
 
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True  # gone already
+
+
 def _sweep() -> int:
-    """Kill and reap whatever a point left (we are its subreaper, so orphans come to us)."""
-    left = _descendants()
+    """Kill and reap whatever a point left (we are its subreaper, so orphans come to us); the count is
+    of live ones (a process killed with its parent, e.g. a template's warm child, is reaped here)."""
+    left = [p for p in _descendants() if not _zombie(p)]
     for pid in left:
         try:
             os.kill(pid, signal.SIGKILL)

@@ -5,6 +5,9 @@ The agent starts it with a fresh interpreter and talks to it over a private unix
 threads and no ZeroMQ context, so forking it is safe; each child gets the agent's pipes as its
 stdout/stderr and becomes a proc. The template reaps its children and reports every exit (code or
 signal) to the agent, which is how a dead proc is noticed within milliseconds.
+
+The warm list (torch & co., ``jobs.warm``) is imported by a child of the template while the template
+forks on; once done, that warm child forks instead (``_Server``).
 """
 
 from __future__ import annotations
