@@ -16,7 +16,9 @@ Each (system, hosts, procs per host) point runs in a fresh program (``_CHILD``),
   in % of one core, from ``/proc/<pid>/stat`` over ``--idle`` seconds with the mesh idle
 jupyter_mesh: ``LocalJob(hosts=H)``, H agents on this machine; each agent's fork server preloads torch
 by default (warm, ``jobs/warm.py``), H imports of torch on the same cores: ``--cold`` adds the same point
-with ``JUPYTER_MESH_WARM=0`` (``jupyter_mesh_cold``). Monarch 0.7 (``--monarch`` names a Python
+with ``JUPYTER_MESH_WARM=0`` (``jupyter_mesh_cold``), ``--no-wait`` with ``spawn_procs(warm=False)``,
+which forks at once while the templates still import and lets them finish in the background
+(``jupyter_mesh_no_wait``: its calls are timed while they do). Monarch 0.7 (``--monarch`` names a Python
 that has ``torchmonarch``): ``ProcessJob({"hosts": H})``, H host processes on this machine, each over
 unix sockets. A point that runs past ``--timeout`` is recorded as such. This program makes itself the
 subreaper of everything its points start: whatever a point leaves behind is counted (``leftover``)
@@ -83,7 +85,7 @@ job = LocalJob(hosts=H)
 hosts = job.host_mesh()
 job.agents()  # the agents are up: spawn time is the procs'
 t0 = time.perf_counter()
-procs = hosts.spawn_procs(per_host={"gpus": P})
+procs = hosts.spawn_procs(per_host={"gpus": P}, warm=os.environ.get("JM_BENCH_WAIT_WARM") != "0")
 b = procs.spawn("b", Bench)
 b.noop.call().get(timeout=300)
 spawn = time.perf_counter() - t0
@@ -318,6 +320,11 @@ def main() -> None:
         action="store_true",
         help="also run jupyter_mesh with JUPYTER_MESH_WARM=0 (templates preload nothing): what warm costs here",
     )
+    ap.add_argument(
+        "--no-wait",
+        action="store_true",
+        help="also run jupyter_mesh with spawn_procs(warm=False): fork at once while the templates still import",
+    )
     a = ap.parse_args()
     if a.quick:
         grid = [(1, 4), (1, 16), (2, 8), (8, 32)]
@@ -329,6 +336,8 @@ def main() -> None:
     systems: list[tuple[str, str, str, dict[str, str]]] = [("jupyter_mesh", sys.executable, _JM, {})]
     if a.cold:
         systems.append(("jupyter_mesh_cold", sys.executable, _JM, {"JUPYTER_MESH_WARM": "0"}))
+    if a.no_wait:
+        systems.append(("jupyter_mesh_no_wait", sys.executable, _JM, {"JM_BENCH_WAIT_WARM": "0"}))
     if a.monarch:
         systems.append(("monarch", a.monarch, _MONARCH, {}))
     with open("/proc/loadavg") as f:

@@ -103,8 +103,6 @@ def test_asking_whether_torch_is_installed_does_not_import_it():
 @pytest.mark.skipif(not torch_installed, reason="torch is not installed")
 @pytest.mark.parametrize("warm_on", [True, False])
 def test_the_first_spawn_forks_from_a_template_that_preloaded_torch_unless_opted_out(monkeypatch, warm_on):
-    import torch  # noqa: F401 - a program that uses torch: its spawns wait for the warm imports
-
     monkeypatch.setenv("JUPYTER_MESH_WARM", "1" if warm_on else "0")
     job = LocalJob(1)  # no preload named: the default
     try:
@@ -229,7 +227,6 @@ def test_kill_9_of_a_script_leaves_no_agent_or_warming_template():
 # -- the kernel -----------------------------------------------------------------------------------------
 PROBE_CELL = """
 import os, sys
-import torch  # a notebook that uses torch: its spawn waits for the warm child, if it is not ready yet
 from jupyter_mesh import Actor, endpoint, this_host
 
 class Probe(Actor):
@@ -297,50 +294,47 @@ def test_the_first_tensor_call_to_a_fresh_proc_imports_nothing_of_torch(monkeypa
 # -- a spawn before the warm imports are done ------------------------------------------------------------
 EARLY_SCRIPT = """
 import json, os, sys, threading, time, types
-uses, flag = sys.argv[1] == "uses", sys.argv[2]
-from jupyter_mesh import LocalJob
-from jupyter_mesh._runtime import warm_libs
-from warm_actors import Probe
+wait, flag = sys.argv[1] == "wait", sys.argv[2]
 from _procs import wait_for
+from jupyter_mesh import LocalJob
+from jupyter_mesh.jobs import warm
 from test_warm import _ppid, templates
+from warm_actors import Probe
 
 # the warm list gets slow_warm_import first (a library "this program imported"), held while FLAG exists
-warm_libs.WARM_CANDIDATES = (*warm_libs.WARM_CANDIDATES, "slow_warm_import")
+warm.WARM_CANDIDATES = (*warm.WARM_CANDIDATES, "slow_warm_import")
 sys.modules["slow_warm_import"] = types.ModuleType("slow_warm_import")
 job = LocalJob(1, env={"JM_SLOW_IMPORT_FLAG": flag})
-del sys.modules["slow_warm_import"]
-if uses:
-    import torch
 (template,) = wait_for(lambda: templates(job.pids()[0]), 30)
 
-def spawn():
-    procs = job.host_mesh().spawn_procs(per_host={"gpus": 2}, timeout=120)
+def spawn(**kw):
+    procs = job.host_mesh().spawn_procs(per_host={"gpus": 2}, timeout=120, **kw)
     infos = set(procs.spawn("probe", Probe).info.call().get(60).values())
     return [("template" if ppid == template else "warm child" if _ppid(ppid) == template else ppid, had)
             for ppid, had in sorted(infos)]
 
 got = {}
-th = threading.Thread(target=lambda: got.update(first=spawn()), daemon=True)
+th = threading.Thread(target=lambda: got.update(first=spawn() if wait else spawn(warm=False)), daemon=True)
 th.start()
 th.join(3.0)  # a cold spawn answers in well under a second; the warm child waits on FLAG for 60 s
 print(json.dumps({"done_while_warming": not th.is_alive()}), flush=True)
 os.unlink(flag)
 th.join(120)
-import torch  # from now on this program uses torch: its spawns wait for the warm child
-print(json.dumps({"first": got["first"], "second": spawn()}), flush=True)
+later = spawn()  # waits for the warm child, if still importing
+print(json.dumps({"first": got["first"], "later": later, "after": spawn(warm=False)}), flush=True)
 job.stop()
 """
 
 
 @pytest.mark.skipif(not torch_installed, reason="torch is not installed")
-@pytest.mark.parametrize("uses", ["uses", "not"])
-def test_a_spawn_waits_for_the_warm_imports_only_if_the_program_uses_them(tmp_path, uses):
-    """Warm imports (torch: seconds per host) run in the template's warm child: a program that imported
-    none of them forks at once meanwhile, cold; one that did (it will send tensors) waits, then forks warm."""
+@pytest.mark.parametrize("how", ["wait", "warm=False"])
+def test_a_spawn_before_the_warm_imports_waits_for_them_unless_told_not_to(tmp_path, how):
+    """Warm imports (torch: seconds per host) run in the template's warm child: a spawn meanwhile waits
+    for them and forks warm, or with ``warm=False`` forks at once, cold; once warm, every spawn is."""
     flag = tmp_path / "slow"
     flag.write_text("")
     out = subprocess.run(
-        [sys.executable, "-c", EARLY_SCRIPT, uses, str(flag)],
+        [sys.executable, "-c", EARLY_SCRIPT, how, str(flag)],
         capture_output=True,
         text=True,
         timeout=240,
@@ -348,19 +342,18 @@ def test_a_spawn_waits_for_the_warm_imports_only_if_the_program_uses_them(tmp_pa
     )
     assert out.returncode == 0, out.stderr
     first_line, second_line = (json.loads(line) for line in out.stdout.splitlines())
-    assert first_line["done_while_warming"] == (uses == "not")
+    assert first_line["done_while_warming"] == (how != "wait")
     # cold: forked at once by the template itself; warm: by its warm child, once that was ready
-    assert second_line["first"] == [["template", False] if uses == "not" else ["warm child", True]]
-    assert second_line["second"] == [["warm child", True]]
+    assert second_line["first"] == [["warm child", True] if how == "wait" else ["template", False]]
+    assert second_line["later"] == [["warm child", True]]
+    assert second_line["after"] == [["warm child", True]]  # once warm, warm=False forks warm too
 
 
 def _slow_warm_job(monkeypatch, flag: str) -> LocalJob:
     """A LocalJob whose template's warm child imports ``slow_warm_import`` (held while ``flag`` exists)
-    then torch; this program "uses" it, so its spawns wait for the warm child."""
-    from jupyter_mesh._runtime import warm_libs
-
+    then torch."""
     monkeypatch.setenv("JUPYTER_MESH_WARM", "1")
-    monkeypatch.setattr(warm_libs, "WARM_CANDIDATES", (*warm_libs.WARM_CANDIDATES, "slow_warm_import"))
+    monkeypatch.setattr(warm, "WARM_CANDIDATES", (*warm.WARM_CANDIDATES, "slow_warm_import"))
     monkeypatch.setitem(sys.modules, "slow_warm_import", types.ModuleType("slow_warm_import"))
     return LocalJob(1, env={"PYTHONPATH": _env()["PYTHONPATH"], "JM_SLOW_IMPORT_FLAG": flag})
 
@@ -370,8 +363,13 @@ def _warm_child(template: int) -> int:
 
 
 @pytest.mark.skipif(not torch_installed, reason="torch is not installed")
-def test_a_warm_child_that_dies_warming_leaves_its_template_forking_cold(monkeypatch, tmp_path):
+@pytest.mark.parametrize("fault", ["kill", "stop"])
+def test_a_warm_child_that_dies_or_stops_while_importing(monkeypatch, tmp_path, fault):
+    """Killed: the spawn that waited for it forks cold from the template; stopped: that spawn fails with
+    the cause (as for a stopped template), and once resumed the host forks warm."""
     from warm_actors import Probe
+
+    from jupyter_mesh import SupervisionError
 
     flag = tmp_path / "slow"
     flag.write_text("")
@@ -383,18 +381,33 @@ def test_a_warm_child_that_dies_warming_leaves_its_template_forking_cold(monkeyp
         result: dict[str, object] = {}
 
         def spawn() -> None:
-            procs = job.host_mesh().spawn_procs(per_host={"gpus": 2}, timeout=60)
-            result["infos"] = sorted(set(procs.spawn("probe", Probe).info.call().get(60).values()))
-            procs.stop()
+            try:
+                procs = job.host_mesh().spawn_procs(per_host={"gpus": 2}, timeout=60)
+                result["infos"] = sorted(set(procs.spawn("probe", Probe).info.call().get(60).values()))
+                procs.stop()
+            except BaseException as e:  # noqa: BLE001
+                result["err"] = e
 
         th = threading.Thread(target=spawn, daemon=True)
         th.start()
         th.join(1.0)
         assert th.is_alive(), "the spawn did not wait for the warm child"
-        os.kill(child, signal.SIGKILL)
-        th.join(60)
-        assert not th.is_alive(), "the spawn held for a warm child hung after that child died"
-        assert result["infos"] == [(template, False)]  # forked by the template itself, without torch
+        os.kill(child, signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
+        try:
+            th.join(60)
+            assert not th.is_alive(), "the spawn held for a warm child hung after that child " + fault
+        finally:
+            if fault == "stop":
+                os.kill(child, signal.SIGCONT)
+        if fault == "kill":
+            assert result.get("infos") == [(template, False)], result  # forked by the template, no torch
+        else:
+            err = result.get("err")
+            assert isinstance(err, SupervisionError) and f"pid {child}" in str(err) and "stopped" in str(err), err
+            flag.unlink()
+            procs = job.host_mesh().spawn_procs(per_host={"gpus": 1}, timeout=120)
+            assert list(procs.spawn("probe", Probe).info.call().get(60).values()) == [(child, True)]
+            procs.stop()
     finally:
         flag.unlink(missing_ok=True)
         job.stop()

@@ -77,11 +77,10 @@ def main() -> None:
     import slow_warm_import  # noqa: F401 - imported here at once (no flag yet): "this program imported it"
 
     os.environ["JM_SLOW_IMPORT_FLAG"] = flag  # the agents' templates wait on it
-    from jupyter_mesh._runtime import warm_libs
     from jupyter_mesh.config import configured
     from jupyter_mesh.jobs import warm
 
-    warm_libs.WARM_CANDIDATES = (*warm_libs.WARM_CANDIDATES, "slow_warm_import")  # the controller asks it too
+    warm.WARM_CANDIDATES = (*warm.WARM_CANDIDATES, "slow_warm_import")
     names = ["torch", "slow_warm_import"]
     say("list", remote=warm.remote_warm())
     if mode == "attach":

@@ -52,7 +52,7 @@ class HostMesh(_MeshTrait):
         preload: list[str] | tuple[str, ...] = (),
         timeout: float = 60.0,
         bootstrap_command: Any = None,
-        warm: bool | None = None,
+        warm: bool = True,
     ) -> ProcMesh:
         """Start ``per_host`` procs on every host: the mesh has the host dims plus the per-host dims.
 
@@ -64,9 +64,9 @@ class HostMesh(_MeshTrait):
         Settings made with ``jupyter_mesh.config.configure`` travel to the new procs.
         ``bootstrap_command`` (Monarch's, ``default_bootstrap_cmd().with_env({...})``): its environment is the
         new procs'.
-        ``warm``: whether the procs wait for their host's warm imports (torch...: ``jobs.warm``) when those
-        are still running, rather than fork at once without them. By default they wait only if this
-        program imported one of those libraries itself (its actors likely need them too).
+        ``warm=False``: if the host's warm imports (torch...: ``jobs.warm``) still run, fork at once without
+        them rather than wait (milliseconds instead of seconds, for actors that need none of them; each
+        proc that imports torch itself later pays its import). Later spawns still fork warm.
         """
         self._check_up()
         if bootstrap_command is not None:

@@ -203,9 +203,12 @@ class ProcWatch:
                         kill(p.pid, signal.SIGKILL)
         elif op == "exit":
             self._proc_exited(msg["pid"], msg["code"], msg["signal"])
+        elif op == "warming":  # its warm child imports the warm list: forks that wait for it, wait on it
+            with self.lock:
+                self.forkserver.warming = int(msg["pid"])
         elif op == "serving":  # its warm child forks from now on: a stopped fork server is that one
             with self.lock:
-                self.forkserver.serving = int(msg["pid"])
+                self.forkserver.serving, self.forkserver.warming = int(msg["pid"]), 0
         elif op == "preloaded" and msg["errors"]:
             print("jupyter-mesh agent: preload failed: " + "; ".join(msg["errors"]), file=sys.stderr)
 

@@ -39,7 +39,7 @@ from ..errors import (
     MeshValueError,
     SupervisionError,
 )
-from . import hooks, warm_libs
+from . import hooks
 from .agent_links import AgentLinks
 from .client import Client
 from .debug_socket import DebugSocket
@@ -325,10 +325,10 @@ class Controller:
         preload: list[str],
         timeout: float,
         host_dims: int = 1,
-        warm: bool | None = None,
+        warm: bool = True,
     ) -> ProcMeshRef:
         """``host_dims``: how many leading dims of ``shape`` are the host mesh's (0 for ``this_host()``);
-        ``warm``: whether forks wait for the hosts' warm imports (None: if this program uses them)."""
+        ``warm``: whether forks wait for the hosts' warm imports (torch...) if those still run."""
         from .._core.refs import ProcMeshRef, new_id
 
         self._check_open()
@@ -389,12 +389,10 @@ class Controller:
         env: dict[str, str],
         preload: list[str],
         shape: Shape | None = None,
-        warm: bool | None = None,
+        warm: bool = True,
     ) -> Future[Any]:
-        # a program that imported none of the warm libraries (torch...) forks before its hosts have them in
-        wait = warm_libs.uses_warm_libraries() if warm is None else warm
         req = protocol.spawn_procs(
-            ref.mesh_id, ref.name, ranks, (shape or ref.shape).to_wire(), env, preload, ref.host_dims, wait
+            ref.mesh_id, ref.name, ranks, (shape or ref.shape).to_wire(), env, preload, ref.host_dims, warm
         )
         if agent.host_key == context().host_key:  # same machine: procs see our modules and relative paths
             req.update(cwd=os.getcwd(), path=sys.path)

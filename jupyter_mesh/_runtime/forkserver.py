@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .agent_state import ProcEntry, describe_exit
-from .liveness import Liveness
+from .liveness import Liveness, read_stat
 
 __all__ = ["ForkServer"]
 
@@ -51,6 +51,7 @@ class ForkServer:
         )
         theirs.close()
         self.serving = proc.pid  # the process that forks: its warm child once that took over (``template``)
+        self.warming = 0  # that warm child while it imports (held forks wait for it)
         # the key first, before anyone else can send on this socket: a fork before it makes keyless procs
         socket.send_fds(ours, [json.dumps({"op": "key", "key": self._key_hex}).encode()], [])
         self.sock, self.proc = ours, proc
@@ -105,10 +106,14 @@ class ForkServer:
             w = self._watch = Liveness()
             w.answered(oldest)
         w.sample(self.serving, now)
-        if w.state in ("T", "t"):
+        pid, state = self.serving, w.state
+        if state not in ("T", "t") and self.warming:  # or the warm child the held forks wait for
+            st = read_stat(self.warming)
+            pid, state = self.warming, st[0] if st else ""
+        if state in ("T", "t"):
             return (
-                f"its host's fork server (template, pid {self.serving}) is stopped (SIGSTOP or a debugger: "
-                f"state {w.state}) and did not fork for {now - oldest:.1f} s; resume it (SIGCONT) and spawn again"
+                f"its host's fork server (template, pid {pid}) is stopped (SIGSTOP or a debugger: "
+                f"state {state}) and did not fork for {now - oldest:.1f} s; resume it (SIGCONT) and spawn again"
             )
         return None
 

@@ -123,12 +123,11 @@ class _Server:
     """One template's loop: read the agent's requests, fork, reap and report.
 
     The warm list (``if_installed``: torch and co.) is imported by a child of this template, the *warm
-    child*, so that forks need not wait for it: until that child has imported them this template forks
-    at once, for every spawn whose program did not import one of them (``warm_wait`` false; its actors
-    are not expected to need them). A spawn that did (a program that imported torch will send tensors)
-    is held until the warm child is ready. Then this template hands the agent's socket over: the warm
-    child forks everything from then on, and this one only reaps its own children. It exits when the
-    warm child dies, so the agent sees its fork server gone and starts a new one, as for any template.
+    child*, so that a spawn that asked not to wait (``spawn_procs(warm=False)``: ``warm_wait`` false)
+    forks at once meanwhile, cold. The other forks are held until the warm child is ready; then this
+    template hands it what it holds and the agent's socket: the warm child forks everything from then
+    on, and this one only reaps its own children. It exits when the warm child dies, so the agent sees
+    its fork server gone and starts a new one, as for any template.
     """
 
     def __init__(self, sock: socket.socket, lifeline: int) -> None:
@@ -230,6 +229,7 @@ class _Server:
             self._become_warm_child(theirs, modules, parent)
         theirs.close()
         self.warming, self.warm_pid = ours, pid
+        _send(self.sock, {"op": "warming", "pid": pid})  # the agent watches it for a stop while forks wait
 
     def _from_warm_child(self) -> None:
         assert self.warming is not None
@@ -253,6 +253,7 @@ class _Server:
             os._exit(0)  # it served the agent: its procs died with it; our exit tells the agent
         # it died warming: this template serves on, without the warm list
         self.warm_pid = -1  # (not 0: no second warm child)
+        _send(self.sock, {"op": "serving", "pid": os.getpid()})  # we fork on: nobody else to watch
         if self.warming is not None:
             self.warming.close()
             self.warming = None

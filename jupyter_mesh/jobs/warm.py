@@ -23,11 +23,22 @@ import sys
 from collections.abc import Sequence
 
 from .. import config
-from .._runtime import warm_libs
 
 __all__ = ["WARM_CANDIDATES", "default_preload", "enabled", "remote_warm", "split"]
 
-WARM_CANDIDATES = warm_libs.WARM_CANDIDATES  # (the controller asks it too: ``warm_libs.uses_warm_libraries``)
+WARM_CANDIDATES = (
+    "numpy",
+    "scipy",
+    "pandas",
+    "torch",
+    "torchvision",
+    "torchaudio",
+    "safetensors",
+    "einops",
+    "sklearn",
+)
+"""Libraries preloaded when this program has already imported them: import-only, no threads or
+sockets at import (a template must stay safe to fork), and slow enough to be worth it."""
 
 
 def enabled() -> bool:
@@ -53,7 +64,7 @@ def default_preload() -> list[str]:
     """torch when installed, and the candidates this program imported already; [] when opted out."""
     if not enabled():
         return []
-    out = [m for m in warm_libs.WARM_CANDIDATES if m in sys.modules]
+    out = [m for m in WARM_CANDIDATES if m in sys.modules]
     if "torch" not in out and _installed("torch"):
         out.append("torch")
     return out
@@ -64,7 +75,7 @@ def remote_warm() -> list[str]:
     program imported already; [] when opted out. Nothing is asked about this machine's installs."""
     if not enabled():
         return []
-    out = [m for m in warm_libs.WARM_CANDIDATES if m in sys.modules]
+    out = [m for m in WARM_CANDIDATES if m in sys.modules]
     return out if "torch" in out else [*out, "torch"]
 
 

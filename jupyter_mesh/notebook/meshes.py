@@ -120,8 +120,7 @@ class MeshRegistry:
             hosts_of = getattr(job, "host_mesh", None)  # every job gives one; a plugin's Job must too
             if hosts_of is None:
                 raise MeshValueError(f"{job!r} gives no host_mesh(): a job for %mesh up needs one")
-            # its procs run the cells (torch...): they wait for the warm imports if still running
-            procs = hosts_of().spawn_procs(per_host={dim: per_host}, name=name, timeout=timeout, warm=True)
+            procs = hosts_of().spawn_procs(per_host={dim: per_host}, name=name, timeout=timeout)
             executor = procs.spawn("mesh_exec", RemoteExec)
             assert executor.initialized is not None
             executor.initialized.get(timeout)
