@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 import pytest
-from _procs import template_of, wait_dead, wait_stopped
+from _procs import descendants, template_of, wait_dead, wait_stopped
 
 from jupyter_mesh import Actor, HostState, LocalJob, MeshError, ProcState, endpoint
 from jupyter_mesh._runtime.hooks import drain_fault_hooks
@@ -47,11 +47,12 @@ class Worker(Actor):
 
 
 def _target(job: LocalJob, procs: set[int], kind: str) -> int:
+    """The first host's agent or fork server, or one of its procs."""
     agent = job.pids()[0]
     if kind == "agent":
         return agent
     if kind == "proc":
-        return max(procs)
+        return max(procs & descendants(agent))
     return template_of(agent, procs)
 
 
@@ -134,14 +135,16 @@ def test_fault(kind, sig, moment):
     assert not wait_dead(procs, 5)
 
 
+@pytest.mark.parametrize("hosts", [1, 2])
 @pytest.mark.parametrize("moment", MOMENTS)
 @pytest.mark.parametrize("kind", KINDS)
-def test_stall(kind, moment, recorded_faults):
+def test_stall(kind, moment, hosts, recorded_faults):
     """Stopped for half the heartbeat timeout, then resumed: no fault at all. The call, the transfer
     and the spawn under way return their values, no rank fails, no host is given up, the fault hook
-    hears nothing, and the mesh answers from the same procs."""
+    hears nothing, and the mesh answers from the same procs. With two hosts, the stalled process is
+    the first host's: the broadcast's gather waits for that host while the other answered."""
 
-    job = LocalJob(hosts=1)
+    job = LocalJob(hosts=hosts)
     spawned: list[object] = []
     before = len(recorded_faults)
     target = 0
@@ -166,12 +169,12 @@ def test_stall(kind, moment, recorded_faults):
             assert not spawner.is_alive(), "spawn_procs hung"
             (m,) = spawned
             assert not isinstance(m, BaseException), f"the spawn failed: {m}"
-            assert len(m.spawn("v", Worker).pid.call().get(20)) == 1  # type: ignore[attr-defined]
+            assert len(m.spawn("v", Worker).pid.call().get(20)) == hosts  # type: ignore[attr-defined]
         time.sleep(2 * 0.75)  # two heartbeat ticks after the resume: a late verdict would be in by now
         assert w.pid.call().get(20) == pids
         st = pm.state()
-        assert [(r.state, r.failure) for r in st.ranks] == [(ProcState.IDLE, None)] * 2
-        assert [h.state for h in st.hosts] == [HostState.UP]
+        assert [(r.state, r.failure) for r in st.ranks] == [(ProcState.IDLE, None)] * 2 * hosts
+        assert [h.state for h in st.hosts] == [HostState.UP] * hosts
         assert job.pids() == agents and job._controller.links.lost == lost
         assert drain_fault_hooks() and recorded_faults[before:] == [], "a stall is no fault: the hook heard it"
         pm.stop(timeout=5)
