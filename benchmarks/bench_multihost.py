@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -119,6 +120,7 @@ def main() -> None:
             for p in agents:
                 p.wait(15)
                 p.stdout.close()
+            shutil.rmtree(cfg, ignore_errors=True)  # its key
     out["ucx_tls"] = os.environ.get("UCX_TLS", "")
     print(json.dumps(out, indent=1))
 

@@ -187,7 +187,7 @@ for w in ws: w.wait()
 """
 
 _FLOOR = r"""
-import sys, os, time, json, tempfile, subprocess, zmq, msgpack, pickle
+import sys, os, time, json, tempfile, shutil, subprocess, zmq, msgpack, pickle
 H, P, N, worker, relay = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
 d = tempfile.mkdtemp(prefix="jm-floor-")
 ctx = zmq.Context(); inbox = ctx.socket(zmq.PULL); inbox.bind(f"ipc://{d}/caller")
@@ -207,6 +207,7 @@ for i in range(N + 5):
     if i >= 5: lat.append(time.perf_counter() - t)
 for s in outs: s.send_multipart([msgpack.packb({"k": "c", "i": -1, "stop": 1}), pickle.dumps(None)])
 for r in rs: r.wait(30)
+shutil.rmtree(d, ignore_errors=True)
 lat.sort()
 print(json.dumps({"spawn_s": round(spawn, 2), "call_p50_ms": round(1e3 * lat[len(lat) // 2], 2),
                   "call_p90_ms": round(1e3 * lat[int(0.9 * len(lat))], 2)}))

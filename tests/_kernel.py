@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import gc
 import json
 import os
 import queue
+import shutil
 import tempfile
 import time
 from collections.abc import Iterator
@@ -20,6 +22,7 @@ def isolate_jupyter_dirs() -> None:
     """Keep tests away from the user's Jupyter config, data and runtime dirs (the kernelspec installed
     in the venv's share/jupyter stays visible)."""
     base = tempfile.mkdtemp(prefix="jm-jupyter-")
+    atexit.register(shutil.rmtree, base, ignore_errors=True)  # the kernels using it are gone by then
     for var in ("JUPYTER_DATA_DIR", "JUPYTER_CONFIG_DIR", "JUPYTER_RUNTIME_DIR", "IPYTHONDIR"):
         os.environ[var] = os.path.join(base, var.lower())
 

@@ -317,7 +317,13 @@ got = {}
 th = threading.Thread(target=lambda: got.update(first=spawn() if wait else spawn(warm=False)), daemon=True)
 th.start()
 th.join(3.0)  # a cold spawn answers in well under a second; the warm child waits on FLAG for 60 s
-print(json.dumps({"done_while_warming": not th.is_alive()}), flush=True)
+early = {"done_while_warming": not th.is_alive()}
+if wait:  # a warm=False spawn behind the held one is not held with it
+    beside = threading.Thread(target=lambda: got.update(beside=spawn(warm=False)), daemon=True)
+    beside.start()
+    beside.join(10.0)
+    early["beside"] = got.get("beside")
+print(json.dumps(early), flush=True)
 os.unlink(flag)
 th.join(120)
 later = spawn()  # waits for the warm child, if still importing
@@ -343,6 +349,8 @@ def test_a_spawn_before_the_warm_imports_waits_for_them_unless_told_not_to(tmp_p
     assert out.returncode == 0, out.stderr
     first_line, second_line = (json.loads(line) for line in out.stdout.splitlines())
     assert first_line["done_while_warming"] == (how != "wait")
+    if how == "wait":  # forked cold by the template while the first spawn's forks wait for the warm child
+        assert first_line["beside"] == [["template", False]]
     # cold: forked at once by the template itself; warm: by its warm child, once that was ready
     assert second_line["first"] == [["warm child", True] if how == "wait" else ["template", False]]
     assert second_line["later"] == [["warm child", True]]

@@ -145,7 +145,7 @@ class _Server:
     def serve(self) -> None:
         while True:
             watch = [self.r]
-            if self.reading and not self.held:  # forks held: what comes next waits its turn
+            if self.reading:  # (held forks do not stop it: a warm=False spawn behind them forks at once)
                 watch.append(self.sock.fileno())
             if self.warming is not None:
                 watch.append(self.warming.fileno())
@@ -157,7 +157,7 @@ class _Server:
                 self._reap()
             if self.warming is not None and self.warming.fileno() in ready:
                 self._from_warm_child()
-            if self.sock.fileno() in ready and self.reading and not self.held:
+            if self.sock.fileno() in ready and self.reading:
                 self._from_agent()
 
     def _from_agent(self) -> None:
