@@ -149,16 +149,22 @@ faulthandler.dump_traceback_later(100, exit=True)  # a hang shows where each thr
 sys.path.insert(0, sys.argv[1])
 from actors import Counter
 from jupyter_mesh import this_host, MeshTimeoutError
+from jupyter_mesh._runtime import cancels
 from jupyter_mesh._runtime.client import current_client
+# the storm's interrupts must never count as a second Ctrl-C, which kills the ranks still running: that
+# happened on CI when a cancel's acknowledgement took over DEBOUNCE (0.3 s) on a loaded machine
+cancels.DEBOUNCE = cancels.ACK_WAIT + 1
 procs = this_host().spawn_procs(per_host={"gpus": 2})
 one = procs.spawn("c", Counter, 0).slice(gpus=0)
 one.value.call_one().get(timeout=30)
 boxes = current_client().boxes
 # SIGINT from another process, as a real Ctrl-C: it lands at any bytecode of the main thread. It
 # starts when told and sends every 0.3-3 ms, at random: gaps of every length, so that rounds also
-# complete on a loaded machine (a fixed ~1 ms starved every round when calls took longer than that)
+# complete on a loaded machine (a fixed ~1 ms starved every round when calls took longer than that).
+# It stops when this script is gone: it holds the test's output pipes, and a dead script (a zombie
+# until the test reads to the end) still takes signals, so it would run on and the test would hang
 storm = subprocess.Popen([sys.executable, "-c",
-    "import os, random, sys, time\nsys.stdin.readline()\nwhile True:\n"
+    "import os, random, sys, time\nsys.stdin.readline()\nwhile os.getppid() == int(sys.argv[1]):\n"
     "    os.kill(int(sys.argv[1]), 2); time.sleep(random.uniform(0.0003, 0.003))",
     str(os.getpid())], stdin=subprocess.PIPE)
 n = {"interrupts": 0, "lost": 0, "leaked": 0, "rounds": 0}
@@ -192,14 +198,20 @@ def rounds(least, most):
 
 least, most = time.monotonic() + 3.0, time.monotonic() + 60.0
 os.write(storm.stdin.fileno(), b"go\n")
-while True:  # an interrupt on a loop's way back escapes its try: go on where it was
-    try:
-        rounds(least, most)
-        storm.kill(); storm.wait()
-        time.sleep(0.3)  # signals sent before the kill may still be on their way
-        break
-    except KeyboardInterrupt:
-        n["interrupts"] += 1
+try:
+    while True:  # an interrupt on a loop's way back escapes its try: go on where it was
+        try:
+            rounds(least, most)
+            break
+        except KeyboardInterrupt:
+            n["interrupts"] += 1
+finally:  # also when a round raised something else: that error is the test's message
+    while storm.returncode is None:
+        try:
+            storm.kill(); storm.wait()
+            time.sleep(0.3)  # signals sent before the kill may still be on their way
+        except KeyboardInterrupt:
+            n["interrupts"] += 1
 f = one.value.call_one()  # polled, not waited for: the receive thread must take it in
 t0 = time.monotonic()
 while not f.done() and time.monotonic() - t0 < 5:
