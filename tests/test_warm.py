@@ -123,17 +123,24 @@ def test_the_first_spawn_forks_from_a_template_that_preloaded_torch_unless_opted
 
 
 @pytest.mark.skipif(not torch_installed, reason="torch is not installed")
-def test_procs_forked_from_one_template_draw_different_random_numbers():
+@pytest.mark.parametrize("how", ["preload", "warm"])
+def test_procs_forked_from_one_template_draw_different_random_numbers(monkeypatch, how):
     """Forked procs would share the template's generator state: the same "random" draws, the same
-    data order on every rank. Procs must seed as separately started processes (Monarch's) do."""
+    data order and dropout masks on every rank. Procs must seed as separately started processes (Monarch's)
+    do: Python's, numpy's and torch's CPU generator, forked by the template (a named preload) or by its
+    warm child."""
     from warm_actors import Draws
 
-    job = LocalJob(1, preload=["numpy", "torch"])
+    if how == "warm":
+        monkeypatch.setenv("JUPYTER_MESH_WARM", "1")
+        job = LocalJob(1, env={"PYTHONPATH": _env()["PYTHONPATH"]})
+    else:
+        job = LocalJob(1, preload=["numpy", "torch"])
     try:
         procs = job.host_mesh().spawn_procs(per_host={"gpus": 3}, timeout=120)
         draws = list(procs.spawn("draws", Draws).draw.call().get(60).values())
-        python, numpy, _torch = zip(*draws, strict=True)  # torch: seeded as in any fresh process
-        assert len(set(python)) == 3 and len(set(numpy)) == 3, draws
+        python, numpy, torch = zip(*draws, strict=True)
+        assert len(set(python)) == 3 and len(set(numpy)) == 3 and len(set(torch)) == 3, draws
         procs.stop()
     finally:
         job.stop()
@@ -307,9 +314,14 @@ sys.modules["slow_warm_import"] = types.ModuleType("slow_warm_import")
 job = LocalJob(1, env={"JM_SLOW_IMPORT_FLAG": flag})
 (template,) = wait_for(lambda: templates(job.pids()[0]), 30)
 
-def spawn(**kw):
+pipes = {}
+
+def spawn(label=None, **kw):
     procs = job.host_mesh().spawn_procs(per_host={"gpus": 2}, timeout=120, **kw)
-    infos = set(procs.spawn("probe", Probe).info.call().get(60).values())
+    probe = procs.spawn("probe", Probe)
+    infos = set(probe.info.call().get(60).values())
+    if label:
+        pipes[label] = sorted(probe.pipes.call().get(60).values())
     return [("template" if ppid == template else "warm child" if _ppid(ppid) == template else ppid, had)
             for ppid, had in sorted(infos)]
 
@@ -319,7 +331,7 @@ th.start()
 th.join(3.0)  # a cold spawn answers in well under a second; the warm child waits on FLAG for 60 s
 early = {"done_while_warming": not th.is_alive()}
 if wait:  # a warm=False spawn behind the held one is not held with it
-    beside = threading.Thread(target=lambda: got.update(beside=spawn(warm=False)), daemon=True)
+    beside = threading.Thread(target=lambda: got.update(beside=spawn("beside", warm=False)), daemon=True)
     beside.start()
     beside.join(10.0)
     early["beside"] = got.get("beside")
@@ -327,7 +339,8 @@ print(json.dumps(early), flush=True)
 os.unlink(flag)
 th.join(120)
 later = spawn()  # waits for the warm child, if still importing
-print(json.dumps({"first": got["first"], "later": later, "after": spawn(warm=False)}), flush=True)
+after = spawn("after", warm=False)
+print(json.dumps({"first": got["first"], "later": later, "after": after, "pipes": pipes}), flush=True)
 job.stop()
 """
 
@@ -355,13 +368,16 @@ def test_a_spawn_before_the_warm_imports_waits_for_them_unless_told_not_to(tmp_p
     assert second_line["first"] == [["warm child", True] if how == "wait" else ["template", False]]
     assert second_line["later"] == [["warm child", True]]
     assert second_line["after"] == [["warm child", True]]  # once warm, warm=False forks warm too
+    if how == "wait":  # a proc forked beside held forks holds none of their pipes (their output's EOF)
+        assert second_line["pipes"]["beside"] == second_line["pipes"]["after"], second_line["pipes"]
 
 
-def _slow_warm_job(monkeypatch, flag: str) -> LocalJob:
+def _slow_warm_job(monkeypatch, flag: str, only_slow: bool = False) -> LocalJob:
     """A LocalJob whose template's warm child imports ``slow_warm_import`` (held while ``flag`` exists)
-    then torch."""
+    then torch (not with ``only_slow``)."""
     monkeypatch.setenv("JUPYTER_MESH_WARM", "1")
-    monkeypatch.setattr(warm, "WARM_CANDIDATES", (*warm.WARM_CANDIDATES, "slow_warm_import"))
+    candidates = () if only_slow else warm.WARM_CANDIDATES
+    monkeypatch.setattr(warm, "WARM_CANDIDATES", (*candidates, "slow_warm_import"))
     monkeypatch.setitem(sys.modules, "slow_warm_import", types.ModuleType("slow_warm_import"))
     return LocalJob(1, env={"PYTHONPATH": _env()["PYTHONPATH"], "JM_SLOW_IMPORT_FLAG": flag})
 
@@ -391,7 +407,9 @@ def test_a_warm_child_that_dies_or_stops_while_importing(monkeypatch, tmp_path, 
         def spawn() -> None:
             try:
                 procs = job.host_mesh().spawn_procs(per_host={"gpus": 2}, timeout=60)
-                result["infos"] = sorted(set(procs.spawn("probe", Probe).info.call().get(60).values()))
+                probe = procs.spawn("probe", Probe)
+                result["infos"] = sorted(set(probe.info.call().get(60).values()))
+                result["pipes"] = sorted(probe.pipes.call().get(60).values())
                 procs.stop()
             except BaseException as e:  # noqa: BLE001
                 result["err"] = e
@@ -409,6 +427,8 @@ def test_a_warm_child_that_dies_or_stops_while_importing(monkeypatch, tmp_path, 
                 os.kill(child, signal.SIGCONT)
         if fault == "kill":
             assert result.get("infos") == [(template, False)], result  # forked by the template, no torch
+            pipes = result["pipes"]
+            assert isinstance(pipes, list) and pipes[0] == pipes[1], result  # neither holds the other's
         else:
             err = result.get("err")
             assert isinstance(err, SupervisionError) and f"pid {child}" in str(err) and "stopped" in str(err), err
@@ -441,7 +461,8 @@ def test_a_warm_child_that_serves_is_the_fork_server(monkeypatch, tmp_path, faul
         if fault == "kill":
             os.kill(child, signal.SIGKILL)
             assert not wait_dead({template}, 10.0), "the template outlived its warm child"
-            with pytest.raises(SupervisionError):
+            # the cause names the process that forked them, and how it died (not its parent's exit code)
+            with pytest.raises(SupervisionError, match=f"warm child, pid {child}\\) was killed by SIGKILL"):
                 procs.spawn("again", Probe).info.call().get(30)
             after = job.host_mesh().spawn_procs(per_host={"gpus": 1}, timeout=120)
             assert after.spawn("probe", Probe).info.call().get(60)  # a new fork server forks
@@ -458,4 +479,47 @@ def test_a_warm_child_that_serves_is_the_fork_server(monkeypatch, tmp_path, faul
             assert after.spawn("probe", Probe).info.call().get(60)
             after.stop()
     finally:
+        job.stop()
+
+
+def test_a_warm_child_that_dies_while_taking_over_ends_the_fork_server_with_that_cause(monkeypatch, tmp_path):
+    """The template hands a warm child that is ready the forks that waited for it (120 here: more than
+    the socket holds at once, so the hand-over takes a while) and the agent's socket. Killed at its first
+    fork, the spawn fails with the warm child's pid and signal as the cause (the template crashed with a
+    BrokenPipeError before), no process is left, and the next spawn works."""
+    from warm_actors import Probe
+
+    from jupyter_mesh import SupervisionError
+
+    flag = tmp_path / "slow"
+    flag.write_text("")
+    job = _slow_warm_job(monkeypatch, str(flag), only_slow=True)  # (torch's import may start a child)
+    try:
+        (template,) = wait_for(lambda: templates(job.pids()[0]), 30)
+        child = _warm_child(template)
+        result: dict[str, object] = {}
+
+        def spawn() -> None:
+            try:
+                result["procs"] = job.host_mesh().spawn_procs(per_host={"gpus": 120}, timeout=60)
+            except BaseException as e:  # noqa: BLE001
+                result["err"] = e
+
+        th = threading.Thread(target=spawn, daemon=True)
+        th.start()
+        time.sleep(1.0)  # the forks are held
+        flag.unlink()
+        assert wait_for(lambda: descendants(child), 30, 0.001), "the warm child never forked"
+        os.kill(child, signal.SIGKILL)
+        th.join(60)
+        assert not th.is_alive(), "the spawn hung after the warm child died"
+        err = result.get("err")
+        assert isinstance(err, SupervisionError), result
+        assert f"warm child, pid {child}" in str(err) and "SIGKILL" in str(err), err
+        assert not wait_dead({template}, 10.0), "the template outlived its warm child"
+        after = job.host_mesh().spawn_procs(per_host={"gpus": 1}, timeout=120)
+        assert after.spawn("probe", Probe).info.call().get(60)
+        after.stop()
+    finally:
+        flag.unlink(missing_ok=True)
         job.stop()

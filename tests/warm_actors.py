@@ -14,6 +14,17 @@ class Probe(Actor):
     def info(self) -> tuple[int, bool]:
         return os.getppid(), self.had_torch
 
+    @endpoint
+    def pipes(self) -> int:
+        """How many pipes this proc holds open: its own stdout, stderr and lifeline, and nobody else's."""
+        n = 0
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                n += os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:")
+            except OSError:
+                pass
+        return n
+
 
 class Loaded(Actor):
     """Which modules a fresh proc had before its actor's own code, and what its first tensor call imported."""

@@ -209,6 +209,8 @@ class ProcWatch:
         elif op == "serving":  # its warm child forks from now on: a stopped fork server is that one
             with self.lock:
                 self.forkserver.serving, self.forkserver.warming = int(msg["pid"]), 0
+        elif op == "ending":  # why it is about to exit (its warm child died): said when it is reaped
+            self.forkserver.ending = msg
         elif op == "preloaded" and msg["errors"]:
             print("jupyter-mesh agent: preload failed: " + "; ".join(msg["errors"]), file=sys.stderr)
 

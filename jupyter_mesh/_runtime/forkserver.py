@@ -52,6 +52,7 @@ class ForkServer:
         theirs.close()
         self.serving = proc.pid  # the process that forks: its warm child once that took over (``template``)
         self.warming = 0  # that warm child while it imports (held forks wait for it)
+        self.ending: dict[str, Any] | None = None  # the template's last word: its warm child died (how, when)
         # the key first, before anyone else can send on this socket: a fork before it makes keyless procs
         socket.send_fds(ours, [json.dumps({"op": "key", "key": self._key_hex}).encode()], [])
         self.sock, self.proc = ours, proc
@@ -130,11 +131,17 @@ class ForkServer:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             code = self.proc.wait(2.0)
+        who, end = f"template, pid {self.pid}", self.ending
+        if end is not None:  # it ended because its warm child, the one that forked, died: say that
+            code = int(end["code"])
+            who = f"the template's warm child, pid {int(end['pid'])}"
+            if end.get("when"):
+                who += f", {str(end['when'])[:200]}"
         how = describe_exit(ProcEntry("", 0, ""), code if code >= 0 else None, -code if code < 0 else None)
         self.sock.close()
         self.pending.clear()
         self._asked.clear()
-        return f"its host's fork server (template, pid {self.pid}) {how}, taking its procs with it"
+        return f"its host's fork server ({who}) {how}, taking its procs with it"
 
     def stop(self) -> None:
         self.proc.kill()

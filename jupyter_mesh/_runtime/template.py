@@ -89,12 +89,15 @@ def _child(
 
 def _own_random_state() -> None:
     """Every proc forks from this template's random state; a separately started process seeds
-    Python's ``random`` and numpy's global generator from the OS's entropy, so each proc must too
-    (``random`` reseeds itself at fork; numpy does not). torch is left as imported: its default seed
-    is the same fixed number in every fresh process, and a preloaded template has not drawn from it."""
+    Python's ``random``, numpy's global generator and torch's CPU generator from the OS's entropy, so
+    each proc must too (``random`` reseeds itself at fork; numpy and torch do not: every rank drew the
+    same dropout masks). CUDA's generators are made by each proc when it first uses CUDA, as anywhere."""
     np = sys.modules.get("numpy")
     if np is not None:
         np.random.seed()
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.random.default_generator.seed()
 
 
 def _wake_pipe() -> tuple[int, int]:
@@ -192,6 +195,9 @@ class _Server:
             for private in (self.warming, self.hand):  # the template's own sockets: not the proc's
                 if private is not None:
                     private.close()
+            for _, other in self.held:  # other spawns' pipes, held for the warm child: a proc holding
+                for fd in other:  # them would keep their output open after they die
+                    os.close(fd)
             _child(self.sock, [self.r, self.w], fds, cfg, self.key, self.lifeline)
         for fd in fds:
             os.close(fd)
@@ -239,17 +245,36 @@ class _Server:
             self.warming = None
             return
         if msg["op"] == "ready":  # it imported the warm list: hand it what waits, then the socket
-            _send(self.warming, {"op": "later", "preloads": self.later})
-            for held, fds in self.held:
-                socket.send_fds(self.warming, [json.dumps(held).encode()], fds)
+            try:
+                self.warming.send(json.dumps({"op": "later", "preloads": self.later}).encode())
+                for held, fds in self.held:
+                    socket.send_fds(self.warming, [json.dumps(held).encode()], fds)
+                self.warming.send(json.dumps({"op": "yours"}).encode())
+            except OSError:  # it died in the handover: which of the forks it got did it make? Unknown,
+                self._handover_failed()  # so the host's fork server ends, and says why
+            for _, fds in self.held:
                 for fd in fds:
                     os.close(fd)
-            _send(self.warming, {"op": "yours"})
             self.warming.close()
             self.warming, self.held, self.later, self.reading = None, [], [], False
 
+    def _handover_failed(self) -> None:
+        try:
+            os.kill(self.warm_pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        _, status = os.waitpid(self.warm_pid, 0)
+        self._ending(os.waitstatus_to_exitcode(status), "while it took over from the template")
+        os._exit(1)
+
+    def _ending(self, code: int, when: str = "") -> None:
+        """Tell the agent why this fork server ends: its warm child (``pid``) died. Without it the
+        agent would only see this template's own exit (code 0 or 1), not the warm child's signal."""
+        _send(self.sock, {"op": "ending", "pid": self.warm_pid, "code": code, "when": when})
+
     def _warm_child_died(self, code: int) -> None:
         if not self.reading:
+            self._ending(code)
             os._exit(0)  # it served the agent: its procs died with it; our exit tells the agent
         # it died warming: this template serves on, without the warm list
         self.warm_pid = -1  # (not 0: no second warm child)
@@ -259,9 +284,10 @@ class _Server:
             self.warming = None
         how = f"exit code {code}" if code >= 0 else f"signal {-code}"
         _send(self.sock, {"op": "preloaded", "token": 0, "errors": [f"the warm-up import died ({how})"]})
-        for m, fds in self.held:
+        self.later = []
+        while self.held:  # (each taken out first: the next fork closes the pipes still held, not its own)
+            m, fds = self.held.pop(0)
             self._fork(m, fds)
-        self.held, self.later = [], []
 
     def _become_warm_child(self, hand: socket.socket, modules: list[str], parent: int) -> None:
         """Runs in the forked warm child: import the warm list, then take the agent's socket over."""
