@@ -161,3 +161,24 @@ def test_a_dead_procs_last_output_leaves_out_the_notebooks_markers(host):
         assert "user line" in text and "jupyter-mesh-sync" not in text, text
     finally:
         procs.stop()
+
+
+@pytest.mark.parametrize("hosts", [1, 2])
+def test_a_spawn_whose_procs_die_while_starting_fails_once(recorded_faults, hosts):
+    """Procs that die before they are up (a mesh preload that does not import) fail the spawn, with
+    their traceback; that failure is not reported again as an unhandled one, or raised from the next,
+    unrelated spawn, about a mesh the user never got."""
+    seen = len(recorded_faults)  # (the session's fault hook: a kernel's, where fail-fast would raise)
+    job = LocalJob(hosts)
+    try:
+        with pytest.raises(SupervisionError, match="failed while starting its procs") as info:
+            job.host_mesh().spawn_procs(per_host={"gpus": 2}, preload=["no_such_module_for_a_test"], timeout=60)
+        assert "No module named 'no_such_module_for_a_test'" in str(info.value)
+        time.sleep(1.0)  # the agents' exit reports, if any, reach the controller
+        procs = job.host_mesh().spawn_procs(per_host={"gpus": 1}, timeout=60)
+        c = procs.spawn("c", Counter, 3)
+        assert set(c.value.call().get(30).values()) == {3}
+        procs.stop()
+    finally:
+        job.stop()
+    assert recorded_faults[seen:] == []

@@ -523,3 +523,29 @@ def test_a_warm_child_that_dies_while_taking_over_ends_the_fork_server_with_that
     finally:
         flag.unlink(missing_ok=True)
         job.stop()
+
+
+@pytest.mark.parametrize("hosts", [1, 3])
+def test_a_spawn_that_times_out_waiting_for_warm_imports_says_so_once_for_all_hosts(monkeypatch, tmp_path, hosts):
+    """Its error names the likely wait and the way around it; with several hosts the spawn's timeout
+    bounds the whole spawn (each host's reply had the full timeout before: N x timeout)."""
+    from jupyter_mesh import MeshTimeoutError
+
+    flag = tmp_path / "slow"
+    flag.write_text("")
+    monkeypatch.setenv("JUPYTER_MESH_WARM", "1")
+    monkeypatch.setattr(warm, "WARM_CANDIDATES", ("slow_warm_import",))
+    monkeypatch.setitem(sys.modules, "slow_warm_import", types.ModuleType("slow_warm_import"))
+    job = LocalJob(hosts, env={"PYTHONPATH": _env()["PYTHONPATH"], "JM_SLOW_IMPORT_FLAG": str(flag)})
+    try:
+        job.agents(60)
+        t0 = time.monotonic()
+        with pytest.raises(MeshTimeoutError, match=r"warm=False\) does not wait"):
+            job.host_mesh().spawn_procs(per_host={"gpus": 1}, timeout=3.0)
+        # one timeout plus the undo (up to 2 s), not one per host (3 x 3 s before)
+        assert time.monotonic() - t0 < 8.0
+        cold = job.host_mesh().spawn_procs(per_host={"gpus": 1}, timeout=30, warm=False)
+        cold.stop()
+    finally:
+        flag.unlink(missing_ok=True)
+        job.stop()

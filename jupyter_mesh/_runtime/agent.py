@@ -309,6 +309,7 @@ class Agent(ProcWatch):
                         p,
                         "start",
                         f"proc failed to start ({describe_exit(p, p.exit_code, p.exit_signal)})"
+                        + (f": {p.exit_cause}" if p.exit_cause else "")
                         if p.pid
                         else "proc was never forked: " + "".join(p.tail).strip(),
                     )

@@ -222,9 +222,13 @@ class ProcWatch:
         self._drain(p)
         with self.lock:
             p.alive = False
-            p.exit_code, p.exit_signal = code, sig
+            p.exit_code, p.exit_signal, p.exit_cause = code, sig, cause
             mesh = self.meshes.get(p.mesh_id)
             pending = self.relay.waiting_on(p)
+            # a proc that dies while its start request waits (for it or for its siblings) fails that
+            # request, which says so: reported as a death as well, it reached the user a second time,
+            # from their next unrelated call, about a mesh they never got
+            starting = mesh is not None and any(p.rank in ranks for _, ranks in mesh.waiters)
         how = describe_exit(p, code, sig)
         kind = "signal" if sig else "exit"
         by = " (killed on request)" if p.killed_by_user else ""
@@ -234,7 +238,7 @@ class ProcWatch:
         if mesh is not None:
             with self.lock:
                 self._check_waiters(mesh)
-            if not p.stopping:
+            if not p.stopping and not starting:
                 self._event({"k": Kind.PROC_EXIT, "m": p.mesh_id, "rk": p.rank}, f)
             self._maybe_stopped(mesh)
         if p.addr:  # its socket would retry and queue for nobody (and count against ZeroMQ's limit)

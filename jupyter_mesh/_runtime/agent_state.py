@@ -36,6 +36,7 @@ class ProcEntry:
     actor_tids: set[int] = field(default_factory=set)  # threads that run endpoints (liveness looks at them)
     exit_code: int | None = None
     exit_signal: int | None = None
+    exit_cause: str = ""  # why it was killed, when not by itself (its fork server died)
     tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=30))
 
 

@@ -360,13 +360,20 @@ class Controller:
             for pos, agent in enumerate(hosts)
         ]
         errors: list[BaseException] = []
+        deadline = time.monotonic() + timeout  # one bound for all hosts (each had its own: N x timeout)
         for f in futs:
             try:
-                for rank, addr, pid in f.get(timeout):
+                for rank, addr, pid in f.get(max(0.0, deadline - time.monotonic())):
                     ref.proc_addrs[rank] = addr
                     rec.pids[rank] = pid
             except MeshTimeoutError:
-                errors.append(MeshTimeoutError("spawn", timeout, f"procs of '{name}' did not all start"))
+                what = f"procs of '{name}' did not all start"
+                if warm:  # the likeliest wait on a slow host, and the way around it
+                    what += (
+                        " (a host whose fork server still imports its warm list, torch and co., forks "
+                        "once that is done; spawn_procs(warm=False) does not wait for it)"
+                    )
+                errors.append(MeshTimeoutError("spawn", timeout, what))
             except MeshError as e:
                 errors.append(e)
         if errors:
