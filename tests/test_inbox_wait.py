@@ -57,7 +57,7 @@ def test_an_inbox_read_every_way_by_turns_loses_nothing():
         def read(inbox: Inbox, n: int) -> None:  # as a reply box's owner and an actor thread read
             for _ in range(n):
                 how = rng.randrange(4)
-                if how == 0 and inbox.wait(rng.choice([0, 1, 3])):
+                if how == 0 and inbox.wait(rng.choice([0, 1, 3]), rng.choice([0.0, 0.0001, 0.001])):
                     note(inbox.recv_nowait())
                 elif how == 1 and inbox.pending():
                     note(inbox.recv_nowait())
@@ -114,6 +114,27 @@ def test_an_inbox_read_every_way_by_turns_loses_nothing():
             f"ZeroMQ holds one: {bool(sock.getsockopt(zmq.EVENTS) & zmq.POLLIN)}, lane: {lane.pending()}"
         )
         assert total > 1000
+
+
+@pytest.mark.parametrize("size", [10, _lane.MAX_BYTES + 100])  # on the lane, on ZeroMQ
+def test_a_spinning_wait_sees_a_message_sent_meanwhile_and_keeps_its_timeout(size):
+    """A reply box's owner looks without sleeping first (``replies.SPIN_S``): a message sent during the
+    spin is seen, the spin never outlasts the wait's timeout, and a look (timeout 0) does not spin.
+    (The bounds are 30 s spins against 10 s: behaviour, not speed.)"""
+    with lane_transport() as t:
+        sock, address, lane = bind_lane(t)
+        inbox = Inbox(sock, lane)
+        t0 = time.monotonic()
+        assert not inbox.wait(0, 30.0)
+        assert not inbox.wait(50, 30.0)
+        assert time.monotonic() - t0 < 10.0
+        timer = threading.Timer(0.05, lambda: t.send(address, Message({"k": "x"}, b"p" * size)))
+        timer.start()
+        assert inbox.wait(-1, 30.0)
+        assert time.monotonic() - t0 < 10.0
+        timer.join()
+        frames = inbox.recv_nowait()
+        assert frames is not None and t.decode(frames, address) is not None
 
 
 def _hammer(pm, s0, s1, seconds: float, threads: int) -> dict[str, int]:

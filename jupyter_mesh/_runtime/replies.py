@@ -23,6 +23,7 @@ ZeroMQ sockets are used by one thread at a time: who may read a box is decided u
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import secrets
 import threading
@@ -45,6 +46,21 @@ log = logging.getLogger("jupyter_mesh.replies")
 
 _RECEIVE_THREAD = -1  # the owner of a box taken out of the pool by the receive thread
 SWEEP_S = 0.02  # how long replies may wait in a box nobody reads before the receive thread takes it
+
+
+def _spin_s() -> float:
+    try:
+        return max(0.0, float(os.environ.get("JUPYTER_MESH_SPIN_US", "100"))) / 1e6
+    except ValueError:
+        return 100e-6
+
+
+# A caller looks for its reply without sleeping for this long before it sleeps in ``poll``: on a VM
+# whose cores idle, waking a sleeping thread costs tens of microseconds (the vCPU leaves its idle
+# state), as much as a third of a same-host round trip. ``benchmarks/bench_spin.py``: call_one p50
+# ~170 -> ~125 us on the quiet 2-core VM, +~30 us of caller CPU per call; on a busy one no change.
+# ``JUPYTER_MESH_SPIN_US=0`` turns it off.
+SPIN_S = _spin_s()
 MAX_BOXES = 16  # more calling threads than this share the receive thread's inbox
 # (but the receive thread itself always gets one: a call made in a done callback is answered in it, and
 # its get() there is refused otherwise: ``Future._refuse_unanswerable``)
@@ -97,7 +113,7 @@ class ReplyBox:
                 if nested:
                     interrupts.release()
                 try:
-                    ready = self._reader.wait(wait_ms)  # (a message held back by ``lane_merge.take``: at once)
+                    ready = self._reader.wait(wait_ms, SPIN_S)  # (one held back by ``lane_merge.take``: at once)
                 finally:
                     if nested:
                         interrupts.hold()

@@ -11,6 +11,7 @@ receive thread that watches borrowed reply boxes among its other sockets (:class
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -52,13 +53,26 @@ class Inbox:
                 raise self._zmq.ZMQError(self._zmq.ENOTSOCK, "the inbox was closed")
             self._zmq.zmq_poll(self.poll_list, -1)
 
-    def wait(self, timeout_ms: int) -> bool:
+    def wait(self, timeout_ms: int, spin_s: float = 0.0) -> bool:
         """Wait up to ``timeout_ms`` (-1: for ever) until a message may be waiting; reads nothing, so
         an interrupt here loses nothing. True: :meth:`recv_nowait` is worth a try (a message read
-        with another but not returned yet, ``take``, is there without a poll)."""
+        with another but not returned yet, ``take``, is there without a poll). ``spin_s``: look
+        without sleeping for that long first (a reply due in microseconds: see ``replies.SPIN_S``)."""
         if self.lane is not None and self.lane.holds():
             return True
-        return bool(self._zmq.zmq_poll(self.poll_list, timeout_ms))
+        poll, items = self._zmq.zmq_poll, self.poll_list
+        if spin_s > 0.0 and timeout_ms != 0:
+            start = time.perf_counter()
+            end = start + (spin_s if timeout_ms < 0 else min(spin_s, timeout_ms / 1000))
+            while True:
+                if poll(items, 0):
+                    return True
+                now = time.perf_counter()
+                if now >= end:
+                    break
+            if timeout_ms > 0:
+                timeout_ms = max(0, timeout_ms - int((now - start) * 1000))
+        return bool(poll(items, timeout_ms))
 
     def recv_nowait(self) -> list[Any] | None:
         """The next message's frames if one is waiting (one sender's older first: :func:`take`), else None."""
