@@ -4,6 +4,7 @@ proc mesh. Actor meshes spawned from here are re-created on new procs from their
 from __future__ import annotations
 
 import sys
+import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .._core.future import Future
@@ -79,8 +80,9 @@ class Elastic:
             self.host.client.request(ref.agent_addrs[h], protocol.start_procs(ref.mesh_id, rs), what=f"respawn of {rs}")
             for h, rs in by_host.items()
         ]
+        deadline = time.monotonic() + timeout  # one bound for all hosts, not one each
         for f in futs:
-            for rank, addr, pid in f.get(timeout):
+            for rank, addr, pid in f.get(max(0.0, deadline - time.monotonic())):
                 ref.proc_addrs[rank] = addr
                 rec.pids[rank] = pid
         self.host.client.reset_ranks(ref.mesh_id, ranks, [m._actor_id for m, _, _ in rec.actors])
@@ -158,8 +160,9 @@ class Elastic:
         coords = [dict(new_shape.point(r)) for r in range(new_n)]
         self.host.state.resized(ref.mesh_id, dict(new_shape.extent), coords, ref.agent_addrs, ref.rank_host)
         try:
+            deadline = time.monotonic() + timeout
             for f in futs:
-                for rank, addr, pid in f.get(timeout):
+                for rank, addr, pid in f.get(max(0.0, deadline - time.monotonic())):
                     ref.proc_addrs[rank] = addr
                     rec.pids[rank] = pid
         except BaseException:
@@ -193,8 +196,9 @@ class Elastic:
             )
             for h, addr in enumerate(ref.agent_addrs)
         ]
+        deadline = time.monotonic() + timeout + 5.0
         for f in futs:
-            f.get(timeout + 5.0)
+            f.get(max(0.0, deadline - time.monotonic()))
         del ref.proc_addrs[new_n:], ref.rank_host[new_n:]
         for r in removed:
             rec.pids.pop(r, None)
@@ -204,9 +208,10 @@ class Elastic:
 
     def _wait_actor_spawns(self, spawns: list[Future[None]], timeout: float, context: str) -> None:
         errors = []
+        deadline = time.monotonic() + timeout
         for f in spawns:
             try:
-                f.get(timeout)
+                f.get(max(0.0, deadline - time.monotonic()))
             except SupervisionError as e:
                 errors.extend(e.failures)
         if errors:

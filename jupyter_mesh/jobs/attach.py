@@ -11,6 +11,7 @@ from __future__ import annotations
 import secrets
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -109,9 +110,10 @@ class AttachJob(Job):
                 self._agents = None
             if self._agents is None:
                 out = []
+                deadline = time.monotonic() + timeout  # the agents start together: one bound for all
                 for i, w in enumerate(self._waiters):
                     try:
-                        h = w.get(timeout)
+                        h = w.get(max(0.0, deadline - time.monotonic()))
                     except MeshTimeoutError:
                         raise MeshTimeoutError(
                             "attach",

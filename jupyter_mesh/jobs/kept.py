@@ -13,6 +13,7 @@ import base64
 import json
 import os
 import secrets
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -302,9 +303,10 @@ def reattach_agents(
     agents: list[AgentHandle] = []
     hosted: dict[str, Any] = {}
     try:
+        deadline = time.monotonic() + timeout  # the agents start together: one bound for all
         for i, (addr, _, w) in enumerate(waiters):
             try:
-                h = w.get(timeout)
+                h = w.get(max(0.0, deadline - time.monotonic()))
             except MeshTimeoutError:
                 raise MeshTimeoutError(
                     "reattach",

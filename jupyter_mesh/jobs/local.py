@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
@@ -130,9 +131,10 @@ class LocalJob(Job):
             self._agents = None
         if self._agents is None:
             out = []
+            deadline = time.monotonic() + timeout  # the agents start together: one bound for all
             for i, (w, p) in enumerate(zip(self._waiters, self._procs)):
                 try:
-                    h = w.get(timeout)
+                    h = w.get(max(0.0, deadline - time.monotonic()))
                 except MeshTimeoutError:
                     code = p.poll()
                     why = f"it exited with code {code}" if code is not None else "it did not report in"
