@@ -144,8 +144,8 @@ def test_a_cancel_from_another_thread_wakes_the_reader(procs):
 
 
 _CTRL_C_STORM = r"""
-import faulthandler, json, os, subprocess, sys, time
-faulthandler.dump_traceback_later(100, exit=True)  # a hang shows where each thread is (the test waits 120 s)
+import faulthandler, json, os, signal, subprocess, sys, time
+faulthandler.dump_traceback_later(110, exit=True)  # a hang shows where each thread is (the test waits 120 s)
 sys.path.insert(0, sys.argv[1])
 from actors import Counter
 from jupyter_mesh import this_host, MeshTimeoutError
@@ -209,7 +209,12 @@ finally:  # also when a round raised something else: that error is the test's me
     while storm.returncode is None:
         try:
             storm.kill(); storm.wait()
-            time.sleep(0.3)  # signals sent before the kill may still be on their way
+        except KeyboardInterrupt:
+            n["interrupts"] += 1
+    while True:  # a signal sent before the kill may still be pending: ignored from here on
+        try:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            break
         except KeyboardInterrupt:
             n["interrupts"] += 1
 f = one.value.call_one()  # polled, not waited for: the receive thread must take it in

@@ -171,9 +171,10 @@ class ProcWatch:
         with self.lock:
             if not p.alive:
                 return
-            p.alive = False
+            p.alive, p.exit_cause = False, detail
             mesh = self.meshes.get(p.mesh_id)
             pending = self.relay.waiting_on(p)
+            starting = _start_waits_on(mesh, p)
         f = self.failure(p, "heartbeat", detail)
         kill(p.pid, signal.SIGKILL)  # a hung proc is of no use; killing it lets the rank be respawned
         for key in pending:
@@ -181,7 +182,8 @@ class ProcWatch:
         if mesh is not None:
             with self.lock:
                 self._check_waiters(mesh)
-            self._event({"k": Kind.PROC_EXIT, "m": p.mesh_id, "rk": p.rank}, f)
+            if not starting:
+                self._event({"k": Kind.PROC_EXIT, "m": p.mesh_id, "rk": p.rank}, f)
             self._maybe_stopped(mesh)
         if p.addr:
             self.inboxes.forget_proc(p.addr)
@@ -210,7 +212,14 @@ class ProcWatch:
             with self.lock:
                 self.forkserver.serving, self.forkserver.warming = int(msg["pid"]), 0
         elif op == "ending":  # why it is about to exit (its warm child died): said when it is reaped
-            self.forkserver.ending = msg
+            try:
+                self.forkserver.ending = {
+                    "pid": int(msg["pid"]),
+                    "code": int(msg["code"]),
+                    "when": str(msg.get("when", ""))[:200],
+                }
+            except (KeyError, TypeError, ValueError):
+                pass  # its plain exit is reported instead
         elif op == "preloaded" and msg["errors"]:
             print("jupyter-mesh agent: preload failed: " + "; ".join(msg["errors"]), file=sys.stderr)
 
@@ -225,10 +234,7 @@ class ProcWatch:
             p.exit_code, p.exit_signal, p.exit_cause = code, sig, cause
             mesh = self.meshes.get(p.mesh_id)
             pending = self.relay.waiting_on(p)
-            # a proc that dies while its start request waits (for it or for its siblings) fails that
-            # request, which says so: reported as a death as well, it reached the user a second time,
-            # from their next unrelated call, about a mesh they never got
-            starting = mesh is not None and any(p.rank in ranks for _, ranks in mesh.waiters)
+            starting = _start_waits_on(mesh, p)
         how = describe_exit(p, code, sig)
         kind = "signal" if sig else "exit"
         by = " (killed on request)" if p.killed_by_user else ""
@@ -254,3 +260,10 @@ class ProcWatch:
                     break
                 if not self._pipe_readable(fd, *key.data[1]):
                     break
+
+
+def _start_waits_on(mesh: HostedMesh | None, p: ProcEntry) -> bool:
+    """Does a start request still wait for ``p`` (or for its siblings)? Then that request reports its
+    death; reported as a death as well, it reached the user a second time, from their next unrelated
+    call, about a mesh they never got."""
+    return mesh is not None and any(p.rank in ranks for _, ranks in mesh.waiters)

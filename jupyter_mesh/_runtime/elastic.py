@@ -208,10 +208,9 @@ class Elastic:
 
     def _wait_actor_spawns(self, spawns: list[Future[None]], timeout: float, context: str) -> None:
         errors = []
-        deadline = time.monotonic() + timeout
-        for f in spawns:
+        for f in spawns:  # (each its own timeout: an actor's __init__ may take it, and they may queue)
             try:
-                f.get(max(0.0, deadline - time.monotonic()))
+                f.get(timeout)
             except SupervisionError as e:
                 errors.extend(e.failures)
         if errors:

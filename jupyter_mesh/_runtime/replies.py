@@ -23,6 +23,7 @@ ZeroMQ sockets are used by one thread at a time: who may read a box is decided u
 from __future__ import annotations
 
 import logging
+import math
 import os
 import queue
 import secrets
@@ -49,10 +50,13 @@ SWEEP_S = 0.02  # how long replies may wait in a box nobody reads before the rec
 
 
 def _spin_s() -> float:
+    """``JUPYTER_MESH_SPIN_US`` in seconds: 100 us unless set; 0 turns it off; at most 10 ms (a caller
+    that spun for as long as its call took would burn a core for nothing)."""
     try:
-        return max(0.0, float(os.environ.get("JUPYTER_MESH_SPIN_US", "100"))) / 1e6
+        us = float(os.environ.get("JUPYTER_MESH_SPIN_US", "100"))
     except ValueError:
-        return 100e-6
+        us = 100.0
+    return min(max(us, 0.0), 10_000.0) / 1e6 if math.isfinite(us) else 100e-6
 
 
 # A caller looks for its reply without sleeping for this long before it sleeps in ``poll``: on a VM

@@ -96,8 +96,11 @@ def _own_random_state() -> None:
     if np is not None:
         np.random.seed()
     torch = sys.modules.get("torch")
-    if torch is not None:
-        torch.random.default_generator.seed()
+    try:
+        if torch is not None:
+            torch.random.default_generator.seed()
+    except Exception:  # noqa: BLE001 - not the torch we know (a stub): nothing of it to reseed
+        pass
 
 
 def _wake_pipe() -> tuple[int, int]:
@@ -250,21 +253,22 @@ class _Server:
                 for held, fds in self.held:
                     socket.send_fds(self.warming, [json.dumps(held).encode()], fds)
                 self.warming.send(json.dumps({"op": "yours"}).encode())
-            except OSError:  # it died in the handover: which of the forks it got did it make? Unknown,
-                self._handover_failed()  # so the host's fork server ends, and says why
+            except OSError as e:  # it died in the handover: which of the forks it got did it make?
+                self._handover_failed(e)  # Unknown, so the host's fork server ends, and says why
             for _, fds in self.held:
                 for fd in fds:
                     os.close(fd)
             self.warming.close()
             self.warming, self.held, self.later, self.reading = None, [], [], False
 
-    def _handover_failed(self) -> None:
+    def _handover_failed(self, e: OSError) -> None:
         try:
             os.kill(self.warm_pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
         _, status = os.waitpid(self.warm_pid, 0)
-        self._ending(os.waitstatus_to_exitcode(status), "while it took over from the template")
+        why = os.strerror(e.errno) if e.errno else str(e)
+        self._ending(os.waitstatus_to_exitcode(status), f"while it took over from the template ({why})")
         os._exit(1)
 
     def _ending(self, code: int, when: str = "") -> None:
