@@ -58,6 +58,7 @@ def _child(
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # (the template ignores it; a proc ends on it)
         try:  # die with the template (and so with the agent), even if never told
             ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
         except Exception:  # noqa: BLE001 - not Linux: the lifeline pipe still covers it
@@ -342,6 +343,10 @@ def main() -> None:
     lifeline = int(sys.argv[2])
     os.set_inheritable(lifeline, True)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # interrupts are for procs, delivered by the agent
+    # and so is a termination: a scancel (or a kill of the process group) sends SIGTERM to the agent
+    # and to us at once; dead first, we made the agent report every proc as killed with its fork
+    # server, not with the agent's own "got SIGTERM". The agent ends us (SIGKILL) as it exits
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     server = _Server(sock, lifeline)
     # import what every proc needs before the first fork
     import cloudpickle  # noqa: F401

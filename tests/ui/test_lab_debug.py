@@ -70,7 +70,15 @@ def test_paused_rank_attach_continue_and_stacks(page, lab):
     line = panel.locator(".jm-pdb-input input")
     line.fill("p x * 2")
     line.press("Enter")
-    panel.locator(".jm-pdb-out", has_text="82").wait_for(timeout=20_000)
+    # its answer, after the command (the attach output may hold an 82 of its own: a line number), and
+    # the input enabled again (it is disabled while a command runs, and ignores keys then)
+    page.wait_for_function(
+        """() => { const out = document.querySelector('.jm-pdb .jm-pdb-out').textContent;
+                   const input = document.querySelector('.jm-pdb .jm-pdb-input input');
+                   const at = out.lastIndexOf('(Pdb) p x * 2');
+                   return at >= 0 && out.slice(at).includes('82') && !input.disabled; }""",
+        timeout=20_000,
+    )
     line.press("ArrowUp")  # the last command again
     assert line.input_value() == "p x * 2"
     line.fill("")
