@@ -37,6 +37,17 @@ def descendants(pid: int) -> set[int]:
     return found
 
 
+def open_pipes(pid: int) -> int:
+    """How many pipes ``pid`` holds open (a proc: its own stdout, stderr and lifeline only)."""
+    n = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            n += os.readlink(f"/proc/{pid}/fd/{fd}").startswith("pipe:")
+        except OSError:
+            pass
+    return n
+
+
 def alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:

@@ -15,7 +15,7 @@ import time
 import types
 
 import pytest
-from _procs import descendants, wait_dead, wait_for
+from _procs import descendants, open_pipes, wait_dead, wait_for
 
 from jupyter_mesh import LocalJob
 from jupyter_mesh.config import configured
@@ -161,15 +161,7 @@ def test_a_fork_server_killed_during_a_spawn_fails_it_clearly_and_the_next_spawn
         agent = job.agents(60)[0].pid
         assert wait_for(lambda: templates(agent), 30), "no fork server started"
         result: dict[str, object] = {}
-
-        def spawn() -> None:
-            try:
-                result["procs"] = job.host_mesh().spawn_procs(per_host={"gpus": 2}, timeout=60)
-            except BaseException as e:  # noqa: BLE001
-                result["err"] = e
-
-        th = threading.Thread(target=spawn, daemon=True)
-        th.start()
+        th = _spawn_in_background(job, 2, result)
         deadline = time.monotonic() + 30
         while th.is_alive() and time.monotonic() < deadline:  # kill every template it may wait on
             for t in templates(agent):
@@ -384,14 +376,19 @@ def _slow_warm_job(monkeypatch, flag: str, only_slow: bool = False) -> LocalJob:
     return LocalJob(1, env={"PYTHONPATH": _env()["PYTHONPATH"], "JM_SLOW_IMPORT_FLAG": flag})
 
 
-def _pipes(pid: int) -> int:
-    n = 0
-    for fd in os.listdir(f"/proc/{pid}/fd"):
+def _spawn_in_background(job: LocalJob, gpus: int, result: dict[str, object]) -> threading.Thread:
+    """``spawn_procs`` on a thread of its own (the test kills what it waits on meanwhile): the mesh
+    lands in ``result["procs"]``, or the error in ``result["err"]``."""
+
+    def spawn() -> None:
         try:
-            n += os.readlink(f"/proc/{pid}/fd/{fd}").startswith("pipe:")
-        except OSError:
-            pass
-    return n
+            result["procs"] = job.host_mesh().spawn_procs(per_host={"gpus": gpus}, timeout=60)
+        except BaseException as e:  # noqa: BLE001
+            result["err"] = e
+
+    th = threading.Thread(target=spawn, daemon=True)
+    th.start()
+    return th
 
 
 def _warm_child(template: int) -> int:
@@ -510,21 +507,13 @@ def test_a_warm_child_that_dies_while_taking_over_ends_the_fork_server_with_that
         (template,) = wait_for(lambda: templates(job.pids()[0]), 30)
         child = _warm_child(template)
         result: dict[str, object] = {}
-
-        def spawn() -> None:
-            try:
-                result["procs"] = job.host_mesh().spawn_procs(per_host={"gpus": 120}, timeout=60)
-            except BaseException as e:  # noqa: BLE001
-                result["err"] = e
-
-        th = threading.Thread(target=spawn, daemon=True)
-        th.start()
+        th = _spawn_in_background(job, 120, result)
         time.sleep(1.0)  # the forks are held
         flag.unlink()
         assert wait_for(lambda: descendants(child), 30, 0.001), "the warm child never forked"
         os.kill(child, signal.SIGSTOP)  # it reads no more: the template blocks handing over the rest
         time.sleep(0.3)
-        mid_handover = _pipes(template) > 20  # it closes the held forks' pipes once all are handed over
+        mid_handover = open_pipes(template) > 20  # it closes the held forks' pipes once all are handed over
         os.kill(child, signal.SIGKILL)
         th.join(60)
         assert not th.is_alive(), "the spawn hung after the warm child died"

@@ -17,13 +17,9 @@ class Probe(Actor):
     @endpoint
     def pipes(self) -> int:
         """How many pipes this proc holds open: its own stdout, stderr and lifeline, and nobody else's."""
-        n = 0
-        for fd in os.listdir("/proc/self/fd"):
-            try:
-                n += os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:")
-            except OSError:
-                pass
-        return n
+        from _procs import open_pipes  # (the tests' folder is on a local proc's path)
+
+        return open_pipes(os.getpid())
 
 
 class Loaded(Actor):
