@@ -13,7 +13,8 @@ Each (system, hosts, procs per host) point runs in a fresh program (``_CHILD``),
 * ``floor_pyzmq``: the same topology in bare pyzmq processes (caller -> H relays -> P workers each, each
   relay gathering its P replies): what processes, sockets and wake-ups alone cost on this machine
 * ``idle_cpu_pct``: CPU of the controller and every process below it (agents, procs, templates),
-  in % of one core, from ``/proc/<pid>/stat`` over ``--idle`` seconds with the mesh idle
+  in % of one core, from each thread's ``schedstat`` (ns) over ``--idle`` seconds with the mesh idle
+  (an idle proc is still pinged every 67-90 s, each at its own moment: a window sees its share)
 jupyter_mesh: ``LocalJob(hosts=H)``, H agents on this machine; each agent's fork server preloads torch
 by default (warm, ``jobs/warm.py``), H imports of torch on the same cores: ``--cold`` adds the same point
 with ``JUPYTER_MESH_WARM=0`` (``jupyter_mesh_cold``), ``--no-wait`` with ``spawn_procs(warm=False)``,
@@ -42,14 +43,18 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # what both systems' points share: the process tree and its CPU, percentiles
 _COMMON = r"""
 import json, os, sys, time
-TCK = os.sysconf("SC_CLK_TCK")
-def cpu(pid):
+def cpu(pid):  # seconds run by all its threads, in ns from schedstat (/proc/<pid>/stat counts 10 ms ticks)
+    t = 0
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            x = f.read().rsplit(")", 1)[1].split()
-        return (int(x[11]) + int(x[12])) / TCK
-    except (OSError, IndexError):
-        return 0.0
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    t += int(f.read().split()[0])
+            except (OSError, IndexError, ValueError):
+                pass
+    except OSError:
+        pass
+    return t / 1e9
 def tree(pid):
     out, todo = [], [pid]
     while todo:

@@ -240,3 +240,67 @@ def test_a_tensor_call_to_a_sigstopped_proc_returns_at_once_and_keeps_value_sema
         assert not any(g.any() for g in got)
     finally:
         pm.stop(timeout=2)
+
+
+def test_the_heartbeat_thread_ends_when_the_controller_closes_it_not_at_its_next_ping():
+    """It sleeps between two pings (no 0.1 s wake-ups while idle); a close rings its bell. With a
+    20 s timeout its next ping is 5 s away: it must end well before that."""
+    script = (
+        "import time\n"
+        "from jupyter_mesh._runtime.controller import Controller\n"
+        "c = Controller.get()\n"
+        "time.sleep(0.3)\n"
+        "t = c.links._thread\n"
+        "assert t.is_alive()\n"
+        "t0 = time.monotonic()\n"
+        "c.links.close()\n"
+        "t.join(4.0)\n"
+        "print('ended' if not t.is_alive() else 'alive', round(time.monotonic() - t0, 2))\n"
+        "c.shutdown()\n"
+    )
+    env = dict(os.environ, JUPYTER_MESH_HEARTBEAT_TIMEOUT="20")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    state, took = out.stdout.split()
+    assert state == "ended" and float(took) < 2.0, out.stdout
+
+
+_POLLER = "import select, sys\nsys.stdout.write('up\\n'); sys.stdout.flush()\nselect.poll().poll()\n"
+
+
+def test_idle_procs_are_still_pinged_now_and_then_each_at_its_own_tick():
+    """``QuietProcs`` on real processes asleep in poll (as an idle proc's threads are): once known
+    idle, each goes 3/4 to all of ``QUIET_PING_EVERY`` ticks without a ping, then is pinged; their
+    phases differ, so the forced pings of procs that went idle together do not all fall on one tick;
+    a stopped one is pinged at once."""
+    from jupyter_mesh._runtime.quiet import QUIET_PING_EVERY, QuietProcs, idle_shaped
+
+    kids = [subprocess.Popen([sys.executable, "-c", _POLLER], stdout=subprocess.PIPE) for _ in range(6)]
+    try:
+        for k in kids:
+            assert k.stdout is not None and k.stdout.readline() == b"up\n"
+            assert wait_for(lambda pid=k.pid: idle_shaped(pid), 10)  # asleep in poll by now (ticks below are not)
+        q = QuietProcs()
+        runs = []
+        for k in kids:
+            pong, seq = 0.0, []
+            for tick in range(1, 3 * QUIET_PING_EVERY):
+                idle = q.idle(k.pid, pong, float(tick))
+                if not idle:
+                    pong = float(tick)  # pinged; it answers at once (a ping's own I/O aside, as here)
+                seq.append(idle)
+            first = seq.index(True)
+            runs.append(seq.index(False, first) - first)  # ticks without a ping once known idle
+            assert seq[first + runs[-1] + 2] is True  # and idle again right after that ping
+        assert all(3 * QUIET_PING_EVERY // 4 <= r <= QUIET_PING_EVERY for r in runs), runs
+        assert len(set(runs)) > 1, runs  # consecutive pids: their own phases
+        os.kill(kids[0].pid, signal.SIGSTOP)
+        assert wait_stopped(kids[0].pid)
+        assert not q.idle(kids[0].pid, 1e9, 1e9)  # stopped: no longer as good as a pong
+        q.close()
+    finally:
+        for k in kids:
+            k.kill()
+            k.wait(5)
+            if k.stdout is not None:
+                k.stdout.close()

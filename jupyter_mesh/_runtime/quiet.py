@@ -18,10 +18,16 @@ counts it as having answered and sends nothing. A proc with any traffic (a call,
 before; so is one whose ``/proc`` files cannot be read. Two limits, both bounded by a ping every
 ``QUIET_PING_EVERY`` ticks regardless: a thread of the proc that hangs without any I/O (a user's
 background thread taking the GIL into a native deadlock), and a message that reached the proc in the
-same burst as a ping (ZeroMQ signals once per burst) and then hung it.
+same burst as a ping (ZeroMQ signals once per burst) and then hung it. Both need a hang that
+leaves every thread asleep where an idle proc's threads sleep, and a call that reaches a hung proc is
+I/O, which gets it pinged at once: so that ping is rare (every 90 to 120 ticks, 67-90 s by default),
+as it was the idle mesh's largest cost (a ping and its pong cost an idle proc 0.2-0.4 ms of CPU on
+this VM, four threads woken: every 12 s at 256 procs, ~1 % of a core), and each proc's comes at a
+tick of its own (a phase from its pid): procs that went idle together are not pinged all at once.
 
-One descriptor pair per proc stays open (``pread`` of an open ``/proc`` file costs ~5-10 us, opening
-it ~50 us); a proc that is gone reads as an error and is pinged, and ``prune`` closes its files.
+One descriptor pair per proc stays open (``pread`` of an open ``/proc`` file costs ~1-5 us, opening
+it ~50 us); a proc that is gone reads as an error and is pinged, and ``prune`` closes its files. A
+known-idle proc whose two files read exactly as when it went idle is idle still, without parsing.
 """
 
 from __future__ import annotations
@@ -31,13 +37,14 @@ from collections.abc import Collection
 
 __all__ = ["QUIET_PING_EVERY", "QuietProcs"]
 
-QUIET_PING_EVERY = 16  # an idle proc is still pinged every this many ticks (4 heartbeat timeouts)
+QUIET_PING_EVERY = 120  # an idle proc is still pinged within this many ticks (30 heartbeat timeouts)
+_PHASES = QUIET_PING_EVERY // 4  # ... after 90 to 120 of them, by its pid: forced pings spread over ticks
 
 _STOPPED = ("T", "t", "Z", "X")
 
 
 class _Proc:
-    __slots__ = ("at_ping", "base", "io_fd", "ping_time", "skipped", "stat_fd")
+    __slots__ = ("at_ping", "base", "io_fd", "ping_time", "raw", "skipped", "stat_fd")
 
     def __init__(self, pid: int) -> None:
         self.stat_fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
@@ -50,17 +57,28 @@ class _Proc:
         self.ping_time = 0.0  # when that ping was sent
         self.base: tuple[int, int, int] | None = None  # I/O and CPU while known idle (None: not known idle)
         self.skipped = 0  # ticks without a ping since it was last pinged
+        self.raw: tuple[bytes, bytes] | None = None  # both files as read when it was found idle
+
+    def unchanged(self) -> bool:
+        """Both files read byte for byte as when it was found idle (then it is idle still: the state,
+        the CPU time and the I/O counters are among those bytes)."""
+        try:
+            return (os.pread(self.stat_fd, 1024, 0), os.pread(self.io_fd, 512, 0)) == self.raw
+        except OSError:
+            return False
 
     def read(self) -> tuple[int, int, int] | None:
         """(syscr, syscw, CPU ticks of all its threads), or None when it is stopped, a zombie, gone,
-        or unreadable."""
+        or unreadable; ``raw`` keeps what was read."""
         try:
-            fields = os.pread(self.stat_fd, 1024, 0).rsplit(b")", 1)[1].split()
+            stat = os.pread(self.stat_fd, 1024, 0)
+            fields = stat.rsplit(b")", 1)[1].split()
             if fields[0].decode() in _STOPPED:
                 return None
             io = os.pread(self.io_fd, 512, 0)
         except (OSError, IndexError):
             return None
+        self.raw = (stat, io)
         lines = io.split(b"\n", 4)  # rchar, wchar, syscr, syscw, ... (man 5 proc)
         if len(lines) < 5 or not (lines[2].startswith(b"syscr:") and lines[3].startswith(b"syscw:")):
             return None
@@ -119,17 +137,20 @@ class QuietProcs:
             except OSError:
                 self.enabled = bool(self._procs)  # no /proc/<pid>/io here at all: ping as before
                 return False
+        if q.base is not None and q.skipped < QUIET_PING_EVERY and q.unchanged():
+            q.skipped += 1  # no I/O and no CPU since it was found idle (the common case: no parsing)
+            return True
         io = q.read()
         if io is not None:
             if q.base is not None and io == q.base and q.skipped < QUIET_PING_EVERY:
-                q.skipped += 1  # no I/O and no CPU since it was found idle
+                q.skipped += 1  # no I/O and no CPU since it was found idle (some other field changed)
                 return True
             if q.at_ping is not None and last_pong >= q.ping_time:  # answered the ping sent at at_ping
                 diff = (io[0] - q.at_ping[0], io[1] - q.at_ping[1])
                 if self.exchange is None or diff < self.exchange:
                     self.exchange = diff  # learned; not trusted yet for this proc
                 elif diff == self.exchange and idle_shaped(pid):
-                    q.base, q.at_ping, q.skipped = io, None, 0
+                    q.base, q.at_ping, q.skipped = io, None, 1 + pid % _PHASES  # (this tick counts)
                     return True
         q.base, q.at_ping, q.ping_time, q.skipped = None, io[:2] if io else None, now, 0
         return False
