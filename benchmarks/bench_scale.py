@@ -14,7 +14,9 @@ Each (system, hosts, procs per host) point runs in a fresh program (``_CHILD``),
   relay gathering its P replies): what processes, sockets and wake-ups alone cost on this machine
 * ``idle_cpu_pct``: CPU of the controller and every process below it (agents, procs, templates),
   in % of one core, from each thread's ``schedstat`` (ns) over ``--idle`` seconds with the mesh idle
-  (an idle proc is still pinged every 67-90 s, each at its own moment: a window sees its share)
+  (an idle proc is still pinged 9-12 s after its last call, then every 67-90 s, each at its own
+  moment: a window sees its share; a thread that ends within the window drops out of the sum, and an
+  idle mesh ends none)
 jupyter_mesh: ``LocalJob(hosts=H)``, H agents on this machine; each agent's fork server preloads torch
 by default (warm, ``jobs/warm.py``), H imports of torch on the same cores: ``--cold`` adds the same point
 with ``JUPYTER_MESH_WARM=0`` (``jupyter_mesh_cold``), ``--no-wait`` with ``spawn_procs(warm=False)``,

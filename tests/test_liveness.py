@@ -242,27 +242,36 @@ def test_a_tensor_call_to_a_sigstopped_proc_returns_at_once_and_keeps_value_sema
         pm.stop(timeout=2)
 
 
-def test_the_heartbeat_thread_ends_when_the_controller_closes_it_not_at_its_next_ping():
-    """It sleeps between two pings (no 0.1 s wake-ups while idle); a close rings its bell. With a
-    20 s timeout its next ping is 5 s away: it must end well before that."""
+def test_the_heartbeat_thread_sleeps_between_pings_and_ends_when_the_controller_closes_it():
+    """It sleeps until its next ping (it woke every 0.1 s to look for a close: 0.2 % of a core,
+    idle); a close rings its bell. With a 20 s timeout its next ping is 5 s away: over 1.5 s it polls
+    once or twice, and it ends well before that ping."""
     script = (
-        "import time\n"
+        "import threading, time, zmq\n"
+        "polls = []\n"
+        "inner = zmq.Poller.poll\n"
+        "def counting(self, *a, **k):\n"
+        "    if threading.current_thread().name == 'jupyter-mesh-heartbeat':\n"
+        "        polls.append(time.monotonic())\n"
+        "    return inner(self, *a, **k)\n"
+        "zmq.Poller.poll = counting\n"
         "from jupyter_mesh._runtime.controller import Controller\n"
         "c = Controller.get()\n"
-        "time.sleep(0.3)\n"
+        "time.sleep(1.5)\n"
         "t = c.links._thread\n"
         "assert t.is_alive()\n"
         "t0 = time.monotonic()\n"
         "c.links.close()\n"
         "t.join(4.0)\n"
-        "print('ended' if not t.is_alive() else 'alive', round(time.monotonic() - t0, 2))\n"
+        "print('ended' if not t.is_alive() else 'alive', round(time.monotonic() - t0, 2), len(polls))\n"
         "c.shutdown()\n"
     )
     env = dict(os.environ, JUPYTER_MESH_HEARTBEAT_TIMEOUT="20")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
-    state, took = out.stdout.split()
+    state, took, polls = out.stdout.split()
     assert state == "ended" and float(took) < 2.0, out.stdout
+    assert int(polls) <= 3, out.stdout  # the close's wake-up included (15 with 0.1 s slices)
 
 
 _POLLER = "import select, sys\nsys.stdout.write('up\\n'); sys.stdout.flush()\nselect.poll().poll()\n"
@@ -270,10 +279,11 @@ _POLLER = "import select, sys\nsys.stdout.write('up\\n'); sys.stdout.flush()\nse
 
 def test_idle_procs_are_still_pinged_now_and_then_each_at_its_own_tick():
     """``QuietProcs`` on real processes asleep in poll (as an idle proc's threads are): once known
-    idle, each goes 3/4 to all of ``QUIET_PING_EVERY`` ticks without a ping, then is pinged; their
-    phases differ, so the forced pings of procs that went idle together do not all fall on one tick;
-    a stopped one is pinged at once."""
-    from jupyter_mesh._runtime.quiet import QUIET_PING_EVERY, QuietProcs, idle_shaped
+    idle after traffic, each goes 3/4 to all of ``FIRST_QUIET_PING`` ticks without a ping; once that
+    ping found it idle all along, 3/4 to all of ``QUIET_PING_EVERY``. Their phases differ, so the
+    forced pings of procs that went idle together do not all fall on one tick; a stopped one is no
+    longer idle."""
+    from jupyter_mesh._runtime.quiet import FIRST_QUIET_PING, QUIET_PING_EVERY, QuietProcs, idle_shaped
 
     kids = [subprocess.Popen([sys.executable, "-c", _POLLER], stdout=subprocess.PIPE) for _ in range(6)]
     try:
@@ -281,7 +291,7 @@ def test_idle_procs_are_still_pinged_now_and_then_each_at_its_own_tick():
             assert k.stdout is not None and k.stdout.readline() == b"up\n"
             assert wait_for(lambda pid=k.pid: idle_shaped(pid), 10)  # asleep in poll by now (ticks below are not)
         q = QuietProcs()
-        runs = []
+        firsts, laters = [], []
         for k in kids:
             pong, seq = 0.0, []
             for tick in range(1, 3 * QUIET_PING_EVERY):
@@ -290,10 +300,13 @@ def test_idle_procs_are_still_pinged_now_and_then_each_at_its_own_tick():
                     pong = float(tick)  # pinged; it answers at once (a ping's own I/O aside, as here)
                 seq.append(idle)
             first = seq.index(True)
-            runs.append(seq.index(False, first) - first)  # ticks without a ping once known idle
-            assert seq[first + runs[-1] + 2] is True  # and idle again right after that ping
-        assert all(3 * QUIET_PING_EVERY // 4 <= r <= QUIET_PING_EVERY for r in runs), runs
-        assert len(set(runs)) > 1, runs  # consecutive pids: their own phases
+            firsts.append(seq.index(False, first) - first)  # ticks without a ping once known idle
+            second = seq.index(True, first + firsts[-1])
+            laters.append(seq.index(False, second) - second)
+            assert second - (first + firsts[-1]) <= 2  # idle again right after that ping
+        assert all(3 * FIRST_QUIET_PING // 4 <= r <= FIRST_QUIET_PING for r in firsts), firsts
+        assert all(3 * QUIET_PING_EVERY // 4 <= r <= QUIET_PING_EVERY for r in laters), laters
+        assert len(set(laters)) > 1, laters  # consecutive pids: their own phases
         os.kill(kids[0].pid, signal.SIGSTOP)
         assert wait_stopped(kids[0].pid)
         assert not q.idle(kids[0].pid, 1e9, 1e9)  # stopped: no longer as good as a pong

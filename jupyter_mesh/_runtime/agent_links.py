@@ -63,6 +63,7 @@ class AgentLinks:
         self._stop = threading.Event()
         self._bell_lock = threading.Lock()
         self._bell: int | None = None  # a pipe's write end: wakes the heartbeat thread to see _stop
+        self._bell_pid = os.getpid()  # (a forked child's close must not ring its parent's thread)
         self._thread = threading.Thread(target=self._heartbeats, name="jupyter-mesh-heartbeat", daemon=True)
         self._thread.start()
 
@@ -72,7 +73,7 @@ class AgentLinks:
     def close(self) -> None:
         self._stop.set()
         with self._bell_lock:
-            if self._bell is not None:
+            if self._bell is not None and os.getpid() == self._bell_pid:
                 try:
                     os.write(self._bell, b"x")
                 except OSError:  # full: it is being woken already
@@ -159,13 +160,21 @@ class AgentLinks:
             sock, address = self.transport.bind_inbox()
         except zmq.ZMQError:  # closing down
             return
-        bell_r, bell_w = os.pipe()
-        with self._bell_lock:
-            self._bell = bell_w
-        os.set_blocking(bell_w, False)
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
-        poller.register(bell_r, zmq.POLLIN)
+        bell_r = bell_w = -1
+        try:
+            bell_r, bell_w = os.pipe()
+            os.set_blocking(bell_r, False)
+            os.set_blocking(bell_w, False)
+            poller.register(bell_r, zmq.POLLIN)
+            with self._bell_lock:
+                self._bell, self._bell_pid = bell_w, os.getpid()
+        except (OSError, zmq.ZMQError):  # no descriptor left: look for a close every 0.1 s instead
+            for fd in (bell_r, bell_w):
+                if fd >= 0:
+                    os.close(fd)
+            bell_r = bell_w = -1
         try:
             due = last = time.monotonic()
             while not self._stop.is_set():
@@ -181,15 +190,23 @@ class AgentLinks:
                     self._read_acks(sock)  # answers already here count before anyone is judged
                     if not self._ping_agents(now, address):
                         return
-                if dict(poller.poll(max(1, int((due - now) * 1000) + 1))).get(sock):
+                wait_ms = max(1, int((due - now) * 1000) + 1)
+                ready = dict(poller.poll(wait_ms if bell_r >= 0 else min(100, wait_ms)))
+                if ready.get(sock):
                     self._read_acks(sock)
+                if bell_r >= 0 and ready.get(bell_r):
+                    try:
+                        os.read(bell_r, 64)  # rung: the loop's test sees the close
+                    except OSError:
+                        pass
         except zmq.ZMQError:  # the transport closed under us: shutting down
             return
         finally:
             with self._bell_lock:
                 self._bell = None
-            os.close(bell_r)
-            os.close(bell_w)
+            for fd in (bell_r, bell_w):
+                if fd >= 0:
+                    os.close(fd)
             if not sock.closed:
                 sock.close(linger=0)
 

@@ -19,11 +19,13 @@ before; so is one whose ``/proc`` files cannot be read. Two limits, both bounded
 ``QUIET_PING_EVERY`` ticks regardless: a thread of the proc that hangs without any I/O (a user's
 background thread taking the GIL into a native deadlock), and a message that reached the proc in the
 same burst as a ping (ZeroMQ signals once per burst) and then hung it. Both need a hang that
-leaves every thread asleep where an idle proc's threads sleep, and a call that reaches a hung proc is
-I/O, which gets it pinged at once: so that ping is rare (every 90 to 120 ticks, 67-90 s by default),
-as it was the idle mesh's largest cost (a ping and its pong cost an idle proc 0.2-0.4 ms of CPU on
-this VM, four threads woken: every 12 s at 256 procs, ~1 % of a core), and each proc's comes at a
-tick of its own (a phase from its pid): procs that went idle together are not pinged all at once.
+leaves every thread asleep where an idle proc's threads sleep. That ping was the idle mesh's largest
+cost (a ping and its pong cost an idle proc 0.2-0.4 ms of CPU on this VM, four threads woken: every
+12 s at 256 procs, ~1 % of a core), so it is bounded in two steps: after traffic (when a call may just
+have hung it) the proc goes ``FIRST_QUIET_PING`` ticks at the most without a ping (12-16, 9-12 s by
+default), and once that ping found it still idle, ``QUIET_PING_EVERY`` (90-120 ticks, 67-90 s). Each
+proc's comes at a tick of its own (a phase from its pid): procs that went idle together are not all
+pinged in one tick.
 
 One descriptor pair per proc stays open (``pread`` of an open ``/proc`` file costs ~1-5 us, opening
 it ~50 us); a proc that is gone reads as an error and is pinged, and ``prune`` closes its files. A
@@ -35,16 +37,17 @@ from __future__ import annotations
 import os
 from collections.abc import Collection
 
-__all__ = ["QUIET_PING_EVERY", "QuietProcs"]
+__all__ = ["FIRST_QUIET_PING", "QUIET_PING_EVERY", "QuietProcs"]
 
-QUIET_PING_EVERY = 120  # an idle proc is still pinged within this many ticks (30 heartbeat timeouts)
-_PHASES = QUIET_PING_EVERY // 4  # ... after 90 to 120 of them, by its pid: forced pings spread over ticks
+# ticks an idle proc goes without a ping at the most: 3/4 of it to all of it, by its pid (a phase)
+FIRST_QUIET_PING = 16  # after traffic (4 heartbeat timeouts)
+QUIET_PING_EVERY = 120  # after a ping that found it idle all along (30 heartbeat timeouts)
 
 _STOPPED = ("T", "t", "Z", "X")
 
 
 class _Proc:
-    __slots__ = ("at_ping", "base", "io_fd", "ping_time", "raw", "skipped", "stat_fd")
+    __slots__ = ("at_ping", "base", "io_fd", "limit", "ping_time", "raw", "settled", "skipped", "stat_fd")
 
     def __init__(self, pid: int) -> None:
         self.stat_fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
@@ -57,6 +60,8 @@ class _Proc:
         self.ping_time = 0.0  # when that ping was sent
         self.base: tuple[int, int, int] | None = None  # I/O and CPU while known idle (None: not known idle)
         self.skipped = 0  # ticks without a ping since it was last pinged
+        self.limit = FIRST_QUIET_PING  # ... at the most, this idle spell
+        self.settled = False  # its last forced ping found it idle all along (no traffic since)
         self.raw: tuple[bytes, bytes] | None = None  # both files as read when it was found idle
 
     def unchanged(self) -> bool:
@@ -137,21 +142,33 @@ class QuietProcs:
             except OSError:
                 self.enabled = bool(self._procs)  # no /proc/<pid>/io here at all: ping as before
                 return False
-        if q.base is not None and q.skipped < QUIET_PING_EVERY and q.unchanged():
+        if q.base is not None and q.skipped < q.limit and q.unchanged():
             q.skipped += 1  # no I/O and no CPU since it was found idle (the common case: no parsing)
             return True
         io = q.read()
-        if io is not None:
-            if q.base is not None and io == q.base and q.skipped < QUIET_PING_EVERY:
-                q.skipped += 1  # no I/O and no CPU since it was found idle (some other field changed)
-                return True
+        if io is None:
+            q.settled = False  # stopped or unreadable
+        else:
+            if q.base is not None:
+                if io != q.base:
+                    q.settled = False  # traffic
+                elif q.skipped < q.limit:
+                    q.skipped += 1  # no I/O and no CPU since it was found idle (some other field changed)
+                    return True
+                else:
+                    q.settled = True  # its forced ping, now: idle all along
             if q.at_ping is not None and last_pong >= q.ping_time:  # answered the ping sent at at_ping
                 diff = (io[0] - q.at_ping[0], io[1] - q.at_ping[1])
+                if diff != self.exchange:
+                    q.settled = False  # more than the ping's own exchange: traffic, perhaps
                 if self.exchange is None or diff < self.exchange:
                     self.exchange = diff  # learned; not trusted yet for this proc
-                elif diff == self.exchange and idle_shaped(pid):
-                    q.base, q.at_ping, q.skipped = io, None, 1 + pid % _PHASES  # (this tick counts)
-                    return True
+                elif diff == self.exchange:
+                    if idle_shaped(pid):
+                        most = QUIET_PING_EVERY if q.settled else FIRST_QUIET_PING
+                        q.base, q.at_ping, q.skipped, q.limit = io, None, 1, most - pid % (most // 4)
+                        return True  # (this tick counts)
+                    q.settled = False  # a thread is up to something: a message in the ping's burst
         q.base, q.at_ping, q.ping_time, q.skipped = None, io[:2] if io else None, now, 0
         return False
 
