@@ -56,3 +56,32 @@ class Draws(Actor):
         import torch
 
         return random.random(), float(numpy.random.rand()), float(torch.rand(1).item())
+
+
+class Collector(Actor):
+    """What a full collection costs a fresh proc: the pages of its template it makes private, and
+    whether the collector walks the template's objects at all."""
+
+    @endpoint
+    def full_collection(self, types: list[str]) -> tuple[float, dict[str, bool]]:
+        import gc
+        import importlib
+
+        def private_mib() -> float:
+            with open("/proc/self/smaps_rollup") as f:
+                fields = {line.split(":")[0]: int(line.split()[1]) for line in f.read().splitlines()[1:]}
+            return (fields["Private_Dirty"] + fields["Private_Clean"]) / 1024
+
+        before = private_mib()
+        gc.collect()
+        grown = private_mib() - before
+        wanted = {}
+        for name in types:
+            module, _, attr = name.rpartition(".")
+            wanted[name] = getattr(importlib.import_module(module), attr)
+        walked = {name: False for name in types}
+        for o in gc.get_objects():  # what the collector walks: the frozen objects are not among them
+            for name, t in wanted.items():
+                if o is t:
+                    walked[name] = True
+        return grown, walked
