@@ -7,8 +7,8 @@ stdout/stderr and becomes a proc. The template reaps its children and reports ev
 signal) to the agent, which is how a dead proc is noticed within milliseconds.
 
 The warm list (torch & co., ``jobs.warm``) is imported by a child of the template while the template
-forks on; once done, that warm child forks instead (``_Server``). Whichever forks has frozen its
-objects first (``_settle``), so that a proc's collector leaves the pages it shares alone.
+forks on; once done, that warm child forks instead (``_Server``). Whichever forks freezes its
+objects first (``gc.freeze``), so that a proc's collector leaves the pages it shares alone.
 """
 
 from __future__ import annotations
@@ -49,15 +49,6 @@ def _preload(mods: list[str], if_installed: bool = False) -> list[str]:
         except BaseException as e:  # noqa: BLE001 - reported, the proc will raise it again
             errors.append(f"{m}: {type(e).__name__}: {e}")
     return errors
-
-
-def _settle() -> None:
-    """Collect, then freeze what this process holds (``gc.freeze``): a proc's collector never walks
-    the template's objects, so its first full collection neither runs long nor writes to their pages.
-    Measured with torch imported: 80 ms and 42 MiB of pages made private per proc without it, 0 ms and
-    1.3 MiB with it (``benchmarks/bench_fork_memory.py``)."""
-    gc.collect()
-    gc.freeze()
 
 
 def _child(
@@ -195,7 +186,6 @@ class _Server:
                 if if_installed:
                     return
             errors = _preload(msg["modules"], if_installed)
-            _settle()
             _send(self.sock, {"op": "preloaded", "token": msg["token"], "errors": errors})
         elif op == "fork":
             if self.warming is not None and msg["cfg"].get("warm_wait", True):
@@ -206,7 +196,11 @@ class _Server:
     def _fork(self, msg: dict[str, Any], fds: list[int]) -> None:
         cfg = msg["cfg"]
         cfg["template_pid"] = os.getpid()
-        gc.freeze()  # what this template made since it settled: the proc's collector leaves it alone too
+        # a proc's collector must not walk what it inherits: it writes to every object it walks, and with
+        # torch a first full collection took ~80 ms and made ~42 MiB of shared pages private in each proc
+        # (``benchmarks/bench_fork_memory.py``); frozen objects are never walked. (No collection first:
+        # after torch's import it costs ~50 ms, on the path of a script's first spawn, and finds ~20.)
+        gc.freeze()
         pid = os.fork()
         if pid == 0:
             for private in (self.warming, self.hand):  # the template's own sockets: not the proc's
@@ -321,7 +315,6 @@ class _Server:
         self.warming, self.warm_pid, self.held, self.later, self.reading = None, 0, [], [], False
         self.hand = hand
         errors = _preload(modules, True)
-        _settle()
         _send(hand, {"op": "ready"})
         while True:
             msg, fds = _recv(hand)
@@ -330,8 +323,7 @@ class _Server:
             if msg["op"] == "later":  # preloads the template was asked for while we imported
                 for mods, if_installed in msg["preloads"]:
                     errors += _preload(mods, if_installed)
-                _settle()
-                # the agent watches us from now on (a stopped fork server is one that forks)
+                    # the agent watches us from now on (a stopped fork server is one that forks)
                 _send(self.sock, {"op": "serving", "pid": os.getpid()})
                 if errors:
                     _send(self.sock, {"op": "preloaded", "token": 0, "errors": errors})
@@ -370,7 +362,6 @@ def main() -> None:
 
     from . import client, proc  # noqa: F401
 
-    _settle()
     _send(sock, {"op": "ready", "pid": os.getpid()})
     server.serve()
 
