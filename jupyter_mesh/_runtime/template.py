@@ -28,6 +28,7 @@ import traceback
 from typing import Any
 
 _PR_SET_PDEATHSIG = 1
+_FREEZE = os.environ.get("JUPYTER_MESH_GC_FREEZE") != "0"  # (``_Server._fork``)
 
 
 def _send(sock: socket.socket, obj: dict[str, Any]) -> None:
@@ -200,7 +201,10 @@ class _Server:
         # torch a first full collection took ~80 ms and made ~42 MiB of shared pages private in each proc
         # (``benchmarks/bench_fork_memory.py``); frozen objects are never walked. (No collection first:
         # after torch's import it costs ~50 ms, on the path of a script's first spawn, and finds ~20.)
-        gc.freeze()
+        # The price: cycles among those objects are never collected in a proc (README, "warm");
+        # ``JUPYTER_MESH_GC_FREEZE=0`` where the agent runs opts out.
+        if _FREEZE:
+            gc.freeze()
         pid = os.fork()
         if pid == 0:
             for private in (self.warming, self.hand):  # the template's own sockets: not the proc's
