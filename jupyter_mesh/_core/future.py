@@ -17,7 +17,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from ..errors import MeshCancelledError, MeshDeadlockError, MeshTimeoutError
 
-__all__ = ["INTERRUPTED", "Future", "mark_receive_thread", "on_receive_thread", "refused"]
+__all__ = ["INTERRUPTED", "Future", "mark_receive_thread", "on_receive_thread", "refused", "time_left"]
 
 INTERRUPTED = "jupyter_mesh: interrupted"
 """The message of a task cancelled for Ctrl-C / the notebook's ■ (the ``mesh`` kernel cancels the
@@ -28,6 +28,12 @@ T = TypeVar("T")
 log = logging.getLogger("jupyter_mesh.future")
 
 _PENDING, _VALUE, _ERROR = 0, 1, 2
+
+
+def time_left(deadline: float) -> float:
+    """Seconds until ``deadline`` (a ``time.monotonic()`` value), never negative: several waits that
+    share one bound (one per host, one per rank) each take what is left of it."""
+    return max(0.0, deadline - time.monotonic())
 
 
 class Driver(Protocol):
@@ -241,7 +247,7 @@ class Future(Generic[T]):
         prompt does not count against ``timeout``."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            wait = None if deadline is None else time_left(deadline)
             stop = hook.watch(self)
             try:
                 if self._driver is not None:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .._core.context import context
-from .._core.future import Future
+from .._core.future import Future, time_left
 from .._core.shape import Shape
 from .._core.state import StateTracker
 from .._data import ucx as _ucx
@@ -363,7 +363,7 @@ class Controller:
         deadline = time.monotonic() + timeout  # one bound for all hosts (each had its own: N x timeout)
         for f in futs:
             try:
-                for rank, addr, pid in f.get(max(0.0, deadline - time.monotonic())):
+                for rank, addr, pid in f.get(time_left(deadline)):
                     ref.proc_addrs[rank] = addr
                     rec.pids[rank] = pid
             except MeshTimeoutError:
@@ -425,7 +425,7 @@ class Controller:
         deadline = time.monotonic() + timeout + 5.0
         for h, f in enumerate(futs):
             try:
-                f.get(max(0.0, deadline - time.monotonic()))
+                f.get(time_left(deadline))
             except SupervisionError:
                 pass  # its agent is gone, and its procs with it
             except MeshTimeoutError:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._core import future as _future
+from .._core.future import time_left
 from .._core.state import MeshEvent, StateTracker
 from .._wire.protocol import Kind
 from .._wire.transport import Message, Transport
@@ -299,7 +300,7 @@ class Debugger:
         n = 0
         for fut in asked:
             try:
-                fut.get(max(0.0, deadline - time.monotonic()))
+                fut.get(time_left(deadline))
                 n += 1
             except MeshError:  # a rank that died or does not answer: it has no calls to stop either
                 pass

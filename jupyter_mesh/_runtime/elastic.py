@@ -7,7 +7,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .._core.future import Future
+from .._core.future import Future, time_left
 from .._core.shape import Shape
 from .._wire import protocol
 from ..errors import MeshValueError, SupervisionError
@@ -82,7 +82,7 @@ class Elastic:
         ]
         deadline = time.monotonic() + timeout  # one bound for all hosts, not one each
         for f in futs:
-            for rank, addr, pid in f.get(max(0.0, deadline - time.monotonic())):
+            for rank, addr, pid in f.get(time_left(deadline)):
                 ref.proc_addrs[rank] = addr
                 rec.pids[rank] = pid
         self.host.client.reset_ranks(ref.mesh_id, ranks, [m._actor_id for m, _, _ in rec.actors])
@@ -162,7 +162,7 @@ class Elastic:
         try:
             deadline = time.monotonic() + timeout
             for f in futs:
-                for rank, addr, pid in f.get(max(0.0, deadline - time.monotonic())):
+                for rank, addr, pid in f.get(time_left(deadline)):
                     ref.proc_addrs[rank] = addr
                     rec.pids[rank] = pid
         except BaseException:
@@ -198,7 +198,7 @@ class Elastic:
         ]
         deadline = time.monotonic() + timeout + 5.0
         for f in futs:
-            f.get(max(0.0, deadline - time.monotonic()))
+            f.get(time_left(deadline))
         del ref.proc_addrs[new_n:], ref.rank_host[new_n:]
         for r in removed:
             rec.pids.pop(r, None)

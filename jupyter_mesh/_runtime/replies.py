@@ -33,7 +33,7 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .._core.future import on_receive_thread
+from .._core.future import on_receive_thread, time_left
 from .._wire.lane_merge import Inbox
 from .._wire.transport import Message, Transport
 from . import interrupts
@@ -111,7 +111,7 @@ class ReplyBox:
                 return timeout
             nested = interrupts.held()  # inside a dispatch on this thread: stay interruptible while waiting
             while not fut._done() and not fut._poked:  # poked: a debugger prompt needs this thread
-                wait_ms = -1 if deadline is None else int(max(0.0, deadline - time.monotonic()) * 1000)
+                wait_ms = -1 if deadline is None else int(time_left(deadline) * 1000)
                 # Ctrl-C here loses nothing: nothing was read.
                 # With no time left it still looks once: get(timeout=0) finds a reply already here
                 if nested:
@@ -144,7 +144,7 @@ class ReplyBox:
                     interrupted = True
             if interrupted:
                 raise KeyboardInterrupt
-        return None if deadline is None else max(0.0, deadline - time.monotonic())
+        return None if deadline is None else time_left(deadline)
 
     @property
     def depth(self) -> int:

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .._core.future import time_left
 from .._wire.protocol import Kind
 from ..errors import MeshError, MeshTimeoutError
 
@@ -129,7 +130,7 @@ def ask_stacks(
             out.append(RankStacks(r, label, error=f"failed: {f.detail if f else 'not running'}"))
             continue
         try:
-            out.append(RankStacks(r, label, list(fut.get(max(0.0, deadline - time.monotonic())))))
+            out.append(RankStacks(r, label, list(fut.get(time_left(deadline)))))
         except MeshTimeoutError:
             pid = rec.pids.get(r)
             out.append(

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._api.host_mesh import HostMesh
-from .._core.future import Future
+from .._core.future import Future, time_left
 from .._core.shape import Shape
 from .._runtime.hosts import AgentHandle, Job
 from .._wire.addresses import local_ip_towards, parse_tcp
@@ -113,7 +113,7 @@ class AttachJob(Job):
                 deadline = time.monotonic() + timeout  # the agents start together: one bound for all
                 for i, w in enumerate(self._waiters):
                     try:
-                        h = w.get(max(0.0, deadline - time.monotonic()))
+                        h = w.get(time_left(deadline))
                     except MeshTimeoutError:
                         raise MeshTimeoutError(
                             "attach",

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .._api.mesh import ActorMesh, ProcMesh
+from .._core.future import time_left
 from .._core.refs import ProcMeshRef
 from .._core.shape import Shape
 from .._runtime.hosts import AgentHandle
@@ -306,7 +307,7 @@ def reattach_agents(
         deadline = time.monotonic() + timeout  # the agents start together: one bound for all
         for i, (addr, _, w) in enumerate(waiters):
             try:
-                h = w.get(max(0.0, deadline - time.monotonic()))
+                h = w.get(time_left(deadline))
             except MeshTimeoutError:
                 raise MeshTimeoutError(
                     "reattach",

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from .._api.host_mesh import HostMesh
-from .._core.future import Future
+from .._core.future import Future, time_left
 from .._core.shape import Shape
 from .._runtime.hosts import AgentHandle, Job
 from .._wire.protocol import VERSION, Kind
@@ -134,7 +134,7 @@ class LocalJob(Job):
             deadline = time.monotonic() + timeout  # the agents start together: one bound for all
             for i, (w, p) in enumerate(zip(self._waiters, self._procs)):
                 try:
-                    h = w.get(max(0.0, deadline - time.monotonic()))
+                    h = w.get(time_left(deadline))
                 except MeshTimeoutError:
                     code = p.poll()
                     why = f"it exited with code {code}" if code is not None else "it did not report in"

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._api.mesh import ActorMesh, ProcMesh
-from .._core.future import Future
+from .._core.future import Future, time_left
 from .._core.state import MeshEvent, ProcState
 from ..errors import MeshError, MeshTimeoutError, fold_coords
 
@@ -44,7 +44,7 @@ def busy_ranks(actors: ActorMesh[SPMDActor], grace: float = GRACE) -> list[int]:
     busy = []
     for i, probe in enumerate(probes):
         try:
-            probe.get(max(0.0, deadline - time.monotonic()))
+            probe.get(time_left(deadline))
         except MeshTimeoutError:
             busy.append(i)
             probe.cancel()  # skipped when the actor comes to it (if its proc lives on)

@@ -23,6 +23,7 @@ from typing import Any
 
 from ..._core.actor import Actor, endpoint
 from ..._core.context import context
+from ..._core.future import time_left
 from ..._core.ports import Channel
 from ...errors import ActorError, MeshTimeoutError, MeshValueError, RemoteFailure
 
@@ -343,7 +344,7 @@ class TensorWorker(Actor):
             while len(got) < len(group):
                 if self._pending is None:
                     self._pending = self._inbox.recv()
-                op, rank, shard = self._pending.get(timeout=max(0.0, deadline - time.monotonic()))
+                op, rank, shard = self._pending.get(timeout=time_left(deadline))
                 self._pending = None
                 if op == op_id:
                     got[rank] = shard
