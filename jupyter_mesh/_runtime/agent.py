@@ -63,9 +63,6 @@ class Agent(ProcWatch):
         self.controller_silence = float("inf") if cfg.get("stdin_lifeline") else 3 * self.hb_timeout
         self.last_controller = time.monotonic()
         self.last_tick = self.last_controller  # the I/O thread's last heartbeat tick (``_heartbeat_tick``)
-        self.pulse_fd: int | None = cfg.get("pulse_fd")  # a listener's session: a byte per heartbeat to it
-        if self.pulse_fd is not None:
-            os.set_blocking(self.pulse_fd, False)
         self.bind: str = cfg["bind"]  # the controller's: a private directory on its host, or TCP
         self.curve = CurveKeys.from_wire(cfg["curve"]) if cfg.get("curve") else None
         self.transport = Transport(self.key, self.bind, self.curve)
@@ -168,11 +165,6 @@ class Agent(ProcWatch):
         if not self.keeper.on_heartbeat(msg):  # kept alive: only the controller that owns the job counts
             return
         self.last_controller = time.monotonic()
-        if self.pulse_fd is not None:  # our listener: the controller lives (``agent_boot._Session``)
-            try:
-                os.write(self.pulse_fd, b".")
-            except OSError:  # full (the listener is stopped) or gone: it only loses a pulse
-                pass
         # to the controller's heartbeat socket: its liveness must not queue behind replies
         self.transport.send(
             msg.header.get("hr") or self.controller,

@@ -13,8 +13,7 @@ Three ways, one agent (``agent.Agent``):
   another launcher; it waits for a controller holding the *mesh key* (``jupyter-mesh keygen``) to
   attach (``attach_to_workers``). The attach message, inside CURVE, carries the session's own keys;
   a session agent is started for it as a child, and when that session ends the listener waits for
-  the next controller. One session at a time: a second controller is refused, and told why, while
-  the first one's heartbeats arrive; one silent for a heartbeat timeout loses the host to it.
+  the next controller. One session at a time: a second controller is refused, and told why.
 
 Never from argv or the environment: a key there is readable by every user through ``ps`` or
 ``/proc``.
@@ -194,35 +193,16 @@ def listen(address: str, key_file: str | None, once: bool = False) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.set())
     print(f"jupyter-mesh agent: waiting to be attached at {transport.address} (pid {os.getpid()})", flush=True)
-    session: _Session | None = None
-    waiting: tuple[dict[str, Any], float] | None = None  # another controller's attach, and since when
+    child: subprocess.Popen[bytes] | None = None
+    current = ""  # the controller of the running session
     served = 0
     try:
         while not stop.is_set():
-            if session is not None and session.child.poll() is not None:
-                print(f"jupyter-mesh agent: session ended (exit {session.child.returncode}); waiting again", flush=True)
-                session.close()
-                session = None
-                if once and served and waiting is None:
+            if child is not None and child.poll() is not None:
+                print(f"jupyter-mesh agent: session ended (exit {child.returncode}); waiting again", flush=True)
+                child = None
+                if once and served:
                     return 0
-            if waiting is not None:
-                cfg, since = waiting
-                if session is not None and session.pulsed_since(since):  # its controller is alive: no
-                    _answer_once(cfg, refused=session.refusal())
-                    print(
-                        f"jupyter-mesh agent: refused {cfg['controller']}: busy with {session.controller}", flush=True
-                    )
-                    waiting = None
-                elif session is None or session.silent() >= session.hb_timeout:
-                    if session is not None:
-                        print(
-                            f"jupyter-mesh agent: no heartbeat from {session.controller} for "
-                            f"{session.silent():.1f} s; ending its session for {cfg['controller']}",
-                            flush=True,
-                        )
-                        session.end()
-                    session, waiting = _Session(cfg), None
-                    served += 1
             try:
                 msg = asks.get(timeout=0.2)
             except queue.Empty:
@@ -237,89 +217,28 @@ def listen(address: str, key_file: str | None, once: bool = False) -> int:
             except ProtocolError as e:
                 _answer_once(cfg, refused=str(e))
                 continue
-            if session is not None and cfg["controller"] == session.controller:
+            if child is not None and cfg["controller"] == current:
                 # the same controller again: it gave the old session up (a cut, a stall); so do we
                 print("jupyter-mesh agent: the same controller attaches again; ending its old session", flush=True)
-                session.end()
-                session = None
-            if session is not None:
-                if waiting is not None:  # one waits already: a third is told no at once
-                    _answer_once(cfg, refused=session.refusal())
-                    print(
-                        f"jupyter-mesh agent: refused {cfg['controller']}: busy with {session.controller}", flush=True
-                    )
-                else:  # decided within a heartbeat interval (alive), or once it is silent past its timeout
-                    session.silent()  # (read the pulses so far first: only a later one says it lives)
-                    waiting = (cfg, time.monotonic())
+                _end_session(child)
+                child = None
+            if child is not None:
+                _answer_once(cfg, refused=f"this agent already serves another controller (agent pid {child.pid})")
+                print(f"jupyter-mesh agent: refused {cfg['controller']}: busy with {current}", flush=True)
                 continue
-            session = _Session(cfg)
+            child = _start_session(cfg)
+            current = cfg["controller"]
             served += 1
+            print(f"jupyter-mesh agent: attached by {cfg['controller']} (session pid {child.pid})", flush=True)
     finally:
-        if waiting is not None:
-            _answer_once(waiting[0], refused="the agent it attached to is shutting down")
-        if session is not None:
-            session.end()
+        if child is not None and child.poll() is None:
+            _end_session(child)
         transport.close()
     return 0
 
 
-class _Session:
-    """The session agent a listener runs for one controller, and how recently that controller was heard.
-
-    The agent writes a byte to ``pulse`` for each heartbeat of its controller. A second controller's
-    attach is refused as soon as a heartbeat shows the first alive; if none comes for the session's
-    heartbeat timeout, the first is taken for gone (killed, its host cut) and the second gets the host,
-    instead of being refused until the session's own silence timer (3 timeouts) ends it."""
-
-    def __init__(self, cfg: dict[str, Any]) -> None:
-        self.controller: str = cfg["controller"]
-        self.hb_timeout = float(cfg["hb_timeout"])
-        self.pulse, pulse_w = os.pipe()
-        os.set_blocking(self.pulse, False)
-        self.last_pulse = time.monotonic()
-        try:
-            self.child = _start_session({**cfg, "pulse_fd": pulse_w}, pulse_w)
-        finally:
-            os.close(pulse_w)
-        print(f"jupyter-mesh agent: attached by {self.controller} (session pid {self.child.pid})", flush=True)
-
-    def _read_pulses(self) -> None:
-        try:
-            while os.read(self.pulse, 4096):
-                self.last_pulse = time.monotonic()
-        except BlockingIOError:
-            pass
-        except OSError:  # closed
-            pass
-
-    def pulsed_since(self, t: float) -> bool:
-        self._read_pulses()
-        return self.last_pulse > t
-
-    def silent(self) -> float:
-        self._read_pulses()
-        return time.monotonic() - self.last_pulse
-
-    def refusal(self) -> str:
-        return (
-            f"this agent already serves another controller (agent pid {self.child.pid}), whose heartbeats still arrive"
-        )
-
-    def end(self) -> None:
-        if self.child.poll() is None:
-            _end_session(self.child)
-        self.close()
-
-    def close(self) -> None:
-        if self.pulse >= 0:
-            os.close(self.pulse)
-            self.pulse = -1
-
-
-def _start_session(cfg: dict[str, Any], pulse_w: int) -> subprocess.Popen[bytes]:
-    p = subprocess.Popen(
-        [sys.executable, "-m", "jupyter_mesh._runtime.agent_boot"], stdin=subprocess.PIPE, pass_fds=(pulse_w,)
-    )
+def _start_session(cfg: dict[str, Any]) -> subprocess.Popen[bytes]:
+    p = subprocess.Popen([sys.executable, "-m", "jupyter_mesh._runtime.agent_boot"], stdin=subprocess.PIPE)
     stdin: IO[bytes] = p.stdin  # type: ignore[assignment]
     stdin.write(json.dumps(cfg).encode() + b"\n")
     stdin.flush()  # stays open: when the listener dies, so does its session
