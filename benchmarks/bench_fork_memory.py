@@ -19,6 +19,7 @@ Not a test: nothing here asserts a figure.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import statistics
@@ -29,16 +30,17 @@ from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-_PRIVATE = """
-def private_mib():
+
+def private_mib() -> float:
+    """This process's private memory (MiB): the pages it no longer shares with its parent."""
     with open("/proc/self/smaps_rollup") as f:
         fields = {line.split(":")[0]: int(line.split()[1]) for line in f.read().splitlines()[1:]}
     return (fields["Private_Dirty"] + fields["Private_Clean"]) / 1024
-"""
+
 
 _BARE = (
     "import gc, importlib, json, os, sys, time\n"
-    + _PRIVATE
+    + inspect.getsource(private_mib)
     + """
 importlib.import_module(sys.argv[1])
 if sys.argv[2] == "1":
@@ -80,12 +82,10 @@ def mesh(procs: int) -> dict[str, Any]:
         def collect(self) -> tuple[float, float, float]:
             import gc
 
-            ns: dict[str, Any] = {}
-            exec(_PRIVATE, ns)
-            before = ns["private_mib"]()
+            before = private_mib()
             t = time.perf_counter()
             gc.collect()
-            return (time.perf_counter() - t) * 1000, before, ns["private_mib"]()
+            return (time.perf_counter() - t) * 1000, before, private_mib()
 
     job = LocalJob(hosts=1)
     try:

@@ -327,7 +327,7 @@ class _Server:
             if msg["op"] == "later":  # preloads the template was asked for while we imported
                 for mods, if_installed in msg["preloads"]:
                     errors += _preload(mods, if_installed)
-                    # the agent watches us from now on (a stopped fork server is one that forks)
+                # the agent watches us from now on (a stopped fork server is one that forks)
                 _send(self.sock, {"op": "serving", "pid": os.getpid()})
                 if errors:
                     _send(self.sock, {"op": "preloaded", "token": 0, "errors": errors})
