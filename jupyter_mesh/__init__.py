@@ -4,79 +4,165 @@ Public API (Monarch-compatible where they overlap)::
 
     from jupyter_mesh import Actor, endpoint, this_host, current_rank
 
-Importing this package imports neither ZeroMQ, torch, IPython nor ucxx; the runtime starts on first use.
+Importing this package imports neither ZeroMQ, torch, IPython nor ucxx, nor even the API: each name loads
+on first use (every agent, fork server and proc starts through this file). The runtime starts on first use.
 """
 
+from __future__ import annotations
+
+import importlib as _importlib
 import sys as _sys
 import types as _types
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from . import config as config
-from ._api.adverbs import Accumulator, send
-from ._api.host_mesh import HostMesh
-from ._api.mesh import ActorMesh, MeshEndpoint, ProcMesh
-from ._api.mesh import set_renderer as _set_renderer
-from ._api.session import shutdown, shutdown_context
-from ._api.tensor_engine import fetch_shard, remote
-from ._core import value_mesh as _value_mesh_module
-from ._core.actor import Actor, Endpoint, concurrent_endpoint, current_rank, endpoint
-from ._core.future import Future
-from ._core.instance import Context, context, current_actor_name, current_size
-from ._core.ports import Channel, Port, PortReceiver
-from ._core.shape import Extent, Point, Shape, Slice
-from ._core.state import HostInfo, HostState, MeshEvent, MeshState, ProcState, RankState
-from ._core.value_mesh import ValueMesh
-from ._data.buffer import RDMABuffer, get_rdma_backend, is_ibverbs_available
+from ._core import slots as _slots
 from ._version import __version__ as __version__
-from .errors import (
-    ActorError,
-    DeliveryError,
-    Failure,
-    MeshCancelledError,
-    MeshClosedError,
-    MeshDeadlockError,
-    MeshError,
-    MeshFailure,
-    MeshInterrupted,
-    MeshTimeoutError,
-    MeshValueError,
-    ProtocolError,
-    ReduceError,
-    RemoteFailure,
-    SerializationError,
-    SupervisionError,
-)
-from .jobs import (
-    AttachJob,
-    JobState,
-    LocalJob,
-    ProcessJob,
-    SlurmJob,
-    TorchXJob,
-    attach_to_workers,
-    default_bootstrap_cmd,
-    get_or_spawn_controller,
-    hosts_from_config,
-    this_host,
-    this_proc,
-)
+
+if TYPE_CHECKING:  # what type checkers and editors see; at run time each name loads on first use
+    from . import config as config
+    from ._api.adverbs import Accumulator, send
+    from ._api.host_mesh import HostMesh
+    from ._api.mesh import ActorMesh, MeshEndpoint, ProcMesh
+    from ._api.session import shutdown, shutdown_context
+    from ._api.tensor_engine import fetch_shard, remote
+    from ._core.actor import Actor, Endpoint, concurrent_endpoint, current_rank, endpoint
+    from ._core.future import Future
+    from ._core.instance import Context, context, current_actor_name, current_size
+    from ._core.ports import Channel, Port, PortReceiver
+    from ._core.shape import Extent, Point, Shape, Slice
+    from ._core.state import HostInfo, HostState, MeshEvent, MeshState, ProcState, RankState
+    from ._core.value_mesh import ValueMesh
+    from ._data.buffer import RDMABuffer, get_rdma_backend, is_ibverbs_available
+    from .errors import (
+        ActorError,
+        DeliveryError,
+        Failure,
+        MeshCancelledError,
+        MeshClosedError,
+        MeshDeadlockError,
+        MeshError,
+        MeshFailure,
+        MeshInterrupted,
+        MeshTimeoutError,
+        MeshValueError,
+        ProtocolError,
+        ReduceError,
+        RemoteFailure,
+        SerializationError,
+        SupervisionError,
+    )
+    from .jobs import (
+        AttachJob,
+        JobState,
+        LocalJob,
+        ProcessJob,
+        SlurmJob,
+        TorchXJob,
+        attach_to_workers,
+        default_bootstrap_cmd,
+        get_or_spawn_controller,
+        hosts_from_config,
+        this_host,
+        this_proc,
+    )
+
+# Every public name and the module it lives in, loaded on first use (PEP 562): an agent, a fork server
+# or a proc starts through this file and needs none of the API's modules (asyncio, the jobs) to begin;
+# a script pays only for what it names. tests/test_layers.py checks this table against the block above.
+_HOME = {
+    "config": ".config",  # a module
+    **dict.fromkeys(["Accumulator", "send"], "._api.adverbs"),
+    "HostMesh": "._api.host_mesh",
+    **dict.fromkeys(["ActorMesh", "MeshEndpoint", "ProcMesh"], "._api.mesh"),
+    **dict.fromkeys(["shutdown", "shutdown_context"], "._api.session"),
+    **dict.fromkeys(["fetch_shard", "remote"], "._api.tensor_engine"),
+    **dict.fromkeys(["Actor", "Endpoint", "concurrent_endpoint", "current_rank", "endpoint"], "._core.actor"),
+    "Future": "._core.future",
+    **dict.fromkeys(["Context", "context", "current_actor_name", "current_size"], "._core.instance"),
+    **dict.fromkeys(["Channel", "Port", "PortReceiver"], "._core.ports"),
+    **dict.fromkeys(["Extent", "Point", "Shape", "Slice"], "._core.shape"),
+    **dict.fromkeys(["HostInfo", "HostState", "MeshEvent", "MeshState", "ProcState", "RankState"], "._core.state"),
+    "ValueMesh": "._core.value_mesh",
+    **dict.fromkeys(["RDMABuffer", "get_rdma_backend", "is_ibverbs_available"], "._data.buffer"),
+    **dict.fromkeys(
+        [
+            "ActorError",
+            "DeliveryError",
+            "Failure",
+            "MeshCancelledError",
+            "MeshClosedError",
+            "MeshDeadlockError",
+            "MeshError",
+            "MeshFailure",
+            "MeshInterrupted",
+            "MeshTimeoutError",
+            "MeshValueError",
+            "ProtocolError",
+            "ReduceError",
+            "RemoteFailure",
+            "SerializationError",
+            "SupervisionError",
+        ],
+        ".errors",
+    ),
+    **dict.fromkeys(
+        [
+            "AttachJob",
+            "JobState",
+            "LocalJob",
+            "ProcessJob",
+            "SlurmJob",
+            "TorchXJob",
+            "attach_to_workers",
+            "default_bootstrap_cmd",
+            "get_or_spawn_controller",
+            "hosts_from_config",
+            "this_host",
+            "this_proc",
+        ],
+        ".jobs",
+    ),
+}
+
+if not TYPE_CHECKING:  # (hidden from type checkers: a module __getattr__ would make every name valid)
+
+    def __getattr__(name: str) -> Any:
+        home = _HOME.get(name)
+        if home is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        module = _importlib.import_module(home, __name__)
+        value = module if name == "config" else getattr(module, name)
+        globals()[name] = value  # found directly from now on
+        return value
 
 
-def _render(mesh: ProcMesh) -> dict[str, Any]:
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+def _controller_client() -> Any:
+    """This program's controller's client (the controller starts now): a process that is not a proc."""
+    from ._runtime.controller import Controller
+
+    return Controller.get().client
+
+
+def _render(mesh: Any) -> dict[str, Any]:
     from .ui.widget import mimebundle  # on first display: importing jupyter_mesh stays light
 
     return mimebundle(mesh)
 
 
-def _render_values(vm: ValueMesh[Any]) -> str:
+def _render_values(vm: Any) -> str:
     from .ui.values import value_mesh_html
 
     return value_mesh_html(vm)
 
 
-_set_renderer(_render)
-_value_mesh_module.html_renderer = _render_values
+_slots.default_client = _controller_client
+_slots.proc_mesh_view = _render
+_slots.value_mesh_view = _render_values
 
 
 class _Facade(_types.ModuleType):

@@ -109,3 +109,22 @@ def reaped_procs(host: Any, gpus: int, **spawn: Any) -> Iterator[Any]:
     yield pm
     pm.stop(timeout=5)
     assert not wait_dead(pids, 5.0), "procs leaked"
+
+
+def templates_of(agent_pid: int) -> list[int]:
+    """Live processes of the template (fork server) that ``agent_pid`` started, its warm child and procs
+    included: they all keep its argv, which names the agent."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+            with open(f"/proc/{d}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if b"jupyter_mesh._runtime.template" in argv and argv[-2:-1] == [str(agent_pid).encode()] and state != "Z":
+            out.append(int(d))
+    return out

@@ -72,3 +72,43 @@ def test_stopping_a_job_stops_its_meshes_so_calls_fail_at_once(second_host_mesh)
     with pytest.raises(SupervisionError, match="stopped"):
         w.pid.call().get(timeout=20)
     assert not wait_dead(pids, 5)
+
+
+# -- a LocalJob starts its agents before its controller ---------------------------------------------------
+@pytest.mark.integration
+def test_a_local_job_whose_controller_fails_to_start_leaves_no_agent(monkeypatch):
+    """The agents' interpreters start before the controller (they load while it starts, and read their
+    configuration once it is up): a controller that fails must take them, and their templates, along."""
+    import os
+    import time
+
+    from _procs import descendants, templates_of
+
+    from jupyter_mesh._runtime.controller import Controller
+
+    def refuse(*_a, **_k):
+        raise RuntimeError("no controller today")
+
+    started = []
+    popen = LocalJob._popen_agent
+
+    def record(self):
+        p = popen(self)
+        started.append(p.pid)
+        time.sleep(0.5)  # loaded far enough to have started its template
+        return p
+
+    before = descendants(os.getpid())
+    monkeypatch.setattr(Controller, "get", classmethod(refuse))
+    monkeypatch.setattr(LocalJob, "_popen_agent", record)
+    with pytest.raises(RuntimeError, match="no controller today"):
+        LocalJob(hosts=2)
+    assert len(started) == 2
+
+    def left() -> set[int]:  # the agents, and their templates (reparented once an agent exits)
+        return (descendants(os.getpid()) - before) | {t for a in started for t in templates_of(a)}
+
+    deadline = time.monotonic() + 15
+    while left() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert left() == set()

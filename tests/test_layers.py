@@ -156,3 +156,18 @@ def test_the_facade_names_itself_and_keeps_plumbing_in_lowlevel():
 
     err = jupyter_mesh.SupervisionError([jupyter_mesh.Failure("m", {"gpus": 1}, "exit", "boom")])
     assert type(pickle.loads(pickle.dumps(err))) is jupyter_mesh.SupervisionError
+
+
+def test_the_facades_lazy_table_matches_what_type_checkers_read():
+    """``jupyter_mesh`` loads each public name on first use from the module ``_HOME`` names; type
+    checkers and editors read the imports under ``TYPE_CHECKING`` instead. The two, and ``__all__``,
+    must say the same, or a name works in one and not the other."""
+    tree = ast.parse((PKG / "__init__.py").read_text())
+    block = next(n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING")
+    typed: dict[str, str] = {}
+    for node in block.body:
+        assert isinstance(node, ast.ImportFrom) and node.level == 1, ast.dump(node)
+        for alias in node.names:
+            typed[alias.asname or alias.name] = "." + (node.module or alias.name)
+    assert typed == jupyter_mesh._HOME
+    assert set(jupyter_mesh.__all__) == (set(typed) - {"config"}) | {"unhandled_fault_hook"}

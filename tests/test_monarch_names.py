@@ -304,7 +304,7 @@ def test_proc_bind_pins_each_proc_of_a_host(host):
 
 def test_default_bootstrap_cmd_and_point_str():
     cmd = default_bootstrap_cmd()
-    assert cmd.program == sys.executable and cmd.args[-1] == "jupyter_mesh._runtime.agent_boot"
+    assert cmd.program == sys.executable and cmd.args[-1] == "jupyter_mesh._runtime.agent_main"
     point = Shape.from_sizes({"hosts": 1, "gpus": 2}).point(1)
     assert str(point) == "{'hosts': 0/1, 'gpus': 1/2}"
 

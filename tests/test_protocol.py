@@ -108,14 +108,47 @@ def test_main_classes_pickle_by_value():
     assert obj.hi() == "hi"
 
 
-def test_importing_the_package_stays_light():
-    code = (
-        "import sys, jupyter_mesh\n"
-        "heavy = [m for m in ('torch', 'IPython', 'ipywidgets', 'ucxx', 'zmq', 'numpy') if m in sys.modules]\n"
-        "print(','.join(heavy))\n"
-    )
+_HEAVY = ("torch", "IPython", "ipywidgets", "ucxx", "numpy")
+_API = ("asyncio", "jupyter_mesh._api.mesh", "jupyter_mesh.jobs", "jupyter_mesh._core.actor")
+
+
+@pytest.mark.parametrize(
+    "module, absent",
+    [
+        # a script or kernel: the facade loads each name on first use
+        ("jupyter_mesh", _HEAVY + _API + ("zmq", "jupyter_mesh.config")),
+        # a fork server (template): its warm child starts importing torch as soon as it can
+        ("jupyter_mesh._runtime.template", _HEAVY + _API + ("zmq", "cloudpickle", "jupyter_mesh._wire")),
+        # an agent: it serves procs, never the API
+        ("jupyter_mesh._runtime.agent_boot", _HEAVY + _API),
+        # a local agent's first step: it starts its template before it loads the agent
+        (
+            "jupyter_mesh._runtime.agent_main",
+            _HEAVY + _API + ("zmq", "jupyter_mesh._runtime.agent", "jupyter_mesh._wire"),
+        ),
+    ],
+)
+def test_each_process_starts_with_only_what_it_needs(module, absent):
+    """Every agent, template and script starts by running the package's ``__init__``: when that
+    imported the whole API (asyncio, the jobs) each of them paid ~70 ms before its own work, three
+    times in a row before a host's first proc."""
+    code = f"import sys, {module}\nprint(','.join(m for m in {absent!r} if m in sys.modules))\n"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == ""
+
+
+def test_the_facade_loads_a_name_on_first_use_and_knows_no_other():
+    code = (
+        "import sys, jupyter_mesh as jm\n"
+        "assert 'jupyter_mesh._core.actor' not in sys.modules\n"
+        "from jupyter_mesh import Actor, endpoint\n"
+        "assert Actor.__module__ == 'jupyter_mesh._core.actor' and 'Actor' in vars(jm)\n"
+        "assert 'jupyter_mesh.jobs' not in sys.modules\n"
+        "assert jm.config.__name__ == 'jupyter_mesh.config' and 'this_host' in dir(jm)\n"
+        "try:\n    jm.spawn_procs\nexcept AttributeError as e:\n    print(e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "module 'jupyter_mesh' has no attribute 'spawn_procs'"
 
 
 def test_public_api_is_sorted_and_complete():

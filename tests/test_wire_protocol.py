@@ -4,12 +4,14 @@ version that a controller and an agent check in their hello."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
 from types import SimpleNamespace
 
 import pytest
+from _procs import templates_of
 
 from jupyter_mesh import ProtocolError
 from jupyter_mesh._wire import protocol
@@ -122,14 +124,20 @@ def test_any_other_message_of_another_version_is_dropped_and_counted(caplog):
 
 def test_an_agent_refuses_a_controller_of_another_version():
     cfg = {"v": VERSION + 1, "key": "00" * 32, "controller": "tcp://127.0.0.1:9"}
-    p = subprocess.run(
-        [sys.executable, "-m", "jupyter_mesh._runtime.agent_boot"],
-        input=json.dumps(cfg).encode() + b"\n",
-        capture_output=True,
-        timeout=60,
+    p = subprocess.Popen(
+        [sys.executable, "-m", "jupyter_mesh._runtime.agent_main"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
+    _, err_bytes = p.communicate(json.dumps(cfg).encode() + b"\n", timeout=60)
     assert p.returncode != 0
-    err = p.stderr.decode()
+    # the template it started before reading its configuration went with it
+    deadline = time.monotonic() + 10
+    while templates_of(p.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert templates_of(p.pid) == []
+    err = err_bytes.decode()
     assert f"speaks jupyter_mesh wire protocol {VERSION + 1}, this process speaks {VERSION}" in err, err
     assert "Traceback" not in err
 
@@ -150,7 +158,6 @@ if os.environ.get("TEST_AGENT_CRASH"):  # this interpreter dies before it can sa
 
 def _agents_of_this_interpreter(monkeypatch, tmp_path, **env):
     """Agents that LocalJob starts from now on run tmp_path/sitecustomize.py first (env says what it does)."""
-    import os
 
     (tmp_path / "sitecustomize.py").write_text(_AGENT_SITECUSTOMIZE)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))

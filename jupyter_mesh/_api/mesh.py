@@ -13,6 +13,7 @@ import itertools
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
+from .._core import slots
 from .._core.actor import Actor, endpoints_of
 from .._core.context import context
 from .._core.future import Future
@@ -475,10 +476,9 @@ class ProcMesh(_MeshTrait):
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
         """In a notebook: the live grid of this mesh, drawn by whichever view registered itself
-        (``set_renderer``; ``jupyter_mesh`` registers its own UI); plain text otherwise."""
-        if renderer is None:
-            return {"text/plain": repr(self)}
-        return renderer(self)
+        (``_core.slots``; ``jupyter_mesh`` registers its own UI); plain text otherwise."""
+        view = slots.proc_mesh_view
+        return {"text/plain": repr(self)} if view is None else view(self)
 
 
 def _proc_mesh_ref(ref: ProcMeshRef, view: Shape | None) -> ProcMesh:
@@ -490,15 +490,6 @@ def _proc_mesh_ref(ref: ProcMeshRef, view: Shape | None) -> ProcMesh:
     ctl = Controller.get()
     rec = ctl.meshes.get(ref.mesh_id)
     return ProcMesh(ctl, rec.ref if rec is not None else ref, view)
-
-
-renderer: Callable[[ProcMesh], dict[str, Any]] | None = None
-"""Draws a ProcMesh for a notebook (a mimebundle). The API layer knows no UI: a view registers here."""
-
-
-def set_renderer(fn: Callable[[ProcMesh], dict[str, Any]] | None) -> None:
-    global renderer
-    renderer = fn
 
 
 def _takes_init_timeout(cls: type) -> bool:

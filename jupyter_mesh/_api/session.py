@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
-from .._core import context as _context
-from .._core.context import Requester
 from .._core.future import Future
 from .._core.state import MeshEvent, MeshState
 from ..errors import MeshFailure, MeshValueError
@@ -123,13 +121,3 @@ def set_actor_errors(mode: str) -> str:
     from .._runtime import actor_errors
 
     return actor_errors.set_actor_errors(mode)
-
-
-def _controller_client() -> Requester:
-    """The client of this program's controller (started now): what a process that is not a proc uses."""
-    from .._runtime.controller import Controller
-
-    return Controller.get().client
-
-
-_context.default_client = _controller_client

@@ -2,7 +2,7 @@
 it, and (per thread) the actor running on the calling thread.
 
 Every layer reads it; only the runtime writes it (a proc installs its client and identity when it
-starts; the controller's client is made on first use through ``default_client``). Before this there
+starts; the controller's client is made on first use through ``slots.default_client``). Before this there
 were ten module globals; now a forked child that calls :func:`context` gets a fresh one (the pid is
 checked; ``os.fork`` keeps the pid it is checked against current), so nothing of the parent's identity
 leaks into a new proc.
@@ -13,11 +13,11 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..errors import MeshClosedError
+from . import slots
 from .future import Future
 
 __all__ = ["ActorContext", "ProcIdentity", "ProcessContext", "Requester", "context", "host_key"]
@@ -105,9 +105,10 @@ class ProcessContext:
         if c is None:
             with self._lock:
                 if self._client is None:
-                    if default_client is None:
+                    make = slots.default_client
+                    if make is None:
                         raise MeshClosedError("no jupyter_mesh runtime in this process; import jupyter_mesh first")
-                    self._client = default_client()
+                    self._client = make()
                 c = self._client
         return c
 
@@ -122,10 +123,6 @@ class ProcessContext:
 _actor_context = ActorContext()
 _context: ProcessContext | None = None
 _context_lock = threading.Lock()
-
-default_client: Callable[[], Requester] | None = None
-"""Makes this program's client when nothing installed one (the API layer sets it: the controller's)."""
-
 
 _pid = os.getpid()  # this process's, kept current by a fork hook: ``os.getpid()`` is a system call
 

@@ -8,7 +8,6 @@ future, ~3 us of every ``call_one`` on this machine; here a waiter lock exists o
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 import time
@@ -319,6 +318,8 @@ class Future(Generic[T]):
         self._run_callback(fn)
 
     def __await__(self) -> Generator[Any, None, T]:
+        import asyncio  # (loaded already: something runs this loop) not at the top: an agent never awaits
+
         loop = asyncio.get_running_loop()
         if self._state == _PENDING and not self._any_thread and on_receive_thread():
             # an event loop run inside a done callback (asyncio.run): the reply would be read by this

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import builtins
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any, Generic, TypeVar
 
 from ..errors import MeshValueError
+from . import slots
 from .shape import Extent, Point, Shape
 
 __all__ = ["ValueMesh"]
@@ -95,8 +96,5 @@ class ValueMesh(Generic[T]):
     def _repr_html_(self) -> str | None:
         """In a notebook: a grid along the dims, drawn by whichever view registered itself (``jupyter_mesh``
         registers its UI's); None leaves the plain ``repr``."""
-        return html_renderer(self) if html_renderer is not None else None
-
-
-html_renderer: Callable[[ValueMesh[Any]], str] | None = None
-"""Draws a ValueMesh as HTML for notebooks. The core knows no UI: a view registers here."""
+        view = slots.value_mesh_view
+        return None if view is None else view(self)

@@ -42,12 +42,14 @@ from .inboxes import ActorInboxes
 from .keep_alive import Keeper
 from .quiet import QuietProcs
 from .relay import Relay
+from .template import EarlyStart
 
 __all__ = ["Agent"]
 
 
 class Agent(ProcWatch):
-    def __init__(self, cfg: dict[str, Any]):
+    def __init__(self, cfg: dict[str, Any], early: EarlyStart | None = None):
+        """``early``: this host's template, started before this process imported us (``agent_main``)."""
         check_version(cfg.get("v"), "the controller that started this agent")
         self.cfg = cfg
         self.key = bytes.fromhex(cfg["key"])
@@ -81,10 +83,14 @@ class Agent(ProcWatch):
         self.nested = bool(cfg.get("nested"))  # started by an actor: the session's controller sweeps
         # pipes, the template and its lifeline
         self.sel = selectors.DefaultSelector()
-        self.lifeline_r, self.lifeline_w = os.pipe()
+        self.lifeline_r, self.lifeline_w = (early.lifeline_r, early.lifeline_w) if early else os.pipe()
         self.forkserver = ForkServer(
-            cfg["key"], self.lifeline_r, list(cfg.get("preload") or []), list(cfg.get("warm") or [])
-        )  # it starts now and preloads in the background: our hello does not wait for it
+            cfg["key"],
+            self.lifeline_r,
+            list(cfg.get("preload") or []),
+            list(cfg.get("warm") or []),
+            (early.proc, early.sock) if early else None,
+        )  # it starts now (or started already) and preloads in the background: our hello does not wait for it
         self.sel.register(self.forkserver.sock, selectors.EVENT_READ, ("template", None))
         self.wake_r, self.wake_w = os.pipe()
         self.sel.register(self.wake_r, selectors.EVENT_READ, ("wake", None))

@@ -2,7 +2,7 @@
 
 Three ways, one agent (``agent.Agent``):
 
-* **a local job** (``LocalJob``) starts ``python -m jupyter_mesh._runtime.agent_boot`` and writes its
+* **a local job** (``LocalJob``) starts ``python -m jupyter_mesh._runtime.agent_main`` and writes its
   configuration as one JSON line on the agent's stdin, a private pipe; the pipe stays open, and its
   EOF means the controller died (a silent controller is only busy).
 * **dial back** (``jupyter-mesh agent --controller ADDR --key-file F``): what a scheduler runs on each
@@ -40,6 +40,7 @@ from .._wire.transport import Message, Transport
 from ..errors import ProtocolError
 from .agent import Agent
 from .agent_state import hello
+from .template import EarlyStart
 
 __all__ = ["dial_back", "listen", "main", "run_agent"]
 
@@ -73,10 +74,10 @@ def _answer_once(cfg: dict[str, Any], refused: str = "") -> None:
         pass
 
 
-def run_agent(cfg: dict[str, Any], watch_stdin: bool) -> None:
+def run_agent(cfg: dict[str, Any], watch_stdin: bool, early: EarlyStart | None = None) -> None:
     """Run an agent with ``cfg`` until it shuts down (never returns: the agent ends the process)."""
     try:
-        agent = Agent(cfg)
+        agent = Agent(cfg, early)
     except ProtocolError as e:  # another version: say why on stderr rather than a traceback, and
         _answer_once(cfg)  # tell the controller (its job waits for our hello): it fails naming both
         sys.exit(f"jupyter-mesh agent: {e}")
@@ -238,7 +239,7 @@ def listen(address: str, key_file: str | None, once: bool = False) -> int:
 
 
 def _start_session(cfg: dict[str, Any]) -> subprocess.Popen[bytes]:
-    p = subprocess.Popen([sys.executable, "-m", "jupyter_mesh._runtime.agent_boot"], stdin=subprocess.PIPE)
+    p = subprocess.Popen([sys.executable, "-m", "jupyter_mesh._runtime.agent_main"], stdin=subprocess.PIPE)
     stdin: IO[bytes] = p.stdin  # type: ignore[assignment]
     stdin.write(json.dumps(cfg).encode() + b"\n")
     stdin.flush()  # stays open: when the listener dies, so does its session
@@ -262,13 +263,14 @@ def _end_session(p: subprocess.Popen[bytes]) -> None:
         p.wait(5.0)
 
 
-def main() -> None:
-    """A local agent: its configuration is one JSON line on stdin (``LocalJob``, the listener)."""
+def main(early: EarlyStart | None = None) -> None:
+    """A local agent: its configuration is one JSON line on stdin (``LocalJob``, the listener; they
+    start it through ``agent_main``, which hands over the template it started first)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the kernel's interrupts are not for us
     line = sys.stdin.buffer.readline()
     if not line:
         sys.exit("jupyter-mesh agent: expected a JSON configuration line on stdin")
-    run_agent(json.loads(line), watch_stdin=True)
+    run_agent(json.loads(line), watch_stdin=True, early=early)
 
 
 if __name__ == "__main__":

@@ -9,22 +9,29 @@ a compiler for minutes). What to do about it is the agent's call.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from .agent_state import ProcEntry, describe_exit
 from .liveness import Liveness, read_stat
+from .template import launch
 
 __all__ = ["ForkServer"]
 
 
 class ForkServer:
-    def __init__(self, key_hex: str, lifeline_r: int, preload: list[str], warm: Sequence[str] = ()):
+    def __init__(
+        self,
+        key_hex: str,
+        lifeline_r: int,
+        preload: list[str],
+        warm: Sequence[str] = (),
+        started: tuple[subprocess.Popen[bytes], socket.socket] | None = None,
+    ):
+        """``started``: a template this process launched already (``template.launch``), adopted."""
         self._key_hex, self._lifeline_r = key_hex, lifeline_r
         self.preload = list(preload)  # what every template of this host imports (meshes add to it)
         self.warm = list(warm)  # what it imports when this host has it installed (``jobs.warm``)
@@ -32,24 +39,11 @@ class ForkServer:
         self._asked: dict[int, float] = {}  # token -> when that fork was asked for
         self._tokens = iter(range(1, 1 << 62))
         self._watch: Liveness | None = None  # its signs of life while forks are overdue
-        self.start()
+        self.start(started)
 
-    def start(self) -> None:
+    def start(self, started: tuple[subprocess.Popen[bytes], socket.socket] | None = None) -> None:
         """(Re)start the template; the caller registers ``sock`` with its selector."""
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "jupyter_mesh._runtime.template",
-                str(theirs.fileno()),
-                str(self._lifeline_r),
-                str(os.getpid()),
-            ],
-            pass_fds=(theirs.fileno(), self._lifeline_r),
-            stdin=subprocess.DEVNULL,
-        )
-        theirs.close()
+        proc, ours = started or launch(self._lifeline_r)
         self.serving = proc.pid  # the process that forks: its warm child once that took over (``template``)
         self.warming = 0  # that warm child while it imports (held forks wait for it)
         self.ending: dict[str, Any] | None = None  # the template's last word: its warm child died (how, when)

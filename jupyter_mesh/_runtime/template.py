@@ -25,10 +25,49 @@ import signal
 import socket
 import sys
 import traceback
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    import subprocess
 
 _PR_SET_PDEATHSIG = 1
 _FREEZE = os.environ.get("JUPYTER_MESH_GC_FREEZE") != "0"  # (``_Server._fork``)
+
+
+def launch(lifeline_r: int) -> tuple[subprocess.Popen[bytes], socket.socket]:
+    """Start a template as a child of this process (its agent): the process, and the agent's end of
+    their socket. The template reads the key before anything else on it (``ForkServer`` sends it)."""
+    import subprocess
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", __spec__.name, str(theirs.fileno()), str(lifeline_r), str(os.getpid())],
+            pass_fds=(theirs.fileno(), lifeline_r),
+            stdin=subprocess.DEVNULL,
+        )
+    except BaseException:
+        ours.close()
+        raise
+    finally:
+        theirs.close()
+    return proc, ours
+
+
+class EarlyStart(NamedTuple):
+    """A template started before its agent loaded (``agent_main``), with the agent's lifeline pipe:
+    the agent adopts both."""
+
+    lifeline_r: int  # the template's and every proc's: EOF once the agent is gone
+    lifeline_w: int  # the agent's, held until it exits
+    proc: subprocess.Popen[bytes]
+    sock: socket.socket
+
+
+def start_early() -> EarlyStart:
+    r, w = os.pipe()
+    proc, sock = launch(r)
+    return EarlyStart(r, w, proc, sock)
 
 
 def _send(sock: socket.socket, obj: dict[str, Any]) -> None:

@@ -42,21 +42,38 @@ class LocalJob(Job):
 
         if not isinstance(hosts, int) or hosts < 1:
             raise MeshValueError(f"LocalJob needs hosts >= 1, got {hosts!r}")
-        self._controller = Controller.get()
-        self._controller.register_job(self)
+        self._env = {**os.environ, **env} if env else None  # the agents' (and so their procs') environment
+        # the agents' interpreters (and their templates) start first, while this process starts its
+        # controller; each reads its configuration from stdin once it has loaded
+        early = [self._popen_agent() for _ in range(hosts)]
+        try:
+            self._controller = Controller.get()
+            self._controller.register_job(self)
+        except BaseException:
+            for p in early:
+                _drop(p)
+            raise
         self._n = hosts
         # named: every fork waits for it; the default is warm: forks need not wait (``_runtime.template``)
         self._preload, self._warm = ([], default_preload()) if preload is None else (list(preload), [])
-        self._env = {**os.environ, **env} if env else None  # the agents' (and so their procs') environment
         self._procs: list[subprocess.Popen[bytes]] = []
         self._waiters: list[Future[dict[str, Any]]] = []
         self._agents: list[AgentHandle] | None = None
         self._lost: set[int] = set()  # host indices whose agent is gone: replaced on next use
         self._stopped = False
-        for i in range(hosts):  # start now: the templates warm up while the user writes code
-            self._start_agent(i)
+        for i, p in enumerate(early):  # configured now: the templates warm up while the user writes code
+            self._start_agent(i, p)
 
-    def _start_agent(self, index: int) -> None:
+    def _popen_agent(self) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "jupyter_mesh._runtime.agent_main"],
+            stdin=subprocess.PIPE,
+            env=self._env,
+            start_new_session=True,  # a notebook interrupt (SIGINT to the kernel's group) must not reach it
+        )
+
+    def _start_agent(self, index: int, p: subprocess.Popen[bytes] | None = None) -> None:
+        """Configure agent ``index`` (started now, unless ``p`` is one started already)."""
         nonce = secrets.token_hex(8)
         waiter = self._controller.expect_agent(nonce)
         curve = self._controller.transport.curve
@@ -74,15 +91,14 @@ class LocalJob(Job):
             "nested": self._controller.embedded,  # started by an actor inside a proc
             "stdin_lifeline": True,  # our death closes its stdin: a silent (busy) controller is alive
         }
-        p = subprocess.Popen(
-            [sys.executable, "-m", "jupyter_mesh._runtime.agent_boot"],
-            stdin=subprocess.PIPE,
-            env=self._env,
-            start_new_session=True,  # a notebook interrupt (SIGINT to the kernel's group) must not reach it
-        )
+        if p is None:
+            p = self._popen_agent()
         stdin: IO[bytes] = p.stdin  # type: ignore[assignment]
-        stdin.write(json.dumps(cfg).encode() + b"\n")  # the key travels over this private pipe only
-        stdin.flush()  # stdin stays open: its EOF is the agent's signal that we are gone
+        try:
+            stdin.write(json.dumps(cfg).encode() + b"\n")  # the key travels over this private pipe only
+            stdin.flush()  # stdin stays open: its EOF is the agent's signal that we are gone
+        except BrokenPipeError:  # it died while it loaded: _watch reports its exit to whoever waits
+            pass
         if index < len(self._procs):  # a replacement for a lost agent
             self._procs[index], self._waiters[index] = p, waiter
         else:
@@ -234,7 +250,7 @@ class BootstrapCommand:
 
 def default_bootstrap_cmd() -> BootstrapCommand:
     """The command that starts a host agent with this program's interpreter."""
-    return BootstrapCommand(sys.executable, ["-m", "jupyter_mesh._runtime.agent_boot"])
+    return BootstrapCommand(sys.executable, ["-m", "jupyter_mesh._runtime.agent_main"])
 
 
 _this_host: HostMesh | None = None
@@ -263,3 +279,14 @@ def this_host(preload: Sequence[str] | None = None) -> HostMesh:
                 preload = named or None
             _this_host = LocalJob(1, preload).host_mesh().slice(hosts=0)
         return _this_host
+
+
+def _drop(p: subprocess.Popen[bytes]) -> None:
+    """An agent started but never configured: EOF on its stdin ends it; waited for, so no zombie."""
+    try:
+        if p.stdin is not None:
+            p.stdin.close()
+        p.wait(10)
+    except (OSError, subprocess.TimeoutExpired):
+        p.kill()
+        p.wait()
