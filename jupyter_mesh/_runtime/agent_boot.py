@@ -13,7 +13,8 @@ Three ways, one agent (``agent.Agent``):
   another launcher; it waits for a controller holding the *mesh key* (``jupyter-mesh keygen``) to
   attach (``attach_to_workers``). The attach message, inside CURVE, carries the session's own keys;
   a session agent is started for it as a child, and when that session ends the listener waits for
-  the next controller. One session at a time: a second controller is refused, and told why.
+  the next controller. One session at a time: a second controller is refused, and told why, unless
+  the first has exited (``_controller_gone``).
 
 Never from argv or the environment: a key there is readable by every user through ``ps`` or
 ``/proc``.
@@ -26,6 +27,7 @@ import json
 import os
 import queue
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -223,6 +225,16 @@ def listen(address: str, key_file: str | None, once: bool = False) -> int:
                 print("jupyter-mesh agent: the same controller attaches again; ending its old session", flush=True)
                 _end_session(child)
                 child = None
+            if child is not None and _controller_gone(current):
+                # its controller exited (a kernel restart): the next one need not wait out the old
+                # session's silence timer (3 heartbeat timeouts)
+                why = f"{current} is gone (its port refuses connections)"
+                print(f"jupyter-mesh agent: {why}; ending its session for {cfg['controller']}", flush=True)
+                _end_session(child)
+                child = None
+                if once:
+                    _answer_once(cfg, refused="this agent served its one session (--once) and exits")
+                    return 0
             if child is not None:
                 _answer_once(cfg, refused=f"this agent already serves another controller (agent pid {child.pid})")
                 print(f"jupyter-mesh agent: refused {cfg['controller']}: busy with {current}", flush=True)
@@ -246,10 +258,28 @@ def _start_session(cfg: dict[str, Any]) -> subprocess.Popen[bytes]:
     return p
 
 
+def _controller_gone(address: str, timeout: float = 1.0) -> bool:
+    """Whether the controller at ``address`` has certainly exited: its port refuses connections.
+
+    Silence is no sign: a live controller busy in a long C call (holding its GIL), or stopped, misses
+    its heartbeats, yet its port still accepts (the kernel answers for it) and it must keep its host.
+    A host that does not answer at all proves nothing either. A connection that is accepted is closed
+    at once: the controller drops it unauthenticated, as any stranger's."""
+    try:
+        ip, port = parse_tcp(address)
+        with socket.create_connection((ip, port), timeout=timeout):
+            return False
+    except ConnectionRefusedError:
+        return True
+    except (OSError, ValueError):
+        return False
+
+
 def _end_session(p: subprocess.Popen[bytes]) -> None:
     """Our session's agent goes with us: SIGTERM (it tells its controller why, at once), EOF on its
-    stdin, then a kill if it lingers."""
+    stdin, then a kill if it lingers. A stopped one is resumed first, or the SIGTERM waits."""
     try:
+        p.send_signal(signal.SIGCONT)
         p.terminate()
     except OSError:
         pass

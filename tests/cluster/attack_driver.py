@@ -12,6 +12,7 @@ through stdin: one command a line, one JSON line out per command.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import sys
@@ -58,6 +59,9 @@ def main() -> None:
             elif cmd == "nap":
                 got = actor.nap.call(float(args[0])).get(timeout=60)
                 say(step=cmd, pids=[v for _, v in got.items()], seconds=time.monotonic() - t0)
+            elif cmd == "hold_gil":  # a long C call that keeps the GIL: no thread of ours runs meanwhile
+                ctypes.PyDLL(None).sleep(int(args[0]))
+                say(step=cmd)
             elif cmd == "stop_job":
                 job.stop()
                 say(step=cmd)

@@ -31,12 +31,12 @@ def _env(**extra: str) -> dict[str, str]:
 class Listener:
     """``jupyter-mesh agent --listen`` in a namespace host; its output is collected as it comes."""
 
-    def __init__(self, host, port: int):
+    def __init__(self, host, port: int, *args: str):
         self.host = host
         self.addr = f"tcp://{host.ip}:{port}"
         self.p = netns.run_in(
             host,
-            [PY, "-m", "jupyter_mesh.cli", "agent", "--listen", self.addr],
+            [PY, "-m", "jupyter_mesh.cli", "agent", "--listen", self.addr, *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             env=_env(),
@@ -163,6 +163,88 @@ def test_a_refused_attach_is_asked_afresh_and_leaves_no_phantom_session(netns_ho
     assert "error" not in seen["B asks again once A is gone"], (seen, log)
     assert seen["left on the listener's host after B stopped its job"] == [], (seen, log)
     assert "error" not in seen["C attaches"], (seen, log)
+
+
+# -- a controller that exited gives its host up to the next one at once; a silent one keeps it ------------
+@pytest.mark.parametrize("fault", ["kill", "stop", "hold_gil"])
+def test_the_host_of_an_exited_controller_goes_to_the_next_one_at_once_and_a_silent_ones_does_not(
+    netns_hosts, config_dir, fault
+):
+    """A kernel restart kills its controller, and the new kernel attaches to the same listeners at once.
+    They refused it ("already serves another controller") until the dead session's silence timer ended
+    it, 3 heartbeat timeouts (9 s) later. Now a listener asked by a second controller checks the first's
+    port: refused means it exited, and the host is handed over. A controller that is only silent
+    (stopped, or a C call holding its GIL for seconds) keeps its host: its port still accepts, the
+    second is refused, and it calls on once it runs again (a hand-over on silence lost it, 4d539f0)."""
+    ls = Listener(netns_hosts[2], 6105)
+    a, b = Driver(), Driver()
+    seen: dict[str, object] = {}
+    try:
+        assert "error" not in a(f"job {ls.addr}")
+        assert "error" not in a("agents 30")
+        r = a("spawn")
+        assert "error" not in r, r
+        old_procs = r["pids"]
+        if fault == "kill":
+            a.p.kill()
+            a.p.wait(10)
+        elif fault == "stop":
+            os.kill(a.p.pid, signal.SIGSTOP)
+        else:
+            a.send("hold_gil 5")
+            time.sleep(0.5)
+        assert "error" not in b(f"job {ls.addr}")
+        seen["B attaches"] = b("agents 30")
+        if fault == "kill":
+            seen["B spawns"] = b("spawn")
+            deadline = time.monotonic() + 15
+            while any(netns.alive(p) for p in old_procs) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            seen["A's procs still alive"] = [p for p in old_procs if netns.alive(p)]
+        else:
+            if fault == "stop":
+                os.kill(a.p.pid, signal.SIGCONT)
+            else:
+                seen["A's GIL held"] = a.read()
+            seen["A calls once it runs again"] = a("call 20")
+        b("stop_job")
+    finally:
+        if a.p.poll() is None:
+            os.kill(a.p.pid, signal.SIGCONT)
+        for d in (a, b):
+            d.close()
+        log = ls.stop()
+    print(json.dumps(seen, indent=1, default=str), log, sep="\n")
+    if fault == "kill":
+        assert "error" not in seen["B attaches"] and "error" not in seen["B spawns"], (seen, log)
+        assert seen["A's procs still alive"] == [], (seen, log)
+        assert "is gone (its port refuses connections)" in log and "no heartbeat from the controller" not in log, log
+    else:
+        assert "already serves another controller" in seen["B attaches"].get("error", ""), (seen, log)
+        assert "error" not in seen["A calls once it runs again"], (seen, log)
+        assert seen["A calls once it runs again"]["pids"] == old_procs, seen
+
+
+def test_a_once_listener_whose_controller_exited_refuses_the_next_and_exits(netns_hosts, config_dir):
+    """``--once`` serves one session: the first controller exiting ends it, and the second is told why
+    it is refused rather than given a second session."""
+    ls = Listener(netns_hosts[2], 6106, "--once")
+    a, b = Driver(), Driver()
+    try:
+        assert "error" not in a(f"job {ls.addr}")
+        assert "error" not in a("spawn")
+        a.p.kill()
+        a.p.wait(10)
+        assert "error" not in b(f"job {ls.addr}")
+        rb = b("agents 30")
+        ls.p.wait(20)
+    finally:
+        for d in (a, b):
+            d.close()
+        log = ls.stop()
+    assert "served its one session (--once)" in rb.get("error", ""), (rb, log)
+    assert ls.p.returncode == 0, log
+    assert ls.wait_free() == [], log
 
 
 # -- finding 1b: AttachJob.stop() drops its own SHUTDOWN: the session lingers 9 s, the listener is busy --
