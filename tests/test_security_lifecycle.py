@@ -11,7 +11,7 @@ import time
 
 import pytest
 from _procs import descendants, wait_dead
-from actors import Counter, Faulty
+from actors import Counter, Faulty, Sleeper
 
 from jupyter_mesh import LocalJob, SupervisionError
 
@@ -97,6 +97,41 @@ def test_killed_proc_fails_pending_call_and_later_calls(host):
             f.ok.call().get(timeout=5)
         g = pm.slice(gpus=0).spawn("g", Faulty)  # slices without the dead rank still work
         assert list(g.ok.call().get(timeout=5).values()) == ["fine"]
+    finally:
+        pm.stop(timeout=2)
+
+
+@pytest.mark.parametrize("how", ["os.kill", "ProcMesh.kill"])
+@pytest.mark.parametrize("endpoint", ["sync", "second_actor", "async"])
+def test_a_call_cut_by_sigterm_fails_with_the_procs_death_not_a_keyboardinterrupt(host, tmp_path, how, endpoint):
+    """SIGTERM stops a proc gracefully: its running call is interrupted and it dies of the signal.
+    The call must fail with that death (kind signal, SIGTERM), not with the interrupt's
+    KeyboardInterrupt and "the actors are still alive" (it raced the agent's report and won: a
+    listener or scancel ending an agent mid-call told the user of an interrupt on a live actor)."""
+    pm = host.spawn_procs(per_host={"gpus": 2})
+    try:
+        if endpoint == "second_actor":  # not the proc's first actor: it runs on a thread of its own
+            pm.spawn("first", Faulty).ok.call().get(timeout=10)
+        s = pm.spawn("s", Sleeper)
+        pid1 = pm.spawn("p", Faulty).slice(gpus=1).pid.call_one().get(timeout=10)
+        started = str(tmp_path / "started")
+        if endpoint == "async":
+            fut = s.slice(gpus=1).nap.call_one(30, started)
+        else:
+            fut = s.slice(gpus=1).busy_loop.call_one(30, started)
+        deadline = time.monotonic() + 10
+        while not os.path.exists(f"{started}1") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert os.path.exists(f"{started}1"), "the call never started"
+        if how == "os.kill":
+            os.kill(pid1, signal.SIGTERM)
+        else:
+            pm.kill(1)
+        with pytest.raises(SupervisionError, match="SIGTERM") as ei:
+            fut.get(timeout=10)
+        assert ei.value.failures[0].kind == "signal" and ei.value.failures[0].signal == signal.SIGTERM
+        assert "KeyboardInterrupt" not in str(ei.value)
+        assert list(s.slice(gpus=0).counts.call().get(timeout=5).values()) == [(0, 0)]  # rank 0 untouched
     finally:
         pm.stop(timeout=2)
 

@@ -59,6 +59,7 @@ class ProcSide(Protocol):
     coords: dict[str, int]
     point: Point
     agent_addr: str
+    terminated: bool  # stopped by SIGTERM: it dies of it
 
     def claim_main_thread(self, host: ActorHost) -> bool: ...
     def reply(self, h: dict[str, Any], ok: int, payload: bytes, bufs: list[Any]) -> None: ...
@@ -493,7 +494,14 @@ class ActorHost(ActorEnds):
             self._respond(h, result)
 
     def _call_failed(self, h: dict[str, Any], e: BaseException, ours: bool, port: ReplyPort | None) -> None:
-        """A call raised ``e`` (``ours``: before its endpoint ran, or our cancel / the proc's stop)."""
+        """A call raised ``e`` (``ours``: before its endpoint ran, or our cancel / the proc's stop).
+
+        A call cut by SIGTERM (its agent going: scancel, a listener stopped; ``ProcMesh.kill``) gets no
+        reply: the proc dies of that signal and the caller hears why from the rank's failure (the
+        agent's "it is exiting: it got SIGTERM", or the proc's exit). A reply here would race that
+        report on another socket and, arriving first, tell of a KeyboardInterrupt on a live actor."""
+        if ours and self.closing and self.runtime.terminated:
+            return
         if not ours:
             remote_pdb.post_mortem(e)  # only if asked (``jupyter_mesh.debug.post_mortem``)
         if self.fatal and not ours and not isinstance(e, Exception):

@@ -108,6 +108,7 @@ class ProcRuntime:
         self._main_host: queue.SimpleQueue[ActorHost | None] = queue.SimpleQueue()
         self._main_claimed = False
         self.stopping = False
+        self.terminated = False  # stopped by SIGTERM: it dies of it, and the cut calls get that cause
         remote_pdb.install(self._debug_event)  # breakpoint() pauses the calling actor for the controller
 
     def _debug_event(self, h: dict[str, Any]) -> None:
@@ -329,6 +330,7 @@ def main(cfg: dict[str, Any], key: bytes, lifeline_fd: int) -> int:
 
     def on_sigterm(*_: Any) -> None:
         terminated.set()
+        runtime.terminated = True
         threading.Thread(target=runtime.stop, name="sigterm", daemon=True).start()
 
     signal.signal(signal.SIGTERM, on_sigterm)
