@@ -31,10 +31,11 @@ chromium:
 		apt-get install -y -q -o DPkg::Lock::Timeout=300 chromium >/dev/null; }
 
 # multi-host tests (tests/cluster) run a real SLURM over network-namespace hosts: Debian's slurm-wlm and
-# munge; the tests start their own daemons from a temp dir (nothing in /etc/slurm, no system service used)
+# munge; the tests start their own daemons from a temp dir (nothing in /etc/slurm, no system service used).
+# nftables: a firewall inside one namespace host (a test's own table, gone with the namespace)
 cluster:
-	@command -v slurmctld >/dev/null || { apt-get update -q && \
-		apt-get install -y -q -o DPkg::Lock::Timeout=300 slurm-wlm munge >/dev/null; }
+	@{ command -v slurmctld && command -v nft; } >/dev/null || { apt-get update -q && \
+		apt-get install -y -q -o DPkg::Lock::Timeout=300 slurm-wlm munge nftables >/dev/null; }
 
 demo: $(STAMP)
 	$(COMPILE)

@@ -28,6 +28,7 @@ import os
 import queue
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -230,7 +231,7 @@ def listen(address: str, key_file: str | None, once: bool = False) -> int:
                 # session's silence timer (3 heartbeat timeouts)
                 why = f"{current} is gone (its port refuses connections)"
                 print(f"jupyter-mesh agent: {why}; ending its session for {cfg['controller']}", flush=True)
-                _end_session(child)
+                _end_session(child, controller_gone=True)
                 child = None
                 if once:
                     _answer_once(cfg, refused="this agent served its one session (--once) and exits")
@@ -259,14 +260,21 @@ def _start_session(cfg: dict[str, Any]) -> subprocess.Popen[bytes]:
 
 
 def _controller_gone(address: str, timeout: float = 1.0) -> bool:
-    """Whether the controller at ``address`` has certainly exited: its port refuses connections.
+    """Whether the controller at ``address`` has certainly exited: no connection of this host to its
+    port is established any more (its exit closed them all: our session agent's among them), and its
+    port refuses a new one.
 
     Silence is no sign: a live controller busy in a long C call (holding its GIL), or stopped, misses
     its heartbeats, yet its port still accepts (the kernel answers for it) and it must keep its host.
-    A host that does not answer at all proves nothing either. A connection that is accepted is closed
-    at once: the controller drops it unauthenticated, as any stranger's."""
+    A refusal alone is no proof either: a firewall may reject new connections (a REJECT of state NEW,
+    a connection limit, a forged ICMP port-unreachable) while the established ones work on, so the
+    session agent's own connection is asked first. A host that does not answer at all proves nothing.
+    A connection that is accepted is closed at once: the controller drops it unauthenticated, as any
+    stranger's."""
     try:
         ip, port = parse_tcp(address)
+        if _established_to(ip, port):
+            return False
         with socket.create_connection((ip, port), timeout=timeout):
             return False
     except ConnectionRefusedError:
@@ -275,22 +283,70 @@ def _controller_gone(address: str, timeout: float = 1.0) -> bool:
         return False
 
 
-def _end_session(p: subprocess.Popen[bytes]) -> None:
+_ESTABLISHED = "01"  # the TCP state in /proc/net/tcp
+
+
+def _established_to(ip: str, port: int) -> bool:
+    """Whether a TCP connection of this host (this network namespace) to ``ip:port`` is established.
+    Linux's /proc/net/tcp{,6}; elsewhere (no such table) True, which keeps the host with the session."""
+    want = ipaddress.ip_address(ip)
+    seen_table = False
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                lines = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        seen_table = True
+        for line in lines:
+            fields = line.split()
+            if len(fields) < 4 or fields[3] != _ESTABLISHED:
+                continue
+            rip, _, rport = fields[2].partition(":")
+            try:
+                words = [int(rip[i : i + 8], 16) for i in range(0, len(rip), 8)]
+                raw = struct.pack(f"={len(words)}I", *words)  # each word in host order, as the kernel prints it
+                remote = ipaddress.ip_address(raw)
+                if isinstance(remote, ipaddress.IPv6Address) and remote.ipv4_mapped is not None:
+                    remote = remote.ipv4_mapped
+                if remote == want and int(rport, 16) == port:
+                    return True
+            except (ValueError, struct.error):
+                continue
+    return not seen_table
+
+
+def _end_session(p: subprocess.Popen[bytes], controller_gone: bool = False) -> None:
     """Our session's agent goes with us: SIGTERM (it tells its controller why, at once), EOF on its
-    stdin, then a kill if it lingers. A stopped one is resumed first, or the SIGTERM waits."""
+    stdin, then a kill if it lingers. A stopped one is resumed first, or the SIGTERM waits.
+
+    When its controller has exited there is nobody to tell: EOF alone, the sign an agent reads as
+    "orphaned", so it also sweeps the session's shared memory (a SIGTERM's shutdown leaves that to
+    a controller that may still be sending). SIGTERM only if EOF did not end it."""
     try:
         p.send_signal(signal.SIGCONT)
-        p.terminate()
+        if not controller_gone:
+            p.terminate()
     except OSError:
         pass
     if p.stdin is not None:
         p.stdin.close()
-    deadline = time.monotonic() + 5.0
+    for escalate in [p.terminate, p.kill] if controller_gone else [p.kill]:
+        if _exits_within(p, 5.0):
+            return
+        try:
+            escalate()
+        except OSError:
+            pass
+    if not _exits_within(p, 5.0):  # unkillable (a disk wait): the listener goes on without it
+        print(f"jupyter-mesh agent: session pid {p.pid} did not exit after SIGKILL", file=sys.stderr, flush=True)
+
+
+def _exits_within(p: subprocess.Popen[bytes], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
     while p.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    if p.poll() is None:
-        p.kill()
-        p.wait(5.0)
+    return p.poll() is not None
 
 
 def main(early: EarlyStart | None = None) -> None:

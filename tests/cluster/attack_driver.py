@@ -62,6 +62,10 @@ def main() -> None:
             elif cmd == "hold_gil":  # a long C call that keeps the GIL: no thread of ours runs meanwhile
                 ctypes.PyDLL(None).sleep(int(args[0]))
                 say(step=cmd)
+            elif cmd == "shm_prefix":  # the names of this session's shared-memory segments
+                from jupyter_mesh._wire.shm import session_prefix
+
+                say(step=cmd, prefix=session_prefix(job._controller.key))
             elif cmd == "stop_job":
                 job.stop()
                 say(step=cmd)

@@ -88,10 +88,9 @@ class Listener:
 class Driver:
     """A controller process (attack_driver.py) steered one command at a time."""
 
-    def __init__(self, env: dict[str, str] | None = None):
-        self.p = subprocess.Popen(
-            [PY, DRIVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env or _env()
-        )
+    def __init__(self, env: dict[str, str] | None = None, host: netns.Host | None = None):
+        argv = [PY, DRIVER] if host is None else netns.nsenter_argv(host, [PY, DRIVER])
+        self.p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env or _env())
 
     def send(self, line: str) -> None:
         self.p.stdin.write(line + "\n")
@@ -185,6 +184,10 @@ def test_the_host_of_an_exited_controller_goes_to_the_next_one_at_once_and_a_sil
         r = a("spawn")
         assert "error" not in r, r
         old_procs = r["pids"]
+        # a one-shot segment whose receiver died before mapping it: the ended session sweeps it
+        segment = f"/dev/shm/{a('shm_prefix')['prefix']}{os.getpid():x}-1deadbeefdeadbeef"
+        with open(os.open(segment, os.O_CREAT | os.O_WRONLY, 0o600), "wb") as f:
+            f.write(b"x" * 4096)
         if fault == "kill":
             a.p.kill()
             a.p.wait(10)
@@ -198,9 +201,10 @@ def test_the_host_of_an_exited_controller_goes_to_the_next_one_at_once_and_a_sil
         if fault == "kill":
             seen["B spawns"] = b("spawn")
             deadline = time.monotonic() + 15
-            while any(netns.alive(p) for p in old_procs) and time.monotonic() < deadline:
+            while (any(netns.alive(p) for p in old_procs) or os.path.exists(segment)) and time.monotonic() < deadline:
                 time.sleep(0.1)
             seen["A's procs still alive"] = [p for p in old_procs if netns.alive(p)]
+            seen["A's segment left"] = os.path.exists(segment)
         else:
             if fault == "stop":
                 os.kill(a.p.pid, signal.SIGCONT)
@@ -214,15 +218,60 @@ def test_the_host_of_an_exited_controller_goes_to_the_next_one_at_once_and_a_sil
         for d in (a, b):
             d.close()
         log = ls.stop()
+        if os.path.exists(segment):
+            os.unlink(segment)
     print(json.dumps(seen, indent=1, default=str), log, sep="\n")
     if fault == "kill":
         assert "error" not in seen["B attaches"] and "error" not in seen["B spawns"], (seen, log)
-        assert seen["A's procs still alive"] == [], (seen, log)
+        assert seen["A's procs still alive"] == [] and not seen["A's segment left"], (seen, log)
         assert "is gone (its port refuses connections)" in log and "no heartbeat from the controller" not in log, log
     else:
         assert "already serves another controller" in seen["B attaches"].get("error", ""), (seen, log)
         assert "error" not in seen["A calls once it runs again"], (seen, log)
         assert seen["A calls once it runs again"]["pids"] == old_procs, seen
+
+
+@pytest.mark.parametrize("reject", ["tcp reset", "icmpx port-unreachable"])
+def test_a_live_controller_whose_host_rejects_new_connections_keeps_its_host(netns_hosts, config_dir, reject):
+    """A refused connection is not proof that a controller exited: a stateful firewall on its host may
+    reject new connections (a REJECT of state NEW, a connection limit) while the established ones,
+    its agents', work on. A listener asked by a second controller then took the live one's host and
+    procs. It now asks its session agent's connection first: still established, the first keeps it."""
+    ctl_host, other, listener_host = netns_hosts[0], netns_hosts[1], netns_hosts[2]
+    ls = Listener(listener_host, 6107)
+    a, b = Driver(host=ctl_host), Driver(host=other)
+    seen: dict[str, object] = {}
+    table = ["nft", "delete", "table", "inet", "jm_attack"]
+    try:
+        assert "error" not in a(f"job {ls.addr}")
+        assert "error" not in a("agents 30")
+        r = a("spawn")
+        assert "error" not in r, r
+        old_procs = r["pids"]
+        port = next(ln for ln in ls.lines if "attached by" in ln).split("attached by ")[1].split()[0].rsplit(":", 1)[1]
+        netns.check_output_in(ctl_host, ["nft", "add", "table", "inet", "jm_attack"])
+        netns.check_output_in(
+            ctl_host, ["nft", "add", "chain", "inet", "jm_attack", "input", "{ type filter hook input priority 0 ; }"]
+        )
+        rule = f"tcp dport {port} ct state new reject with {reject}"
+        netns.check_output_in(ctl_host, ["nft", "add", "rule", "inet", "jm_attack", "input", *rule.split()])
+        seen["A calls behind the firewall"] = a("call 20")
+        assert "error" not in b(f"job {ls.addr}")
+        seen["B attaches"] = b("agents 30")
+        seen["A calls after B"] = a("call 20")
+        b("stop_job")
+    finally:
+        try:
+            netns.check_output_in(ctl_host, table)
+        except subprocess.CalledProcessError:
+            pass
+        for d in (a, b):
+            d.close()
+        log = ls.stop()
+    print(json.dumps(seen, indent=1, default=str), log, sep="\n")
+    assert "error" not in seen["A calls behind the firewall"], (seen, log)
+    assert "already serves another controller" in seen["B attaches"].get("error", ""), (seen, log)
+    assert "error" not in seen["A calls after B"] and seen["A calls after B"]["pids"] == old_procs, (seen, log)
 
 
 def test_a_once_listener_whose_controller_exited_refuses_the_next_and_exits(netns_hosts, config_dir):
