@@ -10,12 +10,12 @@ on first use (every agent, fork server and proc starts through this file). The r
 
 from __future__ import annotations
 
-import importlib as _importlib
 import sys as _sys
 import types as _types
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ._core import lazy as _lazy
 from ._core import slots as _slots
 from ._version import __version__ as __version__
 
@@ -52,20 +52,12 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time each name l
         SerializationError,
         SupervisionError,
     )
-    from .jobs import (
-        AttachJob,
-        JobState,
-        LocalJob,
-        ProcessJob,
-        SlurmJob,
-        TorchXJob,
-        attach_to_workers,
-        default_bootstrap_cmd,
-        get_or_spawn_controller,
-        hosts_from_config,
-        this_host,
-        this_proc,
-    )
+    from .jobs.attach import AttachJob, attach_to_workers
+    from .jobs.local import LocalJob, default_bootstrap_cmd, this_host
+    from .jobs.process import JobState, ProcessJob, hosts_from_config
+    from .jobs.singletons import get_or_spawn_controller, this_proc
+    from .jobs.slurm import SlurmJob
+    from .jobs.torchx import TorchXJob
 
 # Every public name and the module it lives in, loaded on first use (PEP 562): an agent, a fork server
 # or a proc starts through this file and needs none of the API's modules (asyncio, the jobs) to begin;
@@ -106,35 +98,16 @@ _HOME = {
         ],
         ".errors",
     ),
-    **dict.fromkeys(
-        [
-            "AttachJob",
-            "JobState",
-            "LocalJob",
-            "ProcessJob",
-            "SlurmJob",
-            "TorchXJob",
-            "attach_to_workers",
-            "default_bootstrap_cmd",
-            "get_or_spawn_controller",
-            "hosts_from_config",
-            "this_host",
-            "this_proc",
-        ],
-        ".jobs",
-    ),
+    **dict.fromkeys(["AttachJob", "attach_to_workers"], ".jobs.attach"),
+    **dict.fromkeys(["LocalJob", "default_bootstrap_cmd", "this_host"], ".jobs.local"),
+    **dict.fromkeys(["JobState", "ProcessJob", "hosts_from_config"], ".jobs.process"),
+    **dict.fromkeys(["get_or_spawn_controller", "this_proc"], ".jobs.singletons"),
+    "SlurmJob": ".jobs.slurm",
+    "TorchXJob": ".jobs.torchx",
 }
 
 if not TYPE_CHECKING:  # (hidden from type checkers: a module __getattr__ would make every name valid)
-
-    def __getattr__(name: str) -> Any:
-        home = _HOME.get(name)
-        if home is None:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        module = _importlib.import_module(home, __name__)
-        value = module if name == "config" else getattr(module, name)
-        globals()[name] = value  # found directly from now on
-        return value
+    __getattr__ = _lazy.loader(__name__, _HOME, globals())
 
 
 def __dir__() -> list[str]:

@@ -5,7 +5,10 @@ the import graph has no circle. Parsed from the source, so a lazy import inside 
 from __future__ import annotations
 
 import ast
+import importlib
 import pathlib
+
+import pytest
 
 import jupyter_mesh
 
@@ -158,16 +161,21 @@ def test_the_facade_names_itself_and_keeps_plumbing_in_lowlevel():
     assert type(pickle.loads(pickle.dumps(err))) is jupyter_mesh.SupervisionError
 
 
-def test_the_facades_lazy_table_matches_what_type_checkers_read():
-    """``jupyter_mesh`` loads each public name on first use from the module ``_HOME`` names; type
-    checkers and editors read the imports under ``TYPE_CHECKING`` instead. The two, and ``__all__``,
-    must say the same, or a name works in one and not the other."""
-    tree = ast.parse((PKG / "__init__.py").read_text())
+@pytest.mark.parametrize("package", ["jupyter_mesh", "jupyter_mesh.jobs"])
+def test_a_lazy_packages_table_matches_what_type_checkers_read(package):
+    """``jupyter_mesh`` (and ``jupyter_mesh.jobs``) load each public name on first use from the module
+    ``_HOME`` names; type checkers and editors read the imports under ``TYPE_CHECKING`` instead. The two,
+    and ``__all__``, must say the same, or a name works in one and not the other."""
+    module = importlib.import_module(package)
+    tree = ast.parse(pathlib.Path(module.__file__).read_text())
     block = next(n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING")
     typed: dict[str, str] = {}
     for node in block.body:
-        assert isinstance(node, ast.ImportFrom) and node.level == 1, ast.dump(node)
+        assert isinstance(node, ast.ImportFrom) and node.level in (1, 2), ast.dump(node)
         for alias in node.names:
-            typed[alias.asname or alias.name] = "." + (node.module or alias.name)
-    assert typed == jupyter_mesh._HOME
-    assert set(jupyter_mesh.__all__) == (set(typed) - {"config"}) | {"unhandled_fault_hook"}
+            typed[alias.asname or alias.name] = "." * node.level + (node.module or alias.name)
+    assert typed == module._HOME
+    extra = {"unhandled_fault_hook"} if package == "jupyter_mesh" else set()
+    assert set(module.__all__) == (set(typed) - {"config"}) | extra
+    for name in module.__all__:
+        assert getattr(module, name) is not None

@@ -151,6 +151,44 @@ def test_the_facade_loads_a_name_on_first_use_and_knows_no_other():
     assert out == "module 'jupyter_mesh' has no attribute 'spawn_procs'"
 
 
+_IMPORT_RACE = """
+import importlib, threading
+import jupyter_mesh
+names = ["mod:jupyter_mesh._data.buffer", "attr:attach_to_workers", "attr:concurrent_endpoint",
+         "mod:jupyter_mesh.jobs.slurm", "attr:LocalJob", "mod:jupyter_mesh.jobs.local", "attr:MeshInterrupted"]
+start = threading.Barrier(len(names))
+errors = []
+def load(spec):
+    start.wait()
+    kind, name = spec.split(":")
+    try:
+        getattr(jupyter_mesh, name) if kind == "attr" else importlib.import_module(name)
+    except BaseException as e:
+        errors.append(f"{spec}: {e!r}")
+threads = [threading.Thread(target=load, args=(n,)) for n in names]
+[t.start() for t in threads]
+[t.join(60) for t in threads]
+print(errors or "ok")
+"""
+
+
+def test_threads_that_load_names_and_import_submodules_at_once_do_not_deadlock():
+    """Names load on first use, so threads may import the package's modules concurrently. A package whose
+    ``__init__`` imported its submodules (``jobs`` did) deadlocked CPython's module locks about one run in
+    four: one thread in ``jobs/__init__`` waiting for ``jobs.slurm``, another importing ``jobs.slurm``
+    directly and waiting for ``jobs`` (``_DeadlockError``). Fresh interpreters, each a new race."""
+    outs = []
+    for _ in range(15):  # two at a time: more at once on two cores makes the race rarer
+        pair = [
+            subprocess.Popen(
+                [sys.executable, "-c", _IMPORT_RACE], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+            for _ in range(2)
+        ]
+        outs += [p.communicate(timeout=120)[0].strip() for p in pair]
+    assert outs == ["ok"] * len(outs), [o for o in outs if o != "ok"]
+
+
 def test_public_api_is_sorted_and_complete():
     import jupyter_mesh
 

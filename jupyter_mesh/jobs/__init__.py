@@ -10,14 +10,40 @@ TorchX app (any TorchX scheduler); ``AttachJob`` / ``attach_to_workers`` attach 
 hand (``jupyter-mesh agent --listen``).
 """
 
-from .._runtime.hosts import AgentHandle, Job
-from .attach import AttachJob, attach_to_workers
-from .local import BootstrapCommand, LocalJob, default_bootstrap_cmd, this_host
-from .process import JobState, ProcessJob, hosts_from_config
-from .registry import job_class, job_names
-from .singletons import get_or_spawn_controller, this_proc
-from .slurm import SlurmJob
-from .torchx import TorchXJob
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .._core import lazy as _lazy
+
+if TYPE_CHECKING:  # what type checkers read; at run time each name loads on first use (_core.lazy says why)
+    from .._runtime.hosts import AgentHandle, Job
+    from .attach import AttachJob, attach_to_workers
+    from .local import BootstrapCommand, LocalJob, default_bootstrap_cmd, this_host
+    from .process import JobState, ProcessJob, hosts_from_config
+    from .registry import job_class, job_names
+    from .singletons import get_or_spawn_controller, this_proc
+    from .slurm import SlurmJob
+    from .torchx import TorchXJob
+
+_HOME = {
+    **dict.fromkeys(["AgentHandle", "Job"], ".._runtime.hosts"),
+    **dict.fromkeys(["AttachJob", "attach_to_workers"], ".attach"),
+    **dict.fromkeys(["BootstrapCommand", "LocalJob", "default_bootstrap_cmd", "this_host"], ".local"),
+    **dict.fromkeys(["JobState", "ProcessJob", "hosts_from_config"], ".process"),
+    **dict.fromkeys(["job_class", "job_names"], ".registry"),
+    **dict.fromkeys(["get_or_spawn_controller", "this_proc"], ".singletons"),
+    "SlurmJob": ".slurm",
+    "TorchXJob": ".torchx",
+}
+
+if not TYPE_CHECKING:
+    __getattr__ = _lazy.loader(__name__, _HOME, globals())
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
 
 __all__ = [
     "AgentHandle",
