@@ -76,9 +76,12 @@ def test_stopping_a_job_stops_its_meshes_so_calls_fail_at_once(second_host_mesh)
 
 # -- a LocalJob starts its agents before its controller ---------------------------------------------------
 @pytest.mark.integration
-def test_a_local_job_whose_controller_fails_to_start_leaves_no_agent(monkeypatch):
+@pytest.mark.parametrize("failing", ["controller", "second_popen", "second_config"])
+def test_a_local_job_that_fails_to_start_leaves_no_agent_and_says_nothing_of_them(monkeypatch, capfd, failing):
     """The agents' interpreters start before the controller (they load while it starts, and read their
-    configuration once it is up): a controller that fails must take them, and their templates, along."""
+    configuration once it is up): whatever fails next (the controller, starting the next agent,
+    configuring one) must take every one of them, and their templates, along. Silently: an agent
+    ended before its configuration used to print "expected a JSON configuration line" each."""
     import os
     import time
 
@@ -90,20 +93,30 @@ def test_a_local_job_whose_controller_fails_to_start_leaves_no_agent(monkeypatch
         raise RuntimeError("no controller today")
 
     started = []
-    popen = LocalJob._popen_agent
+    popen, configure = LocalJob._popen_agent, LocalJob._start_agent
 
     def record(self):
+        if failing == "second_popen" and started:
+            raise OSError("no second agent today")
         p = popen(self)
         started.append(p.pid)
         time.sleep(0.5)  # loaded far enough to have started its template
         return p
 
+    def configure_one(self, index, p=None):
+        if index == 1:
+            raise RuntimeError("no second configuration today")
+        configure(self, index, p)
+
     before = descendants(os.getpid())
-    monkeypatch.setattr(Controller, "get", classmethod(refuse))
     monkeypatch.setattr(LocalJob, "_popen_agent", record)
-    with pytest.raises(RuntimeError, match="no controller today"):
+    if failing == "controller":
+        monkeypatch.setattr(Controller, "get", classmethod(refuse))
+    elif failing == "second_config":
+        monkeypatch.setattr(LocalJob, "_start_agent", configure_one)
+    with pytest.raises((RuntimeError, OSError), match="today"):
         LocalJob(hosts=2)
-    assert len(started) == 2
+    assert len(started) == (1 if failing == "second_popen" else 2)
 
     def left() -> set[int]:  # the agents, and their templates (reparented once an agent exits)
         return (descendants(os.getpid()) - before) | {t for a in started for t in templates_of(a)}
@@ -112,3 +125,14 @@ def test_a_local_job_whose_controller_fails_to_start_leaves_no_agent(monkeypatch
     while left() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert left() == set()
+    assert "expected a JSON configuration line" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("preload", [[b"torch"], "torch", [None]])
+def test_a_local_job_refuses_a_preload_that_is_not_module_names_before_starting_anything(monkeypatch, preload):
+    def never(self):
+        raise AssertionError("an agent was started for a job whose arguments are wrong")
+
+    monkeypatch.setattr(LocalJob, "_popen_agent", never)
+    with pytest.raises(MeshValueError, match=r"preload=\.\.\.\) takes module names"):
+        LocalJob(1, preload)

@@ -321,6 +321,9 @@ def test_bootstrap_command_with_env_gives_the_procs_that_environment(host):
     finally:
         pm.stop()
         plain.stop()
+    # the module agents started as before agent_main (a script may have written it out) still works
+    old_module = type(base)(sys.executable, ["-m", "jupyter_mesh._runtime.agent_boot"], {"JM_TEST_MARK": "4"})
+    assert old_module.proc_env() == {"JM_TEST_MARK": "4"}
     other = type(base)("/usr/bin/env", ["python3"])  # procs fork from the agent: another program cannot apply
     with pytest.raises(ValueError, match="only the environment of a bootstrap command applies"):
         host.spawn_procs(per_host={"gpus": 1}, bootstrap_command=other)

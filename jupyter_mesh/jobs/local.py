@@ -42,17 +42,14 @@ class LocalJob(Job):
 
         if not isinstance(hosts, int) or hosts < 1:
             raise MeshValueError(f"LocalJob needs hosts >= 1, got {hosts!r}")
+        if preload is not None:  # checked before any agent starts: a bad name fails here, not in each agent
+            names = None if isinstance(preload, (str, bytes)) else list(preload)
+            if names is None or not all(isinstance(m, str) for m in names):
+                raise MeshValueError(
+                    f"LocalJob(preload=...) takes module names, a list of str (e.g. ['torch']), got {preload!r}"
+                )
+            preload = names
         self._env = {**os.environ, **env} if env else None  # the agents' (and so their procs') environment
-        # the agents' interpreters (and their templates) start first, while this process starts its
-        # controller; each reads its configuration from stdin once it has loaded
-        early = [self._popen_agent() for _ in range(hosts)]
-        try:
-            self._controller = Controller.get()
-            self._controller.register_job(self)
-        except BaseException:
-            for p in early:
-                _drop(p)
-            raise
         self._n = hosts
         # named: every fork waits for it; the default is warm: forks need not wait (``_runtime.template``)
         self._preload, self._warm = ([], default_preload()) if preload is None else (list(preload), [])
@@ -61,8 +58,22 @@ class LocalJob(Job):
         self._agents: list[AgentHandle] | None = None
         self._lost: set[int] = set()  # host indices whose agent is gone: replaced on next use
         self._stopped = False
-        for i, p in enumerate(early):  # configured now: the templates warm up while the user writes code
-            self._start_agent(i, p)
+        # the agents' interpreters (and their templates) start first, while this process starts its
+        # controller; each reads its configuration from stdin once it has loaded (the templates then
+        # warm up while the user writes code). Whatever fails on the way takes every one of them along.
+        early: list[subprocess.Popen[bytes]] = []
+        try:
+            for _ in range(hosts):
+                early.append(self._popen_agent())
+            self._controller = Controller.get()
+            for i, p in enumerate(early):
+                self._start_agent(i, p)
+            self._controller.register_job(self)
+        except BaseException:
+            self._stopped = True  # (their exit watchers report nothing)
+            for p in early:
+                _drop(p)
+            raise
 
     def _popen_agent(self) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
@@ -239,7 +250,8 @@ class BootstrapCommand:
         """What ``spawn_procs(bootstrap_command=self)`` applies: the environment. Procs fork from their host's
         agent, so another program or arguments cannot apply, and say so."""
         default = default_bootstrap_cmd()
-        if (os.path.realpath(self.program), self.args) != (os.path.realpath(default.program), default.args):
+        agent = [["-m", m] for m in ("jupyter_mesh._runtime.agent_main", "jupyter_mesh._runtime.agent_boot")]
+        if os.path.realpath(self.program) != os.path.realpath(default.program) or self.args not in agent:
             raise MeshValueError(
                 f"procs fork from their host's agent ({default.program} {' '.join(default.args)}), so only the "
                 f"environment of a bootstrap command applies, not {self.program} {' '.join(self.args)}; use "
@@ -282,8 +294,11 @@ def this_host(preload: Sequence[str] | None = None) -> HostMesh:
 
 
 def _drop(p: subprocess.Popen[bytes]) -> None:
-    """An agent started but never configured: EOF on its stdin ends it; waited for, so no zombie."""
+    """An agent of a job that failed to start: SIGTERM ends it at once and silently before its
+    configuration (a clean shutdown after), EOF on its stdin too; SIGKILL if it lingers; waited for,
+    so no zombie. Its template follows it (its lifeline pipe closes)."""
     try:
+        p.terminate()
         if p.stdin is not None:
             p.stdin.close()
         p.wait(10)
