@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import os
 import random
 import time
 
-from jupyter_mesh import Actor, current_rank, endpoint
+from jupyter_mesh import Actor, concurrent_endpoint, current_rank, endpoint
 
 
 class Counter(Actor):
@@ -175,6 +176,33 @@ class Sleeper(Actor):
     @endpoint
     def counts(self) -> tuple:
         return (self.finished, self.cancelled)
+
+
+class Lingering(Actor):
+    """Slow to die: an ``atexit`` handler of ``exit_s`` seconds (a flush, a checkpoint) runs after a
+    SIGTERM's stop; ``cnap`` is a concurrent endpoint."""
+
+    def __init__(self, exit_s: float = 0.0):
+        if exit_s:
+            atexit.register(time.sleep, exit_s)
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+    @endpoint
+    def nap(self, seconds: float, started: str = "") -> str:
+        if started:
+            open(f"{started}{current_rank().rank}", "w").close()
+        time.sleep(seconds)
+        return "finished"
+
+    @concurrent_endpoint
+    async def cnap(self, seconds: float, started: str = "") -> str:
+        if started:
+            open(f"{started}{current_rank().rank}", "w").close()
+        await asyncio.sleep(seconds)
+        return "finished"
 
 
 class Supervisor(Actor):

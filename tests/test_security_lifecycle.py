@@ -11,7 +11,7 @@ import time
 
 import pytest
 from _procs import descendants, wait_dead
-from actors import Counter, Faulty, Sleeper
+from actors import Counter, Faulty, Lingering, Sleeper
 
 from jupyter_mesh import LocalJob, SupervisionError
 
@@ -132,6 +132,34 @@ def test_a_call_cut_by_sigterm_fails_with_the_procs_death_not_a_keyboardinterrup
         assert ei.value.failures[0].kind == "signal" and ei.value.failures[0].signal == signal.SIGTERM
         assert "KeyboardInterrupt" not in str(ei.value)
         assert list(s.slice(gpus=0).counts.call().get(timeout=5).values()) == [(0, 0)]  # rank 0 untouched
+    finally:
+        pm.stop(timeout=2)
+
+
+@pytest.mark.parametrize("endpoint", ["nap", "cnap"])
+def test_a_call_cut_by_sigterm_on_a_proc_slow_to_die_fails_after_the_grace_not_its_timeout(host, tmp_path, endpoint):
+    """The cut call waits for the proc's death: a proc whose exit handlers take long (here 20 s)
+    answers it itself once CUT_GRACE passed, with SIGTERM as the cause, rather than leaving its caller
+    to a timeout. A concurrent endpoint (its own task, no cancel bookkeeping) likewise: not the
+    interrupt's CancelledError."""
+    from jupyter_mesh._runtime.proc import CUT_GRACE
+
+    pm = host.spawn_procs(per_host={"gpus": 1})
+    try:
+        a = pm.spawn("lingering", Lingering, 20.0)
+        pid = a.pid.call_one().get(timeout=10)
+        started = str(tmp_path / "started")
+        fut = getattr(a, endpoint).call_one(30, started)
+        deadline = time.monotonic() + 10
+        while not os.path.exists(f"{started}0") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        t0 = time.monotonic()
+        os.kill(pid, signal.SIGTERM)
+        with pytest.raises(SupervisionError, match="got SIGTERM") as ei:
+            fut.get(timeout=CUT_GRACE + 8)
+        assert time.monotonic() - t0 < CUT_GRACE + 5
+        assert ei.value.failures[0].signal == signal.SIGTERM
+        assert "CancelledError" not in str(ei.value) and "KeyboardInterrupt" not in str(ei.value)
     finally:
         pm.stop(timeout=2)
 

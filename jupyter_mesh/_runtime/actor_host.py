@@ -22,6 +22,7 @@ import signal
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import zmq
@@ -60,6 +61,8 @@ class ProcSide(Protocol):
     point: Point
     agent_addr: str
     terminated: bool  # stopped by SIGTERM: it dies of it
+
+    def hold_cut(self, answer: Callable[[], None]) -> None: ...
 
     def claim_main_thread(self, host: ActorHost) -> bool: ...
     def reply(self, h: dict[str, Any], ok: int, payload: bytes, bufs: list[Any]) -> None: ...
@@ -496,11 +499,13 @@ class ActorHost(ActorEnds):
     def _call_failed(self, h: dict[str, Any], e: BaseException, ours: bool, port: ReplyPort | None) -> None:
         """A call raised ``e`` (``ours``: before its endpoint ran, or our cancel / the proc's stop).
 
-        A call cut by SIGTERM (its agent going: scancel, a listener stopped; ``ProcMesh.kill``) gets no
-        reply: the proc dies of that signal and the caller hears why from the rank's failure (the
-        agent's "it is exiting: it got SIGTERM", or the proc's exit). A reply here would race that
-        report on another socket and, arriving first, tell of a KeyboardInterrupt on a live actor."""
+        A call cut by SIGTERM (its agent going: scancel, a listener stopped; ``ProcMesh.kill``) is not
+        answered with the interrupt: the proc dies of that signal and the caller hears why from the
+        rank's failure (the agent's "it is exiting: it got SIGTERM", or the proc's exit). An answer
+        here would race that report on another socket and, arriving first, tell of a
+        KeyboardInterrupt on a live actor (``ProcSide.hold_cut``)."""
         if ours and self.closing and self.runtime.terminated:
+            self._cut_by_sigterm(h)
             return
         if not ours:
             remote_pdb.post_mortem(e)  # only if asked (``jupyter_mesh.debug.post_mortem``)
@@ -508,6 +513,21 @@ class ActorHost(ActorEnds):
             self._die(h, e, "(a BaseException ends the actor)")
         elif h["rm"] != NO_REPLY or not ours:  # a broadcast cut by a cancel or a stop: no error of its own
             self._respond_error(h, e, port)
+
+    def _cut_by_sigterm(self, h: dict[str, Any]) -> None:
+        if h["rm"] == NO_REPLY:
+            return
+        rt = self.runtime
+        failure = Failure(
+            rt.mesh_name,
+            rt.coords,
+            "signal",
+            f"proc {os.getpid()} got SIGTERM during {self.name}.{h['ep']} and has not exited since (its exit "
+            "handlers or an actor's __cleanup__ still run)",
+            signal=signal.SIGTERM,
+            rank=rt.rank,
+        )
+        rt.hold_cut(lambda: rt.reply(h, BROKEN, dumps(failure)[0], []))
 
     # -- Monarch's explicit response ports and concurrent endpoints --------------------------------
     def _with_port(self, h: dict[str, Any], args: tuple[Any, ...]) -> tuple[tuple[Any, ...], ReplyPort | None]:
@@ -530,7 +550,10 @@ class ActorHost(ActorEnds):
                 args, port = self._with_port(h, args)
             result = await ep.fn(self.instance, *args, **kwargs)
         except BaseException as e:  # noqa: BLE001 - an endpoint's error is its caller's, not the proc's
-            self._respond_error(h, e, port)
+            if self.closing and self.runtime.terminated:  # cut by SIGTERM, as in ``_call_failed``
+                self._cut_by_sigterm(h)
+            else:
+                self._respond_error(h, e, port)
             return
         if not ep.explicit_port:
             self._respond(h, result)

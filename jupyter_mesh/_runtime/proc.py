@@ -21,6 +21,7 @@ import queue
 import signal
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -40,6 +41,9 @@ from .client import Client, set_current_client
 from .hooks import Embedding, embed
 from .rank_env import set_rank_env
 from .stacks import thread_stacks
+
+CUT_GRACE = 2.0
+"""Seconds a proc that got SIGTERM has to die before it answers the calls that SIGTERM cut itself."""
 
 __all__ = ["ProcRuntime", "live_actor", "main"]
 
@@ -109,7 +113,31 @@ class ProcRuntime:
         self._main_claimed = False
         self.stopping = False
         self.terminated = False  # stopped by SIGTERM: it dies of it, and the cut calls get that cause
+        self._cut: list[Callable[[], None]] = []  # answers to calls SIGTERM cut (``hold_cut``)
+        self._cut_lock = threading.Lock()
+        self._cut_due = False
         remote_pdb.install(self._debug_event)  # breakpoint() pauses the calling actor for the controller
+
+    def hold_cut(self, answer: Callable[[], None]) -> None:
+        """A call SIGTERM cut: its caller hears of the proc's death from the agent (an answer now would
+        race that report and tell of an interrupt on a live actor). Only a proc still alive
+        ``CUT_GRACE`` seconds later (a slow ``atexit`` handler, ``__cleanup__``) answers it after
+        all (``answer_cut``), so that no caller waits on a proc that does not end."""
+        with self._cut_lock:
+            if not self._cut_due:
+                self._cut.append(answer)
+                return
+        answer()
+
+    def answer_cut(self) -> None:
+        with self._cut_lock:
+            self._cut_due = True
+            cut, self._cut = self._cut, []
+        for answer in cut:
+            try:
+                answer()
+            except Exception:  # noqa: BLE001 - the caller is gone: nobody to tell
+                pass
 
     def _debug_event(self, h: dict[str, Any]) -> None:
         self.transport.send(self.agent_addr, Message({**h, "m": self.mesh_id, "rk": self.rank}))
@@ -331,12 +359,20 @@ def main(cfg: dict[str, Any], key: bytes, lifeline_fd: int) -> int:
     def on_sigterm(*_: Any) -> None:
         terminated.set()
         runtime.terminated = True
-        threading.Thread(target=runtime.stop, name="sigterm", daemon=True).start()
+        # one thread, started last: the stop interrupts this (main) thread, maybe still in this handler.
+        # A daemon: the interpreter's exit does not wait for it, and it runs beside the atexit handlers
+        threading.Thread(target=_stop_for_sigterm, args=(runtime,), name="sigterm", daemon=True).start()
 
     signal.signal(signal.SIGTERM, on_sigterm)
     atexit.register(_die_of_sigterm, terminated)  # registered first, so it runs after the user's handlers
     runtime.serve()
     return 0
+
+
+def _stop_for_sigterm(runtime: ProcRuntime) -> None:
+    runtime.stop()
+    time.sleep(CUT_GRACE)  # the proc is dead by now, unless its exit handlers take long
+    runtime.answer_cut()
 
 
 def _die_of_sigterm(terminated: threading.Event) -> None:
