@@ -27,15 +27,11 @@ class NoTransport:
     def encode(self, msg: Message, to: Any, local: bool = False) -> list[Any]:
         return [msg.header]
 
-    def send_raw(self, address: str, frames: Any, wait: bool = True) -> None:
+    def send_raw(self, address: str, frames: Any) -> None:
         self.sent.append(address)
 
-    def send(self, address: str, msg: Message, local: bool = False, wait: bool = True) -> None:
+    def send(self, address: str, msg: Message, local: bool = False) -> None:
         self.sent.append(address)
-
-    @staticmethod
-    def wait_sent(tracker: Any) -> None:
-        return None
 
     def forget(self, address: str, linger_ms: int = 0) -> None:
         return None

@@ -30,11 +30,11 @@ class Tap:
         t = Controller.get().transport
         send, decode = t._send_frames, t.decode
 
-        def tapped_send(address, frames, wait):
+        def tapped_send(address, frames):
             self.sent.append(
                 (address, [bytes(memoryview(f.buffer if isinstance(f, zmq.Frame) else f)) for f in frames])
             )
-            return send(address, frames, wait)
+            return send(address, frames)
 
         def tapped_decode(frames, inbox=None):
             self.received.append([bytes(memoryview(f.buffer if isinstance(f, zmq.Frame) else f)) for f in frames])

@@ -409,7 +409,6 @@ class Client:
         if self.hooks.sent is not None:
             self.hooks.sent(mesh, [rank])
         box = self.boxes.for_call() if self.boxes is not None else None
-        tracker = None
         held = interrupts.hold()  # Ctrl-C waits until the call is sent and counted, or known unsent
         try:
             with calls.lock:
@@ -435,7 +434,7 @@ class Client:
                         header["l"] = 1  # data plane: the reply may come back through shared memory too
                     try:
                         address = self._actor_addr(ref, rank, mesh._actor_id)
-                        tracker = self.transport.send(address, Message(header, payload, bufs), local=local, wait=False)
+                        self.transport.send(address, Message(header, payload, bufs), local=local)
                     except BaseException as e:  # never sent (full /dev/shm, closed): no gap, nothing pending
                         self._unseq(mesh, [rank])
                         self.calls.pending.pop(call_id, None)
@@ -450,7 +449,6 @@ class Client:
                 interrupts.release()
         if box is not None and self.boxes is not None and err is None:
             self.boxes.sent()
-        self.transport.wait_sent(tracker)
         if err is not None:
             self._after_unsent(ref, rank, fut, err)
         return fut

@@ -13,6 +13,7 @@ import pickle
 import weakref
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .._wire.frame_send import owned
 from .._wire.protocol import BROKEN
 from .._wire.transport import Message, Transport
 from ..errors import CallSite, DeliveryError, Failure, MeshError
@@ -69,7 +70,7 @@ def send_cast(
         tops = [i for i, parent in enumerate(tp) if parent < 0]
     else:
         tops = list(range(len(hosts)))
-    trackers: list[Any] = []
+    sent = 0  # top agents the cast went to
     undelivered: list[tuple[int, Failure]] = []
     interrupted: BaseException | None = None
     # busy before the send: a fast reply (the ranks' -1) must not come before the +1
@@ -90,16 +91,17 @@ def send_cast(
                 return
             header["i"] = c._register(p) if p is not None else 0
             header["q"] = c._seqs(mesh, ranks)
-            sent = 0
             rec = None
             if tp is not None:  # recorded before the send: an agent's UNFORWARDED may come at once
                 rec = TreeCast(ref, header, hosts, ranks, weakref.ref(p) if p is not None else None)
                 c.trees.record(rec)
             try:
-                # signed once for the agents it goes through (each relays it to its procs as is)
+                # signed once for the agents it goes through (each relays it to its procs as is), its
+                # buffers copied once for all of them
                 frames = c.transport.encode(Message(header, payload, bufs), agents)
+                frames = owned(frames) if len(tops) > 1 else frames
                 for i in tops:
-                    trackers.append(c.transport.send_raw(agents[i], frames, wait=False))
+                    c.transport.send_raw(agents[i], frames)
                     sent += 1
             except BaseException as e:
                 if not sent:  # nobody got it: as if it never happened
@@ -127,13 +129,11 @@ def send_cast(
                 if not isinstance(e, Exception):  # an interrupt: raised once the books are right
                     interrupted = e
     finally:
-        c.cast_sends += len(trackers)
+        c.cast_sends += sent
         if held:
             interrupts.release()
-        if counted and not trackers:  # not sent (blocked, or no host got it): not busy after all
+        if counted and not sent:  # not sent (blocked, or no host got it): not busy after all
             c.hooks.activity(ref.mesh_id, ranks, -1)  # type: ignore[misc]
-    for tracker in trackers:
-        c.transport.wait_sent(tracker)
     if undelivered and p is not None:
         for r, f in undelivered:
             c.outcomes.add(p, p.call_id, r, BROKEN, pickle.dumps(f), [])

@@ -51,7 +51,6 @@ __all__ = ["Message", "Transport", "TransportStats"]
 log = logging.getLogger("jupyter_mesh.transport")
 
 _compare_digest, _unpackb = hmac.compare_digest, msgpack.unpackb
-BUFFER_SEND_WAIT = 30.0  # seconds a send waits for ZeroMQ to let go of the caller's buffers
 _SIG_LEN = 32
 _per_thread = threading.local()
 
@@ -325,45 +324,30 @@ class Transport:
                     self._outs[address] = entry
         return entry
 
-    def send(self, address: str, msg: Message, local: bool = False, wait: bool = True) -> zmq.MessageTracker | None:
-        """Send ``msg``. With buffers, ZeroMQ sends them from the caller's memory: by default this
-        waits until it let go of them (value semantics); ``wait=False`` returns the tracker instead,
-        for the caller to :meth:`wait_sent` once it released its locks."""
-        return self._send_frames(address, self.encode(msg, address, local), wait)
+    def send(self, address: str, msg: Message, local: bool = False) -> None:
+        """Send ``msg``. Its buffers are copied as they go (``frame_send``): once this returns the
+        caller may change them, and a peer that reads nothing holds nobody."""
+        self._send_frames(address, self.encode(msg, address, local))
 
-    def send_raw(self, address: str, frames: Sequence[Any], wait: bool = True) -> zmq.MessageTracker | None:
-        """Forward frames already signed by someone else (agents relay casts without re-signing)."""
-        return self._send_frames(address, list(frames), wait)
+    def send_raw(self, address: str, frames: Sequence[Any]) -> None:
+        """Forward frames already signed by someone else (agents relay casts without re-signing), or
+        signed once for several peers (``frame_send.owned`` shares one copy of the buffers)."""
+        self._send_frames(address, list(frames))
 
-    def _send_frames(self, address: str, frames: list[Any], wait: bool) -> zmq.MessageTracker | None:
+    def _send_frames(self, address: str, frames: list[Any]) -> None:
         if len(frames) == 3 and address.endswith(_lane.MARK) and self._lane_out.send(address, frames):
             self.stats.sent += 1  # same host, small: straight into the reader's socket (``lane``)
-            return None
+            return
         sock, lock = self._out(address)
         with lock:
             try:
-                tracker = send_frames(sock, frames)  # (large buffers of the caller's: waited for below)
+                send_frames(sock, frames)
             except BaseException:
                 # interrupted half-way (Ctrl-C between frames): the socket would glue the rest of
                 # this message to the next one, so it goes and a fresh one is made on next use
                 self._discard(address, sock)
                 raise
         self.stats.sent += 1
-        if tracker is not None and wait:
-            self.wait_sent(tracker)
-            return None
-        return tracker
-
-    @staticmethod
-    def wait_sent(tracker: zmq.MessageTracker | None) -> None:
-        """Value semantics: once this returns, the sender may change its tensors. A peer that never
-        reads (it died) must not block us forever: its message is lost anyway."""
-        if tracker is None:
-            return
-        try:
-            tracker.wait(BUFFER_SEND_WAIT)
-        except zmq.NotDone:
-            pass
 
     def _discard(self, address: str, sock: zmq.Socket[Any]) -> None:
         with self._outs_lock:

@@ -96,7 +96,7 @@ class AttachJob(Job):
         if self._door is None:
             ip = local_ip_towards(parse_tcp(addr)[0])
             self._door = Transport(self._kf.key, f"tcp://{ip}", self._kf.curve)
-        self._door.send(addr, Message({"k": Kind.ATTACH, "cfg": session}), wait=False)
+        self._door.send(addr, Message({"k": Kind.ATTACH, "cfg": session}))
         return waiter
 
     def agents(self, timeout: float = 60.0) -> list[AgentHandle]:

@@ -6,6 +6,8 @@ through stdin: one command a line, one JSON line out per command.
     spawn              a proc mesh (1 per host) with an actor on it, then one call
     call [T]           call that actor
     nap S              a call that sleeps S seconds
+    stopped_echo MIB   SIGSTOP the (one) proc, call_one it with a MIB MiB array, change the array, SIGCONT:
+                       how long call_one took to return, and whether the actor got the array unchanged
     stop_job           job.stop()
     quit               stop everything and exit
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import signal
 import sys
 import time
 
@@ -29,6 +32,10 @@ class P(Actor):
     @endpoint
     def pid(self) -> int:
         return os.getpid()
+
+    @endpoint
+    def echo(self, x):
+        return x
 
     @endpoint
     def nap(self, s: float) -> int:
@@ -62,6 +69,21 @@ def main() -> None:
             elif cmd == "hold_gil":  # a long C call that keeps the GIL: no thread of ours runs meanwhile
                 ctypes.PyDLL(None).sleep(int(args[0]))
                 say(step=cmd)
+            elif cmd == "stopped_echo":
+                import numpy as np
+
+                (pid,) = actor.pid.call().get(timeout=30).values()
+                arr = np.zeros(int(args[0]) << 20, np.uint8)
+                os.kill(pid, signal.SIGSTOP)
+                try:
+                    t = time.monotonic()
+                    fut = actor.echo.call_one(arr)
+                    returned = time.monotonic() - t
+                    arr[:] = 1  # value semantics: the call carries what the array held when it was made
+                finally:
+                    os.kill(pid, signal.SIGCONT)
+                got = fut.get(timeout=60)
+                say(step=cmd, returned_s=returned, nbytes=int(got.nbytes), unchanged=not got.any())
             elif cmd == "shm_prefix":  # the names of this session's shared-memory segments
                 from jupyter_mesh._wire.shm import session_prefix
 

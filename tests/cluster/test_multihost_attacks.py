@@ -164,6 +164,31 @@ def test_a_refused_attach_is_asked_afresh_and_leaves_no_phantom_session(netns_ho
     assert "error" not in seen["C attaches"], (seen, log)
 
 
+# -- a large argument to a stopped proc on another host holds nobody -------------------------------------
+@pytest.mark.parametrize("mib", [1, 64])
+def test_a_large_argument_to_a_stopped_proc_on_another_host_returns_at_once_with_value_semantics(
+    netns_hosts, config_dir, mib
+):
+    """Across hosts a tensor travels on the control plane (CURVE TCP). ZeroMQ sent one of 1 MiB or
+    more from the caller's memory, and the call waited until ZeroMQ let go of it: the whole message
+    written out, which a proc that reads nothing (SIGSTOP) stops, so ``call_one`` itself blocked
+    until the proc was declared dead. Now the buffer is copied as it is sent: the call returns at
+    once, the proc gets the array as it was at the call, and it answers once resumed."""
+    ls = Listener(netns_hosts[2], 6108)
+    d = Driver()
+    try:
+        assert "error" not in d(f"job {ls.addr}")
+        assert "error" not in d("agents 30")
+        assert "error" not in d("spawn")
+        r = d(f"stopped_echo {mib}")
+        d("stop_job")
+    finally:
+        d.close()
+        log = ls.stop()
+    assert "error" not in r, (r, log)
+    assert r["returned_s"] < 1.0 and r["nbytes"] == mib << 20 and r["unchanged"], r
+
+
 # -- a controller that exited gives its host up to the next one at once; a silent one keeps it ------------
 @pytest.mark.parametrize("fault", ["kill", "stop", "hold_gil"])
 def test_the_host_of_an_exited_controller_goes_to_the_next_one_at_once_and_a_silent_ones_does_not(
