@@ -63,7 +63,6 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time each name l
 # or a proc starts through this file and needs none of the API's modules (asyncio, the jobs) to begin;
 # a script pays only for what it names. tests/test_layers.py checks this table against the block above.
 _HOME = {
-    "config": ".config",  # a module
     **dict.fromkeys(["Accumulator", "send"], "._api.adverbs"),
     "HostMesh": "._api.host_mesh",
     **dict.fromkeys(["ActorMesh", "MeshEndpoint", "ProcMesh"], "._api.mesh"),
@@ -122,7 +121,7 @@ def _controller_client() -> Any:
 
 
 def _render(mesh: Any) -> dict[str, Any]:
-    from .ui.widget import mimebundle  # on first display: importing jupyter_mesh stays light
+    from .ui.mesh_widget import mimebundle  # on first display: importing jupyter_mesh stays light
 
     return mimebundle(mesh)
 

@@ -120,7 +120,7 @@ def test_the_import_graph_has_no_circle():
     for v in sorted(graph):
         if v not in index:
             visit(v)
-    # a package importing its own submodules (``jupyter_mesh.ui`` re-exporting ``ui.widget``) while
+    # a package importing its own submodules (``jupyter_mesh.ui`` re-exporting ``ui.mesh_widget``) while
     # they import a sibling through it is Python's normal package loading, not a circle of concepts
     assert not circles, "import circles:\n  " + "\n  ".join(" <-> ".join(c) for c in circles)
 
@@ -161,21 +161,29 @@ def test_the_facade_names_itself_and_keeps_plumbing_in_lowlevel():
     assert type(pickle.loads(pickle.dumps(err))) is jupyter_mesh.SupervisionError
 
 
-@pytest.mark.parametrize("package", ["jupyter_mesh", "jupyter_mesh.jobs"])
+@pytest.mark.parametrize("package", ["jupyter_mesh", "jupyter_mesh.jobs", "jupyter_mesh.spmd", "jupyter_mesh.ui"])
 def test_a_lazy_packages_table_matches_what_type_checkers_read(package):
-    """``jupyter_mesh`` (and ``jupyter_mesh.jobs``) load each public name on first use from the module
-    ``_HOME`` names; type checkers and editors read the imports under ``TYPE_CHECKING`` instead. The two,
-    and ``__all__``, must say the same, or a name works in one and not the other."""
+    """These packages load each public name on first use from the module ``_HOME`` names; type checkers
+    and editors read the imports under ``TYPE_CHECKING`` instead. The two, and ``__all__``, must say the
+    same, or a name works in one and not the other. No name is also a submodule's: importing that
+    submodule would make the name the module (``ui.widget`` was both)."""
     module = importlib.import_module(package)
     tree = ast.parse(pathlib.Path(module.__file__).read_text())
     block = next(n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING")
     typed: dict[str, str] = {}
+    submodules = set()
     for node in block.body:
         assert isinstance(node, ast.ImportFrom) and node.level in (1, 2), ast.dump(node)
         for alias in node.names:
-            typed[alias.asname or alias.name] = "." * node.level + (node.module or alias.name)
+            if node.module is None:  # ``from . import config``: a submodule, found as one
+                submodules.add(alias.asname or alias.name)
+            else:
+                typed[alias.asname or alias.name] = "." * node.level + node.module
     assert typed == module._HOME
-    extra = {"unhandled_fault_hook"} if package == "jupyter_mesh" else set()
-    assert set(module.__all__) == (set(typed) - {"config"}) | extra
-    for name in module.__all__:
+    here = pathlib.Path(module.__file__).parent
+    assert not [n for n in typed if (here / f"{n}.py").exists() or (here / n / "__init__.py").exists()]
+    defined_here = {"unhandled_fault_hook"} if package == "jupyter_mesh" else set()
+    defined_here |= {"load_ipython_extension"} if package == "jupyter_mesh.ui" else set()
+    assert set(module.__all__) == set(typed) | defined_here
+    for name in [*module.__all__, *submodules]:
         assert getattr(module, name) is not None

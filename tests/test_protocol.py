@@ -155,7 +155,9 @@ _IMPORT_RACE = """
 import importlib, threading
 import jupyter_mesh
 names = ["mod:jupyter_mesh._data.buffer", "attr:attach_to_workers", "attr:concurrent_endpoint",
-         "mod:jupyter_mesh.jobs.slurm", "attr:LocalJob", "mod:jupyter_mesh.jobs.local", "attr:MeshInterrupted"]
+         "mod:jupyter_mesh.jobs.slurm", "attr:LocalJob", "mod:jupyter_mesh.jobs.local", "attr:MeshInterrupted",
+         "mod:jupyter_mesh.ui.mesh_widget", "mod:jupyter_mesh.ui.values", "mod:jupyter_mesh.ui.hub",
+         "mod:jupyter_mesh.spmd.launch", "mod:jupyter_mesh.spmd.actor", "mod:jupyter_mesh.spmd.stuck"]
 start = threading.Barrier(len(names))
 errors = []
 def load(spec):
@@ -174,8 +176,8 @@ print(errors or "ok")
 
 def test_threads_that_load_names_and_import_submodules_at_once_do_not_deadlock():
     """Names load on first use, so threads may import the package's modules concurrently. A package whose
-    ``__init__`` imported its submodules (``jobs`` did) deadlocked CPython's module locks about one run in
-    four: one thread in ``jobs/__init__`` waiting for ``jobs.slurm``, another importing ``jobs.slurm``
+    ``__init__`` imported its submodules (``jobs`` did; ``spmd`` and ``ui`` every time) deadlocked
+    CPython's module locks: one thread in ``jobs/__init__`` waiting for ``jobs.slurm``, another importing ``jobs.slurm``
     directly and waiting for ``jobs`` (``_DeadlockError``). Fresh interpreters, each a new race."""
     outs = []
     for _ in range(15):  # two at a time: more at once on two cores makes the race rarer

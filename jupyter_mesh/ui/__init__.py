@@ -12,10 +12,21 @@ when it is first used. The optional dependencies come with ``pip install 'jupyte
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .sidebar_comm import TARGET, install
-from .widget import MeshTable, snapshot, widget
+from .._core import lazy as _lazy
+
+if TYPE_CHECKING:  # what type checkers read; at run time each name loads on first use (_core.lazy says why)
+    from .mesh_widget import MeshTable, snapshot, widget
+    from .sidebar_comm import TARGET, install
+
+_HOME = {
+    **dict.fromkeys(["TARGET", "install"], ".sidebar_comm"),
+    **dict.fromkeys(["MeshTable", "snapshot", "widget"], ".mesh_widget"),
+}
+
+if not TYPE_CHECKING:
+    __getattr__ = _lazy.loader(__name__, _HOME, globals())
 
 __all__ = ["TARGET", "MeshTable", "install", "load_ipython_extension", "snapshot", "widget"]
 
@@ -26,4 +37,10 @@ def load_ipython_extension(ip: Any) -> None:
     if kernel is None:
         print("jupyter_mesh.ui: not running in a Jupyter kernel; use jupyter_mesh.ui.widget() or `jupyter-mesh status`")
         return
+    from .sidebar_comm import install
+
     install(kernel, name="python", announce=True)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
