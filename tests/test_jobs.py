@@ -128,7 +128,44 @@ def test_a_local_job_that_fails_to_start_leaves_no_agent_and_says_nothing_of_the
     assert "expected a JSON configuration line" not in capfd.readouterr().err
 
 
-@pytest.mark.parametrize("preload", [[b"torch"], "torch", [None]])
+@pytest.mark.integration
+def test_a_ctrl_c_while_a_local_job_starts_ends_every_agent_it_started(monkeypatch):
+    """Ctrl-C (SIGINT to the main thread) lands while the agents start: held until they all are (a
+    KeyboardInterrupt between two Popens, or inside one, left agents and zombies), then the job
+    ends every one of them and the KeyboardInterrupt goes on."""
+    import os
+    import signal
+    import time
+
+    from _procs import descendants, templates_of
+
+    started = []
+    popen = LocalJob._popen_agent
+
+    def interrupted(self):
+        p = popen(self)
+        started.append(p.pid)
+        if len(started) == 2:
+            os.kill(os.getpid(), signal.SIGINT)  # between the second agent and the third
+            time.sleep(0.2)
+        return p
+
+    before = descendants(os.getpid())
+    monkeypatch.setattr(LocalJob, "_popen_agent", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        LocalJob(hosts=4)
+    assert len(started) == 4  # the interrupt waited for the loop
+
+    def left() -> set[int]:
+        return (descendants(os.getpid()) - before) | {t for a in started for t in templates_of(a)}
+
+    deadline = time.monotonic() + 15
+    while left() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert left() == set()
+
+
+@pytest.mark.parametrize("preload", [[b"torch"], "torch", [None], [""], ["os; import sys"], ["a/b"]])
 def test_a_local_job_refuses_a_preload_that_is_not_module_names_before_starting_anything(monkeypatch, preload):
     def never(self):
         raise AssertionError("an agent was started for a job whose arguments are wrong")

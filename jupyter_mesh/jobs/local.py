@@ -22,6 +22,7 @@ from typing import IO, Any
 from .._api.host_mesh import HostMesh
 from .._core.future import Future, time_left
 from .._core.shape import Shape
+from .._runtime import interrupts
 from .._runtime.hosts import AgentHandle, Job
 from .._wire.protocol import VERSION, Kind
 from ..errors import MeshClosedError, MeshError, MeshTimeoutError, MeshValueError
@@ -44,7 +45,7 @@ class LocalJob(Job):
             raise MeshValueError(f"LocalJob needs hosts >= 1, got {hosts!r}")
         if preload is not None:  # checked before any agent starts: a bad name fails here, not in each agent
             names = None if isinstance(preload, (str, bytes)) else list(preload)
-            if names is None or not all(isinstance(m, str) for m in names):
+            if names is None or not all(isinstance(m, str) and _module_name(m) for m in names):
                 raise MeshValueError(
                     f"LocalJob(preload=...) takes module names, a list of str (e.g. ['torch']), got {preload!r}"
                 )
@@ -62,18 +63,24 @@ class LocalJob(Job):
         # controller; each reads its configuration from stdin once it has loaded (the templates then
         # warm up while the user writes code). Whatever fails on the way takes every one of them along.
         early: list[subprocess.Popen[bytes]] = []
+        held = interrupts.hold()  # Ctrl-C waits until every agent runs configured, or all are ended
         try:
-            for _ in range(hosts):
-                early.append(self._popen_agent())
-            self._controller = Controller.get()
-            for i, p in enumerate(early):
-                self._start_agent(i, p)
-            self._controller.register_job(self)
-        except BaseException:
-            self._stopped = True  # (their exit watchers report nothing)
-            for p in early:
-                _drop(p)
-            raise
+            try:
+                for _ in range(hosts):
+                    early.append(self._popen_agent())
+                self._controller = Controller.get()
+                for i, p in enumerate(early):
+                    self._start_agent(i, p)
+                self._controller.register_job(self)
+                if held and interrupts.take():  # came meanwhile: the job goes, as if it never started
+                    raise KeyboardInterrupt
+            except BaseException:
+                self._stopped = True  # (their exit watchers report nothing)
+                _drop(early)
+                raise
+        finally:
+            if held:
+                interrupts.release()
 
     def _popen_agent(self) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
@@ -293,15 +300,27 @@ def this_host(preload: Sequence[str] | None = None) -> HostMesh:
         return _this_host
 
 
-def _drop(p: subprocess.Popen[bytes]) -> None:
-    """An agent of a job that failed to start: SIGTERM ends it at once and silently before its
-    configuration (a clean shutdown after), EOF on its stdin too; SIGKILL if it lingers; waited for,
-    so no zombie. Its template follows it (its lifeline pipe closes)."""
-    try:
-        p.terminate()
-        if p.stdin is not None:
-            p.stdin.close()
-        p.wait(10)
-    except (OSError, subprocess.TimeoutExpired):
-        p.kill()
-        p.wait()
+def _module_name(name: str) -> bool:
+    """``torch``, ``numpy.linalg``: what an import statement takes (not a path, not code)."""
+    return all(part.isidentifier() for part in name.split("."))
+
+
+def _drop(agents: list[subprocess.Popen[bytes]]) -> None:
+    """The agents of a job that failed to start: SIGTERM ends each at once and silently before its
+    configuration (a clean shutdown after), EOF on its stdin too; SIGKILL if it lingers; each waited
+    for, so no zombie. Their templates follow (their lifeline pipes close). All are signalled before
+    any is waited for."""
+    for p in agents:
+        try:
+            p.terminate()
+            if p.stdin is not None:
+                p.stdin.close()
+        except OSError:
+            pass
+    deadline = time.monotonic() + 10.0
+    for p in agents:
+        try:
+            p.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
