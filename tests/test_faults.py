@@ -141,6 +141,29 @@ def test_killed_template_is_restarted_and_its_procs_reported():
     assert not wait_dead(job.pids(), 5)
 
 
+def test_a_fork_server_that_dies_at_every_start_is_restarted_ever_more_slowly(tmp_path, capfd):
+    """A preload (or an environment) the template cannot start with kills every template at once: the
+    agent restarted it as fast as it died (66 times in 8 s, a core, its error printed each time). After
+    the second such death in a row it now waits (1 s, then twice as long each time), and a spawn
+    meanwhile fails at once with the cause rather than at its timeout."""
+    (tmp_path / "jm_dies_on_import.py").write_text("import os\nos._exit(3)\n")
+    job = LocalJob(hosts=1, preload=["jm_dies_on_import"], env={"PYTHONPATH": str(tmp_path)})
+    try:
+        with pytest.raises(SupervisionError, match="fork server"):
+            job.host_mesh().spawn_procs(per_host={"gpus": 1}, timeout=30)
+        time.sleep(2.5)
+        t0 = time.monotonic()
+        with pytest.raises(SupervisionError, match="times in a row within 10 s of its start") as ei:
+            job.host_mesh().spawn_procs(per_host={"gpus": 1}, timeout=30)
+        assert time.monotonic() - t0 < 20, ei.value  # (not the spawn's 30 s timeout)
+        time.sleep(3)
+    finally:
+        job.stop()
+    assert not wait_dead(job.pids(), 5)
+    deaths = capfd.readouterr().err.count("jupyter-mesh agent: its host's fork server")
+    assert 3 <= deaths <= 7, deaths  # 0, 0, +1, +2, +4 s...: not one per ~0.1 s
+
+
 def test_a_dead_procs_last_output_leaves_out_the_notebooks_markers(host):
     """The notebook's output markers (a `%%mesh` cell's end, OUT_SYNC) are protocol, not the user's
     output: the tail shown when a proc dies has the user's lines only."""

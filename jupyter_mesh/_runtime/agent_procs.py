@@ -11,6 +11,7 @@ import selectors
 import signal
 import sys
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 from .._wire.protocol import BROKEN, Kind
@@ -75,9 +76,12 @@ class ProcWatch:
             unborn = list(fs.pending.values())
             cause = fs.reap()
             # the new one before anyone hears of the failure: a spawn sent in answer to it must not
-            # go to the dead one's socket (lost: it waited for its timeout)
-            fs.start()
-            self.sel.register(fs.sock, selectors.EVENT_READ, ("template", None))
+            # go to the dead one's socket (lost: it waited for its timeout). In a crash loop, later:
+            # meanwhile forks fail with the cause (``_watch_template``)
+            delay = fs.died(cause, time.monotonic())
+            if not delay:
+                fs.start()
+                self.sel.register(fs.sock, selectors.EVENT_READ, ("template", None))
         for p in forked:
             kill(p.pid, signal.SIGKILL)
             self._proc_exited(p.pid, None, signal.SIGKILL, cause)
@@ -86,7 +90,10 @@ class ProcWatch:
         with self.lock:
             for mesh in {p.mesh_id: self.meshes[p.mesh_id] for p in unborn if p.mesh_id in self.meshes}.values():
                 self._check_waiters(mesh)
-        print(f"jupyter-mesh agent: {cause}; started a new one", file=sys.stderr)
+        if delay:
+            print(f"jupyter-mesh agent: {fs.down_cause}", file=sys.stderr)
+        else:
+            print(f"jupyter-mesh agent: {cause}; started a new one", file=sys.stderr)
 
     def _heartbeat_tick(self, now: float) -> None:
         """Ping every running proc but the idle ones (``quiet``); one that stops answering is watched
@@ -148,9 +155,17 @@ class ProcWatch:
 
     def _watch_template(self, now: float) -> None:
         """Forks overdue while the template is stopped (SIGSTOP): those starts fail now, with the cause;
-        its procs live on. A slow template (a long preload) is left alone: the spawn's timeout says so."""
+        its procs live on. A slow template (a long preload) is left alone: the spawn's timeout says so.
+        Forks asked while a crash loop pauses (``ForkServer.died``) fail at the next tick, with its cause."""
+        fs = self.forkserver
         with self.lock:
-            why = self.forkserver.overdue(now, self.hb_timeout)
+            if fs.down:  # a crash loop's pause: forks asked meanwhile fail with its cause; then a new one
+                why: str | None = fs.down_cause if fs.pending else None
+                if now >= fs.down_until:
+                    fs.start()
+                    self.sel.register(fs.sock, selectors.EVENT_READ, ("template", None))
+            else:
+                why = fs.overdue(now, self.hb_timeout)
         if why is None:
             return
         with self.lock:

@@ -22,6 +22,11 @@ from .template import launch
 __all__ = ["ForkServer"]
 
 
+QUICK_DEATH_S = 10.0
+"""A template that dies this soon after its start counts toward a crash loop (``ForkServer.died``)."""
+MAX_BACKOFF = 30.0
+
+
 class ForkServer:
     def __init__(
         self,
@@ -39,11 +44,15 @@ class ForkServer:
         self._asked: dict[int, float] = {}  # token -> when that fork was asked for
         self._tokens = iter(range(1, 1 << 62))
         self._watch: Liveness | None = None  # its signs of life while forks are overdue
+        self.quick_deaths = 0  # templates in a row that died soon after their start (``died``)
+        self.down_until = 0.0  # while it is down (a crash loop backs off): when the next one starts
+        self.down_cause = ""
         self.start(started)
 
     def start(self, started: tuple[subprocess.Popen[bytes], socket.socket] | None = None) -> None:
         """(Re)start the template; the caller registers ``sock`` with its selector."""
         proc, ours = started or launch(self._lifeline_r)
+        self.started_at, self.down_until, self.down_cause = time.monotonic(), 0.0, ""
         self.serving = proc.pid  # the process that forks: its warm child once that took over (``template``)
         self.warming = 0  # that warm child while it imports (held forks wait for it)
         self.ending: dict[str, Any] | None = None  # the template's last word: its warm child died (how, when)
@@ -64,13 +73,39 @@ class ForkServer:
 
     def load(self, modules: list[str]) -> None:
         """Import ``modules`` now, and in every later template."""
-        self.send({"op": "preload", "modules": modules, "token": 0})
         self.preload += [m for m in modules if m not in self.preload]
+        if not self.down:
+            self.send({"op": "preload", "modules": modules, "token": 0})
+
+    @property
+    def down(self) -> bool:
+        """Between a crash loop's templates: forks fail with ``down_cause`` until ``down_until``."""
+        return self.down_until > 0.0
+
+    def died(self, cause: str, now: float) -> float:
+        """It died (reaped, with ``cause``): how long to wait before the next one, 0 for at once. A
+        template that dies soon after its start (a preload or an environment it cannot start with)
+        would die again: after the second such death in a row the next start waits, 1 s and then twice
+        as long each time (at most ``MAX_BACKOFF``), rather than restarting as fast as it dies (a core
+        spent, its error printed hundreds of times a minute)."""
+        self.quick_deaths = self.quick_deaths + 1 if now - self.started_at < QUICK_DEATH_S else 0
+        if self.quick_deaths < 2:
+            return 0.0
+        delay = min(MAX_BACKOFF, 2.0 ** (self.quick_deaths - 2))
+        self.down_until = now + delay
+        self.down_cause = (
+            f"{cause}; it died {self.quick_deaths} times in a row within {QUICK_DEATH_S:.0f} s of its start, "
+            f"so the next one starts in {delay:.0f} s. The agent's stderr has the template's error: check "
+            "the job's preload and environment"
+        )
+        return delay
 
     def fork(self, p: ProcEntry, cfg: dict[str, Any], fds: list[int]) -> None:
         token = next(self._tokens)
         self.pending[token] = p
         self._asked[token] = time.monotonic()
+        if self.down:  # failed with the cause by the agent's next tick (``give_up_waiting``)
+            return
         try:
             self.send({"op": "fork", "token": token, "cfg": cfg}, fds)
         except OSError:  # it died and the agent has not read its EOF yet: when it does, the
@@ -138,5 +173,7 @@ class ForkServer:
         return f"its host's fork server ({who}) {how}, taking its procs with it"
 
     def stop(self) -> None:
+        if self.down:
+            return  # reaped already
         self.proc.kill()
         self.proc.wait(5)
