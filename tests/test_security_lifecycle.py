@@ -164,6 +164,34 @@ def test_a_call_cut_by_sigterm_on_a_proc_slow_to_die_fails_after_the_grace_not_i
         pm.stop(timeout=2)
 
 
+def test_procmesh_kill_ends_a_proc_slow_to_die_so_its_queued_calls_and_casts_fail_too(host, tmp_path):
+    """``ProcMesh.kill`` (SIGTERM) of a proc whose exit handlers take 20 s: the running call is
+    answered after the grace, and the calls queued behind it and a cast over both ranks (gathered by
+    the agent: it waits for the death) fail once the agent's SIGKILL follows, 5 s on, not at 20 s."""
+    from jupyter_mesh._runtime.agent import KILL_GRACE
+
+    pm = host.spawn_procs(per_host={"gpus": 2})
+    try:
+        a = pm.spawn("lingering", Lingering, 20.0)
+        a.pid.call().get(timeout=10)
+        started = str(tmp_path / "started")
+        one = a.slice(gpus=1)
+        running = one.nap.call_one(30, started)
+        queued = [one.pid.call_one() for _ in range(3)]
+        cast = a.nap.call(1)
+        deadline = time.monotonic() + 10
+        while not os.path.exists(f"{started}1") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        t0 = time.monotonic()
+        pm.kill(1)
+        for fut in [running, *queued, cast]:
+            with pytest.raises(SupervisionError, match=r"SIGTERM|SIGKILL"):
+                fut.get(timeout=KILL_GRACE + 10)
+        assert time.monotonic() - t0 < KILL_GRACE + 8
+    finally:
+        pm.stop(timeout=2)
+
+
 def test_kill_9_agent_takes_its_procs_down():
     job = LocalJob(hosts=1)
     hm = job.host_mesh()

@@ -404,7 +404,8 @@ class ProcMesh(_MeshTrait):
         """Stop one proc (by index in this view, or by coordinates) with ``sig`` (default SIGTERM).
 
         The rank then counts as failed, like any other death: calls to it raise SupervisionError
-        until :meth:`respawn` gives it a new proc.
+        until :meth:`respawn` gives it a new proc. A proc sent SIGTERM that has not ended 5 s later
+        (its ``atexit`` handlers still run, or it ignores the signal) is sent SIGKILL.
         """
         self._owner_only("kill")
         self._check_open()

@@ -44,6 +44,10 @@ from .quiet import QuietProcs
 from .relay import Relay
 from .template import EarlyStart
 
+KILL_GRACE = 5.0
+"""Seconds a proc that ``ProcMesh.kill`` sent SIGTERM has to end (its exit handlers, ``__cleanup__``)
+before it is sent SIGKILL: calls queued on it, and casts it is part of, then fail with its death."""
+
 __all__ = ["Agent"]
 
 
@@ -286,7 +290,12 @@ class Agent(ProcWatch):
             self._reply((h["s"], h["i"]), RAISED, MeshValueError(f"rank {h['rk']} is not running"))
             return
         p.killed_by_user = True
-        kill(p.pid, int(h.get("sig", signal.SIGTERM)))
+        sig = int(h.get("sig", signal.SIGTERM))
+        kill(p.pid, sig)
+        if sig == signal.SIGTERM:  # a proc whose exit handlers run on (or that ignores it) dies anyway
+            t = threading.Timer(KILL_GRACE, self._escalate, args=([p],))
+            t.daemon = True
+            t.start()
         self._reply((h["s"], h["i"]), OK, p.pid)
 
     def _proc_up(self, h: dict[str, Any]) -> None:

@@ -11,7 +11,6 @@ memory instead (``_shm``) and never get here.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,15 +28,16 @@ class _WarmCopies:
     """Buffers that the caller's large frames are copied into, each reused once ZeroMQ let go of it.
 
     A fresh allocation of 64 MiB costs ~16k page faults on its first write, which made the copy 3-4
-    times a memcpy. At most ``keep`` free buffers stay (the last ones used).
+    times a memcpy. At most ``keep`` free buffers stay (the last ones used), and at most ``max_bytes``
+    are lent to ZeroMQ at once: past that (a peer that reads nothing holds its messages until it is
+    declared dead and its socket closed) a frame is copied by ZeroMQ, as a small one is.
 
-    Backpressure: at most ``max_bytes`` are lent to ZeroMQ at once. A program that sends faster than
-    its peers read (a loop of ``call_one(batch)`` to a slow or stopped proc) waits, once that much is
-    on its way, until the oldest is written out, at most ``max_wait`` seconds; after that its frame
-    is copied by ZeroMQ, as a small one is, and the send goes on."""
+    A send never waits here: it runs under the socket's lock (which the heartbeats and the socket's
+    close need) and, for a cast, the calls' lock. A wait for memory there stalled a whole controller
+    behind one stopped proc (helper-56)."""
 
-    def __init__(self, keep: int = 2, max_bytes: int = 512 << 20, max_wait: float = 30.0):
-        self.keep, self.max_bytes, self.max_wait = keep, max_bytes, max_wait
+    def __init__(self, keep: int = 2, max_bytes: int = 512 << 20):
+        self.keep, self.max_bytes = keep, max_bytes
         self._lock = threading.Lock()
         self._free: list[bytearray] = []
         self._lent: list[tuple[bytearray, zmq.MessageTracker]] = []
@@ -59,27 +59,17 @@ class _WarmCopies:
         return frame
 
     def _take(self, n: int) -> bytearray | None:
-        """A free buffer for ``n`` bytes, a new one, or None (lent past ``max_bytes`` for ``max_wait``)."""
-        deadline = time.monotonic() + self.max_wait
-        while True:
-            with self._lock:
-                self._lent, back = [(b, t) for b, t in self._lent if not t.done], [b for b, t in self._lent if t.done]
-                self._free = (self._free + back)[-self.keep :]
-                fits = [b for b in self._free if n <= len(b) <= 2 * n]
-                if fits:
-                    buf = min(fits, key=len)
-                    self._free.remove(buf)
-                    return buf
-                if not self._lent or sum(len(b) for b, _ in self._lent) + n <= self.max_bytes:
-                    break  # (one frame larger than max_bytes goes when nothing else is on its way)
-                oldest = self._lent[0][1]
-            left = deadline - time.monotonic()
-            if left <= 0:
+        """A free buffer for ``n`` bytes, a new one, or None (``max_bytes`` are lent already)."""
+        with self._lock:
+            self._lent, back = [(b, t) for b, t in self._lent if not t.done], [b for b, t in self._lent if t.done]
+            self._free = (self._free + back)[-self.keep :]
+            fits = [b for b in self._free if n <= len(b) <= 2 * n]
+            if fits:
+                buf = min(fits, key=len)
+                self._free.remove(buf)
+                return buf
+            if sum(len(b) for b, _ in self._lent) + n > self.max_bytes:
                 return None
-            try:
-                oldest.wait(min(left, 0.5))
-            except zmq.NotDone:
-                pass
         return bytearray(n)
 
 
