@@ -199,11 +199,13 @@ def listen(address: str, key_file: str | None, once: bool = False) -> int:
     print(f"jupyter-mesh agent: waiting to be attached at {transport.address} (pid {os.getpid()})", flush=True)
     child: subprocess.Popen[bytes] | None = None
     current = ""  # the controller of the running session
+    key = ""  # and its key (its shared-memory segments are named after it)
     served = 0
     try:
         while not stop.is_set():
             if child is not None and child.poll() is not None:
                 print(f"jupyter-mesh agent: session ended (exit {child.returncode}); waiting again", flush=True)
+                _sweep_session(key)
                 child = None
                 if once and served:
                     return 0
@@ -225,6 +227,7 @@ def listen(address: str, key_file: str | None, once: bool = False) -> int:
                 # the same controller again: it gave the old session up (a cut, a stall); so do we
                 print("jupyter-mesh agent: the same controller attaches again; ending its old session", flush=True)
                 _end_session(child)
+                _sweep_session(key)
                 child = None
             if child is not None and _controller_gone(current):
                 # its controller exited (a kernel restart): the next one need not wait out the old
@@ -232,6 +235,7 @@ def listen(address: str, key_file: str | None, once: bool = False) -> int:
                 why = f"{current} is gone (its port refuses connections)"
                 print(f"jupyter-mesh agent: {why}; ending its session for {cfg['controller']}", flush=True)
                 _end_session(child, controller_gone=True)
+                _sweep_session(key)
                 child = None
                 if once:
                     _answer_once(cfg, refused="this agent served its one session (--once) and exits")
@@ -241,12 +245,14 @@ def listen(address: str, key_file: str | None, once: bool = False) -> int:
                 print(f"jupyter-mesh agent: refused {cfg['controller']}: busy with {current}", flush=True)
                 continue
             child = _start_session(cfg)
-            current = cfg["controller"]
+            current, key = cfg["controller"], cfg["key"]
             served += 1
             print(f"jupyter-mesh agent: attached by {cfg['controller']} (session pid {child.pid})", flush=True)
     finally:
-        if child is not None and child.poll() is None:
-            _end_session(child)
+        if child is not None:
+            if child.poll() is None:
+                _end_session(child)
+            _sweep_session(key)
         transport.close()
     return 0
 
@@ -257,6 +263,17 @@ def _start_session(cfg: dict[str, Any]) -> subprocess.Popen[bytes]:
     stdin.write(json.dumps(cfg).encode() + b"\n")
     stdin.flush()  # stays open: when the listener dies, so does its session
     return p
+
+
+def _sweep_session(key_hex: str) -> None:
+    """An ended session's shared-memory segments: its agent sweeps them only when orphaned (EOF), and a
+    SIGTERM'd or killed one leaves them; its procs are gone with it, so nobody on this host claims them."""
+    from .._wire import shm
+
+    try:
+        shm.sweep(shm.session_prefix(bytes.fromhex(key_hex)))
+    except (ValueError, OSError):
+        pass
 
 
 def _controller_gone(address: str, timeout: float = 1.0) -> bool:

@@ -445,6 +445,38 @@ def test_a_listener_stopped_mid_session_says_so(netns_hosts, config_dir):
     assert "unreachable" not in err and "exiting" in err, (err, log)
 
 
+@pytest.mark.parametrize("how", ["listener_stopped", "session_agent_killed"])
+def test_an_ended_session_leaves_no_shared_memory_on_its_host(netns_hosts, config_dir, how):
+    """A session agent sweeps its session's /dev/shm segments only when orphaned (its stdin's EOF): one
+    ended by SIGTERM (its listener stopped) or killed left them, there for good. The listener now
+    sweeps them whenever a session ends."""
+    ls = Listener(netns_hosts[2], 6109)
+    d = Driver()
+    try:
+        assert "error" not in d(f"job {ls.addr}")
+        assert "error" not in d("agents 30")
+        assert "error" not in d("spawn")
+        segment = f"/dev/shm/{d('shm_prefix')['prefix']}{os.getpid():x}-1deadbeefdeadbeef"
+        with open(os.open(segment, os.O_CREAT | os.O_WRONLY, 0o600), "wb") as f:
+            f.write(b"x" * 4096)
+        if how == "listener_stopped":
+            os.kill(ls.pid, signal.SIGTERM)
+            ls.p.wait(20)
+        else:
+            session = next(ln for ln in ls.lines if "session pid" in ln).split("session pid ")[1].split(")")[0]
+            os.kill(int(session), signal.SIGKILL)
+            deadline = time.monotonic() + 15
+            while not any("session ended" in ln for ln in ls.lines) and time.monotonic() < deadline:
+                time.sleep(0.1)
+        left = os.path.exists(segment)
+    finally:
+        d.close()
+        log = ls.stop()
+        if os.path.exists(segment):
+            os.unlink(segment)
+    assert not left, log
+
+
 # -- finding 4: %mesh up --attach to a wrong address blocks the notebook for 5 minutes -------------------
 def test_mesh_up_attach_to_nothing_fails_within_a_minute(netns_hosts, config_dir):
     """``%mesh up --attach tcp://IP:PORT`` with nothing listening there: MeshRegistry.up gives every
