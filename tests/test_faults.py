@@ -164,6 +164,24 @@ def test_a_fork_server_that_dies_at_every_start_is_restarted_ever_more_slowly(tm
     assert 3 <= deaths <= 7, deaths  # 0, 0, +1, +2, +4 s...: not one per ~0.1 s
 
 
+def test_a_working_fork_server_killed_by_hand_again_and_again_is_restarted_at_once():
+    """Only a template that never forked counts toward a crash loop: one killed by hand right after it
+    forked (twice, quickly) is no crash loop, and the next spawn does not meet a pause."""
+    job = LocalJob(hosts=1, preload=[])
+    try:
+        agent = job.pids()[0]
+        for _ in range(3):
+            pm = job.host_mesh().spawn_procs(per_host={"gpus": 1})
+            template = template_of(agent, set(pm.pids().values()))
+            os.kill(template, signal.SIGKILL)
+            assert not wait_dead(set(pm.pids().values()), 10)
+        pm = job.host_mesh().spawn_procs(per_host={"gpus": 1}, timeout=30)
+        assert pm.spawn("c", Counter, 0).incr.call_one().get(20) == 1
+    finally:
+        job.stop()
+    assert not wait_dead(job.pids(), 5)
+
+
 def test_a_dead_procs_last_output_leaves_out_the_notebooks_markers(host):
     """The notebook's output markers (a `%%mesh` cell's end, OUT_SYNC) are protocol, not the user's
     output: the tail shown when a proc dies has the user's lines only."""

@@ -86,7 +86,7 @@ class ProcWatch:
             kill(p.pid, signal.SIGKILL)
             self._proc_exited(p.pid, None, signal.SIGKILL, cause)
         for p in unborn:  # asked for, never forked: those starts fail with the cause
-            p.alive, p.tail = False, collections.deque([cause + "\n"], maxlen=30)
+            p.alive, p.tail = False, collections.deque([(fs.down_cause if delay else cause) + "\n"], maxlen=30)
         with self.lock:
             for mesh in {p.mesh_id: self.meshes[p.mesh_id] for p in unborn if p.mesh_id in self.meshes}.values():
                 self._check_waiters(mesh)

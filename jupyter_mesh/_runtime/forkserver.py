@@ -24,7 +24,7 @@ __all__ = ["ForkServer"]
 
 QUICK_DEATH_S = 10.0
 """A template that dies this soon after its start counts toward a crash loop (``ForkServer.died``)."""
-MAX_BACKOFF = 30.0
+MAX_BACKOFF = 8.0  # (the host recovers this soon once the cause is fixed, a module on disk say)
 
 
 class ForkServer:
@@ -84,10 +84,10 @@ class ForkServer:
 
     def died(self, cause: str, now: float) -> float:
         """It died (reaped, with ``cause``): how long to wait before the next one, 0 for at once. A
-        template that dies soon after its start (a preload or an environment it cannot start with)
-        would die again: after the second such death in a row the next start waits, 1 s and then twice
-        as long each time (at most ``MAX_BACKOFF``), rather than restarting as fast as it dies (a core
-        spent, its error printed hundreds of times a minute)."""
+        template that dies soon after its start, before it ever forked (a preload or an environment it
+        cannot start with), would die again: after the second such death in a row the next start
+        waits, 1 s and then twice as long each time (at most ``MAX_BACKOFF``), rather than restarting
+        as fast as it dies (a core spent, its error printed hundreds of times a minute)."""
         self.quick_deaths = self.quick_deaths + 1 if now - self.started_at < QUICK_DEATH_S else 0
         if self.quick_deaths < 2:
             return 0.0
@@ -113,6 +113,7 @@ class ForkServer:
 
     def forked(self, token: int) -> ProcEntry | None:
         """The template answered fork ``token``: the proc it was for (None if forgotten)."""
+        self.quick_deaths = 0  # it works: a death from now on is no crash loop (a kill by hand, say)
         self._asked.pop(token, None)
         return self.pending.pop(token, None)
 
