@@ -152,10 +152,8 @@ def test_a_fork_server_that_dies_at_every_start_is_restarted_ever_more_slowly(tm
         with pytest.raises(SupervisionError, match="fork server"):
             job.host_mesh().spawn_procs(per_host={"gpus": 1}, timeout=30)
         time.sleep(2.5)
-        t0 = time.monotonic()
-        with pytest.raises(SupervisionError, match="times in a row within 10 s of its start") as ei:
-            job.host_mesh().spawn_procs(per_host={"gpus": 1}, timeout=30)
-        assert time.monotonic() - t0 < 20, ei.value  # (not the spawn's 30 s timeout)
+        with pytest.raises(SupervisionError, match="times in a row within 10 s of its start"):
+            job.host_mesh().spawn_procs(per_host={"gpus": 1}, timeout=30)  # (not its MeshTimeoutError)
         time.sleep(3)
     finally:
         job.stop()

@@ -226,16 +226,14 @@ def listen(address: str, key_file: str | None, once: bool = False) -> int:
             if child is not None and cfg["controller"] == current:
                 # the same controller again: it gave the old session up (a cut, a stall); so do we
                 print("jupyter-mesh agent: the same controller attaches again; ending its old session", flush=True)
-                _end_session(child)
-                _sweep_session(key)
+                _end_session(child, key)
                 child = None
             if child is not None and _controller_gone(current):
                 # its controller exited (a kernel restart): the next one need not wait out the old
                 # session's silence timer (3 heartbeat timeouts)
                 why = f"{current} is gone (its port refuses connections)"
                 print(f"jupyter-mesh agent: {why}; ending its session for {cfg['controller']}", flush=True)
-                _end_session(child, controller_gone=True)
-                _sweep_session(key)
+                _end_session(child, key, controller_gone=True)
                 child = None
                 if once:
                     _answer_once(cfg, refused="this agent served its one session (--once) and exits")
@@ -250,9 +248,7 @@ def listen(address: str, key_file: str | None, once: bool = False) -> int:
             print(f"jupyter-mesh agent: attached by {cfg['controller']} (session pid {child.pid})", flush=True)
     finally:
         if child is not None:
-            if child.poll() is None:
-                _end_session(child)
-            _sweep_session(key)
+            _end_session(child, key)
         transport.close()
     return 0
 
@@ -333,13 +329,14 @@ def _established_to(ip: str, port: int) -> bool:
     return not seen_table
 
 
-def _end_session(p: subprocess.Popen[bytes], controller_gone: bool = False) -> None:
+def _end_session(p: subprocess.Popen[bytes], key_hex: str, controller_gone: bool = False) -> None:
     """Our session's agent goes with us: SIGTERM (it tells its controller why, at once), EOF on its
     stdin, then a kill if it lingers. A stopped one is resumed first, or the SIGTERM waits.
 
     When its controller has exited there is nobody to tell: EOF alone, the sign an agent reads as
     "orphaned", so it also sweeps the session's shared memory (a SIGTERM's shutdown leaves that to
-    a controller that may still be sending). SIGTERM only if EOF did not end it."""
+    a controller that may still be sending). SIGTERM only if EOF did not end it. The listener sweeps
+    what is left of the session's either way (``_sweep_session``)."""
     try:
         p.send_signal(signal.SIGCONT)
         if not controller_gone:
@@ -350,13 +347,15 @@ def _end_session(p: subprocess.Popen[bytes], controller_gone: bool = False) -> N
         p.stdin.close()
     for escalate in [p.terminate, p.kill] if controller_gone else [p.kill]:
         if _exits_within(p, 5.0):
-            return
+            break
         try:
             escalate()
         except OSError:
             pass
-    if not _exits_within(p, 5.0):  # unkillable (a disk wait): the listener goes on without it
-        print(f"jupyter-mesh agent: session pid {p.pid} did not exit after SIGKILL", file=sys.stderr, flush=True)
+    else:
+        if not _exits_within(p, 5.0):  # unkillable (a disk wait): the listener goes on without it
+            print(f"jupyter-mesh agent: session pid {p.pid} did not exit after SIGKILL", file=sys.stderr, flush=True)
+    _sweep_session(key_hex)
 
 
 def _exits_within(p: subprocess.Popen[bytes], seconds: float) -> bool:

@@ -26,7 +26,7 @@ from .._runtime import interrupts
 from .._runtime.hosts import AgentHandle, Job
 from .._wire.protocol import VERSION, Kind
 from ..errors import MeshClosedError, MeshError, MeshTimeoutError, MeshValueError
-from .warm import default_preload
+from .warm import default_preload, is_module_name
 
 __all__ = ["BootstrapCommand", "LocalJob", "default_bootstrap_cmd", "this_host"]
 
@@ -45,7 +45,7 @@ class LocalJob(Job):
             raise MeshValueError(f"LocalJob needs hosts >= 1, got {hosts!r}")
         if preload is not None:  # checked before any agent starts: a bad name fails here, not in each agent
             names = None if isinstance(preload, (str, bytes)) else list(preload)
-            if names is None or not all(isinstance(m, str) and _module_name(m) for m in names):
+            if names is None or not all(isinstance(m, str) and is_module_name(m) for m in names):
                 raise MeshValueError(
                     f"LocalJob(preload=...) takes module names, a list of str (e.g. ['torch']), got {preload!r}"
                 )
@@ -298,11 +298,6 @@ def this_host(preload: Sequence[str] | None = None) -> HostMesh:
                 preload = named or None
             _this_host = LocalJob(1, preload).host_mesh().slice(hosts=0)
         return _this_host
-
-
-def _module_name(name: str) -> bool:
-    """``torch``, ``numpy.linalg``: what an import statement takes (not a path, not code)."""
-    return all(part.isidentifier() for part in name.split("."))
 
 
 def _drop(agents: list[subprocess.Popen[bytes]]) -> None:

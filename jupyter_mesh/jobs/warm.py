@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 from .. import config
 
-__all__ = ["WARM_CANDIDATES", "default_preload", "enabled", "remote_warm", "split"]
+__all__ = ["WARM_CANDIDATES", "default_preload", "enabled", "is_module_name", "remote_warm", "split"]
 
 WARM_CANDIDATES = (
     "numpy",
@@ -77,6 +77,11 @@ def remote_warm() -> list[str]:
         return []
     out = [m for m in WARM_CANDIDATES if m in sys.modules]
     return out if "torch" in out else [*out, "torch"]
+
+
+def is_module_name(name: str) -> bool:
+    """``torch``, ``numpy.linalg``: what an import statement takes (not a path, not code)."""
+    return all(part.isidentifier() for part in name.split("."))
 
 
 def split(preload: Sequence[str] | None) -> tuple[list[str], list[str]]:

@@ -21,6 +21,7 @@ from .._core.future import Future
 from .._core.shape import Shape
 from .._core.value_mesh import ValueMesh
 from ..errors import MeshError, MeshValueError
+from ..jobs.warm import is_module_name
 from . import debug_magic
 from .meshes import JobSpec, MeshRegistry, NamedMesh
 from .output import SYNC_PREFIX, OutputRouter, fold_label, group_by_rank
@@ -76,7 +77,7 @@ def _slurm_name(text: str) -> str:
 
 def _modules(text: str) -> list[str]:
     mods = [m.strip() for m in text.split(",") if m.strip()]
-    bad = [m for m in mods if not all(p.isidentifier() for p in m.split("."))]
+    bad = [m for m in mods if not is_module_name(m)]
     if bad or not mods:
         raise argparse.ArgumentTypeError(f"--preload takes module names, got {text!r}")
     return mods

@@ -7,7 +7,8 @@ through stdin: one command a line, one JSON line out per command.
     call [T]           call that actor
     nap S              a call that sleeps S seconds
     stopped_echo MIB   SIGSTOP the (one) proc, call_one it with a MIB MiB array, change the array, SIGCONT:
-                       how long call_one took to return, and whether the actor got the array unchanged
+                       whether call_one returned while the proc was still stopped, and whether the
+                       actor got the array unchanged
     stop_job           job.stop()
     quit               stop everything and exit
 """
@@ -76,14 +77,14 @@ def main() -> None:
                 arr = np.zeros(int(args[0]) << 20, np.uint8)
                 os.kill(pid, signal.SIGSTOP)
                 try:
-                    t = time.monotonic()
                     fut = actor.echo.call_one(arr)
-                    returned = time.monotonic() - t
+                    with open(f"/proc/{pid}/stat") as f:
+                        still_stopped = f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
                     arr[:] = 1  # value semantics: the call carries what the array held when it was made
                 finally:
                     os.kill(pid, signal.SIGCONT)
                 got = fut.get(timeout=60)
-                say(step=cmd, returned_s=returned, nbytes=int(got.nbytes), unchanged=not got.any())
+                say(step=cmd, still_stopped=still_stopped, nbytes=int(got.nbytes), unchanged=not got.any())
             elif cmd == "shm_prefix":  # the names of this session's shared-memory segments
                 from jupyter_mesh._wire.shm import session_prefix
 
