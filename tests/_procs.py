@@ -125,6 +125,7 @@ def templates_of(agent_pid: int) -> list[int]:
                 state = f.read().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if b"jupyter_mesh._runtime.template" in argv and argv[-2:-1] == [str(agent_pid).encode()] and state != "Z":
+        # python -m jupyter_mesh._runtime.template SOCK LIFELINE AGENT_PID [SEED_LINK]
+        if b"jupyter_mesh._runtime.template" in argv and argv[5:6] == [str(agent_pid).encode()] and state != "Z":
             out.append(int(d))
     return out

@@ -230,7 +230,7 @@ class ProcWatch:
             try:
                 self.forkserver.ending = {
                     "pid": int(msg["pid"]),
-                    "code": int(msg["code"]),
+                    "code": None if msg["code"] is None else int(msg["code"]),  # None: a seed's child, how unknown
                     "when": str(msg.get("when", ""))[:200],
                 }
             except (KeyError, TypeError, ValueError):

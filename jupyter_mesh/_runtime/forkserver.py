@@ -163,11 +163,14 @@ class ForkServer:
             code = self.proc.wait(2.0)
         who, end = f"template, pid {self.pid}", self.ending
         if end is not None:  # it ended because its warm child, the one that forked, died: say that
-            code = int(end["code"])
+            code = end["code"]
             who = f"the template's warm child, pid {int(end['pid'])}"
             if end.get("when"):
                 who += f", {str(end['when'])[:200]}"
-        how = describe_exit(ProcEntry("", 0, ""), code if code >= 0 else None, -code if code < 0 else None)
+        if code is None:  # (``when`` says why it is not known)
+            how = "ended"
+        else:
+            how = describe_exit(ProcEntry("", 0, ""), code if code >= 0 else None, -code if code < 0 else None)
         self.sock.close()
         self.pending.clear()
         self._asked.clear()

@@ -23,6 +23,7 @@ import os
 import select
 import signal
 import socket
+import stat
 import sys
 import traceback
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -34,18 +35,40 @@ _PR_SET_PDEATHSIG = 1
 _FREEZE = os.environ.get("JUPYTER_MESH_GC_FREEZE") != "0"  # (``_Server._fork``)
 
 
+LINK_ENV = "JUPYTER_MESH__SEED"
+"""An agent's link to its job's seed (``seed.py``), ``FD:PID``; popped by ``agent_main``."""
+
+_seed_link = ""
+"""In an agent of a ``LocalJob`` of several hosts: its link to the job's seed (``seed.py``), passed to
+every template it starts, as ``FD:PID`` (the seed's pid: the agent watches it for a stop); '' if none."""
+
+
+def take_seed_link() -> None:
+    """Adopt the seed link the job passed (``LINK_ENV``), and drop the name: procs must not see it."""
+    global _seed_link
+    value = os.environ.pop(LINK_ENV, "")
+    try:
+        fd, pid = (int(v) for v in value.split(":"))
+        if not stat.S_ISSOCK(os.fstat(fd).st_mode) or pid <= 0:
+            raise ValueError(value)
+    except (ValueError, OSError):
+        return  # none, or not ours: the template warms up alone
+    _seed_link = f"{fd}:{pid}"
+
+
 def launch(lifeline_r: int) -> tuple[subprocess.Popen[bytes], socket.socket]:
     """Start a template as a child of this process (its agent): the process, and the agent's end of
     their socket. The template reads the key before anything else on it (``ForkServer`` sends it)."""
     import subprocess
 
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    argv = [sys.executable, "-m", __spec__.name, str(theirs.fileno()), str(lifeline_r), str(os.getpid())]
+    fds = [theirs.fileno(), lifeline_r]
+    if _seed_link:
+        argv.append(_seed_link)
+        fds.append(int(_seed_link.split(":")[0]))
     try:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", __spec__.name, str(theirs.fileno()), str(lifeline_r), str(os.getpid())],
-            pass_fds=(theirs.fileno(), lifeline_r),
-            stdin=subprocess.DEVNULL,
-        )
+        proc = subprocess.Popen(argv, pass_fds=fds, stdin=subprocess.DEVNULL)
     except BaseException:
         ours.close()
         raise
@@ -65,6 +88,7 @@ class EarlyStart(NamedTuple):
 
 
 def start_early() -> EarlyStart:
+    take_seed_link()
     r, w = os.pipe()
     proc, sock = launch(r)
     return EarlyStart(r, w, proc, sock)
@@ -77,7 +101,31 @@ def _send(sock: socket.socket, obj: dict[str, Any]) -> None:
         os._exit(0)  # agent gone
 
 
-def _preload(mods: list[str], if_installed: bool = False) -> list[str]:
+def send_or_ignore(sock: socket.socket, obj: dict[str, Any], fds: list[int] = ()) -> bool:  # type: ignore[assignment]
+    """Send to a peer that may be gone (the seed, a warm child): whether it went."""
+    try:
+        socket.send_fds(sock, [json.dumps(obj).encode()], list(fds))
+    except OSError:
+        return False
+    return True
+
+
+def fingerprint() -> dict[str, Any]:
+    """What a warm child takes from the job's seed rather than its template, and must match (``seed.py``):
+    the interpreter, import path, directory and environment (a module imported elsewhere is another one)."""
+    return {"exe": sys.executable, "path": sys.path, "cwd": os.getcwd(), "env": dict(os.environ)}
+
+
+def base_imports() -> None:
+    """What every proc needs, imported before the first fork."""
+    import cloudpickle  # noqa: F401
+    import msgpack  # noqa: F401
+    import zmq  # noqa: F401
+
+    from . import client, proc  # noqa: F401
+
+
+def preload(mods: list[str], if_installed: bool = False) -> list[str]:
     """Import ``mods``; the errors, as text. ``if_installed`` (the warm default): skip the names this
     host does not have, silently (asked with ``find_spec``, which imports nothing of a top-level name)."""
     errors = []
@@ -146,7 +194,7 @@ def _own_random_state() -> None:
         pass
 
 
-def _wake_pipe() -> tuple[int, int]:
+def wake_pipe() -> tuple[int, int]:
     """A pipe that SIGCHLD writes to (``set_wakeup_fd``), so ``select`` sees a child's exit."""
     r, w = os.pipe()
     os.set_blocking(w, False)
@@ -156,7 +204,7 @@ def _wake_pipe() -> tuple[int, int]:
     return r, w
 
 
-def _recv(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
+def recv(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
     """One message and its file descriptors; (None, []) once the other end is gone."""
     while True:
         try:
@@ -177,40 +225,57 @@ class _Server:
     template hands it what it holds and the agent's socket: the warm child forks everything from then
     on, and this one only reaps its own children. It exits when the warm child dies, so the agent sees
     its fork server gone and starts a new one, as for any template.
+
+    In a ``LocalJob`` of several hosts the warm child comes from the job's seed (``seed.py``), already
+    warm, instead of from this template: it says hello, this template gives it the agent's socket, the
+    lifeline and the key (``adopt``), and the handover goes on as above. Not being its parent, this
+    template learns of its death by their socket's EOF and of how from the seed.
     """
 
     def __init__(self, sock: socket.socket, lifeline: int) -> None:
         self.sock, self.lifeline = sock, lifeline
         self.key = b""
-        self.r, self.w = _wake_pipe()
+        self.r, self.w = wake_pipe()
         self.reading = True  # False once a warm child serves the agent's socket
         self.warming: socket.socket | None = None  # to the warm child, until it takes over
         self.warm_pid = 0
         self.held: list[tuple[dict[str, Any], list[int]]] = []  # forks that wait for the warm child
         self.later: list[tuple[list[str], bool]] = []  # preloads asked for after it forked: it imports them too
         self.hand: socket.socket | None = None  # in the warm child: to the template, until it takes over
+        self.seed: socket.socket | None = None  # the link to the job's seed (``seed.py``), if any
+        self.seed_pid = 0
+        self.seeded = False  # the warm child (``warming``) comes from the seed
+        self.warm_modules: list[str] = []  # what it was asked to import (a seeded one: what to check)
+        self.handed: socket.socket | None = None  # to a seeded warm child once it took over: EOF, it died
+        self.seed_exits: dict[int, int] = {}  # the seed's children's exit statuses, as it reported them
+        self.keep_hand = False  # in a seeded warm child: the template's death (``hand``'s EOF) ends it
 
     # -- the loop -----------------------------------------------------------------------------------
     def serve(self) -> None:
         while True:
-            watch = [self.r]
+            # this round's sockets, each with its handler: a handler may replace or close another's
+            # socket (a takeover, a fallback), which must then not be read as if it were still the one
+            # that select saw ready
+            watch: list[tuple[str, Any]] = [("warming", self._from_warm_child), ("seed", self._from_seed)]
             if self.reading:  # (held forks do not stop it: a warm=False spawn behind them forks at once)
-                watch.append(self.sock.fileno())
-            if self.warming is not None:
-                watch.append(self.warming.fileno())
+                watch.append(("sock", self._from_agent))
+            watch.append(("handed", self._seeded_child_died))
+            if self.keep_hand:
+                watch.append(("hand", self._template_gone))
+            round_ = [(name, getattr(self, name), handler) for name, handler in watch]
+            round_ = [(name, s, handler) for name, s, handler in round_ if s is not None]
             try:
-                ready, _, _ = select.select(watch, [], [])
+                ready, _, _ = select.select([self.r, *(s for _, s, _ in round_)], [], [])
             except InterruptedError:
                 continue
             if self.r in ready:
                 self._reap()
-            if self.warming is not None and self.warming.fileno() in ready:
-                self._from_warm_child()
-            if self.sock.fileno() in ready and self.reading:
-                self._from_agent()
+            for name, s, handler in round_:
+                if s in ready and getattr(self, name) is s and (name != "sock" or self.reading):
+                    handler()
 
     def _from_agent(self) -> None:
-        msg, fds = _recv(self.sock)
+        msg, fds = recv(self.sock)
         if msg is None:
             os._exit(0)  # the agent is gone: children follow through PDEATHSIG
         op = msg["op"]
@@ -219,13 +284,15 @@ class _Server:
         elif op == "preload":
             if_installed = bool(msg.get("if_installed"))
             if if_installed and self.warming is None and not self.warm_pid:
-                self._start_warm_child(msg["modules"])
+                self.warm_modules = list(msg["modules"])
+                if not self._ask_seed():
+                    self._start_warm_child(self.warm_modules)
                 return
             if self.warming is not None:  # the warm child imports it too, before it takes over
                 self.later.append((msg["modules"], if_installed))
                 if if_installed:
                     return
-            errors = _preload(msg["modules"], if_installed)
+            errors = preload(msg["modules"], if_installed)
             _send(self.sock, {"op": "preloaded", "token": msg["token"], "errors": errors})
         elif op == "fork":
             if self.warming is not None and msg["cfg"].get("warm_wait", True):
@@ -246,7 +313,7 @@ class _Server:
             gc.freeze()
         pid = os.fork()
         if pid == 0:
-            for private in (self.warming, self.hand):  # the template's own sockets: not the proc's
+            for private in (self.warming, self.hand, self.seed, self.handed):  # ours: not the proc's
                 if private is not None:
                     private.close()
             for _, other in self.held:  # other spawns' pipes, held for the warm child: a proc holding
@@ -293,12 +360,20 @@ class _Server:
 
     def _from_warm_child(self) -> None:
         assert self.warming is not None
-        msg, _ = _recv(self.warming)
+        msg, _ = recv(self.warming)
         if msg is None:  # it died before taking over; its exit, reaped, says how (``_warm_child_died``)
             self.warming.close()
             self.warming = None
+            if self.seeded:  # or the seed refused, or is gone: this host warms up alone
+                self.seeded, self.warm_pid = False, 0
+                self._start_warm_child(self.warm_modules)
             return
-        if msg["op"] == "ready":  # it imported the warm list: hand it what waits, then the socket
+        if msg["op"] == "hello" and self.seeded:  # the seed's child: give it what a forked one inherits
+            self.warm_pid = int(msg["pid"])
+            _send(self.sock, {"op": "warming", "pid": self.warm_pid})
+            adopt = {"op": "adopt", "key": self.key.hex(), "modules": self.warm_modules}
+            send_or_ignore(self.warming, adopt, [self.sock.fileno(), self.lifeline])  # (gone: EOF next)
+        elif msg["op"] == "ready":  # it imported the warm list: hand it what waits, then the socket
             try:
                 self.warming.send(json.dumps({"op": "later", "preloads": self.later}).encode())
                 for held, fds in self.held:
@@ -309,7 +384,10 @@ class _Server:
             for _, fds in self.held:
                 for fd in fds:
                     os.close(fd)
-            self.warming.close()
+            if self.seeded:  # its EOF from now on: it died (``_seeded_child_died``)
+                self.handed = self.warming
+            else:
+                self.warming.close()
             self.warming, self.held, self.later, self.reading = None, [], [], False
 
     def _handover_failed(self, e: OSError) -> None:
@@ -317,15 +395,89 @@ class _Server:
             os.kill(self.warm_pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        _, status = os.waitpid(self.warm_pid, 0)
+        if self.seeded:
+            code = self._seed_exit(self.warm_pid)
+        else:
+            _, status = os.waitpid(self.warm_pid, 0)
+            code = os.waitstatus_to_exitcode(status)
         why = os.strerror(e.errno) if e.errno else str(e)
-        self._ending(os.waitstatus_to_exitcode(status), f"while it took over from the template ({why})")
+        self._ending(code, f"while it took over from the template ({why})")
         os._exit(1)
 
-    def _ending(self, code: int, when: str = "") -> None:
+    def _ending(self, code: int | None, when: str = "") -> None:
         """Tell the agent why this fork server ends: its warm child (``pid``) died. Without it the
-        agent would only see this template's own exit (code 0 or 1), not the warm child's signal."""
+        agent would only see this template's own exit (code 0 or 1), not the warm child's signal.
+        ``code`` None: a seeded warm child whose seed did not say (it is gone)."""
+        if code is None:
+            when = ", ".join(w for w in (when, "how is unknown: the job's seed, its parent, is gone") if w)
         _send(self.sock, {"op": "ending", "pid": self.warm_pid, "code": code, "when": when})
+
+    # -- a warm child from the job's seed ---------------------------------------------------------------
+    def _ask_seed(self) -> bool:
+        """Ask the seed for a warm child (it answers on ``warming``: hello, or EOF if it cannot)."""
+        if self.seed is None:
+            return False
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        sent = send_or_ignore(self.seed, {"op": "warm", "fingerprint": fingerprint()}, [theirs.fileno()])
+        theirs.close()
+        if not sent:
+            ours.close()
+            self._drop_seed()
+            return False
+        self.warming, self.seeded, self.warm_pid = ours, True, self.seed_pid
+        # the agent watches the seed for a stop while forks wait, until the child says hello
+        _send(self.sock, {"op": "warming", "pid": self.seed_pid})
+        return True
+
+    def _drop_seed(self) -> None:
+        if self.seed is not None:
+            self.seed.close()
+            self.seed = None
+
+    def _from_seed(self) -> None:
+        assert self.seed is not None
+        msg, fds = recv(self.seed)
+        for fd in fds:
+            os.close(fd)
+        if msg is None:  # gone; a request it had not answered ends in ``warming``'s EOF
+            self._drop_seed()
+        elif msg.get("op") == "exit":
+            self.seed_exits[int(msg["pid"])] = int(msg["code"])
+        elif msg.get("op") == "refused":
+            print(f"jupyter-mesh template: the job's seed refused: {msg.get('why')}; warming up alone", file=sys.stderr)
+
+    def _seed_exit(self, pid: int, timeout: float = 2.0) -> int | None:
+        """The exit status of the seed's child ``pid``, which the seed reports once it reaped it."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        while pid not in self.seed_exits and self.seed is not None:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.seed], [], [], left)[0]:
+                break
+            self._from_seed()
+        return self.seed_exits.pop(pid, None)
+
+    def _seeded_child_died(self) -> None:
+        """The seeded warm child that forks for this host is gone (EOF): say how, and end, as when a
+        warm child of our own dies."""
+        assert self.handed is not None
+        msg, fds = recv(self.handed)
+        for fd in fds:
+            os.close(fd)
+        if msg is None:
+            self._ending(self._seed_exit(self.warm_pid))
+            os._exit(0)
+
+    def _template_gone(self) -> None:
+        """In a seeded warm child: the template died (its socket's EOF). A warm child of the template
+        dies with it by PDEATHSIG; this one ends here, and its procs follow (theirs)."""
+        assert self.hand is not None
+        msg, fds = recv(self.hand)
+        for fd in fds:
+            os.close(fd)
+        if msg is None:
+            os._exit(0)
 
     def _warm_child_died(self, code: int) -> None:
         if not self.reading:
@@ -354,18 +506,22 @@ class _Server:
             os._exit(0)
         os.close(self.r)
         os.close(self.w)
-        self.r, self.w = _wake_pipe()  # our own: the template's pipe would hear its children, not ours
+        self.r, self.w = wake_pipe()  # our own: the template's pipe would hear its children, not ours
+        self._drop_seed()
         self.warming, self.warm_pid, self.held, self.later, self.reading = None, 0, [], [], False
+        self._take_over(hand, preload(modules, True))
+
+    def _take_over(self, hand: socket.socket, errors: list[str]) -> None:
+        """In a warm child, its imports done: take what the template holds, then the agent's socket."""
         self.hand = hand
-        errors = _preload(modules, True)
         _send(hand, {"op": "ready"})
         while True:
-            msg, fds = _recv(hand)
+            msg, fds = recv(hand)
             if msg is None:
                 os._exit(0)  # the template died
             if msg["op"] == "later":  # preloads the template was asked for while we imported
                 for mods, if_installed in msg["preloads"]:
-                    errors += _preload(mods, if_installed)
+                    errors += preload(mods, if_installed)
                 # the agent watches us from now on (a stopped fork server is one that forks)
                 _send(self.sock, {"op": "serving", "pid": os.getpid()})
                 if errors:
@@ -374,10 +530,30 @@ class _Server:
                 self._fork(msg, fds)
             elif msg["op"] == "yours":
                 break
-        hand.close()
-        self.hand, self.reading = None, True
+        if not self.keep_hand:
+            hand.close()
+            self.hand = None
+        self.reading = True
         self.serve()
         os._exit(0)
+
+
+def serve_from_seed(hand: socket.socket) -> None:
+    """Runs in a warm child the job's seed forked for a template (``seed.py``), with everything
+    imported: get the agent's socket, the lifeline and the key from the template, then serve as its
+    warm child. Procs forked here leave through these frames (``_child``)."""
+    # a session of its own, as each host's agent has: the scheduler shares the CPU among sessions
+    # (autogroups), and a host's procs must not share one slice with every other host's (the seed's)
+    os.setsid()
+    if not send_or_ignore(hand, {"op": "hello", "pid": os.getpid()}):
+        os._exit(0)
+    msg, fds = recv(hand)
+    if msg is None or msg.get("op") != "adopt" or len(fds) != 2:
+        os._exit(0)  # the template died, or is not one
+    server = _Server(socket.socket(fileno=fds[0]), fds[1])
+    server.key = bytes.fromhex(msg["key"])
+    server.keep_hand = True
+    server._take_over(hand, preload(list(msg["modules"]), True))
 
 
 def main() -> None:
@@ -398,13 +574,10 @@ def main() -> None:
     # server, not with the agent's own "got SIGTERM". The agent ends us (SIGKILL) as it exits
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     server = _Server(sock, lifeline)
-    # import what every proc needs before the first fork
-    import cloudpickle  # noqa: F401
-    import msgpack  # noqa: F401
-    import zmq  # noqa: F401
-
-    from . import client, proc  # noqa: F401
-
+    if len(sys.argv) > 4:  # a link to the job's seed, FD:PID (``seed.py``)
+        fd, pid = sys.argv[4].split(":")
+        server.seed, server.seed_pid = socket.socket(fileno=int(fd)), int(pid)
+    base_imports()
     _send(sock, {"op": "ready", "pid": os.getpid()})
     server.serve()
 

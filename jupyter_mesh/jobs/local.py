@@ -22,7 +22,7 @@ from typing import IO, Any
 from .._api.host_mesh import HostMesh
 from .._core.future import Future, time_left
 from .._core.shape import Shape
-from .._runtime import interrupts
+from .._runtime import interrupts, seed
 from .._runtime.hosts import AgentHandle, Job
 from .._wire.protocol import VERSION, Kind
 from ..errors import MeshClosedError, MeshError, MeshTimeoutError, MeshValueError
@@ -54,6 +54,7 @@ class LocalJob(Job):
         self._n = hosts
         # named: every fork waits for it; the default is warm: forks need not wait (``_runtime.template``)
         self._preload, self._warm = ([], default_preload()) if preload is None else (list(preload), [])
+        self._seed: seed.Seed | None = None  # imports the warm list once for all hosts (``_runtime.seed``)
         self._procs: list[subprocess.Popen[bytes]] = []
         self._waiters: list[Future[dict[str, Any]]] = []
         self._agents: list[AgentHandle] | None = None
@@ -66,6 +67,9 @@ class LocalJob(Job):
         held = interrupts.hold()  # Ctrl-C waits until every agent runs configured, or all are ended
         try:
             try:
+                if hosts > 1 and self._warm and seed.enabled():
+                    self._env = dict(os.environ) if self._env is None else self._env  # the seed's and theirs
+                    self._seed = seed.Seed(self._warm, self._env)
                 for _ in range(hosts):
                     early.append(self._popen_agent())
                 self._controller = Controller.get()
@@ -77,18 +81,35 @@ class LocalJob(Job):
             except BaseException:
                 self._stopped = True  # (their exit watchers report nothing)
                 _drop(early)
+                if self._seed is not None:
+                    self._seed.stop()
                 raise
         finally:
             if held:
                 interrupts.release()
 
     def _popen_agent(self) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
-            [sys.executable, "-m", "jupyter_mesh._runtime.agent_main"],
-            stdin=subprocess.PIPE,
-            env=self._env,
-            start_new_session=True,  # a notebook interrupt (SIGINT to the kernel's group) must not reach it
-        )
+        env, fds, link = self._env, [], None
+        if self._seed is not None:  # its end of a link to the seed, a file descriptor only (``_runtime.seed``)
+            link = self._seed.link()
+            env, fds = {**(env or os.environ), seed.LINK_ENV: f"{link.fileno()}:{self._seed.pid}"}, [link.fileno()]
+        try:
+            return subprocess.Popen(
+                [sys.executable, "-m", "jupyter_mesh._runtime.agent_main"],
+                stdin=subprocess.PIPE,
+                env=env,
+                pass_fds=fds,
+                start_new_session=True,  # a notebook interrupt (SIGINT to the kernel's group) must not reach it
+            )
+        finally:
+            if link is not None:
+                link.close()
+
+    @property
+    def seed_pid(self) -> int | None:
+        """The pid of the process that imports the warm list once for all this job's hosts (a job of
+        several hosts, warm; ``JUPYTER_MESH_SEED=0`` opts out), else None."""
+        return self._seed.pid if self._seed is not None else None
 
     def _start_agent(self, index: int, p: subprocess.Popen[bytes] | None = None) -> None:
         """Configure agent ``index`` (started now, unless ``p`` is one started already)."""
@@ -221,6 +242,8 @@ class LocalJob(Job):
                 p.wait(3.0)
         if ctl is not None and not ctl.is_closed:
             ctl.forget_agents([a.addr for a in self._agents or []])
+        if self._seed is not None:
+            self._seed.stop()
 
     def running(self) -> bool:
         return not self._stopped
