@@ -18,7 +18,9 @@ Each (system, hosts, procs per host) point runs in a fresh program (``_CHILD``),
   moment: a window sees its share; a thread that ends within the window drops out of the sum, and an
   idle mesh ends none)
 jupyter_mesh: ``LocalJob(hosts=H)``, H agents on this machine; each agent's fork server preloads torch
-by default (warm, ``jobs/warm.py``), H imports of torch on the same cores: ``--cold`` adds the same point
+by default (warm, ``jobs/warm.py``), imported once for all H hosts by the job's seed (``_runtime/seed.py``;
+``--no-seed`` adds the same point with ``JUPYTER_MESH_SEED=0``, H imports of torch on the same cores,
+``jupyter_mesh_no_seed``); ``--cold`` adds the same point
 with ``JUPYTER_MESH_WARM=0`` (``jupyter_mesh_cold``), ``--no-wait`` with ``spawn_procs(warm=False)``,
 which forks at once while the templates still import and lets them finish in the background
 (``jupyter_mesh_no_wait``: its calls are timed while they do). Monarch 0.7 (``--monarch`` names a Python
@@ -333,6 +335,11 @@ def main() -> None:
         action="store_true",
         help="also run jupyter_mesh with spawn_procs(warm=False): fork at once while the templates still import",
     )
+    ap.add_argument(
+        "--no-seed",
+        action="store_true",
+        help="also run jupyter_mesh with JUPYTER_MESH_SEED=0: each host imports the warm list itself",
+    )
     a = ap.parse_args()
     if a.quick:
         grid = [(1, 4), (1, 16), (2, 8), (8, 32)]
@@ -342,6 +349,8 @@ def main() -> None:
     if hasattr(ctypes, "CDLL") and sys.platform == "linux":
         ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: orphans of a point come to us
     systems: list[tuple[str, str, str, dict[str, str]]] = [("jupyter_mesh", sys.executable, _JM, {})]
+    if a.no_seed:
+        systems.append(("jupyter_mesh_no_seed", sys.executable, _JM, {"JUPYTER_MESH_SEED": "0"}))
     if a.cold:
         systems.append(("jupyter_mesh_cold", sys.executable, _JM, {"JUPYTER_MESH_WARM": "0"}))
     if a.no_wait:

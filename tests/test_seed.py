@@ -161,6 +161,9 @@ def test_a_seeded_warm_child_killed_takes_its_hosts_procs_and_says_how(seeded, s
     after = job.host_mesh().spawn_procs(per_host={"gpus": 1}, timeout=120)
     again = _where(after)
     assert all(w for _, _, w in again) and victim not in {f for _, f, _ in again}, again
+    # the new template asks the seed again; with the seed gone, it warms up alone
+    parents = {_ppid(f) for _, f, _ in again}
+    assert (job.seed_pid in parents) == seed_alive, (parents, job.seed_pid)
     after.stop()
     procs.stop()
 

@@ -144,7 +144,7 @@ class _Seeder:
                     del self.children[pid]  # reaped all the same, reported to nobody
             link.close()
             return
-        if msg.get("op") != "warm" or len(fds) != 1:
+        if not isinstance(msg, dict) or msg.get("op") != "warm" or len(fds) != 1:
             for fd in fds:
                 os.close(fd)
             return

@@ -7,8 +7,10 @@ stdout/stderr and becomes a proc. The template reaps its children and reports ev
 signal) to the agent, which is how a dead proc is noticed within milliseconds.
 
 The warm list (torch & co., ``jobs.warm``) is imported by a child of the template while the template
-forks on; once done, that warm child forks instead (``_Server``). Whichever forks freezes its
-objects first (``gc.freeze``), so that a proc's collector leaves the pages it shares alone.
+forks on; once done, that warm child forks instead (``_Server``). In a ``LocalJob`` of several hosts the
+warm child comes from the job's seed, which imported the list once for all hosts (``seed.py``).
+Whichever forks freezes its objects first (``gc.freeze``), so that a proc's collector leaves the pages
+it shares alone.
 """
 
 from __future__ import annotations

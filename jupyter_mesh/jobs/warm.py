@@ -6,6 +6,9 @@ itself takes seconds (four at once on a small machine: several). So unless told 
 libraries this program has already imported, and the ``mesh`` kernel starts its host at kernel start,
 so the template is ready by the time the first cell spawns.
 
+A ``LocalJob`` of several hosts imports the list once, in its seed (``_runtime/seed.py``), rather than
+once per host on the same cores.
+
 Whether torch is installed is asked with ``importlib.util.find_spec``, which never imports it here.
 Opt out with ``JUPYTER_MESH_WARM=0`` (or ``configure(warm=False)``); ``preload=[...]`` on the job or
 ``this_host`` (or ``$JUPYTER_MESH_PRELOAD``) names the list itself.
