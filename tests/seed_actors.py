@@ -11,3 +11,7 @@ class Probe(Actor):
     def where(self) -> tuple[int, int, bool]:
         """Its pid, its parent's (the fork server that forked it), and whether the warm module is loaded."""
         return os.getpid(), os.getppid(), "seed_warm_import" in sys.modules
+
+    @endpoint
+    def env(self, name: str) -> str | None:
+        return os.environ.get(name)

@@ -19,6 +19,7 @@ import types
 
 import pytest
 from _procs import alive, descendants, templates_of, wait_dead, wait_for
+from seed_actors import Probe
 
 from jupyter_mesh import LocalJob, SupervisionError
 from jupyter_mesh._runtime import seed as seed_mod
@@ -53,21 +54,25 @@ def seeded(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "seed_warm_import", types.ModuleType("seed_warm_import"))
     log, flag = tmp_path / "imports", tmp_path / "hold"
     jobs: list[LocalJob] = []
+    earlier = descendants(os.getpid())  # (other tests' module-scoped meshes and kernels: not ours to check)
 
-    def make(hosts: int, hold: bool = False) -> LocalJob:
+    def make(hosts: int, hold: bool = False, inherit: bool = False) -> LocalJob:
+        """``inherit``: the job is given no ``env``; its agents take this process's (set here)."""
         if hold:
             flag.write_text("")
         path = os.pathsep.join(p for p in (TESTS, ROOT, os.environ.get("PYTHONPATH", "")) if p)
-        job = LocalJob(
-            hosts, env={"PYTHONPATH": path, "JM_WARM_IMPORT_LOG": str(log), "JM_SLOW_IMPORT_FLAG": str(flag)}
-        )
+        env = {"PYTHONPATH": path, "JM_WARM_IMPORT_LOG": str(log), "JM_SLOW_IMPORT_FLAG": str(flag)}
+        if inherit:
+            for name, value in env.items():
+                monkeypatch.setenv(name, value)
+        job = LocalJob(hosts, env=None if inherit else env)
         jobs.append(job)
         return job
 
     make.log, make.flag = log, flag  # type: ignore[attr-defined]
     yield make
     flag.unlink(missing_ok=True)
-    below = descendants(os.getpid())  # the seeds, agents, templates, warm children and procs
+    below = descendants(os.getpid()) - earlier  # the seeds, agents, templates, warm children and procs
     for job in jobs:
         job.stop()
     left = wait_dead(below, 15.0)
@@ -75,8 +80,6 @@ def seeded(monkeypatch, tmp_path):
 
 
 def _where(procs) -> list[tuple[int, int, bool]]:
-    from seed_actors import Probe
-
     return sorted(procs.spawn("probe", Probe).where.call().get(60).values())
 
 
@@ -176,7 +179,8 @@ def test_a_stopped_seed_fails_the_spawn_that_waits_on_it_with_that_cause(seeded)
     assert wait_for(lambda: seed in _imports(seeded.log), 30)
     os.kill(seed, signal.SIGSTOP)
     try:
-        with pytest.raises(SupervisionError, match=f"pid {seed}.* is stopped .*SIGCONT"):
+        stopped = rf"its job's seed \(pid {seed}\), which imports the warm list for every host, is stopped .*SIGCONT"
+        with pytest.raises(SupervisionError, match=stopped):
             job.host_mesh().spawn_procs(per_host={"gpus": 1}, timeout=60)
     finally:
         os.kill(seed, signal.SIGCONT)
@@ -226,9 +230,59 @@ def test_mismatch_names_what_differs():
     assert seed_mod.mismatch(mine, None) == "no fingerprint"
 
 
-def test_a_killed_controller_leaves_no_seed_and_no_warm_child(tmp_path):
-    """kill -9 of the program that owns the job: the seed exits on its control socket's EOF, and its
-    warm children with their hosts."""
+def test_a_host_added_in_another_environment_takes_it_and_warms_up_alone(seeded, monkeypatch):
+    """A job given no ``env`` starts each agent in this process's environment as it is then, with a
+    seed or without: a host added after it changed gets the change, and the seed, which imported in
+    the old one, refuses its template (it warms up alone)."""
+    job = seeded(2, inherit=True)
+    procs = job.host_mesh().spawn_procs(per_host={"gpus": 1}, timeout=120)
+    assert {_ppid(f) for _, f, _ in _where(procs)} == {job.seed_pid}
+    monkeypatch.setenv("JM_SEED_LATER", "1")
+    job.add_hosts(1, 60)
+    more = job.host_mesh().spawn_procs(per_host={"gpus": 1}, timeout=120)
+    probes = more.spawn("probe", Probe)
+    where = probes.where.call().get(60)
+    seen = probes.env.call("JM_SEED_LATER").get(60)
+    assert [seen.item(hosts=h, gpus=0) for h in range(3)] == [None, None, "1"], seen
+    parents = [_ppid(where.item(hosts=h, gpus=0)[1]) for h in range(3)]
+    assert parents[:2] == [job.seed_pid] * 2 and parents[2] != job.seed_pid, parents
+    assert all(w for _, _, w in where.values()), where
+    more.stop()
+    procs.stop()
+
+
+def test_a_stopped_seeded_warm_child_ends_with_its_job(seeded):
+    """A seeded warm child is not its template's child: stopped (SIGSTOP), it would never read the EOF
+    that ends it, and would outlive the job holding its output. ``job.stop()`` ends it (the fixture
+    checks that nothing is left)."""
+    job = seeded(2)
+    procs = job.host_mesh().spawn_procs(per_host={"gpus": 1}, timeout=120)
+    forkers = sorted({f for _, f, _ in _where(procs)})
+    os.kill(forkers[0], signal.SIGSTOP)
+    job.stop()
+    assert not wait_dead(set(forkers), 15), "a seeded warm child outlived its job"
+
+
+def test_a_peer_that_closed_with_our_messages_unread_still_has_its_last_word_read():
+    """Linux reports ECONNRESET once on a socket whose peer closed with our messages unread, before
+    what the peer sent last: the template's ``ending`` (how its warm child died) must not be lost to it,
+    nor a seeded warm child's last message to its template."""
+    from jupyter_mesh._runtime.forkserver import ForkServer
+
+    for read in (lambda sock: template.recv(sock)[0], lambda sock: ForkServer.recv(types.SimpleNamespace(sock=sock))):
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with ours:
+            ours.send(b'{"op": "fork"}')  # never read
+            theirs.send(b'{"op": "ending"}')
+            theirs.close()
+            assert read(ours) == {"op": "ending"}
+            assert read(ours) is None
+
+
+@pytest.mark.parametrize("a_warm_child_stopped", [False, True])
+def test_a_killed_controller_leaves_no_seed_and_no_warm_child(tmp_path, a_warm_child_stopped):
+    """kill -9 of the program that owns the job: the seed exits on its control socket's EOF, and kills
+    its warm children (a stopped one too, which would not see its host end)."""
     script = tmp_path / "owner.py"
     script.write_text(
         "import json, os, sys, types\n"
@@ -253,6 +307,8 @@ def test_a_killed_controller_leaves_no_seed_and_no_warm_child(tmp_path):
         info = json.loads(line)
         below = descendants(p.pid)
         assert info["seed"] in below and all(alive(pid) for pid, _, _ in info["where"])
+        if a_warm_child_stopped:
+            os.kill(info["where"][0][1], signal.SIGSTOP)
         os.kill(p.pid, signal.SIGKILL)
         p.wait(10)
         left = wait_dead(below, 20.0)

@@ -9,6 +9,8 @@ a compiler for minutes). What to do about it is the agent's call.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import subprocess
 import time
@@ -55,6 +57,7 @@ class ForkServer:
         self.started_at, self.down_until, self.down_cause = time.monotonic(), 0.0, ""
         self.serving = proc.pid  # the process that forks: its warm child once that took over (``template``)
         self.warming = 0  # that warm child while it imports (held forks wait for it)
+        self.warming_is_seed = False  # ``warming`` is the job's seed (``seed.py``): it imports for every host
         self.ending: dict[str, Any] | None = None  # the template's last word: its warm child died (how, when)
         # the key first, before anyone else can send on this socket: a fork before it makes keyless procs
         socket.send_fds(ours, [json.dumps({"op": "key", "key": self._key_hex}).encode()], [])
@@ -121,6 +124,11 @@ class ForkServer:
         """One message from the template; None when it is gone."""
         try:
             data = self.sock.recv(1 << 16)
+        except ConnectionResetError:  # it exited with forks unread: Linux says so once, before its
+            try:  # last word (``ending``: how its warm child died), which must not be lost
+                data = self.sock.recv(1 << 16)
+            except OSError:
+                return None
         except OSError:
             return None
         return json.loads(data) if data else None
@@ -142,8 +150,11 @@ class ForkServer:
             st = read_stat(self.warming)
             pid, state = self.warming, st[0] if st else ""
         if state in ("T", "t"):
+            who = f"its host's fork server (template, pid {pid})"
+            if pid == self.warming and self.warming_is_seed:
+                who = f"its job's seed (pid {pid}), which imports the warm list for every host,"
             return (
-                f"its host's fork server (template, pid {pid}) is stopped (SIGSTOP or a debugger: "
+                f"{who} is stopped (SIGSTOP or a debugger: "
                 f"state {state}) and did not fork for {now - oldest:.1f} s; resume it (SIGCONT) and spawn again"
             )
         return None
@@ -179,5 +190,21 @@ class ForkServer:
     def stop(self) -> None:
         if self.down:
             return  # reaped already
+        if self.serving != self.proc.pid and _leads_own_session(self.serving):
+            # a warm child from the job's seed is not the template's child (no PDEATHSIG from it), and a
+            # stopped one never reads the EOF that would end it: it would outlive the job
+            try:
+                os.kill(self.serving, signal.SIGKILL)
+            except OSError:
+                pass
         self.proc.kill()
         self.proc.wait(5)
+
+
+def _leads_own_session(pid: int) -> bool:
+    """A seeded warm child calls ``setsid`` (``template.serve_from_seed``): checked before a kill, so a
+    pid reused since it died is not killed in its place."""
+    try:
+        return os.getsid(pid) == pid
+    except OSError:
+        return False

@@ -14,9 +14,12 @@ passes it to each template it starts. Nothing is on the file system, so no other
 
 A seeded warm child is the seed's child, not its template's: the seed reaps it and tells the template
 its exit status (``{"op": "exit"}``), and the two watch each other through their socket (EOF: the
-other is gone). The seed ends when its job does (EOF on its control socket); its children live on
-until their hosts end. A seed that is gone, stopped, or started in another environment than the
-template (``mismatch``) costs speed only: the template warms up alone, as on any other host.
+other is gone). The seed ends when its job does (EOF on its control socket), after the job's agents,
+and kills what is left of its children then (a stopped one would not see its host end).
+
+A seed that is gone, or started in another environment than the template (``mismatch``), costs speed
+only: the template warms up alone, as on any other host. A stopped seed is a stopped fork server: the
+spawns that wait on it fail, naming it, after the agent's fork timeout; resume it and spawn again.
 """
 
 from __future__ import annotations
@@ -91,7 +94,7 @@ class Seed:
         return ours
 
     def stop(self) -> None:
-        """End it (its warm children live on with their hosts, which end them)."""
+        """End it, after the agents (it kills its warm children left over: ``_from_job``)."""
         self._ctl.close()
         try:
             self.proc.wait(2.0)
@@ -130,8 +133,13 @@ class _Seeder:
 
     def _from_job(self) -> None:
         msg, fds = self.template.recv(self.ctl)
-        if msg is None:
-            os._exit(0)  # the job ended (or its program died); our children go with their hosts
+        if msg is None:  # the job ended (its agents first), or its program died: so do its hosts
+            for pid in self.children:  # a warm child that is stopped would not see its host end
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            os._exit(0)
         for fd in fds:
             self.links[fd] = socket.socket(fileno=fd)
 

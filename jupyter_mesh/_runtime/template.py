@@ -208,11 +208,15 @@ def wake_pipe() -> tuple[int, int]:
 
 def recv(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
     """One message and its file descriptors; (None, []) once the other end is gone."""
+    reset = False
     while True:
         try:
             data, fds, _flags, _addr = socket.recv_fds(sock, 1 << 20, 4)
         except OSError as e:
             if e.errno == errno.EINTR:
+                continue
+            if e.errno == errno.ECONNRESET and not reset:  # a peer that closed with our messages unread:
+                reset = True  # Linux says so once, before what it sent last (its last word): read on
                 continue
             return None, []
         return (json.loads(data) if data else None), list(fds)
@@ -409,9 +413,10 @@ class _Server:
     def _ending(self, code: int | None, when: str = "") -> None:
         """Tell the agent why this fork server ends: its warm child (``pid``) died. Without it the
         agent would only see this template's own exit (code 0 or 1), not the warm child's signal.
-        ``code`` None: a seeded warm child whose seed did not say (it is gone)."""
+        ``code`` None: a seeded warm child whose seed did not say (gone, or stopped)."""
         if code is None:
-            when = ", ".join(w for w in (when, "how is unknown: the job's seed, its parent, is gone") if w)
+            why = "is gone" if self.seed is None else "did not say (is it stopped?)"
+            when = ", ".join(w for w in (when, f"how is unknown: the job's seed, its parent, {why}") if w)
         _send(self.sock, {"op": "ending", "pid": self.warm_pid, "code": code, "when": when})
 
     # -- a warm child from the job's seed ---------------------------------------------------------------
@@ -428,7 +433,7 @@ class _Server:
             return False
         self.warming, self.seeded, self.warm_pid = ours, True, self.seed_pid
         # the agent watches the seed for a stop while forks wait, until the child says hello
-        _send(self.sock, {"op": "warming", "pid": self.seed_pid})
+        _send(self.sock, {"op": "warming", "pid": self.seed_pid, "seed": True})
         return True
 
     def _drop_seed(self) -> None:

@@ -68,8 +68,9 @@ class LocalJob(Job):
         try:
             try:
                 if hosts > 1 and self._warm and seed.enabled():
-                    self._env = dict(os.environ) if self._env is None else self._env  # the seed's and theirs
-                    self._seed = seed.Seed(self._warm, self._env)
+                    # the agents' environment as it is now; one added later in another is refused by the
+                    # seed (``seed.mismatch``) and warms up alone, as without a seed
+                    self._seed = seed.Seed(self._warm, dict(os.environ) if self._env is None else self._env)
                 for _ in range(hosts):
                     early.append(self._popen_agent())
                 self._controller = Controller.get()
