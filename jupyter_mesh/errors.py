@@ -216,7 +216,8 @@ _KIND_HINTS = {
     "lives on: spawn the actor mesh again",
     "broadcast": "an endpoint called with broadcast() raised, and a broadcast has no caller to receive it; fix "
     "the endpoint (use call() to get its errors back)",
-    "start": "the proc failed to start; check the preload modules and the environment",
+    "start": "the proc failed to start, for the reason above: a stopped fork server or seed needs SIGCONT, an "
+    "import error a fix to the preload modules or the environment; then spawn again",
     "stopped": "it was stopped; spawn a new one",
     "relay": "the proc lives on; call it again, on a slice without the lost host's ranks",
 }
