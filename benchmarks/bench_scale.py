@@ -10,8 +10,12 @@ Each (system, hosts, procs per host) point runs in a fresh program (``_CHILD``),
 * ``controller_sends_per_call``: messages the calling thread sent per broadcast (jupyter_mesh only;
   heartbeats go from a thread of their own and are not counted); ``controller_receives_per_call``:
   messages it decoded per broadcast (gathered replies, progress), heartbeat answers aside
+* ``cpu_ms_per_call``: CPU per broadcast (each thread's ``schedstat``) of the controller, the agents, the
+  procs and the rest (templates, the seed) over the timed calls: where the latency goes on 2 cores
 * ``floor_pyzmq``: the same topology in bare pyzmq processes (caller -> H relays -> P workers each, each
   relay gathering its P replies): what processes, sockets and wake-ups alone cost on this machine
+* ``floor_dgram``: the same over unix datagram sockets read by a blocking ``recv``: one thread wake-up
+  per message and process (pyzmq's I/O threads add two), the least one Python process per rank costs
 * ``idle_cpu_pct``: CPU of the controller and every process below it (agents, procs, templates),
   in % of one core, from each thread's ``schedstat`` (ns) over ``--idle`` seconds with the mesh idle
   (an idle proc is still pinged 9-12 s after its last call, then every 67-90 s, each at its own
@@ -112,11 +116,16 @@ def counting_decode(*a, **k):  # what reaches the controller, heartbeat answers 
         recvs[0] += 1
     return inner_decode(*a, **k)
 tr._send_frames, tr.decode = counting, counting_decode
+roles = {"controller": [os.getpid()], "agents": job.pids(), "procs": list(procs.pids().values())}
+known = {p for ps in roles.values() for p in ps}
+roles["other"] = [p for p in tree(os.getpid()) if p not in known]  # templates, warm children, the seed
+cpu0 = {r: sum(cpu(p) for p in ps) for r, ps in roles.items()}
 lat = []
 for _ in range(N):
     t = time.perf_counter()
     b.noop.call().get(timeout=60)
     lat.append(time.perf_counter() - t)
+cpu_per_call = {r: round(1e3 * (sum(cpu(p) for p in ps) - cpu0[r]) / N, 2) for r, ps in roles.items()}
 tr._send_frames, tr.decode = inner, inner_decode
 time.sleep(3)  # the agents learn the procs are idle (a few heartbeat intervals)
 idle, nproc = idle_cpu(IDLE)
@@ -124,7 +133,8 @@ procs.stop()
 job.stop()
 print(json.dumps({"spawn_s": round(spawn, 2), "call_p50_ms": pct(lat, 0.5), "call_p90_ms": pct(lat, 0.9),
                   "controller_sends_per_call": round(sends[0] / N, 2),
-                  "controller_receives_per_call": round(recvs[0] / N, 2), "idle_cpu_pct": idle, "processes": nproc}))
+                  "controller_receives_per_call": round(recvs[0] / N, 2), "cpu_ms_per_call": cpu_per_call,
+                  "idle_cpu_pct": idle, "processes": nproc}))
 """
 )
 
@@ -223,11 +233,89 @@ print(json.dumps({"spawn_s": round(spawn, 2), "call_p50_ms": round(1e3 * lat[len
 """
 
 
-def floor(h: int, p: int, calls: int, timeout: float) -> dict[str, Any]:
+# the same again over unix datagram sockets read by blocking ``recv`` in one thread: one wake-up per
+# message in each process (pyzmq's I/O threads add two), what one Python process per rank costs at least
+_DGRAM_COMMON = r"""
+import os, socket, struct, msgpack, pickle
+def sock(path):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM); s.bind(path)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+    return s
+def pack(h, p):
+    hb = msgpack.packb(h); return struct.pack("<I", len(hb)) + hb + p
+def unpack(d):
+    n = struct.unpack_from("<I", d)[0]; return msgpack.unpackb(d[4:4 + n]), d[4 + n:]
+"""
+
+_DGRAM_WORKER = (
+    _DGRAM_COMMON
+    + r"""
+import sys
+inbox, back, rank = sock(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+print("up", flush=True)
+while True:
+    h, p = unpack(inbox.recv(1 << 16)); pickle.loads(p)
+    if h.get("stop"): break
+    inbox.sendto(pack({"k": "r", "i": h["i"], "rk": rank}, pickle.dumps(None)), back)
+"""
+)
+
+_DGRAM_RELAY = (
+    _DGRAM_COMMON
+    + r"""
+import sys, subprocess
+d, me, P, worker = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+inbox, back = sock(f"{d}/{me}"), sock(f"{d}/{me}-back")
+ws = [subprocess.Popen([sys.executable, "-c", worker, f"{d}/{me}-w{r}", f"{d}/{me}-back", str(r)],
+                       stdout=subprocess.PIPE, text=True) for r in range(P)]
+for w in ws: w.stdout.readline()
+inbox.sendto(b"up", f"{d}/caller")
+while True:
+    m = inbox.recv(1 << 16); h, _ = unpack(m)
+    for r in range(P): inbox.sendto(m, f"{d}/{me}-w{r}")
+    if h.get("stop"): break
+    got = [unpack(back.recv(1 << 16))[1] for _ in range(P)]
+    inbox.sendto(pack({"k": "g", "i": h["i"]}, b"".join(got)), f"{d}/caller")
+for w in ws: w.wait()
+"""
+)
+
+_DGRAM_FLOOR = (
+    _DGRAM_COMMON
+    + r"""
+import sys, time, json, tempfile, shutil, subprocess
+H, P, N, worker, relay = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+d = tempfile.mkdtemp(prefix="jm-dgram-")
+inbox = sock(f"{d}/caller")
+t0 = time.perf_counter()
+rs = [subprocess.Popen([sys.executable, "-c", relay, d, f"r{i}", str(P), worker]) for i in range(H)]
+for _ in range(H): inbox.recv(16)
+spawn = time.perf_counter() - t0
+lat = []
+for i in range(N + 5):
+    t = time.perf_counter()
+    m = pack({"k": "c", "i": i, "ep": "noop"}, pickle.dumps(((), {})))
+    for r in range(H): inbox.sendto(m, f"{d}/r{r}")
+    for _ in range(H): unpack(inbox.recv(1 << 16))
+    if i >= 5: lat.append(time.perf_counter() - t)
+for r in range(H): inbox.sendto(pack({"k": "c", "i": -1, "stop": 1}, pickle.dumps(None)), f"{d}/r{r}")
+for r in rs: r.wait(30)
+shutil.rmtree(d, ignore_errors=True)
+lat.sort()
+print(json.dumps({"spawn_s": round(spawn, 2), "call_p50_ms": round(1e3 * lat[len(lat) // 2], 2),
+                  "call_p90_ms": round(1e3 * lat[int(0.9 * len(lat))], 2)}))
+"""
+)
+
+
+def floor(h: int, p: int, calls: int, timeout: float, dgram: bool = False) -> dict[str, Any]:
+    program, worker, relay = (
+        (_DGRAM_FLOOR, _DGRAM_WORKER, _DGRAM_RELAY) if dgram else (_FLOOR, _FLOOR_WORKER, _FLOOR_RELAY)
+    )
     t0 = time.monotonic()
     try:
         out = subprocess.run(
-            [sys.executable, "-c", _FLOOR, str(h), str(p), str(calls), _FLOOR_WORKER, _FLOOR_RELAY],
+            [sys.executable, "-c", program, str(h), str(p), str(calls), worker, relay],
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -324,7 +412,7 @@ def main() -> None:
     ap.add_argument("--idle", type=int, default=10, help="seconds over which idle CPU is measured")
     ap.add_argument("--timeout", type=float, default=240, help="seconds per point")
     ap.add_argument("--monarch-max-procs", type=int, default=64, help="larger Monarch points are skipped")
-    ap.add_argument("--no-floor", action="store_true", help="skip the bare pyzmq floor of each point")
+    ap.add_argument("--no-floor", action="store_true", help="skip the bare pyzmq and datagram floors of each point")
     ap.add_argument(
         "--cold",
         action="store_true",
@@ -376,6 +464,8 @@ def main() -> None:
         if not a.no_floor:
             row["floor_pyzmq"] = floor(h, p, a.calls, a.timeout)
             print(f"floor {h}x{p}: {json.dumps(row['floor_pyzmq'])}", file=sys.stderr, flush=True)
+            row["floor_dgram"] = floor(h, p, a.calls, a.timeout, dgram=True)
+            print(f"floor_dgram {h}x{p}: {json.dumps(row['floor_dgram'])}", file=sys.stderr, flush=True)
         results["points"].append(row)
     with open("/proc/loadavg") as f:
         results["machine"]["loadavg_1m_after"] = f.read().split()[0]
