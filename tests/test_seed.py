@@ -263,6 +263,21 @@ def test_a_stopped_seeded_warm_child_ends_with_its_job(seeded):
     assert not wait_dead(set(forkers), 15), "a seeded warm child outlived its job"
 
 
+def test_a_stopped_seeded_warm_child_of_a_dead_agent_ends_with_its_host(seeded):
+    """Its agent killed (so nothing of its host is left to end it), a stopped seeded warm child is
+    killed by the seed once the host's link closes, long before the job ends: no process holds the
+    job's output for ever (helper-59)."""
+    job = seeded(2)
+    procs = job.host_mesh().spawn_procs(per_host={"gpus": 1}, timeout=120)
+    forker = sorted({f for _, f, _ in _where(procs)})[0]
+    assert _ppid(forker) == job.seed_pid
+    os.kill(forker, signal.SIGSTOP)
+    for agent in job.pids():  # (whichever host it serves)
+        os.kill(agent, signal.SIGKILL)
+    assert not wait_dead({forker}, 15), "a stopped seeded warm child outlived its host's agent"
+    assert alive(job.seed_pid)  # the seed itself serves on until its job ends
+
+
 def test_a_peer_that_closed_with_our_messages_unread_still_has_its_last_word_read():
     """Linux reports ECONNRESET once on a socket whose peer closed with our messages unread, before
     what the peer sent last: the template's ``ending`` (how its warm child died) must not be lost to it,

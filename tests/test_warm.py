@@ -503,7 +503,9 @@ def test_a_warm_child_that_serves_is_the_fork_server(monkeypatch, tmp_path, faul
         else:
             os.kill(child, signal.SIGSTOP)
             try:
-                with pytest.raises(SupervisionError, match=f"fork server .*pid {child}.* is stopped"):
+                with pytest.raises(
+                    SupervisionError, match=f"fork server \\(the template's warm child, pid {child}\\) is stopped"
+                ):
                     job.host_mesh().spawn_procs(per_host={"gpus": 1}, timeout=60)
                 assert procs.spawn("still", Probe).info.call().get(30)  # its procs live on
             finally:

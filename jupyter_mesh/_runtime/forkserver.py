@@ -151,7 +151,9 @@ class ForkServer:
             pid, state = self.warming, st[0] if st else ""
         if state in ("T", "t"):
             who = f"its host's fork server (template, pid {pid})"
-            if pid == self.warming and self.warming_is_seed:
+            if pid == self.serving and pid != self.proc.pid:
+                who = f"its host's fork server (the template's warm child, pid {pid})"
+            elif pid == self.warming and self.warming_is_seed:
                 who = f"its job's seed (pid {pid}), which imports the warm list for every host,"
             return (
                 f"{who} is stopped (SIGSTOP or a debugger: "

@@ -14,8 +14,9 @@ passes it to each template it starts. Nothing is on the file system, so no other
 
 A seeded warm child is the seed's child, not its template's: the seed reaps it and tells the template
 its exit status (``{"op": "exit"}``), and the two watch each other through their socket (EOF: the
-other is gone). The seed ends when its job does (EOF on its control socket), after the job's agents,
-and kills what is left of its children then (a stopped one would not see its host end).
+other is gone). A host whose agent is gone (EOF on its link) loses its warm children too, and the seed
+ends when its job does (EOF on its control socket), after the job's agents, killing what is left of
+its children: a stopped one would not see its host end, and would hold the job's output for ever.
 
 A seed that is gone, or started in another environment than the template (``mismatch``), costs speed
 only: the template warms up alone, as on any other host. A stopped seed is a stopped fork server: the
@@ -135,21 +136,19 @@ class _Seeder:
         msg, fds = self.template.recv(self.ctl)
         if msg is None:  # the job ended (its agents first), or its program died: so do its hosts
             for pid in self.children:  # a warm child that is stopped would not see its host end
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
+                _kill(pid)
             os._exit(0)
         for fd in fds:
             self.links[fd] = socket.socket(fileno=fd)
 
     def _from_template(self, link: socket.socket) -> None:
         msg, fds = self.template.recv(link)
-        if msg is None:
+        if msg is None:  # its agent and templates are gone: so is their host
             del self.links[link.fileno()]
             for pid, lk in list(self.children.items()):
-                if lk is link:
-                    del self.children[pid]  # reaped all the same, reported to nobody
+                if lk is link:  # a stopped one would never see it (reaped all the same, reported to nobody)
+                    _kill(pid)
+                    del self.children[pid]
             link.close()
             return
         if not isinstance(msg, dict) or msg.get("op") != "warm" or len(fds) != 1:
@@ -197,6 +196,14 @@ class _Seeder:
             if link is not None:
                 code = os.waitstatus_to_exitcode(status)
                 self.template.send_or_ignore(link, {"op": "exit", "pid": pid, "code": code})
+
+
+def _kill(pid: int) -> None:
+    """SIGKILL a child of ours (not reaped yet: its pid cannot have been reused)."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
 
 
 def main() -> None:
