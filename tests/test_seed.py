@@ -294,10 +294,11 @@ def test_a_peer_that_closed_with_our_messages_unread_still_has_its_last_word_rea
             assert read(ours) is None
 
 
-@pytest.mark.parametrize("a_warm_child_stopped", [False, True])
-def test_a_killed_controller_leaves_no_seed_and_no_warm_child(tmp_path, a_warm_child_stopped):
+@pytest.mark.parametrize("stopped", ["", "warm child", "seed"])
+def test_a_killed_controller_leaves_no_seed_and_no_warm_child(tmp_path, stopped):
     """kill -9 of the program that owns the job: the seed exits on its control socket's EOF, and kills
-    its warm children (a stopped one too, which would not see its host end)."""
+    its warm children (a stopped one too, which would not see its host end); a stopped seed, which
+    would not see its EOF, is killed by the orphaned agents."""
     script = tmp_path / "owner.py"
     script.write_text(
         "import json, os, sys, types\n"
@@ -322,8 +323,8 @@ def test_a_killed_controller_leaves_no_seed_and_no_warm_child(tmp_path, a_warm_c
         info = json.loads(line)
         below = descendants(p.pid)
         assert info["seed"] in below and all(alive(pid) for pid, _, _ in info["where"])
-        if a_warm_child_stopped:
-            os.kill(info["where"][0][1], signal.SIGSTOP)
+        if stopped:
+            os.kill(info["where"][0][1] if stopped == "warm child" else info["seed"], signal.SIGSTOP)
         os.kill(p.pid, signal.SIGKILL)
         p.wait(10)
         left = wait_dead(below, 20.0)

@@ -198,6 +198,22 @@ class _Seeder:
                 self.template.send_or_ignore(link, {"op": "exit", "pid": pid, "code": code})
 
 
+def end_for_dead_controller(link: str) -> None:
+    """Run by an agent whose controller died (``kill -9``): end the job's seed (``link`` is ``FD:PID``),
+    which a stop would otherwise keep from reading its control socket's EOF for ever. Only a process
+    that still is a seed leading its own session is killed, not whatever took over a reused pid."""
+    try:
+        pid = int(link.split(":")[1])
+        if os.getsid(pid) != pid:
+            return
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if f"\0-m\0{__spec__.name}\0".encode() not in b"\0" + f.read():
+                return
+        os.kill(pid, signal.SIGKILL)
+    except (OSError, ValueError, IndexError):
+        pass
+
+
 def _kill(pid: int) -> None:
     """SIGKILL a child of ours (not reaped yet: its pid cannot have been reused)."""
     try:

@@ -45,6 +45,11 @@ _seed_link = ""
 every template it starts, as ``FD:PID`` (the seed's pid: the agent watches it for a stop); '' if none."""
 
 
+def seed_link() -> str:
+    """This agent's link to its job's seed, ``FD:PID`` ('' if none)."""
+    return _seed_link
+
+
 def take_seed_link() -> None:
     """Adopt the seed link the job passed (``LINK_ENV``), and drop the name: procs must not see it."""
     global _seed_link
