@@ -21,6 +21,8 @@ its children: a stopped one would not see its host end, and would hold the job's
 A seed that is gone, or started in another environment than the template (``mismatch``), costs speed
 only: the template warms up alone, as on any other host. A stopped seed is a stopped fork server: the
 spawns that wait on it fail, naming it, after the agent's fork timeout; resume it and spawn again.
+One still stopped when its controller dies (``kill -9``) never reads that EOF: the orphaned agents end
+it (``end_for_dead_controller``).
 """
 
 from __future__ import annotations
