@@ -171,6 +171,27 @@ def test_a_seeded_warm_child_killed_takes_its_hosts_procs_and_says_how(seeded, s
     procs.stop()
 
 
+def test_a_seeded_hosts_template_killed_takes_its_warm_child_and_the_next_template_asks_the_seed(seeded):
+    """The template of a seeded host killed: its warm child (the seed's, not its own) sees the
+    template's end and ends too, the host's procs fail naming the template, the other host's live on,
+    and the agent's next template takes a new warm child from the seed."""
+    job = seeded(2)
+    procs = job.host_mesh().spawn_procs(per_host={"gpus": 1}, timeout=120)
+    forkers = {f for _, f, _ in _where(procs)}
+    template_pid = templates_of(job.pids()[0])[0]
+    os.kill(template_pid, signal.SIGKILL)
+    assert wait_for(lambda: any(not alive(f) for f in forkers), 10), "no warm child ended with its template"
+    (survivor,) = [f for f in forkers if alive(f)]
+    with pytest.raises(SupervisionError, match=f"template, pid {template_pid}.*SIGKILL"):
+        _where(procs)
+    after = job.host_mesh().spawn_procs(per_host={"gpus": 1}, timeout=120)
+    again = _where(after)
+    assert all(w for _, _, w in again) and {_ppid(f) for _, f, _ in again} == {job.seed_pid}, again
+    assert survivor in {f for _, f, _ in again} and not forkers >= {f for _, f, _ in again}
+    after.stop()
+    procs.stop()
+
+
 def test_a_stopped_seed_fails_the_spawn_that_waits_on_it_with_that_cause(seeded):
     """Stopped while it imports, every host's held forks wait on it: the spawn fails naming it and
     what to do, and once resumed the hosts spawn warm."""

@@ -466,8 +466,8 @@ class Agent(ProcWatch):
                 kill(p.pid, signal.SIGKILL)
             os.close(self.lifeline_w)
             self.forkserver.stop()
-            if self.orphaned and template.seed_link():  # a stopped seed would never see its job end
-                seed.end_for_dead_controller(template.seed_link())
+            if self.orphaned and template.seed_pid():  # a stopped seed would never see its job end
+                seed.end_for_dead_controller(template.seed_pid())
             from .._wire import shm as _shm
 
             if self.orphaned and not self.nested:  # segments sent to procs that died before mapping them

@@ -223,7 +223,6 @@ class ProcWatch:
         elif op == "warming":  # its warm child imports the warm list: forks that wait for it, wait on it
             with self.lock:
                 self.forkserver.warming = int(msg["pid"])
-                self.forkserver.warming_is_seed = msg.get("seed") is True
         elif op == "serving":  # its warm child forks from now on: a stopped fork server is that one
             with self.lock:
                 self.forkserver.serving, self.forkserver.warming = int(msg["pid"]), 0

@@ -104,6 +104,15 @@ def kill(pid: int, sig: int) -> None:
             pass
 
 
+def leads_own_session(pid: int) -> bool:
+    """Does ``pid`` lead a session of its own (a seed, a seeded warm child: both ``setsid``)? Checked
+    before killing a process that is not our child, so that a pid reused since it died is spared."""
+    try:
+        return os.getsid(pid) == pid
+    except OSError:
+        return False
+
+
 def alive(pid: int) -> bool:
     if not pid:
         return False

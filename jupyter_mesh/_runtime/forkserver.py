@@ -17,9 +17,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .agent_state import ProcEntry, describe_exit
+from .agent_state import ProcEntry, describe_exit, kill, leads_own_session
 from .liveness import Liveness, read_stat
-from .template import launch
+from .template import launch, recv, seed_pid
 
 __all__ = ["ForkServer"]
 
@@ -57,7 +57,6 @@ class ForkServer:
         self.started_at, self.down_until, self.down_cause = time.monotonic(), 0.0, ""
         self.serving = proc.pid  # the process that forks: its warm child once that took over (``template``)
         self.warming = 0  # that warm child while it imports (held forks wait for it)
-        self.warming_is_seed = False  # ``warming`` is the job's seed (``seed.py``): it imports for every host
         self.ending: dict[str, Any] | None = None  # the template's last word: its warm child died (how, when)
         # the key first, before anyone else can send on this socket: a fork before it makes keyless procs
         socket.send_fds(ours, [json.dumps({"op": "key", "key": self._key_hex}).encode()], [])
@@ -122,16 +121,10 @@ class ForkServer:
 
     def recv(self) -> dict[str, Any] | None:
         """One message from the template; None when it is gone."""
-        try:
-            data = self.sock.recv(1 << 16)
-        except ConnectionResetError:  # it exited with forks unread: Linux says so once, before its
-            try:  # last word (``ending``: how its warm child died), which must not be lost
-                data = self.sock.recv(1 << 16)
-            except OSError:
-                return None
-        except OSError:
-            return None
-        return json.loads(data) if data else None
+        msg, fds = recv(self.sock)  # (after a reset too: its last word says how its warm child died)
+        for fd in fds:  # it sends none
+            os.close(fd)
+        return msg
 
     def overdue(self, now: float, timeout: float) -> str | None:
         """With forks unanswered for more than ``timeout`` while it is stopped: why; else None (none
@@ -153,7 +146,7 @@ class ForkServer:
             who = f"its host's fork server (template, pid {pid})"
             if pid == self.serving and pid != self.proc.pid:
                 who = f"its host's fork server (the template's warm child, pid {pid})"
-            elif pid == self.warming and self.warming_is_seed:
+            elif pid == self.warming and pid == seed_pid():
                 who = f"its job's seed (pid {pid}), which imports the warm list for every host,"
             return (
                 f"{who} is stopped (SIGSTOP or a debugger: "
@@ -192,21 +185,9 @@ class ForkServer:
     def stop(self) -> None:
         if self.down:
             return  # reaped already
-        if self.serving != self.proc.pid and _leads_own_session(self.serving):
+        if self.serving != self.proc.pid and leads_own_session(self.serving):
             # a warm child from the job's seed is not the template's child (no PDEATHSIG from it), and a
             # stopped one never reads the EOF that would end it: it would outlive the job
-            try:
-                os.kill(self.serving, signal.SIGKILL)
-            except OSError:
-                pass
+            kill(self.serving, signal.SIGKILL)
         self.proc.kill()
         self.proc.wait(5)
-
-
-def _leads_own_session(pid: int) -> bool:
-    """A seeded warm child calls ``setsid`` (``template.serve_from_seed``): checked before a kill, so a
-    pid reused since it died is not killed in its place."""
-    try:
-        return os.getsid(pid) == pid
-    except OSError:
-        return False

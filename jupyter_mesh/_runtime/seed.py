@@ -38,6 +38,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .agent_state import kill, leads_own_session
 from .template import LINK_ENV, fingerprint
 
 __all__ = ["LINK_ENV", "Seed", "enabled", "fingerprint", "mismatch"]
@@ -138,7 +139,7 @@ class _Seeder:
         msg, fds = self.template.recv(self.ctl)
         if msg is None:  # the job ended (its agents first), or its program died: so do its hosts
             for pid in self.children:  # a warm child that is stopped would not see its host end
-                _kill(pid)
+                kill(pid, signal.SIGKILL)
             os._exit(0)
         for fd in fds:
             self.links[fd] = socket.socket(fileno=fd)
@@ -149,7 +150,7 @@ class _Seeder:
             del self.links[link.fileno()]
             for pid, lk in list(self.children.items()):
                 if lk is link:  # a stopped one would never see it (reaped all the same, reported to nobody)
-                    _kill(pid)
+                    kill(pid, signal.SIGKILL)
                     del self.children[pid]
             link.close()
             return
@@ -200,28 +201,17 @@ class _Seeder:
                 self.template.send_or_ignore(link, {"op": "exit", "pid": pid, "code": code})
 
 
-def end_for_dead_controller(link: str) -> None:
-    """Run by an agent whose controller died (``kill -9``): end the job's seed (``link`` is ``FD:PID``),
-    which a stop would otherwise keep from reading its control socket's EOF for ever. Only a process
-    that still is a seed leading its own session is killed, not whatever took over a reused pid."""
+def end_for_dead_controller(pid: int) -> None:
+    """Run by an agent whose controller died (``kill -9``): end the job's seed (``pid``), which a stop
+    would otherwise keep from reading its control socket's EOF for ever. Only a process that still is
+    a seed leading its own session is killed, not whatever took over a reused pid."""
     try:
-        pid = int(link.split(":")[1])
-        if os.getsid(pid) != pid:
-            return
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            if f"\0-m\0{__spec__.name}\0".encode() not in b"\0" + f.read():
-                return
-        os.kill(pid, signal.SIGKILL)
-    except (OSError, ValueError, IndexError):
-        pass
-
-
-def _kill(pid: int) -> None:
-    """SIGKILL a child of ours (not reaped yet: its pid cannot have been reused)."""
-    try:
-        os.kill(pid, signal.SIGKILL)
+            cmdline = b"\0" + f.read()
     except OSError:
-        pass
+        return  # gone already
+    if f"\0-m\0{__spec__.name}\0".encode() in cmdline and leads_own_session(pid):
+        kill(pid, signal.SIGKILL)
 
 
 def main() -> None:

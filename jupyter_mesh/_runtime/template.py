@@ -45,9 +45,9 @@ _seed_link = ""
 every template it starts, as ``FD:PID`` (the seed's pid: the agent watches it for a stop); '' if none."""
 
 
-def seed_link() -> str:
-    """This agent's link to its job's seed, ``FD:PID`` ('' if none)."""
-    return _seed_link
+def seed_pid() -> int:
+    """In an agent: the pid of its job's seed (``seed.py``), 0 if none."""
+    return int(_seed_link.split(":")[1]) if _seed_link else 0
 
 
 def take_seed_link() -> None:
@@ -438,7 +438,7 @@ class _Server:
             return False
         self.warming, self.seeded, self.warm_pid = ours, True, self.seed_pid
         # the agent watches the seed for a stop while forks wait, until the child says hello
-        _send(self.sock, {"op": "warming", "pid": self.seed_pid, "seed": True})
+        _send(self.sock, {"op": "warming", "pid": self.seed_pid})
         return True
 
     def _drop_seed(self) -> None:
