@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 
 import pytest
@@ -259,3 +260,41 @@ def test_two_local_hosts_in_the_state_and_how_each_was_lost(host):
     finally:
         job.stop()
     assert not wait_dead(descendants(os.getpid()) - before, 10), "the job's agents or procs outlived it"
+
+
+def test_a_snapshot_taken_while_actors_start_and_end_their_init():
+    """The receive thread adds and removes slow constructors while a view snapshots the mesh: a
+    snapshot never sees the notes' dict change under it (it raised ``dictionary changed size``)."""
+    t = StateTracker()
+    t.created("m", "m", {"gpus": 2}, [{"gpus": 0}, {"gpus": 1}])
+    stop, errors = threading.Event(), []
+
+    def churn() -> None:
+        i = 0
+        while not stop.is_set():
+            t.initializing("m", [0, 1], f"a{i % 50}", "slow")
+            if i % 3 == 0:
+                t.initializing("m", [0, 1], f"a{(i * 7) % 50}", done=True)
+            i += 1
+
+    def read() -> None:
+        while not stop.is_set():
+            try:
+                t.snapshot("m")
+            except RuntimeError as e:
+                errors.append(e)
+                return
+
+    threads = [threading.Thread(target=churn), threading.Thread(target=read)]
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # (switch threads often: the race shows within a second)
+    try:
+        for th in threads:
+            th.start()
+        stop.wait(1.5)
+    finally:
+        stop.set()
+        for th in threads:
+            th.join(10)
+        sys.setswitchinterval(old)
+    assert not errors, errors

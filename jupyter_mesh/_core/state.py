@@ -312,7 +312,9 @@ class _TrackedMesh:
         self.inits[rank] = {}
 
     def note(self, rank: int, now: float) -> str:
-        parts = [f"initializing '{name}' ({now - since:.0f} s)" for name, since in self.inits[rank].values()]
+        # (a copy, taken in one step: the receive thread adds and removes entries while a view reads them)
+        inits = tuple(self.inits[rank].values())
+        parts = [f"initializing '{name}' ({now - since:.0f} s)" for name, since in inits]
         if self.notes[rank]:
             parts.append(self.notes[rank])
         return "; ".join(parts)
