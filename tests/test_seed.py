@@ -40,6 +40,14 @@ def _ppid(pid: int) -> int:
         return 0
 
 
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return ""
+
+
 def _imports(log) -> list[int]:
     return [int(x) for x in log.read_text().split()] if log.exists() else []
 
@@ -52,16 +60,20 @@ def seeded(monkeypatch, tmp_path):
     monkeypatch.setattr(warm, "WARM_CANDIDATES", ("seed_warm_import",))
     monkeypatch.setattr(warm, "_installed", lambda name: False)  # (not torch: whether installed or not)
     monkeypatch.setitem(sys.modules, "seed_warm_import", types.ModuleType("seed_warm_import"))
-    log, flag = tmp_path / "imports", tmp_path / "hold"
+    log, flag, stop = tmp_path / "imports", tmp_path / "hold", tmp_path / "stop"
     jobs: list[LocalJob] = []
     earlier = descendants(os.getpid())  # (other tests' module-scoped meshes and kernels: not ours to check)
 
-    def make(hosts: int, hold: bool = False, inherit: bool = False) -> LocalJob:
-        """``inherit``: the job is given no ``env``; its agents take this process's (set here)."""
+    def make(hosts: int, hold: bool = False, inherit: bool = False, stop_child: bool = False) -> LocalJob:
+        """``inherit``: the job is given no ``env``; its agents take this process's (set here).
+        ``stop_child``: the seed's first warm child stops itself before it says hello."""
         if hold:
             flag.write_text("")
+        if stop_child:
+            stop.write_text("")
         path = os.pathsep.join(p for p in (TESTS, ROOT, os.environ.get("PYTHONPATH", "")) if p)
         env = {"PYTHONPATH": path, "JM_WARM_IMPORT_LOG": str(log), "JM_SLOW_IMPORT_FLAG": str(flag)}
+        env["JM_STOP_AT_FORK_FLAG"] = str(stop)
         if inherit:
             for name, value in env.items():
                 monkeypatch.setenv(name, value)
@@ -69,7 +81,7 @@ def seeded(monkeypatch, tmp_path):
         jobs.append(job)
         return job
 
-    make.log, make.flag = log, flag  # type: ignore[attr-defined]
+    make.log, make.flag, make.stop = log, flag, stop  # type: ignore[attr-defined]
     yield make
     flag.unlink(missing_ok=True)
     below = descendants(os.getpid()) - earlier  # the seeds, agents, templates, warm children and procs
@@ -189,6 +201,29 @@ def test_a_seeded_hosts_template_killed_takes_its_warm_child_and_the_next_templa
     assert all(w for _, _, w in again) and {_ppid(f) for _, f, _ in again} == {job.seed_pid}, again
     assert survivor in {f for _, f, _ in again} and not forkers >= {f for _, f, _ in again}
     after.stop()
+    procs.stop()
+
+
+def test_a_seeded_warm_child_stopped_before_its_hello_is_named(seeded):
+    """Stopped right after the seed forked it, before it said hello to its template: the spawn that
+    waits on it fails naming that warm child (the seed told the template its pid), not the running
+    seed's import; resumed, it takes over and the host spawns warm."""
+    job = seeded(2, stop_child=True)
+    seed = job.seed_pid
+    children = lambda: [p for p in descendants(seed) if p != seed]  # noqa: E731
+    assert wait_for(lambda: not seeded.stop.exists() and children(), 30)
+    assert wait_for(lambda: any(_state(p) == "T" for p in children()), 10)
+    (victim,) = [p for p in children() if _state(p) == "T"]
+    try:
+        stopped = rf"fork server \(the template's warm child, pid {victim}\) is stopped .*SIGCONT"
+        with pytest.raises(SupervisionError, match=stopped):
+            job.host_mesh().spawn_procs(per_host={"gpus": 1}, timeout=60)
+    finally:
+        os.kill(victim, signal.SIGCONT)
+    procs = job.host_mesh().spawn_procs(per_host={"gpus": 1}, timeout=60)
+    where = _where(procs)
+    assert all(w for _, _, w in where) and victim in {f for _, f, _ in where}, where
+    assert _imports(seeded.log) == [seed]
     procs.stop()
 
 

@@ -144,10 +144,10 @@ class ForkServer:
             pid, state = self.warming, st[0] if st else ""
         if state in ("T", "t"):
             who = f"its host's fork server (template, pid {pid})"
-            if pid == self.serving and pid != self.proc.pid:
-                who = f"its host's fork server (the template's warm child, pid {pid})"
-            elif pid == self.warming and pid == seed_pid():
+            if pid == self.warming and pid == seed_pid():
                 who = f"its job's seed (pid {pid}), which imports the warm list for every host,"
+            elif pid != self.proc.pid:  # serving after its takeover, or warming up for it
+                who = f"its host's fork server (the template's warm child, pid {pid})"
             return (
                 f"{who} is stopped (SIGSTOP or a debugger: "
                 f"state {state}) and did not fork for {now - oldest:.1f} s; resume it (SIGCONT) and spawn again"

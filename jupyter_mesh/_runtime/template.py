@@ -453,6 +453,10 @@ class _Server:
             os.close(fd)
         if msg is None:  # gone; a request it had not answered ends in ``warming``'s EOF
             self._drop_seed()
+        elif msg.get("op") == "forked":  # our warm child's pid, maybe before its hello: watch it, not the seed
+            if self.seeded and self.warming is not None and self.warm_pid == self.seed_pid:
+                self.warm_pid = int(msg["pid"])
+                _send(self.sock, {"op": "warming", "pid": self.warm_pid})
         elif msg.get("op") == "exit":
             self.seed_exits[int(msg["pid"])] = int(msg["code"])
         elif msg.get("op") == "refused":
