@@ -547,7 +547,7 @@ class Controller:
             if self._closed:
                 return
             self._closed = True
-        for mesh_id, rec in self.meshes.items():
+        for mesh_id, rec in list(self.meshes.items()):  # (a spawn on another thread may add one)
             rec.stopped = True
             self.state.stopped(mesh_id)
             self.worker_logs.stopped(mesh_id)
@@ -558,7 +558,7 @@ class Controller:
         if self.debug_socket is not None:
             self.debug_socket.close()
         self.client.fail_all(MeshClosedError("the jupyter_mesh controller shut down while this call was pending"))
-        for job in self._jobs:
+        for job in list(self._jobs):
             try:
                 if job.keep_alive and job.running():
                     job.detach()  # its agents keep their procs for the next controller
