@@ -85,6 +85,7 @@ bench: $(STAMP)
 	$(UCX_TEST_ENV) $(BIN)/python benchmarks/bench_dataplane.py
 	$(UCX_TEST_ENV) $(BIN)/python benchmarks/bench_multihost.py
 	$(BIN)/python benchmarks/bench_import.py
+	$(BIN)/python benchmarks/bench_large_results.py
 	$(BIN)/python benchmarks/bench_fork_memory.py
 
 lint: $(STAMP)

@@ -91,3 +91,13 @@ class RdmaBench(Actor):
         del src
         m.close()
         return times
+
+
+class Maker(Actor):
+    """Makes a large result in the proc (so only the result crosses the wire)."""
+
+    @endpoint
+    def ones(self, nbytes: int):
+        import torch
+
+        return torch.ones(nbytes // 4)

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from jupyter_mesh import Actor, endpoint
+from jupyter_mesh import Actor, current_rank, endpoint
 
 KIB = 1024
 
@@ -69,6 +69,11 @@ def make_payload(name: str) -> Any:
             "meta": {"arr": np.arange(20_000, dtype=np.int32), "blob": bytes(40 * KIB)},
             "pair": (torch.zeros(3, dtype=torch.int64), None),
         }
+    kind, _, size = name.partition(":")  # sized ones: "tensor:<bytes>", "bytes:<bytes>"
+    if kind == "tensor" and size.isdigit():
+        return _float_tensor(int(size), 12)
+    if kind == "bytes" and size.isdigit():
+        return np.random.default_rng(13).bytes(int(size))
     raise KeyError(name)
 
 
@@ -105,6 +110,13 @@ class Sink(Actor):
 
     @endpoint
     def make(self, name: str) -> Any:
+        return make_payload(name)
+
+    @endpoint
+    def make_or_raise(self, name: str, rank: int) -> Any:
+        """Payload ``name``, except on ``rank``, which raises."""
+        if current_rank().rank == rank:
+            raise ValueError(f"rank {rank} makes nothing")
         return make_payload(name)
 
     @endpoint

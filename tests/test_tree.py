@@ -44,6 +44,8 @@ def _payload(kind: str):
     t = torch.arange(16 * 1024, dtype=torch.float32)  # 64 KiB
     if kind == "tensor":
         return t
+    if kind == "large":  # 2 MiB: results this large go straight to the caller, not up the tree
+        return torch.arange(512 * 1024, dtype=torch.float32)
     return {"a": [1, (2, b"x")], "t": t[:10], "s": {"deep": [None, 3.5]}}
 
 
@@ -113,7 +115,7 @@ def test_fanout_setting_is_checked():
         assert tree.fanout() == 0
 
 
-@pytest.mark.parametrize("payload", ["none", "small", "tensor", "bytes", "nested"])
+@pytest.mark.parametrize("payload", ["none", "small", "tensor", "bytes", "nested", "large"])
 @pytest.mark.parametrize("adverb", ["call", "broadcast", "stream", "spawn", "actor"])
 def test_adverbs_through_the_tree(tree_mesh, adverb, payload):
     """Every adverb reaches every rank through the tree with its payload intact, and the caller sends
@@ -168,7 +170,7 @@ def test_direct_below_the_fanout(tree_mesh):
     assert n == HOSTS
 
 
-@pytest.mark.parametrize("kind", ["number", "tensor", "array"])
+@pytest.mark.parametrize("kind", ["number", "tensor", "array", "large"])
 @pytest.mark.parametrize("op", ["sum", "prod", "min", "max"])
 def test_reduce_named_ops(tree_mesh, op, kind):
     import numpy
@@ -183,13 +185,13 @@ def test_reduce_named_ops(tree_mesh, op, kind):
         want = {"sum": sum, "prod": lambda v: numpy.prod(v).item(), "min": min, "max": max}[op](each)
         assert got == want
         return
-    lib = torch if kind == "tensor" else numpy
+    lib = torch if kind in ("tensor", "large") else numpy
     stack = lib.stack(each)
     want = {
         "sum": stack.sum(0),
         "prod": stack.prod(0),
-        "min": stack.min(0)[0] if kind == "tensor" else stack.min(0),
-        "max": stack.max(0)[0] if kind == "tensor" else stack.max(0),
+        "min": stack.min(0)[0] if lib is torch else stack.min(0),
+        "max": stack.max(0)[0] if lib is torch else stack.max(0),
     }[op]
     assert type(got) is type(want)
     assert lib.allclose(got, want), (got, want)

@@ -46,6 +46,10 @@ class Echo(Actor):
             import torch
 
             return torch.tensor([r, -r, r % 3, 1.0]) + 1
+        if kind == "large":  # 2 MiB: a reduce folds it in the agents all the same
+            import torch
+
+            return (torch.arange(512 * 1024, dtype=torch.float64) % 7 - r) / 4
         if kind == "array":
             import numpy
 

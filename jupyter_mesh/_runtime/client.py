@@ -363,6 +363,7 @@ class Client:
             fanout.send_cast(self, mesh, ranks, header, payload, bufs, p)
             return self._iter_stream(p, mesh._actor_id)
         header["rm"] = GATHER
+        header["hk"] = context().host_key  # a proc on this host sends a large result through shared memory
         if rd is not None:
             header["rd"] = rd
             p.reduce = reduce_ops.op_name(op)

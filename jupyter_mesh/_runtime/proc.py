@@ -31,7 +31,17 @@ from .._core.shape import Point, Shape, Slice
 from .._data import ucx as _ucx
 from .._data.owner import handle_message as handle_rdma
 from .._wire.channels import CurveKeys
-from .._wire.protocol import DIRECT, NO_REPLY, OK, OUT_SYNC_PREFIX, Dispatch, Kind, reply_header
+from .._wire.protocol import (
+    DIRECT,
+    GATHER_DIRECT_MIN,
+    NO_REPLY,
+    OK,
+    OUT_SYNC_PREFIX,
+    SENT,
+    Dispatch,
+    Kind,
+    reply_header,
+)
 from .._wire.serialize import dumps, loads
 from .._wire.transport import Message, Transport
 from ..errors import SupervisionError
@@ -48,6 +58,10 @@ CUT_GRACE = 2.0
 __all__ = ["ProcRuntime", "live_actor", "main"]
 
 _runtime: ProcRuntime | None = None  # this proc's, once it runs
+
+
+def _size(payload: bytes, bufs: list[Any]) -> int:
+    return len(payload) + sum(memoryview(b).nbytes for b in bufs)
 
 
 def live_actor(actor_id: str) -> ActorHost:
@@ -164,9 +178,23 @@ class ProcRuntime:
         hdr = reply_header(h["i"], ok, self.rank)
         if rm == DIRECT:  # to the caller's reply box if it has one (``replies``), else to its inbox
             self.transport.send(h.get("rt") or h["s"], Message(hdr, payload, bufs), local=bool(h.get("l")))
-        else:
-            hdr["to"] = h["s"]
-            self.transport.send(self.agent_addr, Message(hdr, payload, bufs))
+            return
+        if "rd" not in h and _size(payload, bufs) >= GATHER_DIRECT_MIN and self._reply_direct(h, hdr, payload, bufs):
+            hdr = reply_header(h["i"], SENT, self.rank)  # the agent's gather: answered, nothing to carry
+            payload, bufs = b"", []
+        hdr["to"] = h["s"]
+        self.transport.send(self.agent_addr, Message(hdr, payload, bufs))
+
+    def _reply_direct(self, h: dict[str, Any], hdr: dict[str, Any], payload: bytes, bufs: list[Any]) -> bool:
+        """A large result of a gathered call, straight to the caller (``GATHER_DIRECT_MIN``); False if
+        it could not go (the gather carries it then, as any other)."""
+        local = h.get("hk") == context().host_key  # the caller said where it runs: shared memory
+        try:
+            self.transport.send(h.get("rt") or h["s"], Message(dict(hdr), payload, bufs), local=local)
+        except Exception as e:  # noqa: BLE001 - e.g. /dev/shm full: the agent's way still works
+            print(f"jupyter-mesh proc {self.rank}: a large result goes through the agent: {e!r}", file=sys.stderr)
+            return False
+        return True
 
     def _table(self) -> Dispatch:
         return Dispatch(

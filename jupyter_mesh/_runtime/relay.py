@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from .._core.shape import Slice
 from .._wire import protocol
-from .._wire.protocol import BROKEN, DIRECT, GATHER, NO_REPLY, OK, RAISED, REDUCED, Kind
+from .._wire.protocol import BROKEN, DIRECT, GATHER, NO_REPLY, OK, RAISED, REDUCED, SENT, Kind
 from .._wire.serialize import dumps
 from .._wire.transport import Message
 from ..errors import Failure
@@ -183,7 +183,8 @@ class Relay:
             if g is None or rank not in g.outstanding:
                 return
             g.outstanding.discard(rank)
-            g.entries.append((rank, ok, payload, bufs))
+            if ok != SENT:  # (SENT: its large result went straight to the caller)
+                g.entries.append((rank, ok, payload, bufs))
             if g.outstanding or g.children:
                 self.progress.done(key[0], key[1], rank)
                 return

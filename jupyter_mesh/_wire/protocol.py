@@ -47,11 +47,13 @@ __all__ = [
     "BROKEN",
     "DIRECT",
     "GATHER",
+    "GATHER_DIRECT_MIN",
     "NO_REPLY",
     "OK",
     "OUT_SYNC_PREFIX",
     "RAISED",
     "REDUCED",
+    "SENT",
     "STOP_ENDPOINT",
     "VERSION",
     "Dispatch",
@@ -63,7 +65,7 @@ __all__ = [
     "reply_header",
 ]
 
-VERSION = 6
+VERSION = 7
 """Bump on any change a peer of the previous version would misread (a kind, a key, a code)."""
 
 STOP_ENDPOINT = "__stop__"
@@ -77,8 +79,15 @@ OUT_SYNC_PREFIX = "\x00jupyter-mesh-sync "
 """Starts a marker line a proc prints on stdout and stderr (``OUT_SYNC``, or a ``%%mesh`` cell's end):
 once both arrived, everything the proc printed before has too. Never shown, never kept in the logs."""
 # a reply's per-rank status ("ok"); REDUCED: the folded value of the ranks in ``rr`` (a reduce's
-# gathered reply carries at most one such entry, its rank -1)
-RAISED, OK, BROKEN, REDUCED = 0, 1, 2, 3
+# gathered reply carries at most one such entry, its rank -1); SENT: to its agent only, the rank's
+# large result went straight to the caller (``GATHER_DIRECT_MIN``), so the gather holds no entry for it
+RAISED, OK, BROKEN, REDUCED, SENT = 0, 1, 2, 3, 4
+
+GATHER_DIRECT_MIN = 1 << 20
+"""A gathered call's result this large (pickle and buffers) goes from the proc straight to the caller,
+through shared memory when both are on one host, instead of through its host agent: an agent that
+took in every rank's large result would hold them all at once, copy each once more, and answer its
+heartbeats late."""
 
 
 class Kind:
