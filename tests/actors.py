@@ -324,3 +324,30 @@ class FailureReporter(Actor):
         from jupyter_mesh import RemoteFailure
 
         return RemoteFailure({"w": 1}, "kid", "step", "ValueError", "bad input", "Traceback ...")
+
+
+class Starter(Actor):
+    """Starts processes of its own, as a rank's DataLoader workers or a server it runs would be."""
+
+    def __init__(self) -> None:
+        self.children: list = []
+
+    @endpoint
+    def start(self, own_session: bool = False) -> int:
+        import subprocess
+
+        p = subprocess.Popen(["sleep", "300"], start_new_session=own_session)
+        self.children.append(p)
+        return p.pid
+
+    @endpoint
+    def fork_and_leave(self) -> int:
+        """A grandchild whose parent (a child of ours) already exited: orphaned to init, still ours."""
+        import subprocess
+
+        out = subprocess.run(["sh", "-c", "sleep 300 >/dev/null 2>&1 & echo $!"], capture_output=True, text=True)
+        return int(out.stdout.strip())
+
+    @endpoint
+    def exit_now(self, code: int) -> None:
+        os._exit(code)

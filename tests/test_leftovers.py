@@ -124,3 +124,31 @@ def test_agents_exit_quietly(tmp_path):
     err = r.stderr.decode(errors="replace")
     assert r.returncode == 0 and r.stdout.strip() == b"done", err[-3000:]
     assert "Fatal Python error" not in err, err[-3000:]
+
+
+@pytest.mark.parametrize("end", ["stop", "kill", "exit"])
+def test_what_a_proc_started_ends_with_it(host, end):
+    """A proc's own children and orphaned grandchildren (its process group) end with it: when its
+    mesh stops, when it is killed, when it exits. A child that started a session of its own is left,
+    as its author asked (and killed here)."""
+    from actors import Starter
+
+    pm = host.spawn_procs(per_host={"gpus": 2})
+    starter = pm.spawn("starter", Starter)
+    child = starter.slice(gpus=1).start.call_one().get(30)
+    orphan = starter.slice(gpus=1).fork_and_leave.call_one().get(30)
+    away = starter.slice(gpus=1).start.call_one(own_session=True).get(30)
+    proc = pm.pids()[1]
+    try:
+        assert all(os.path.exists(f"/proc/{p}") for p in (child, orphan, away))
+        if end == "stop":
+            pm.stop(timeout=5)
+        elif end == "kill":
+            os.kill(proc, signal.SIGKILL)
+        else:
+            starter.slice(gpus=1).exit_now.broadcast(5)
+        assert not wait_dead({proc, child, orphan}, 10.0), "the proc's children outlived it"
+        assert os.path.exists(f"/proc/{away}")
+    finally:
+        os.kill(away, signal.SIGKILL)
+        pm.stop(timeout=5)

@@ -162,6 +162,9 @@ def _child(
             pass
         if os.getppid() != cfg["template_pid"]:
             os._exit(71)
+        # a process group of its own: what it starts (DataLoader workers, a server) ends with it
+        # (``_end_group``), unless that started a session of its own
+        os.setpgid(0, 0)
         sock.close()
         for fd in close:  # the template's own: its wake-up pipe, the socket to its warming child
             os.close(fd)
@@ -183,6 +186,24 @@ def _child(
         traceback.print_exc()
         os._exit(3)
     raise SystemExit(code)
+
+
+def _end_group(warm_pid: int) -> int:
+    """A child that ended, not yet reaped (0 if none): if it was a proc, what is left of its process
+    group is killed first. Its pid is the group's id, and an unreaped child's pid cannot be taken by
+    another process, so this kills nobody else's group."""
+    try:
+        info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return 0
+    if info is None:
+        return 0
+    if info.si_pid != warm_pid:  # (a warm child is in ours: it never made a group)
+        try:
+            os.killpg(info.si_pid, signal.SIGKILL)
+        except OSError:  # no group left (or it never made one)
+            pass
+    return info.si_pid
 
 
 def _own_random_state() -> None:
@@ -342,12 +363,13 @@ class _Server:
         except BlockingIOError:
             pass
         while True:
+            pid = _end_group(self.warm_pid)
+            if pid <= 0:
+                return
             try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
+                _, status = os.waitpid(pid, 0)  # (it has ended: no wait)
             except ChildProcessError:
-                return
-            if pid == 0:
-                return
+                continue
             code = os.waitstatus_to_exitcode(status)
             if pid == self.warm_pid:
                 self._warm_child_died(code)
