@@ -202,6 +202,29 @@ def test_a_dead_procs_last_output_leaves_out_the_notebooks_markers(host):
         procs.stop()
 
 
+def test_a_dead_procs_last_output_is_cut_per_line(host):
+    """Its last 30 lines of 100 KB each made a 3.8 MB error, repeated by every later call to the rank:
+    each kept line is cut as the kept logs cut one (``LINE_MAX``, with a marker), the last words stay."""
+    from jupyter_mesh._runtime.logs import LINE_MAX
+
+    procs = host.spawn_procs(per_host={"gpus": 1})
+    try:
+        a = procs.spawn("loud", Faulty)
+        a.shout.call("\n".join(["y" * 100_000] * 30 + ["last words"])).get(timeout=30)
+        pid = a.pid.call_one().get(timeout=30)
+        time.sleep(0.5)  # the lines reach the agent before the proc dies
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(SupervisionError) as e:
+            for _ in range(100):
+                a.ok.call().get(timeout=30)
+                time.sleep(0.05)
+        text = str(e.value)
+        assert "last words" in text and "… [cut " in text, text[-2000:]
+        assert len(text) < 30 * (LINE_MAX + 64) + 4096, len(text)
+    finally:
+        procs.stop()
+
+
 @pytest.mark.parametrize("hosts", [1, 2])
 def test_a_spawn_whose_procs_die_while_starting_fails_once(recorded_faults, hosts):
     """Procs that die before they are up (a mesh preload that does not import) fail the spawn, with

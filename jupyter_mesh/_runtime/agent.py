@@ -41,6 +41,7 @@ from .agent_state import HostedMesh, ProcEntry, alive, describe_exit, kill, read
 from .forkserver import ForkServer
 from .inboxes import ActorInboxes
 from .keep_alive import Keeper
+from .logs import cut_line
 from .quiet import QuietProcs
 from .relay import Relay
 from .template import EarlyStart
@@ -431,8 +432,11 @@ class Agent(ProcWatch):
             self.sel.unregister(fd)
             os.close(fd)
         if lines:
-            # a proc's last output (shown when it dies) is the user's: the notebook's markers stay out
-            p.tail.extend(ln.partition(OUT_SYNC_PREFIX)[0] + "\n" for ln in lines if not ln.startswith(OUT_SYNC_PREFIX))
+            # a proc's last output (shown when it dies) is the user's: the notebook's markers stay out;
+            # each line cut as the kept logs cut it, or a few long lines make every later error megabytes
+            p.tail.extend(
+                cut_line(ln.partition(OUT_SYNC_PREFIX)[0]) + "\n" for ln in lines if not ln.startswith(OUT_SYNC_PREFIX)
+            )
             self._event({"k": Kind.OUT, "m": p.mesh_id, "rk": p.rank, "fd": stream, "label": p.label, "lines": lines})
         return progressed
 
