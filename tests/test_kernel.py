@@ -326,6 +326,27 @@ def test_interrupt_during_a_mesh_cell(kernel):
     assert "gpus=3: 3" in kernel.ok("%%mesh --timeout 5\ncurrent_rank()['gpus']").result
 
 
+def test_mesh_help_lists_every_subcommand(kernel):
+    out = kernel.ok("%mesh -h").stream()
+    listed = re.search(r"\{([a-z,]+)\}", out)
+    assert listed, out
+    assert set(listed.group(1).split(",")) == {
+        *"up status stacks debug reattach down scale kill respawn logs push pull reload torchrun".split()
+    }, out
+
+
+def test_respawn_of_a_stopped_mesh_says_to_start_a_new_one(kernel):
+    kernel.ok("%mesh up --procs 1 --name halted\nhalted.stop().get(30)")
+    try:
+        cell = kernel.run("%mesh respawn --name halted")
+        text = cell.stream("stderr") + json.dumps(cell.error or {})
+        assert cell.status == "error" and "UsageError" in text and "Traceback" not in text, text
+        assert "mesh 'halted' was stopped (procs.stop()): it has no ranks to respawn" in text, text
+        assert "`%mesh up --name halted`" in text
+    finally:
+        kernel.ok("%mesh down halted")
+
+
 @pytest.mark.parametrize(
     ("line", "expect"),
     [
@@ -361,6 +382,8 @@ def test_interrupt_during_a_mesh_cell(kernel):
         ("%%mesh --on gpus=zero\n1", "bad --on slice"),
         ("%%mesh --on cpus=0\n1", "--on cpus=0"),
         ("%%mesh --name nosuch\n1", "no mesh named 'nosuch'"),
+        ("%mesh torchrun", "the following arguments are required: SCRIPT\nusage"),  # (ARGS is optional)
+        ("%mesh logs --save /nonexistent/dir/x", "--save /nonexistent/dir/x: cannot write there (No such file"),
     ],
 )
 def test_bad_arguments_are_usage_errors(kernel, line, expect):

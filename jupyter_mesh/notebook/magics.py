@@ -1,4 +1,5 @@
-"""``%mesh`` (up, status, down, scale, kill, logs, push, pull, reload, torchrun) and ``%%mesh`` (run a cell on every proc).
+"""``%mesh`` (up, status, stacks, debug, reattach, down, scale, kill, respawn, logs, push, pull, reload,
+torchrun) and ``%%mesh`` (run a cell on every proc).
 
 Arguments are parsed with argparse from ``shlex.split(line)`` and never evaluated; a bad argument is an
 IPython ``UsageError`` that ends with the usage line. Errors from the meshes themselves (a rank that
@@ -140,9 +141,7 @@ def _rank_or_coords(text: str) -> int | dict[str, int]:
 
 def _build_parsers() -> tuple[_Parser, _Parser]:
     line = _Parser(prog="%mesh", description="Bring meshes of procs up and down, look at them, move data.")
-    sub = line.add_subparsers(
-        dest="cmd", metavar="{up,status,down,scale,kill,respawn,logs,push,pull,reload,torchrun}", parser_class=_Parser
-    )
+    sub = line.add_subparsers(dest="cmd", parser_class=_Parser)  # its usage lists every subcommand
     sub.required = True
 
     up = sub.add_parser(
@@ -474,6 +473,11 @@ class MeshMagics(Magics):
 
     def _cmd_respawn(self, args: argparse.Namespace) -> None:
         entry = self.meshes.get(args.name)
+        if entry.procs.stopped:  # procs.stop(): respawn brings back failed ranks, not a stopped mesh
+            raise UsageError(
+                f"mesh '{entry.name}' was stopped (procs.stop()): it has no ranks to respawn; "
+                f"`%mesh up --name {entry.name}` starts a new one in its place"
+            )
         try:
             ranks = entry.procs.respawn(args.ranks or None)
         except MeshValueError as e:
@@ -496,8 +500,13 @@ class MeshMagics(Magics):
             lines = lines[-args.tail :]
         text = "".join(ln + "\n" for ln in lines)
         if args.save:
-            with open(args.save, "w") as f:
-                f.write(text)
+            try:
+                with open(args.save, "w") as f:
+                    f.write(text)
+            except OSError as e:
+                raise UsageError(
+                    f"--save {args.save}: cannot write there ({e.strerror or e}); give a writable path"
+                ) from None
             print(f"wrote {len(lines)} lines to {args.save}")
         elif not lines:
             print("no worker output kept yet")

@@ -43,8 +43,9 @@ def add_parser(sub: Any, mesh_name: Any) -> None:
     p.add_argument("--master-addr", "--master_addr", help="rendezvous host (default: the first proc's)")
     p.add_argument("--master-port", "--master_port", type=int, help="rendezvous port (default: a free one)")
     p.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="stop the run after this long")
-    p.add_argument("script", metavar="SCRIPT")
-    p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS")
+    p.add_argument("script", metavar="SCRIPT", help="the script's path (with -m: the module)")
+    rest = p.add_argument("args", nargs=argparse.REMAINDER, default=[], metavar="ARGS", help="the script's own")
+    rest.required = False  # argparse counts a REMAINDER as required: a missing SCRIPT named both
 
 
 def _check_shape(entry: NamedMesh, args: argparse.Namespace) -> None:
