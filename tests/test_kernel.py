@@ -326,6 +326,20 @@ def test_interrupt_during_a_mesh_cell(kernel):
     assert "gpus=3: 3" in kernel.ok("%%mesh --timeout 5\ncurrent_rank()['gpus']").result
 
 
+def test_a_mesh_cell_past_its_timeout_is_cancelled_on_every_proc(kernel):
+    """At --timeout the cell stopped waiting, but its code ran on: its output and side effects landed
+    in the next cells, which waited behind it. It is cancelled as an interrupt cancels it, and says so."""
+    t0 = time.monotonic()
+    cell = kernel.run("%%mesh --timeout 1\nimport time\ntime.sleep(4)\nprint('ran on')\nlate = True", timeout=20)
+    assert cell.status == "error" and cell.error["ename"] == "MeshTimeoutError", cell.error
+    assert time.monotonic() - t0 < 10
+    time.sleep(4)  # past the cell's sleep: had it run on, `late` would be set by now
+    after = kernel.ok("%%mesh --timeout 10\n'late' in globals()")
+    assert "True" not in after.result and "ran on" not in after.stream(), (after.result, after.stream())
+    what = r"timed out after 1 s: .*; cancelled mesh_exec\.run on 4 ranks \(gpus 0-3\); all stopped in"
+    assert re.search(what, cell.error["evalue"]), cell.error
+
+
 def test_mesh_help_lists_every_subcommand(kernel):
     out = kernel.ok("%mesh -h").stream()
     listed = re.search(r"\{([a-z,]+)\}", out)

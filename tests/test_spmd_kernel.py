@@ -86,6 +86,20 @@ def test_mesh_torchrun_interrupt_restarts_ranks_stuck_in_the_rendezvous(kernel):
     assert "4 ranks finished" in kernel.ok(f"%mesh torchrun {ALLREDUCE}").stream()
 
 
+def test_mesh_torchrun_past_its_timeout_is_cancelled_as_an_interrupt_is(kernel):
+    """--timeout cancels the run on every rank, as ■ does, and says so; ranks stuck in native code (the
+    rendezvous, waiting for rank 0) have their procs restarted, so the next run finds every rank free."""
+    cell = kernel.run(f"%mesh torchrun --timeout 8 {ALLREDUCE} {FOREVER}", timeout=60)
+    assert cell.status == "error" and cell.error["ename"] == "MeshTimeoutError", cell.error
+    said = cell.error["evalue"]
+    assert re.search(r"; cancelled spmd\.main on 4 ranks \(gpus 0-3\); all stopped in", said), said
+    assert "sum 20" in kernel.ok(f"%mesh torchrun {ALLREDUCE} --steps 2").stream()
+    cell = kernel.run(f"%mesh torchrun --timeout 8 {ALLREDUCE} --stall-rank 0", timeout=60)
+    assert cell.status == "error" and cell.error["ename"] == "MeshTimeoutError", cell.error
+    assert "it was cancelled; " in cell.error["evalue"] and "so their procs were restarted" in cell.error["evalue"]
+    assert "4 ranks finished" in kernel.ok(f"%mesh torchrun {ALLREDUCE}", timeout=60).stream()
+
+
 def test_mesh_torchrun_names_the_rank_that_raised(kernel):
     cell = kernel.run(f"%mesh torchrun {ALLREDUCE} --steps 5 --fail-rank 2")
     assert cell.status == "error" and cell.error["ename"] == "ActorError"

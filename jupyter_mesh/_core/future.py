@@ -280,6 +280,16 @@ class Future(Generic[T]):
                 pass
         return True
 
+    def _cancel_reported(self) -> BaseException | None:
+        """Cancel as Ctrl-C in ``get()`` does (for a caller that gives up at its timeout): the ranks are
+        asked to stop and waited for a moment; the runtime's report of it (a ``MeshInterrupted``: where
+        it stopped, which ranks still run), or None where there is none (a plain cancel, or done)."""
+        on_interrupt = self._on_interrupt
+        if on_interrupt is None or self._state != _PENDING:
+            self.cancel()
+            return None
+        return on_interrupt()
+
     def cancelled(self) -> bool:
         return self._state == _ERROR and isinstance(self._value, MeshCancelledError)
 

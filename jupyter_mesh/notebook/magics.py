@@ -21,7 +21,7 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from .._core.future import Future
 from .._core.shape import Shape
 from .._core.value_mesh import ValueMesh
-from ..errors import MeshError, MeshValueError
+from ..errors import MeshError, MeshTimeoutError, MeshValueError, fold_coords
 from ..jobs.warm import is_module_name
 from . import debug_magic
 from .meshes import JobSpec, MeshRegistry, NamedMesh
@@ -253,7 +253,13 @@ def _build_parsers() -> tuple[_Parser, _Parser]:
     cell.add_argument("--on", metavar="SLICE", help="e.g. gpus=0:2 or hosts=0,gpus=1")
     cell.add_argument("--name", type=_name)
     cell.add_argument("--no-stream", action="store_true", help="show output grouped by rank at the end")
-    cell.add_argument("--timeout", type=float, default=None, metavar="SECONDS")
+    cell.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="stop waiting after this long and cancel the cell on every proc (as an interrupt does)",
+    )
     return line, cell
 
 
@@ -270,7 +276,7 @@ class MeshMagics(Magics):
 
     @line_cell_magic
     def mesh(self, line: str, cell: str | None = None) -> Any:
-        """%mesh up|status|stacks|debug|down|scale|kill|respawn|logs|push|pull|reload|reattach|torchrun ...   %%mesh [--on SLICE] [--name NAME] [--no-stream]
+        """%mesh up|status|stacks|debug|down|scale|kill|respawn|logs|push|pull|reload|reattach|torchrun ...   %%mesh [--on SLICE] [--name NAME] [--no-stream] [--timeout S]
 
         `%mesh -h` and `%mesh up -h` explain each command.
         """
@@ -583,7 +589,9 @@ class MeshMagics(Magics):
 
 
 def _wait(fut: Future[Any], timeout: float | None = None) -> Any:
-    """Wait for a call; on Interrupt, cancel it (where the runtime can) and let the interrupt through."""
+    """Wait for a call; on Interrupt, cancel it (where the runtime can) and let the interrupt through.
+    At ``timeout`` it is cancelled the same way: left running, its output and side effects would land in
+    the next cells, which would wait behind it."""
     try:
         return fut.get(timeout)
     except KeyboardInterrupt:
@@ -591,3 +599,21 @@ def _wait(fut: Future[Any], timeout: float | None = None) -> Any:
         if cancel is not None:
             cancel()
         raise
+    except MeshTimeoutError as e:
+        raise _timed_out(fut, e) from None
+
+
+def _timed_out(fut: Future[Any], e: MeshTimeoutError) -> MeshTimeoutError:
+    """``e``, after cancelling ``fut`` as an interrupt does, saying how that went."""
+    report = fut._cancel_reported()
+    still = getattr(report, "still_running", None)
+    if report is None:
+        how = "it was cancelled on its ranks"
+    elif still:
+        how = (
+            f"it was cancelled, but {fold_coords(still)} still run (native code that ignores signals): "
+            "`%mesh kill RANK` then `%mesh respawn` stops them"
+        )
+    else:
+        how = str(report).removeprefix("Interrupted: ")
+    return MeshTimeoutError(e.phase, e.seconds, f"{e.what}; {how}" if e.what else how)

@@ -42,7 +42,9 @@ def add_parser(sub: Any, mesh_name: Any) -> None:
     p.add_argument("--standalone", action="store_true", help="accepted: the rendezvous is always local to the job")
     p.add_argument("--master-addr", "--master_addr", help="rendezvous host (default: the first proc's)")
     p.add_argument("--master-port", "--master_port", type=int, help="rendezvous port (default: a free one)")
-    p.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="stop the run after this long")
+    p.add_argument(
+        "--timeout", type=float, default=None, metavar="SECONDS", help="stop the run after this long (cancelled)"
+    )
     p.add_argument("script", metavar="SCRIPT", help="the script's path (with -m: the module)")
     rest = p.add_argument("args", nargs=argparse.REMAINDER, default=[], metavar="ARGS", help="the script's own")
     rest.required = False  # argparse counts a REMAINDER as required: a missing SCRIPT named both
@@ -83,9 +85,14 @@ def _wait(entry: NamedMesh, fut: Future[Any], timeout: float | None) -> Any:
     except KeyboardInterrupt:
         fut.cancel()
         raise
-    except MeshTimeoutError:
-        fut.cancel()
-        raise
+    except MeshTimeoutError as e:  # cancelled as an interrupt is, stuck ranks restarted alike
+        report = fut._cancel_reported()
+        still = getattr(report, "still_running", None)
+        if still:
+            how = _restart_stuck(entry, "it was cancelled", still)
+        else:
+            how = str(report).removeprefix("Interrupted: ") if report else "it was cancelled on its ranks"
+        raise MeshTimeoutError(e.phase, e.seconds, f"{e.what}; {how}" if e.what else how) from None
     except ActorError as e:
         raise root_causes_first(e) from None
 
