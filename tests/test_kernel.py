@@ -396,6 +396,13 @@ def test_respawn_of_a_stopped_mesh_says_to_start_a_new_one(kernel):
         ("%%mesh --on gpus=zero\n1", "bad --on slice"),
         ("%%mesh --on cpus=0\n1", "--on cpus=0"),
         ("%%mesh --name nosuch\n1", "no mesh named 'nosuch'"),
+        ("%%mesh --timeout 0\n1", "argument --timeout: takes seconds, a finite number above 0 (e.g. 30); got '0'"),
+        ("%%mesh --timeout -5\n1", "takes seconds, a finite number above 0 (e.g. 30); got '-5'"),
+        ("%%mesh --timeout nan\n1", "takes seconds, a finite number above 0 (e.g. 30); got 'nan'"),
+        ("%%mesh --timeout inf\n1", "takes seconds, a finite number above 0 (e.g. 30); got 'inf'"),
+        ("%mesh torchrun --timeout -1 x.py", "takes seconds, a finite number above 0 (e.g. 30); got '-1'"),
+        ("%mesh torchrun --timeout nan x.py", "takes seconds, a finite number above 0 (e.g. 30); got 'nan'"),
+        ("%mesh stacks --timeout 0", "takes seconds, a finite number above 0 (e.g. 30); got '0'"),
         ("%mesh torchrun", "the following arguments are required: SCRIPT\nusage"),  # (ARGS is optional)
         ("%mesh logs --save /nonexistent/dir/x", "--save /nonexistent/dir/x: cannot write there (No such file"),
     ],

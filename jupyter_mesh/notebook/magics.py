@@ -9,6 +9,7 @@ raised, a proc that died) are raised as they are and rendered by :mod:`.tracebac
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import shlex
 import signal
@@ -61,6 +62,18 @@ def _positive(text: str) -> int:
     if n < 1:
         raise argparse.ArgumentTypeError(f"expected a number >= 1, got {n}")
     return n
+
+
+def _seconds(text: str) -> float:
+    """A ``--timeout``: a finite number of seconds above 0 (0, a negative, nan or inf would time out at
+    once or never)."""
+    try:
+        t = float(text)
+    except ValueError:
+        t = math.nan
+    if not (0 < t < math.inf):
+        raise argparse.ArgumentTypeError(f"takes seconds, a finite number above 0 (e.g. 30); got {text!r}")
+    return t
 
 
 def _name(text: str) -> str:
@@ -196,7 +209,7 @@ def _build_parsers() -> tuple[_Parser, _Parser]:
     stacks.add_argument("--name", type=_name)
     stacks.add_argument("--rank", type=_rank_or_coords, metavar="RANK", help="one rank (global, or coordinates)")
     stacks.add_argument("--all-threads", action="store_true", help="also the runtime's waiting threads and frames")
-    stacks.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS", help="how long a rank may take")
+    stacks.add_argument("--timeout", type=_seconds, default=5.0, metavar="SECONDS", help="how long a rank may take")
 
     debug_magic.add_parser(sub, _rank_or_coords)
 
@@ -247,7 +260,7 @@ def _build_parsers() -> tuple[_Parser, _Parser]:
     )
     reload.add_argument("names", nargs="*", metavar="NAME", help="actor mesh names (default: every redefined one)")
 
-    add_torchrun_parser(sub, _name)
+    add_torchrun_parser(sub, _name, _seconds)
 
     cell = _Parser(prog="%%mesh", description="Run the cell on every proc of a mesh (or a slice of it).")
     cell.add_argument("--on", metavar="SLICE", help="e.g. gpus=0:2 or hosts=0,gpus=1")
@@ -255,7 +268,7 @@ def _build_parsers() -> tuple[_Parser, _Parser]:
     cell.add_argument("--no-stream", action="store_true", help="show output grouped by rank at the end")
     cell.add_argument(
         "--timeout",
-        type=float,
+        type=_seconds,
         default=None,
         metavar="SECONDS",
         help="stop waiting after this long and cancel the cell on every proc (as an interrupt does)",

@@ -26,9 +26,9 @@ from .meshes import NamedMesh
 __all__ = ["add_parser", "run"]
 
 
-def add_parser(sub: Any, mesh_name: Any) -> None:
+def add_parser(sub: Any, mesh_name: Any, seconds: Any) -> None:
     """The ``torchrun`` subcommand: torchrun's own options where they make sense on a mesh
-    (``mesh_name`` checks ``--name`` as the other subcommands do)."""
+    (``mesh_name`` checks ``--name``, ``seconds`` checks ``--timeout``, as for the other subcommands)."""
     p = sub.add_parser(
         "torchrun",
         help="run a torchrun script, unmodified, on every proc (RANK, WORLD_SIZE, MASTER_ADDR... set as torchrun does)",
@@ -43,7 +43,7 @@ def add_parser(sub: Any, mesh_name: Any) -> None:
     p.add_argument("--master-addr", "--master_addr", help="rendezvous host (default: the first proc's)")
     p.add_argument("--master-port", "--master_port", type=int, help="rendezvous port (default: a free one)")
     p.add_argument(
-        "--timeout", type=float, default=None, metavar="SECONDS", help="stop the run after this long (cancelled)"
+        "--timeout", type=seconds, default=None, metavar="SECONDS", help="stop the run after this long (cancelled)"
     )
     p.add_argument("script", metavar="SCRIPT", help="the script's path (with -m: the module)")
     rest = p.add_argument("args", nargs=argparse.REMAINDER, default=[], metavar="ARGS", help="the script's own")
