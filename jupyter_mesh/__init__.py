@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time each name l
     from ._core.state import HostInfo, HostState, MeshEvent, MeshState, ProcState, RankState
     from ._core.value_mesh import ValueMesh
     from ._data.buffer import RDMABuffer, get_rdma_backend, is_ibverbs_available
+    from .config import configure
     from .errors import (
         ActorError,
         DeliveryError,
@@ -76,6 +77,7 @@ _HOME = {
     **dict.fromkeys(["HostInfo", "HostState", "MeshEvent", "MeshState", "ProcState", "RankState"], "._core.state"),
     "ValueMesh": "._core.value_mesh",
     **dict.fromkeys(["RDMABuffer", "get_rdma_backend", "is_ibverbs_available"], "._data.buffer"),
+    "configure": ".config",
     **dict.fromkeys(
         [
             "ActorError",
@@ -223,6 +225,7 @@ __all__ = [
     "ValueMesh",
     "attach_to_workers",
     "concurrent_endpoint",
+    "configure",
     "context",
     "current_actor_name",
     "current_rank",

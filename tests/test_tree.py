@@ -215,6 +215,15 @@ def test_reduce_with_a_function_and_its_errors(tree_mesh):
         assert echo.rank.reduce("sum").get(60) == sum(range(HOSTS))
 
 
+def test_configure_from_the_package_as_the_readme_shows():
+    """README's "Many hosts" example calls ``jupyter_mesh.configure``: it raised AttributeError."""
+    import jupyter_mesh
+
+    with configured():
+        jupyter_mesh.configure(fanout=32)  # as README "### Many hosts" shows
+        assert tree.fanout() == 32
+
+
 def test_reduce_carries_rank_errors(tree_mesh):
     """A rank's error fails the reduce as it fails a call (naming the rank); values the op cannot
     fold fail it as a ReduceError."""
