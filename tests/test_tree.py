@@ -170,9 +170,10 @@ def test_direct_below_the_fanout(tree_mesh):
     assert n == HOSTS
 
 
-@pytest.mark.parametrize("kind", ["number", "tensor", "array", "large"])
+@pytest.mark.parametrize("kind", ["number", "tensor", "array", "scalar", "large"])
 @pytest.mark.parametrize("op", ["sum", "prod", "min", "max"])
 def test_reduce_named_ops(tree_mesh, op, kind):
+    """Named ops fold as torch or numpy would, shape included (agents sent a 0-dim tensor back as 1-dim)."""
     import numpy
     import torch
 
@@ -185,15 +186,16 @@ def test_reduce_named_ops(tree_mesh, op, kind):
         want = {"sum": sum, "prod": lambda v: numpy.prod(v).item(), "min": min, "max": max}[op](each)
         assert got == want
         return
-    lib = torch if kind in ("tensor", "large") else numpy
+    lib = numpy if kind == "array" else torch
     stack = lib.stack(each)
     want = {
         "sum": stack.sum(0),
         "prod": stack.prod(0),
-        "min": stack.min(0)[0] if lib is torch else stack.min(0),
-        "max": stack.max(0)[0] if lib is torch else stack.max(0),
+        "min": stack.min(0) if kind == "array" else stack.min(0)[0],
+        "max": stack.max(0) if kind == "array" else stack.max(0)[0],
     }[op]
     assert type(got) is type(want)
+    assert got.shape == want.shape and got.dtype == want.dtype, (got, want)
     assert lib.allclose(got, want), (got, want)
 
 

@@ -40,7 +40,7 @@ class Echo(Actor):
 
     @endpoint
     def value(self, kind: str) -> Any:
-        """A rank-dependent value for reduce tests: a number, a tensor or an array of 4."""
+        """A rank-dependent value for reduce tests: a number, a tensor or an array of 4, a 0-dim tensor."""
         r = current_rank().rank
         if kind == "tensor":
             import torch
@@ -50,6 +50,10 @@ class Echo(Actor):
             import torch
 
             return (torch.arange(512 * 1024, dtype=torch.float64) % 7 - r) / 4
+        if kind == "scalar":  # a 0-dim tensor
+            import torch
+
+            return torch.tensor(float(r + 1))
         if kind == "array":
             import numpy
 

@@ -53,9 +53,9 @@ class _Tensor:
     def __reduce__(self) -> tuple[Any, ...]:
         import numpy
 
-        a = numpy.ascontiguousarray(self.a)
+        a = numpy.ascontiguousarray(self.a)  # (at least 1-dim: the shape is the original's)
         raw: Any = a.reshape(-1).view(numpy.uint8) if a.size else b""
-        return (_rebuild_tensor, (pickle.PickleBuffer(raw), self.dtype, tuple(a.shape), False, False))
+        return (_rebuild_tensor, (pickle.PickleBuffer(raw), self.dtype, numpy.shape(self.a), False, False))
 
 
 _NUMPY_DTYPES = {"float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool"}
