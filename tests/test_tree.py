@@ -217,6 +217,80 @@ def test_reduce_with_a_function_and_its_errors(tree_mesh):
         assert echo.rank.reduce("sum").get(60) == sum(range(HOSTS))
 
 
+@pytest.mark.parametrize("fanout", [0, FANOUT])
+@pytest.mark.parametrize(
+    ("others", "odd", "named"),
+    [
+        ("int64", "float64", ["int64", "float64"]),  # same item size: the agents relabelled the bytes (garbage)
+        ("int32", "float32", ["int32", "float32"]),
+        ("float32", "numpy", ["float32 tensor", "numpy float32 array"]),
+        ("int64", 1.5, ["int64 tensor", "Python float"]),
+    ],
+)
+@pytest.mark.parametrize("op", ["sum", "max"])
+def test_reduce_refuses_values_torch_and_numpy_fold_differently(tree_mesh, op, others, odd, named, fanout):
+    """Agents fold tensors with numpy, the caller with torch, and the two promote differently: tensors
+    of two dtypes, a tensor with an array, or an int tensor with a float fail the reduce naming both,
+    wherever it is folded (fan-out 0: the caller; 2: the agents), never a wrong number."""
+    import numpy
+    import torch
+
+    echo = tree_mesh[2]
+    if odd == "numpy":
+        value: object = numpy.ones(4, dtype=numpy.float32)
+    elif isinstance(odd, str):
+        value = torch.ones(4, dtype=getattr(torch, odd))
+    else:
+        value = odd
+    with configured(fanout=fanout), pytest.raises(ReduceError, match=r"cast|same kind") as e:
+        echo.odd_one.reduce(op, HOSTS - 1, value, others).get(60)
+    assert all(n in str(e.value) for n in named), str(e.value)
+    assert ("the caller" in e.value.where) == (fanout == 0), e.value.where
+    assert echo.rank.reduce(op).get(60) == (sum(range(HOSTS)) if op == "sum" else HOSTS - 1)
+
+
+@pytest.mark.parametrize("fanout", [0, FANOUT])
+@pytest.mark.parametrize("op", ["sum", "min", "max"])
+def test_reduce_of_tensors_and_a_number_is_the_same_wherever_folded(tree_mesh, op, fanout):
+    """A number with float tensors folds as torch would (min/max elementwise), in the agents as at the
+    caller: min/max of a tensor and an int failed in the agents only."""
+    import torch
+
+    echo = tree_mesh[2]
+    each = list(echo.odd_one.call(0, 3).get(60).values())  # rank 0 (the top agent's own): the int 3
+    want = {"sum": lambda a, b: a + b, "min": torch.minimum, "max": torch.maximum}[op]
+    expected = torch.full((4,), 3.0)
+    for t in each[1:]:
+        expected = want(expected, t)
+    with configured(fanout=fanout):
+        got = echo.odd_one.reduce(op, 0, 3).get(60)
+    assert got.dtype == torch.float32 and torch.equal(got, expected), (got, expected)
+
+
+def test_a_partial_the_caller_cannot_read_is_named_as_the_callers(tree_mesh):
+    """A partial value that does not unpickle at the caller fails the reduce "in the caller", not in
+    "the host agent at the caller"."""
+    echo = tree_mesh[2]
+    caller = os.getpid()
+
+    def rebuild(v):
+        if os.getpid() == caller:
+            raise RuntimeError("only the agents can read this")
+        return v
+
+    class Odd:
+        def __init__(self, v):
+            self.v = v
+
+        def __reduce__(self):
+            return (rebuild, (self.v,))
+
+    with configured(fanout=FANOUT), pytest.raises(ReduceError, match="failed in the caller folding") as e:
+        echo.rank.reduce(lambda a, b: Odd(getattr(a, "v", a) + getattr(b, "v", b))).get(60)
+    assert e.value.where == "the caller" and "does not unpickle here" in str(e.value), str(e.value)
+    assert "host agent" not in str(e.value)
+
+
 def test_configure_from_the_package_as_the_readme_shows():
     """README's "Many hosts" example calls ``jupyter_mesh.configure``: it raised AttributeError."""
     import jupyter_mesh

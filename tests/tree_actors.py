@@ -61,6 +61,14 @@ class Echo(Actor):
         return r + 1
 
     @endpoint
+    def odd_one(self, rank: int, odd: Any, dtype: str = "float32") -> Any:
+        """``odd`` on ``rank``, elsewhere a tensor of ``dtype`` (reduce tests of values that do not mix)."""
+        import torch
+
+        r = current_rank().rank
+        return odd if r == rank else torch.tensor([r, -r, r % 3, 1], dtype=getattr(torch, dtype)) + 1
+
+    @endpoint
     def fail_on(self, rank: int) -> int:
         if current_rank().rank == rank:
             raise ValueError(f"rank {rank} refuses")

@@ -141,8 +141,9 @@ class Outcomes:
             if ok == REDUCED:
                 p.partials.append(value)
             elif p.reduce_error is None and isinstance(value, dict):
+                where = str(value.get("where"))
                 p.reduce_error = ReduceError(
-                    p.reduce, str(value.get("error")), f"the host agent at {value.get('where')}",
+                    p.reduce, str(value.get("error")), where if where == "the caller" else f"the host agent at {where}",
                     f"folding {p.actor}.{p.endpoint}",
                 )  # fmt: skip
         return [(r, _FOLDED) for r in ranks]
