@@ -291,6 +291,50 @@ def test_a_partial_the_caller_cannot_read_is_named_as_the_callers(tree_mesh):
     assert "host agent" not in str(e.value)
 
 
+@pytest.mark.parametrize("fanout", [0, FANOUT])
+@pytest.mark.parametrize("exc", [SystemExit, KeyboardInterrupt])
+def test_reduce_function_raising_a_base_exception(tree_mesh, exc, fanout):
+    """SystemExit or KeyboardInterrupt from a reduce function is its error like any other: it ended
+    the agent's only fold thread (fan-out 2; every later reduce there hung) or the caller's receive
+    thread (fan-out 0)."""
+    echo = tree_mesh[2]
+
+    def quit_(a, b):
+        raise exc(3)
+
+    with configured(fanout=fanout):
+        with pytest.raises(ReduceError, match=rf"quit_ failed in .*{exc.__name__}"):
+            echo.rank.reduce(quit_).get(30)
+        assert echo.rank.reduce("sum").get(30) == sum(range(HOSTS))
+        assert echo.rank.reduce(lambda a, b: a + b).get(30) == sum(range(HOSTS))
+
+
+@pytest.mark.parametrize("fanout", [0, FANOUT])
+def test_a_slow_reduce_function_holds_up_only_its_own_reduce(tree_mesh, tmp_path, fanout):
+    """Agents folded every reduce on one thread (the caller on its receive thread): a function that
+    took a minute held up every later reduce, named ops included. Now it holds up only its own."""
+    echo = tree_mesh[2]
+    gate = str(tmp_path / "go")
+
+    def slow(a, b):
+        deadline = time.monotonic() + 60
+        while not os.path.exists(gate) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return a + b
+
+    with configured(fanout=fanout):
+        held = echo.rank.reduce(slow)
+        try:
+            assert echo.rank.reduce("sum").get(10) == sum(range(HOSTS))
+            assert echo.rank.reduce("max").get(10) == HOSTS - 1
+            assert echo.rank.reduce(lambda a, b: a + b).get(10) == sum(range(HOSTS))
+            assert list(echo.rank.call().get(10).values()) == list(range(HOSTS))
+            assert not held.done()
+        finally:
+            open(gate, "w").close()
+        assert held.get(30) == sum(range(HOSTS))
+
+
 def test_configure_from_the_package_as_the_readme_shows():
     """README's "Many hosts" example calls ``jupyter_mesh.configure``: it raised AttributeError."""
     import jupyter_mesh

@@ -10,6 +10,7 @@ outcome is recorded under the client's lock before completion is decided.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Sequence
 from pickle import loads as _unpickle  # plain values: no out-of-band buffers
@@ -300,13 +301,13 @@ class Outcomes:
 
     @staticmethod
     def _reduced(p: Pending) -> None:
-        assert p.future is not None
-        try:
-            value = _reduce_result(p)
-        except ReduceError as e:
-            p.future._set_exception(e)
-            return
-        p.future._set_result(value)
+        """Fold the partials into the reduce's value. A user's function folds on a thread of its own:
+        where replies are read (the receive thread, or the thread waiting in ``get()`` for its own
+        reply box) a slow one would hold up every later reply, and its SystemExit would end that thread."""
+        if p.reduce_fn in reduce_ops.NAMED.values():
+            _finish_reduce(p)
+        else:
+            threading.Thread(target=_finish_reduce, args=(p,), name="jupyter-mesh-fold", daemon=True).start()
 
     def _complete(self, p: Pending) -> None:
         assert p.future is not None
@@ -383,6 +384,16 @@ def _plain_values(
     return ranks, values, []
 
 
+def _finish_reduce(p: Pending) -> None:
+    assert p.future is not None
+    try:
+        value = _reduce_result(p)
+    except ReduceError as e:
+        p.future._set_exception(e)
+        return
+    p.future._set_result(value)
+
+
 def _reduce_result(p: Pending) -> Any:
     """The partials of the subtrees folded into the reduce's value (its error, if folding raised)."""
     if p.reduce_error is not None:
@@ -392,7 +403,9 @@ def _reduce_result(p: Pending) -> Any:
         raise ReduceError(p.reduce, "no rank returned a value", "the caller", f"folding {p.actor}.{p.endpoint}")
     try:
         return reduce_ops.fold(p.reduce_fn, values)
-    except Exception as e:
+    except BaseException as e:
+        if not isinstance(e, Exception) and threading.current_thread() is threading.main_thread():
+            raise  # a Ctrl-C while a named op folds in get(); a function's SystemExit comes on its own thread
         raise ReduceError(
             p.reduce, f"{type(e).__qualname__}: {e}", "the caller", f"folding {p.actor}.{p.endpoint}"
         ) from e

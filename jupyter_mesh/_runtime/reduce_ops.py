@@ -15,7 +15,7 @@ two dtypes fold as numpy promotes them, in the agents as at the caller.
 An agent folds torch tensors for a named op without importing torch (seconds of a held GIL, which
 would stall its heartbeats): it reads them as numpy arrays of the same bytes (``agent_loads``) and
 sends the result back in torch's wire form. A function over tensors, or a dtype numpy lacks
-(bfloat16), does import torch there, on the agent's fold thread, once.
+(bfloat16), does import torch there, on the thread that folds it, once.
 """
 
 from __future__ import annotations

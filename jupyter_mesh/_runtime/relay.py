@@ -59,7 +59,9 @@ class Relay:
         self.gathers: dict[tuple[str, int], Gather] = {}  # (caller, call id) -> replies so far
         # ranks that answered a gather still open, batched to their callers (to the inbox its
         # receive thread reads, not a reply box: the caller's state, not its waiting thread, wants them)
-        self._folds: queue.SimpleQueue[Gather] = queue.SimpleQueue()  # reduces to fold, off the receive thread
+        # reduces to fold, off the receive thread: named ops in turn on one thread; a user's function
+        # on a thread of its own (``_fold_later``), so a slow one holds up no other reduce
+        self._folds: queue.SimpleQueue[Gather] = queue.SimpleQueue()
         self._folder: threading.Thread | None = None
         self.progress = ProgressSender(lambda to, header: self.agent.transport.send(to, Message(header)))
         # fault injection, for tests of the undelivered path: "c:2,spawn:1" fails the next two relays of
@@ -266,14 +268,9 @@ class Relay:
         self.progress.forget(key[0], key[1])
         self._send_gathered(g)
 
-    def _send_gathered(self, g: Gather) -> None:
-        if g.op is not None and threading.current_thread() is not self._folder:
-            # folding unpickles results (a first tensor imports torch: seconds) and runs the user's op:
-            # never on the receive thread, which must go on answering heartbeats and relaying
-            if self._folder is None:
-                self._folder = threading.Thread(target=self._folding, name="jupyter-mesh-fold", daemon=True)
-                self._folder.start()
-            self._folds.put(g)
+    def _send_gathered(self, g: Gather, folding: bool = False) -> None:
+        if g.op is not None and not folding:
+            self._fold_later(g)
             return
         entries, header = g.entries, {"k": Kind.GATHERED, "i": g.call_id}
         if g.op is not None:
@@ -284,15 +281,31 @@ class Relay:
             header["to"], header["up"] = g.caller, g.up
         self.agent.transport.send(g.sender, Message(header, payload_all, bufs_all))
 
+    def _fold_later(self, g: Gather) -> None:
+        """Folding unpickles results (a first tensor imports torch: seconds) and runs the op: never on
+        the receive thread, which must go on answering heartbeats and relaying. Named ops take turns on
+        one thread; a user's function gets a thread of its own, which it holds for as long as it runs
+        (one that never returns holds it until the agent ends), so it delays no other reduce."""
+        if not isinstance(g.op, str):
+            threading.Thread(target=self._fold_and_send, args=(g,), name="jupyter-mesh-fold-fn", daemon=True).start()
+            return
+        with self.agent.lock:
+            if self._folder is None:
+                self._folder = threading.Thread(target=self._folding, name="jupyter-mesh-fold", daemon=True)
+                self._folder.start()
+        self._folds.put(g)
+
     def _folding(self) -> None:
         while True:
-            g = self._folds.get()
-            try:
-                self._send_gathered(g)
-            except Exception:  # noqa: BLE001 - the next reduce must still be folded
-                import traceback
+            self._fold_and_send(self._folds.get())
 
-                traceback.print_exc()
+    def _fold_and_send(self, g: Gather) -> None:
+        try:
+            self._send_gathered(g, folding=True)
+        except BaseException:  # noqa: BLE001 - not even the op's SystemExit ends the thread: later reduces need it
+            import traceback
+
+            traceback.print_exc()
 
     def _fold(self, g: Gather) -> tuple[list[tuple[int, int, Any, list[Any]]], list[int]]:
         """A reduce: the results that came back OK, and the partials from below, become one entry
@@ -313,6 +326,6 @@ class Relay:
             values += [agent_loads(p[1], p[2], named) for p in g.partials]
             payload, bufs = dumps(fold(fn, values))
             return [*rest, (-1, REDUCED, payload, bufs)], ranks
-        except Exception as e:  # noqa: BLE001 - the op's error goes to the caller, the agent lives on
+        except BaseException as e:  # noqa: BLE001 - the op's error (SystemExit too) goes to the caller, the agent lives on
             info = {"op": name, "error": f"{type(e).__qualname__}: {e}"[:2000], "where": self.agent.transport.address}
             return [*rest, (-1, RAISED, dumps(info)[0], [])], ranks
