@@ -204,8 +204,9 @@ def test_a_dead_procs_last_output_leaves_out_the_notebooks_markers(host):
 
 def test_a_dead_procs_last_output_is_cut_per_line(host):
     """Its last 30 lines of 100 KB each made a 3.8 MB error, repeated by every later call to the rank:
-    each kept line is cut as the kept logs cut one (``LINE_MAX``, with a marker), the last words stay."""
-    from jupyter_mesh._runtime.logs import LINE_MAX
+    each kept line is cut as the kept logs cut one (``LINE_MAX``, with a marker), and the whole at
+    ``TAIL_MAX`` (its end, with a marker): the last words stay."""
+    from jupyter_mesh._runtime.agent import TAIL_MAX
 
     procs = host.spawn_procs(per_host={"gpus": 1})
     try:
@@ -220,7 +221,7 @@ def test_a_dead_procs_last_output_is_cut_per_line(host):
                 time.sleep(0.05)
         text = str(e.value)
         assert "last words" in text and "… [cut " in text, text[-2000:]
-        assert len(text) < 30 * (LINE_MAX + 64) + 4096, len(text)
+        assert "characters before these cut" in text and len(text) < TAIL_MAX + 4096, len(text)
     finally:
         procs.stop()
 

@@ -50,6 +50,10 @@ KILL_GRACE = 5.0
 """Seconds a proc that ``ProcMesh.kill`` sent SIGTERM has to end (its exit handlers, ``__cleanup__``)
 before it is sent SIGKILL: calls queued on it, and casts it is part of, then fail with its death."""
 
+TAIL_MAX = 16 << 10
+"""Characters of a dead proc's last output kept in its failure (its end: 30 lines, each cut at
+``LINE_MAX``, could still make every later error to the rank a quarter of a megabyte)."""
+
 __all__ = ["Agent"]
 
 
@@ -196,6 +200,11 @@ class Agent(ProcWatch):
     def failure(self, p: ProcEntry, kind: str, detail: str, code: int | None = None, sig: int | None = None) -> Failure:
         mesh = self.meshes.get(p.mesh_id)
         tail = "".join(p.tail)
+        if len(tail) > TAIL_MAX:  # its end is what says why; every later call to the rank repeats it
+            tail = (
+                f"… [{len(tail) - TAIL_MAX} characters before these cut: the proc's logs keep them]\n"
+                + tail[-TAIL_MAX:]
+            )
         return Failure(
             mesh.name if mesh else p.mesh_id,
             dict(mesh.shape.point(p.rank)) if mesh else {},
