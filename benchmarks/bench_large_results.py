@@ -8,6 +8,8 @@
   alone, its peer in the same run)
 * ``agent_peak_rss_mib``: each host agent's peak RSS (``VmHWM``) after the calls: an agent that carried
   the results would hold every rank's at once
+* ``args_call_s``/``args_GBps``/``agent_peak_rss_mib_after_args``: then the other way, a ``call`` whose
+  argument is a tensor of ``--mib`` MiB (each host's agent gets it once and relays it to its procs)
 Not a test: nothing here asserts a timing.
 """
 
@@ -58,11 +60,21 @@ def main() -> None:
                     del del_me
             ones.append(time.perf_counter() - t)
         call_s, one_s = statistics.median(calls), statistics.median(ones)
+        peaks = [_peak_rss_mib(p) for p in job.pids()]
+        import torch
+
+        x, args = torch.ones(n // 4), []
+        for _ in range(a.runs):
+            t = time.perf_counter()
+            maker.nelem.call(x).get(300)
+            args.append(time.perf_counter() - t)
+        args_s = statistics.median(args)
         out = {
             "hosts": a.hosts, "procs_per_host": a.procs, "mib_per_rank": a.mib, "runs": a.runs,
             "call_s": round(call_s, 3), "call_GBps": round(total / call_s, 2),
             "call_one_s": round(one_s, 3), "call_one_GBps": round(total / one_s, 2),
-            "agent_peak_rss_mib": [_peak_rss_mib(p) for p in job.pids()],
+            "agent_peak_rss_mib": peaks, "args_call_s": round(args_s, 3), "args_GBps": round(total / args_s, 2),
+            "agent_peak_rss_mib_after_args": [_peak_rss_mib(p) for p in job.pids()],
         }  # fmt: skip
         pm.stop()
     finally:
