@@ -61,14 +61,22 @@ class ActorContext(threading.local):
 
 
 def host_key() -> str:
-    """Same boot and same network namespace = same host (shared memory and loopback both work)."""
+    """Same boot, the same network and pid namespaces and the same ``/dev/shm`` = the same host for us:
+    loopback, shared memory and pids all mean the same thing on both sides. A container that shares the
+    network but not the pids (``--network=host``) is another host: its pids are not ours to signal and
+    shared memory we name by ``/proc/<pid>/fd`` is not its."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             boot = f.read().strip()
         netns = os.stat("/proc/self/ns/net").st_ino
-        return f"{boot}/{netns}"
+        pidns = os.stat("/proc/self/ns/pid").st_ino
     except OSError:
         return socket.gethostname()
+    try:
+        shm = os.stat("/dev/shm").st_dev
+    except OSError:
+        shm = 0
+    return f"{boot}/{netns}/{pidns}/{shm}"
 
 
 class ProcessContext:

@@ -1,0 +1,58 @@
+"""A controller program for tests/test_pid_namespace.py (python pidns_driver.py KEY_FILE): one agent
+started in a pid namespace of its own (``unshare --pid``), on this machine's network, as in a container
+run with ``--network=host``; the controller attaches to it over TCP. One JSON line per step; a failure
+exits 1. Its own process because such a controller listens on TCP."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+
+def say(step: str, **kw) -> None:
+    print(json.dumps({"step": step, **kw}), flush=True)
+
+
+def main() -> None:
+    key = sys.argv[1]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        addr = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    unshare = ["unshare", "--pid", "--fork", "--mount-proc"]
+    agent = subprocess.Popen(
+        [*unshare, sys.executable, "-m", "jupyter_mesh.cli", "agent", "--listen", addr, "--key-file", key, "--once"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        line = agent.stdout.readline().decode()  # type: ignore[union-attr]
+        assert "waiting to be attached" in line, line
+        from payload_actors import Sink, digest, make_payload
+
+        from jupyter_mesh import attach_to_workers
+
+        hosts = attach_to_workers([addr], key_file=key, preload=[])
+        pm = hosts.spawn_procs(per_host={"gpus": 2})
+        sink = pm.spawn("sink", Sink)
+        say("up", procs=len(sink.make.call("small").get(60)))
+        name, want = "tensor_1m", digest(make_payload("tensor_1m"))
+        got = sink.make.call("tensor:2097152").get(30)  # gathered: each rank's result goes straight here
+        say("call", ok=[digest(v) for v in got.values()] == [digest(make_payload("tensor:2097152"))] * 2)
+        one = sink.slice(gpus=1).echo.call_one(make_payload(name)).get(30)  # 1 MiB both ways
+        say("call_one", ok=digest(one) == want)
+        pm.stop(timeout=10)
+        say("done")
+    finally:
+        os.killpg(agent.pid, signal.SIGKILL)
+        agent.wait()
+
+
+if __name__ == "__main__":
+    main()
