@@ -119,3 +119,44 @@ def test_concurrent_callers_each_get_their_own_bytes(procs):
         th.join(120)
     assert not any(th.is_alive() for th in threads)
     assert not errors, errors
+
+
+@pytest.mark.parametrize("pooled", [True, False])
+def test_a_message_that_cannot_be_stashed_whole_frees_what_it_took(monkeypatch, pooled):
+    """Two large buffers, the second does not fit (/dev/shm full): the first one's segment was left
+    behind (a one-shot file in /dev/shm until the session ended; a pooled one busy for the process's
+    life), though the message was never sent (its sender falls back to another way)."""
+    import errno
+
+    import jupyter_mesh._wire.shm_pool as sp
+
+    monkeypatch.setenv("JUPYTER_MESH_SHM_POOL", "64" if pooled else "0")
+    monkeypatch.setattr(sp, "_sender", None)
+    prefix = shm.session_prefix(b"f" * 32)
+    calls = []
+
+    def full(real):
+        def second_fails(*a):
+            calls.append(1)
+            if len(calls) == 2:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real(*a)
+
+        return second_fails
+
+    if pooled:
+        pool = sp.sender_pool()
+        assert pool is not None
+        monkeypatch.setattr(pool, "put", full(pool.put))
+    else:
+        monkeypatch.setattr(shm, "write_segment", full(shm.write_segment))
+    with pytest.raises(OSError, match="No space"):
+        shm.stash(prefix, [_payload(2 * MiB, 1), _payload(2 * MiB, 2)])
+    assert not shm.leftovers(prefix)
+    if pooled:
+        monkeypatch.undo()
+        monkeypatch.setattr(sp, "_sender", pool)
+        entries, _ = shm.stash(prefix, [_payload(2 * MiB, 3)])
+        assert len(entries[0]) == 7 and pool.reused == 1  # the first one's segment, free again
+        shm.unstash(prefix, entries, [])
+        pool.close()

@@ -121,19 +121,34 @@ def stash(prefix: str, buffers: list[Any]) -> tuple[list[list[Any]], list[Any]]:
     entries: list[list[Any]] = []
     rest: list[Any] = []
     pool = None
-    for i, b in enumerate(buffers):
-        mv = memoryview(b)
-        if mv.nbytes >= SEGMENT_MIN and mv.contiguous:
-            pool = pool or shm_pool.sender_pool()
-            pooled = pool.put(mv) if pool is not None else None
-            if pooled is not None:
-                entries.append([i, *pooled])
-                continue
-            name, n = write_segment(prefix, mv)
-            entries.append([i, name, n])
-        else:
-            rest.append(b)
+    try:
+        for i, b in enumerate(buffers):
+            mv = memoryview(b)
+            if mv.nbytes >= SEGMENT_MIN and mv.contiguous:
+                pool = pool or shm_pool.sender_pool()
+                pooled = pool.put(mv) if pool is not None else None
+                if pooled is not None:
+                    entries.append([i, *pooled])
+                    continue
+                name, n = write_segment(prefix, mv)
+                entries.append([i, name, n])
+            else:
+                rest.append(b)
+    except BaseException:  # (/dev/shm full): the message is not sent; what it already holds is freed
+        for e in entries:
+            if len(e) == 3:
+                _unlink(e[1])
+            elif pool is not None:
+                pool.give_back(e[1:])
+        raise
     return entries, rest
+
+
+def _unlink(name: str) -> None:
+    try:
+        os.unlink(f"{SHM_DIR}/{name}")
+    except OSError:
+        pass
 
 
 def unstash(prefix: str, entries: list[list[Any]], frames: list[Any]) -> list[Any]:

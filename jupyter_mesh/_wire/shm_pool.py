@@ -108,6 +108,14 @@ class SenderPool:
             raise
         return [self.pid, seg.fd, seg.inode, seg.cap, n, gen]
 
+    def give_back(self, entry: list[int]) -> None:
+        """Free the segment of ``entry`` (from :meth:`put`) whose message was never sent."""
+        _, fd, inode, _, _, gen = entry
+        with self._lock:
+            for seg in self._segs:
+                if seg.fd == fd and seg.inode == inode and seg.word() == gen:
+                    _WORD.pack_into(seg.ctl, 0, _FREE)
+
     def _take(self, n: int) -> _Segment | None:
         now = time.monotonic()
         best: _Segment | None = None
