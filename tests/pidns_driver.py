@@ -42,6 +42,9 @@ def main() -> None:
         pm = hosts.spawn_procs(per_host={"gpus": 2})
         sink = pm.spawn("sink", Sink)
         say("up", procs=len(sink.make.call("small").get(60)))
+        if len(sys.argv) > 2 and sys.argv[2] == "limit":  # JUPYTER_MESH_MAX_FRAME is 1 MiB, here and there
+            limit(sink, make_payload)
+            return
         name, want = "tensor_1m", digest(make_payload("tensor_1m"))
         got = sink.make.call("tensor:2097152").get(30)  # gathered: each rank's result goes straight here
         say("call", ok=[digest(v) for v in got.values()] == [digest(make_payload("tensor:2097152"))] * 2)
@@ -52,6 +55,22 @@ def main() -> None:
     finally:
         os.killpg(agent.pid, signal.SIGKILL)
         agent.wait()
+
+
+def limit(sink, make_payload) -> None:
+    """Messages with a frame above the limit are refused where they are sent, with why, not dropped
+    (with the connection) where they arrive: every wait here is short, as nothing should hang."""
+    for step, call in [
+        ("result", lambda: sink.make.call("tensor:2097152").get(20)),
+        ("argument", lambda: sink.slice(gpus=0).digest.call_one(make_payload("tensor:2097152")).get(20)),
+    ]:
+        try:
+            call()
+            say(step, error="")
+        except Exception as e:  # noqa: BLE001 - what the user sees is the point
+            say(step, error=f"{type(e).__name__}: {e}")
+    say("after", ok=sink.make.call("small").get(20) is not None)
+    say("done")
 
 
 if __name__ == "__main__":

@@ -25,14 +25,16 @@ def _can_unshare_pids() -> bool:
         return False
 
 
-@pytest.mark.skipif(not _can_unshare_pids(), reason="needs `unshare --pid` (root, util-linux)")
-def test_an_agent_in_another_pid_namespace_gets_large_results_and_arguments_across(tmp_path):
+needs_unshare = pytest.mark.skipif(not _can_unshare_pids(), reason="needs `unshare --pid` (root, util-linux)")
+
+
+def _drive(tmp_path, *args: str, **env: str) -> dict:
     key = tmp_path / "mesh.key"
     subprocess.run([sys.executable, "-m", "jupyter_mesh.cli", "keygen", str(key)], check=True, timeout=60)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([TESTS, ROOT, os.environ.get("PYTHONPATH", "")])}
+    path = os.pathsep.join([TESTS, ROOT, os.environ.get("PYTHONPATH", "")])
     out = subprocess.run(
-        [sys.executable, os.path.join(TESTS, "pidns_driver.py"), str(key)],
-        capture_output=True, text=True, timeout=240, env=env,
+        [sys.executable, os.path.join(TESTS, "pidns_driver.py"), str(key), *args],
+        capture_output=True, text=True, timeout=240, env={**os.environ, "PYTHONPATH": path, **env},
     )  # fmt: skip
     steps = {}
     for line in out.stdout.splitlines():
@@ -40,4 +42,21 @@ def test_an_agent_in_another_pid_namespace_gets_large_results_and_arguments_acro
             s = json.loads(line)
             steps[s["step"]] = s
     assert out.returncode == 0 and "done" in steps, out.stdout[-3000:] + out.stderr[-3000:]
+    return steps
+
+
+@needs_unshare
+def test_an_agent_in_another_pid_namespace_gets_large_results_and_arguments_across(tmp_path):
+    steps = _drive(tmp_path)
     assert steps["call"]["ok"] and steps["call_one"]["ok"], steps
+
+
+@needs_unshare
+def test_a_message_over_the_tcp_frame_limit_fails_its_call_with_why(tmp_path):
+    """A result or argument with a frame above JUPYTER_MESH_MAX_FRAME to a peer over TCP: the peer
+    dropped it with the connection, and the call waited for ever; now it fails at once, saying why."""
+    steps = _drive(tmp_path, "limit", JUPYTER_MESH_MAX_FRAME=str(1 << 20))
+    for step in ("result", "argument"):
+        assert "JUPYTER_MESH_MAX_FRAME" in steps[step]["error"], steps
+    assert "cannot be sent to its caller" in steps["result"]["error"], steps
+    assert steps["after"]["ok"], steps

@@ -5,6 +5,7 @@ budget falls back to one-shot segments."""
 from __future__ import annotations
 
 import gc
+import os
 import threading
 
 import pytest
@@ -132,7 +133,7 @@ def test_a_message_that_cannot_be_stashed_whole_frees_what_it_took(monkeypatch, 
 
     monkeypatch.setenv("JUPYTER_MESH_SHM_POOL", "64" if pooled else "0")
     monkeypatch.setattr(sp, "_sender", None)
-    prefix = shm.session_prefix(b"f" * 32)
+    prefix = shm.session_prefix(os.urandom(32))  # (nobody else's files)
     calls = []
 
     def full(real):

@@ -30,13 +30,14 @@ from .._core.context import ProcIdentity, context
 from .._core.shape import Point, Shape, Slice
 from .._data import ucx as _ucx
 from .._data.owner import handle_message as handle_rdma
-from .._wire.channels import CurveKeys
+from .._wire.channels import CurveKeys, FrameTooLarge
 from .._wire.protocol import (
     DIRECT,
     GATHER_DIRECT_MIN,
     NO_REPLY,
     OK,
     OUT_SYNC_PREFIX,
+    RAISED,
     SENT,
     Dispatch,
     Kind,
@@ -50,6 +51,7 @@ from .actor_host import ActorHost, exit_proc
 from .client import Client, set_current_client
 from .hooks import Embedding, embed
 from .rank_env import set_rank_env
+from .remote_errors import error_info
 from .stacks import thread_stacks
 
 CUT_GRACE = 2.0
@@ -177,7 +179,11 @@ class ProcRuntime:
             return
         hdr = reply_header(h["i"], ok, self.rank)
         if rm == DIRECT:  # to the caller's reply box if it has one (``replies``), else to its inbox
-            self.transport.send(h.get("rt") or h["s"], Message(hdr, payload, bufs), local=bool(h.get("l")))
+            to = h.get("rt") or h["s"]
+            try:
+                self.transport.send(to, Message(hdr, payload, bufs), local=bool(h.get("l")))
+            except FrameTooLarge as e:
+                self._too_large(h, to, e)
             return
         if "rd" not in h and _size(payload, bufs) >= GATHER_DIRECT_MIN and self._reply_direct(h, hdr, payload, bufs):
             hdr = reply_header(h["i"], SENT, self.rank)  # the agent's gather: answered, nothing to carry
@@ -189,12 +195,21 @@ class ProcRuntime:
         """A large result of a gathered call, straight to the caller (``GATHER_DIRECT_MIN``); False if
         it could not go (the gather carries it then, as any other)."""
         local = h.get("hk") == context().host_key  # the caller said where it runs: shared memory
+        to = h.get("rt") or h["s"]
         try:
-            self.transport.send(h.get("rt") or h["s"], Message(dict(hdr), payload, bufs), local=local)
+            self.transport.send(to, Message(dict(hdr), payload, bufs), local=local)
+        except FrameTooLarge as e:  # (the agent's way would end at the same limit)
+            self._too_large(h, to, e)
         except Exception as e:  # noqa: BLE001 - e.g. /dev/shm full: the agent's way still works
             print(f"jupyter-mesh proc {self.rank}: a large result goes through the agent: {e!r}", file=sys.stderr)
             return False
         return True
+
+    def _too_large(self, h: dict[str, Any], to: str, e: FrameTooLarge) -> None:
+        """The result cannot cross to its caller in one message: the caller gets that, as this rank's error."""
+        err = FrameTooLarge(f"the result of {h.get('ep', 'the call')} cannot be sent to its caller: {e}")
+        hdr = reply_header(h["i"], RAISED, self.rank)
+        self.transport.send(to, Message(hdr, dumps(error_info(err, str(h.get("ep", "")), 0))[0]))
 
     def _table(self) -> Dispatch:
         return Dispatch(

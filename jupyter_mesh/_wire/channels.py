@@ -23,7 +23,9 @@ import shutil
 import stat
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import zmq
 
@@ -33,7 +35,9 @@ __all__ = [
     "ENV_MAX_FRAME",
     "HANDSHAKE_MS",
     "CurveKeys",
+    "FrameTooLarge",
     "OnlyClientKey",
+    "check_frames_fit",
     "check_private_dir",
     "curve_wanted",
     "default_bind",
@@ -191,6 +195,24 @@ def max_frame() -> int:
     if n < 1 << 16:
         raise ValueError(f"{ENV_MAX_FRAME}={n} is too small for a control message; use at least 65536")
     return n
+
+
+def check_frames_fit(frames: Sequence[Any]) -> None:
+    """Refuse, before it is sent, a message a TCP peer would drop on arrival (and with it the
+    connection, silently: the call would wait for ever) for a frame larger than :func:`max_frame`."""
+    limit = max_frame()
+    for f in frames:
+        n = memoryview(f).nbytes
+        if n > limit:
+            raise FrameTooLarge(
+                f"a frame of {n} bytes is larger than the {limit} a peer over TCP accepts ({ENV_MAX_FRAME}): "
+                f"raise it to the same value on every host, send less per message, or pass a large tensor "
+                f"as an RDMABuffer"
+            )
+
+
+class FrameTooLarge(ValueError):
+    """A message with a frame above ``max_frame`` for a TCP peer (never sent)."""
 
 
 HANDSHAKE_MS = 5000  # a TCP connection that has not finished its handshake by then is dropped

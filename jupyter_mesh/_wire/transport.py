@@ -36,6 +36,7 @@ from .channels import (
     CurveKeys,
     OnlyClientKey,
     check_bind,
+    check_frames_fit,
     curve_wanted,
     is_loopback,
     max_frame,
@@ -338,6 +339,8 @@ class Transport:
         if len(frames) == 3 and address.endswith(_lane.MARK) and self._lane_out.send(address, frames):
             self.stats.sent += 1  # same host, small: straight into the reader's socket (``lane``)
             return
+        if address.startswith("tcp://"):
+            check_frames_fit(frames)
         sock, lock = self._out(address)
         with lock:
             try:
