@@ -53,10 +53,11 @@ def test_an_agent_in_another_pid_namespace_gets_large_results_and_arguments_acro
 
 @needs_unshare
 def test_a_message_over_the_tcp_frame_limit_fails_its_call_with_why(tmp_path):
-    """A result or argument with a frame above JUPYTER_MESH_MAX_FRAME to a peer over TCP: the peer
-    dropped it with the connection, and the call waited for ever; now it fails at once, saying why."""
+    """A result or argument with a frame above JUPYTER_MESH_MAX_FRAME to a peer over TCP, or a host's
+    gathered results that together are: the peer dropped it with the connection, and the call waited
+    for ever; now it fails at once, saying why."""
     steps = _drive(tmp_path, "limit", JUPYTER_MESH_MAX_FRAME=str(1 << 20))
-    for step in ("result", "argument"):
+    for step in ("result", "argument", "gathered"):
         assert "JUPYTER_MESH_MAX_FRAME" in steps[step]["error"], steps
     assert "cannot be sent to its caller" in steps["result"]["error"], steps
     assert steps["after"]["ok"], steps

@@ -62,6 +62,7 @@ class Gather:
     up: str = ""  # in a tree, not at its top: our address, for the parent's gather (``to`` is the caller)
     caller: str = ""
     op: Any = None  # a reduce: the header's ``rd``
+    endpoint: str = ""  # what was called (named in an error the gather itself makes)
     partials: list[tuple[int, Any, list[Any]]] = field(default_factory=list)  # (ok, payload, bufs) from below
     folded: list[int] = field(default_factory=list)  # the ranks those partials hold
 

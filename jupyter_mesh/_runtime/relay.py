@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from .._core.shape import Slice
 from .._wire import protocol
+from .._wire.channels import FrameTooLarge
 from .._wire.protocol import BROKEN, DIRECT, GATHER, NO_REPLY, OK, RAISED, REDUCED, SENT, Kind
 from .._wire.serialize import dumps
 from .._wire.transport import Message
@@ -28,6 +29,7 @@ from .agent_state import Gather, ProcEntry, kill
 from .pending import pack_gathered
 from .progress import ProgressSender
 from .reduce_ops import agent_loads, fold, resolve
+from .remote_errors import error_info
 from .tree import children
 
 if TYPE_CHECKING:
@@ -96,7 +98,7 @@ class Relay:
                 )
                 if parent:
                     g.up, g.caller = self.agent.transport.address, h["s"]
-                g.op = h.get("rd")
+                g.op, g.endpoint = h.get("rd"), str(h.get("ep", ""))
                 if mesh is None:  # our ranks answer "stopped"; the subtrees below answer for theirs
                     g.entries = self._stopped_entries(h, sl)
                 if not targets and not kids:  # nothing to wait for: answer our parent now, outside the lock
@@ -275,11 +277,25 @@ class Relay:
         entries, header = g.entries, {"k": Kind.GATHERED, "i": g.call_id}
         if g.op is not None:
             entries, header["rr"] = self._fold(g)
-        table, payload_all, bufs_all = pack_gathered(entries)
-        header["n"] = table
         if g.up:
             header["to"], header["up"] = g.caller, g.up
-        self.agent.transport.send(g.sender, Message(header, payload_all, bufs_all))
+        try:
+            self._send_entries(g, header, entries)
+        except FrameTooLarge as e:  # one message too large for a peer over TCP: each rank says so instead
+            self._send_entries(g, header, [self._too_large(g, rank, e) for rank, *_ in entries])
+
+    def _send_entries(self, g: Gather, header: dict[str, Any], entries: list[tuple[int, int, Any, list[Any]]]) -> None:
+        table, payload_all, bufs_all = pack_gathered(entries)
+        self.agent.transport.send(g.sender, Message({**header, "n": table}, payload_all, bufs_all))
+
+    def _too_large(self, g: Gather, rank: int, e: FrameTooLarge) -> tuple[int, int, Any, list[Any]]:
+        what = (
+            f"the gathered results of {'this subtree' if g.up else 'this host'} cannot be sent on in one message: {e}"
+        )
+        if rank < 0:  # a reduce's partial value
+            info = {"op": "reduce op", "error": f"FrameTooLarge: {what}", "where": self.agent.transport.address}
+            return (rank, RAISED, dumps(info)[0], [])
+        return (rank, RAISED, dumps(error_info(FrameTooLarge(what), g.endpoint))[0], [])
 
     def _fold_later(self, g: Gather) -> None:
         """Folding unpickles results (a first tensor imports torch: seconds) and runs the op: never on
