@@ -161,3 +161,31 @@ def test_a_message_that_cannot_be_stashed_whole_frees_what_it_took(monkeypatch, 
         assert len(entries[0]) == 7 and pool.reused == 1  # the first one's segment, free again
         shm.unstash(prefix, entries, [])
         pool.close()
+
+
+@pytest.mark.parametrize("pooled", [True, False])
+def test_a_message_refused_at_sending_frees_its_segments(monkeypatch, pooled):
+    """A message whose large buffer went into shared memory but which was not sent after all (here: its
+    pickle is above a TCP peer's frame limit) leaves no segment: a one-shot file stayed in /dev/shm,
+    a pooled one stayed busy, for as long as the sender lived."""
+    import jupyter_mesh._wire.shm_pool as sp
+    from jupyter_mesh._wire.channels import FrameTooLarge
+    from jupyter_mesh._wire.transport import Message, Transport
+
+    monkeypatch.setenv("JUPYTER_MESH_SHM_POOL", "64" if pooled else "0")
+    monkeypatch.setenv("JUPYTER_MESH_MAX_FRAME", str(1 << 20))
+    monkeypatch.setattr(sp, "_sender", None)
+    t = Transport(os.urandom(32), "tcp://127.0.0.1")
+    try:
+        msg = Message({"k": "r"}, bytes(2 * MiB), [memoryview(_payload(2 * MiB, 1))])
+        with pytest.raises(FrameTooLarge):
+            t.send("tcp://127.0.0.1:9", msg, local=True)
+        assert msg.header.get("sh"), "the buffer did not go through shared memory: nothing tested"
+        assert not shm.leftovers(t.shm_prefix)
+        if pooled:
+            entries, _ = shm.stash(t.shm_prefix, [_payload(2 * MiB, 2)])
+            assert len(entries[0]) == 7 and sp._sender.reused == 1  # type: ignore[union-attr]
+            shm.unstash(t.shm_prefix, entries, [])
+            sp._sender.close()  # type: ignore[union-attr]
+    finally:
+        t.close()

@@ -37,6 +37,7 @@ __all__ = [
     "RegionMap",
     "leftovers",
     "open_segment",
+    "release",
     "session_prefix",
     "stash",
     "sweep",
@@ -135,20 +136,24 @@ def stash(prefix: str, buffers: list[Any]) -> tuple[list[list[Any]], list[Any]]:
             else:
                 rest.append(b)
     except BaseException:  # (/dev/shm full): the message is not sent; what it already holds is freed
-        for e in entries:
-            if len(e) == 3:
-                _unlink(e[1])
-            elif pool is not None:
-                pool.give_back(e[1:])
+        release(entries)
         raise
     return entries, rest
 
 
-def _unlink(name: str) -> None:
-    try:
-        os.unlink(f"{SHM_DIR}/{name}")
-    except OSError:
-        pass
+def release(entries: list[list[Any]]) -> None:
+    """Free the segments :func:`stash` took for a message that was never sent (nobody will open them)."""
+    pool = None
+    for e in entries:
+        if len(e) == 3:
+            try:
+                os.unlink(f"{SHM_DIR}/{e[1]}")
+            except OSError:
+                pass
+        elif len(e) == 7:
+            pool = pool or shm_pool.sender_pool()
+            if pool is not None:
+                pool.give_back(e[1:])
 
 
 def unstash(prefix: str, entries: list[list[Any]], frames: list[Any]) -> list[Any]:

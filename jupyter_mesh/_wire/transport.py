@@ -328,7 +328,13 @@ class Transport:
     def send(self, address: str, msg: Message, local: bool = False) -> None:
         """Send ``msg``. Its buffers are copied as they go (``frame_send``): once this returns the
         caller may change them, and a peer that reads nothing holds nobody."""
-        self._send_frames(address, self.encode(msg, address, local))
+        frames = self.encode(msg, address, local)
+        try:
+            self._send_frames(address, frames)
+        except BaseException:  # never sent (too large, interrupted): nobody will claim its segments
+            if msg.header.get("sh"):
+                _shm.release(msg.header["sh"])
+            raise
 
     def send_raw(self, address: str, frames: Sequence[Any]) -> None:
         """Forward frames already signed by someone else (agents relay casts without re-signing), or
