@@ -64,6 +64,7 @@ def limit(sink, make_payload) -> None:
         ("result", lambda: sink.make.call("tensor:2097152").get(20)),
         ("argument", lambda: sink.slice(gpus=0).digest.call_one(make_payload("tensor:2097152")).get(20)),
         ("gathered", lambda: sink.make.call("bytes:614400").get(20)),  # 600 KB each: through the agent
+        ("cast", lambda: sink.digest.call(make_payload("tensor:2097152")).get(20)),
     ]:
         try:
             call()

@@ -57,7 +57,8 @@ def test_a_message_over_the_tcp_frame_limit_fails_its_call_with_why(tmp_path):
     gathered results that together are: the peer dropped it with the connection, and the call waited
     for ever; now it fails at once, saying why."""
     steps = _drive(tmp_path, "limit", JUPYTER_MESH_MAX_FRAME=str(1 << 20))
-    for step in ("result", "argument", "gathered"):
+    for step in ("result", "argument", "gathered", "cast"):
         assert "JUPYTER_MESH_MAX_FRAME" in steps[step]["error"], steps
     assert "cannot be sent to its caller" in steps["result"]["error"], steps
+    assert "DeliveryError: 2 rank(s)" in steps["cast"]["error"], steps  # (it said 1, for the whole mesh)
     assert steps["after"]["ok"], steps

@@ -112,7 +112,10 @@ def send_cast(
                         c.calls.pending.pop(header["i"], None)
                     if isinstance(e, Exception):
                         raise DeliveryError(
-                            [Failure(ref.name, {}, "delivery", f"not sent to any host: {e!r}")],
+                            [
+                                Failure(ref.name, ref.coords(r), "delivery", f"not sent to any host: {e!r}")
+                                for r in ranks
+                            ],
                             f"calling {mesh._class_name}.{header.get('ep', '__init__')}",
                         ) from e
                     raise
