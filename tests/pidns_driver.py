@@ -24,12 +24,15 @@ def main() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         addr = f"tcp://127.0.0.1:{s.getsockname()[1]}"
-    unshare = ["unshare", "--pid", "--fork", "--mount-proc"]
+    mode = sys.argv[2] if len(sys.argv) > 2 else ""
+    unshare = [] if mode == "mismatch" else ["unshare", "--pid", "--fork", "--mount-proc"]
+    env = {**os.environ, "JUPYTER_MESH_MAX_FRAME": str(2 << 20)} if mode == "mismatch" else None
     agent = subprocess.Popen(
         [*unshare, sys.executable, "-m", "jupyter_mesh.cli", "agent", "--listen", addr, "--key-file", key, "--once"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        env=env,
     )
     try:
         line = agent.stdout.readline().decode()  # type: ignore[union-attr]
@@ -38,11 +41,24 @@ def main() -> None:
 
         from jupyter_mesh import attach_to_workers
 
+        if mode == "mismatch":  # the agent takes frames up to 2 MiB, we up to the default
+            try:
+                attach_to_workers([addr], key_file=key, preload=[]).spawn_procs(per_host={"gpus": 1})
+                say("attached", error="")
+            except Exception as e:  # noqa: BLE001 - what the user sees is the point
+                say("attached", error=f"{type(e).__name__}: {e}")
+            try:
+                agent.wait(timeout=30)  # told to stop (--once: then it exits)
+                say("agent", exited=True)
+            except subprocess.TimeoutExpired:
+                say("agent", exited=False)
+            say("done")
+            return
         hosts = attach_to_workers([addr], key_file=key, preload=[])
         pm = hosts.spawn_procs(per_host={"gpus": 2})
         sink = pm.spawn("sink", Sink)
         say("up", procs=len(sink.make.call("small").get(60)))
-        if len(sys.argv) > 2 and sys.argv[2] == "limit":  # JUPYTER_MESH_MAX_FRAME is 1 MiB, here and there
+        if mode == "limit":  # JUPYTER_MESH_MAX_FRAME is 1 MiB, here and there
             limit(sink, make_payload)
             return
         name, want = "tensor_1m", digest(make_payload("tensor_1m"))
@@ -53,7 +69,10 @@ def main() -> None:
         pm.stop(timeout=10)
         say("done")
     finally:
-        os.killpg(agent.pid, signal.SIGKILL)
+        try:
+            os.killpg(agent.pid, signal.SIGKILL)  # (what is left of it: its session's agent too)
+        except ProcessLookupError:
+            pass
         agent.wait()
 
 

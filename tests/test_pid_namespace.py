@@ -62,3 +62,13 @@ def test_a_message_over_the_tcp_frame_limit_fails_its_call_with_why(tmp_path):
     assert "cannot be sent to its caller" in steps["result"]["error"], steps
     assert "DeliveryError: 2 rank(s)" in steps["cast"]["error"], steps  # (it said 1, for the whole mesh)
     assert steps["after"]["ok"], steps
+
+
+def test_an_agent_with_another_frame_limit_is_refused_with_why(tmp_path):
+    """Its sockets over TCP take frames up to 2 MiB, the controller's up to 256 MiB: a message between
+    the two sizes was dropped with the connection, which then stalled on it for good. It is refused at
+    attach, naming both limits, and told to stop."""
+    steps = _drive(tmp_path, "mismatch")
+    assert "takes frames up to 2097152 bytes" in steps["attached"]["error"], steps
+    assert "JUPYTER_MESH_MAX_FRAME" in steps["attached"]["error"], steps
+    assert steps["agent"]["exited"], steps

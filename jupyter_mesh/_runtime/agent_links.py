@@ -19,7 +19,7 @@ import zmq
 from .._core.future import Future
 from .._core.state import HostState
 from .._wire.addresses import host_of
-from .._wire.channels import is_loopback
+from .._wire.channels import ENV_MAX_FRAME, is_loopback, max_frame
 from .._wire.protocol import Kind, check_version
 from .._wire.transport import Message, Transport
 from ..errors import Failure, MeshError, ProtocolError
@@ -31,6 +31,19 @@ if TYPE_CHECKING:
     from .records import MeshRecords
 
 __all__ = ["AgentLinks"]
+
+
+def _frame_mismatch(h: dict[str, Any]) -> str:
+    """Why an agent over TCP cannot be used: its sockets take frames of another size than ours (the
+    side with the smaller limit would drop a message the other sends, with the connection, and the
+    link would stall on it); "" if it can."""
+    mine, theirs = max_frame(), h.get("mf")
+    if not str(h.get("addr", "")).startswith("tcp://") or not isinstance(theirs, int) or theirs == mine:
+        return ""
+    return (
+        f"the agent of host {h.get('h')} at {str(h.get('addr'))[:80]} takes frames up to {theirs} bytes over "
+        f"TCP and this controller {mine} ({ENV_MAX_FRAME}): set the same value where each runs"
+    )
 
 
 class LinksHost(Protocol):
@@ -116,6 +129,10 @@ class AgentLinks:
             else:
                 print(f"jupyter_mesh: {e}", file=sys.stderr)
             return
+        mismatch = _frame_mismatch(h)
+        if mismatch and w is not None:  # it must not live on, unwatched: told to stop below
+            w._set_exception(MeshError(mismatch))
+            w = None
         if w is None:  # nobody waits for it (a job that gave up or stopped): it must not live on, unwatched
             # but a kept agent answering a reattach that gave up keeps its procs for the next try
             late = {"k": Kind.DETACH, "nonce": h.get("nonce")} if "hosted" in h else {"k": Kind.SHUTDOWN}

@@ -13,6 +13,7 @@ from typing import Any
 
 from .._core.context import host_key
 from .._core.shape import Shape
+from .._wire.channels import max_frame
 from .._wire.protocol import VERSION, Kind
 from .liveness import Liveness
 
@@ -77,6 +78,7 @@ def hello(cfg: dict[str, Any], addr: str, refused: str = "", **more: Any) -> dic
         "addr": addr,
         "pid": os.getpid(),
         "hk": host_key(),
+        "mf": max_frame(),  # the largest frame its TCP sockets take: the controller's must be the same
         "nonce": cfg.get("nonce", ""),
         **more,
     }
