@@ -48,12 +48,17 @@ def open_pipes(pid: int) -> int:
     return n
 
 
-def alive(pid: int) -> bool:
+def state(pid: int) -> str:
+    """Its state letter (R, S, T, Z ...); "" if there is no such process."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+            return f.read().rsplit(")", 1)[1].split()[0]
     except OSError:
-        return False
+        return ""
+
+
+def alive(pid: int) -> bool:
+    return state(pid) not in ("", "Z")
 
 
 def wait_dead(pids: set[int] | list[int], timeout: float) -> set[int]:

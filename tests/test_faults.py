@@ -185,21 +185,8 @@ def test_a_dead_procs_last_output_leaves_out_the_notebooks_markers(host):
     output: the tail shown when a proc dies has the user's lines only."""
     from jupyter_mesh._wire.protocol import OUT_SYNC_PREFIX
 
-    procs = host.spawn_procs(per_host={"gpus": 1})
-    try:
-        a = procs.spawn("marks", Faulty)
-        a.shout.call(f"user line\n{OUT_SYNC_PREFIX}abc123").get(timeout=30)
-        pid = a.pid.call_one().get(timeout=30)
-        time.sleep(0.3)  # the lines reach the agent before the proc dies
-        os.kill(pid, signal.SIGKILL)
-        with pytest.raises(SupervisionError) as e:
-            for _ in range(100):
-                a.ok.call().get(timeout=30)
-                time.sleep(0.05)
-        text = str(e.value)
-        assert "user line" in text and "jupyter-mesh-sync" not in text, text
-    finally:
-        procs.stop()
+    text = _error_after_last_words(host, f"user line\n{OUT_SYNC_PREFIX}abc123")
+    assert "user line" in text and "jupyter-mesh-sync" not in text, text
 
 
 def test_a_dead_procs_last_output_is_cut_per_line(host):
@@ -208,10 +195,17 @@ def test_a_dead_procs_last_output_is_cut_per_line(host):
     ``TAIL_MAX`` (its end, with a marker): the last words stay."""
     from jupyter_mesh._runtime.agent import TAIL_MAX
 
+    text = _error_after_last_words(host, "\n".join(["y" * 100_000] * 30 + ["last words"]))
+    assert "last words" in text and "… [cut " in text, text[-2000:]
+    assert "characters before these cut" in text and len(text) < TAIL_MAX + 4096, len(text)
+
+
+def _error_after_last_words(host, words: str) -> str:
+    """A proc prints ``words``, is killed: the error a later call to it raises, as text."""
     procs = host.spawn_procs(per_host={"gpus": 1})
     try:
         a = procs.spawn("loud", Faulty)
-        a.shout.call("\n".join(["y" * 100_000] * 30 + ["last words"])).get(timeout=30)
+        a.shout.call(words).get(timeout=30)
         pid = a.pid.call_one().get(timeout=30)
         time.sleep(0.5)  # the lines reach the agent before the proc dies
         os.kill(pid, signal.SIGKILL)
@@ -219,9 +213,7 @@ def test_a_dead_procs_last_output_is_cut_per_line(host):
             for _ in range(100):
                 a.ok.call().get(timeout=30)
                 time.sleep(0.05)
-        text = str(e.value)
-        assert "last words" in text and "… [cut " in text, text[-2000:]
-        assert "characters before these cut" in text and len(text) < TAIL_MAX + 4096, len(text)
+        return str(e.value)
     finally:
         procs.stop()
 

@@ -18,7 +18,7 @@ import time
 import types
 
 import pytest
-from _procs import alive, descendants, templates_of, wait_dead, wait_for
+from _procs import alive, descendants, state, templates_of, wait_dead, wait_for
 from seed_actors import Probe
 
 from jupyter_mesh import LocalJob, SupervisionError
@@ -38,14 +38,6 @@ def _ppid(pid: int) -> int:
             return int(f.read().rsplit(")", 1)[1].split()[1])
     except OSError:
         return 0
-
-
-def _state(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return ""
 
 
 def _imports(log) -> list[int]:
@@ -212,8 +204,8 @@ def test_a_seeded_warm_child_stopped_before_its_hello_is_named(seeded):
     seed = job.seed_pid
     children = lambda: [p for p in descendants(seed) if p != seed]  # noqa: E731
     assert wait_for(lambda: not seeded.stop.exists() and children(), 30)
-    assert wait_for(lambda: any(_state(p) == "T" for p in children()), 10)
-    (victim,) = [p for p in children() if _state(p) == "T"]
+    assert wait_for(lambda: any(state(p) == "T" for p in children()), 10)
+    (victim,) = [p for p in children() if state(p) == "T"]
     try:
         stopped = rf"fork server \(the template's warm child, pid {victim}\) is stopped .*SIGCONT"
         with pytest.raises(SupervisionError, match=stopped):
