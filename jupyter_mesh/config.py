@@ -51,6 +51,9 @@ OURS: dict[str, tuple[str, Any]] = {
     # a call waited on longer than this (seconds) shows, in its cell and the views, which ranks have not
     # answered and where each is (its stack's top frame, or "paused at file:line"); 0 turns it off
     "slow_call_after": ("JUPYTER_MESH_SLOW_CALL_AFTER", 10.0),
+    # folds of reduce functions running at once in one process (an agent, the caller): past it a reduce
+    # with a function fails at once (``_runtime/fn_folds``); an agent reads only the environment variable
+    "max_reduce_fn_folds": ("JUPYTER_MESH_MAX_REDUCE_FN_FOLDS", None),
 }
 
 MONARCH_KEYS = frozenset(

@@ -364,19 +364,26 @@ class DeliveryError(MeshError):
 
 
 class ReduceError(MeshError):
-    """A reduce's op raised (or its function did not unpickle) while folding the results: ``op`` names
-    it, ``where`` says where it ran (a host agent's address, or the caller), ``error`` what it raised."""
+    """A reduce's op raised (or its function did not unpickle, or too many folds of functions still
+    ran there to start one more) while folding the results: ``op`` names it, ``where`` says where it ran
+    (a host agent's address, or the caller), ``error`` what happened; ``hint``, when set, what to do."""
 
-    def __init__(self, op: str, error: str, where: str, context: str = ""):
-        self.op, self.error, self.where, self.context = op, error, where, context
+    def __init__(self, op: str, error: str, where: str, context: str = "", hint: str = ""):
+        self.op, self.error, self.where, self.context, self.hint = op, error, where, context, hint
         super().__init__(
-            f"the reduce op {op} failed in {where}" + (f" {context}" if context else "") + f": {error}\n"
-            "What to do: the op must take two results (or two partial results) of the endpoint and return "
-            "one of the same kind; named ops: sum, prod, min, max. Use call() to see the results one by one."
+            f"the reduce op {op} failed in {where}"
+            + (f" {context}" if context else "")
+            + f": {error}\n"
+            + (
+                hint
+                or "What to do: the op must take two results (or two partial results) of the endpoint and "
+                "return one of the same kind; named ops: sum, prod, min, max. Use call() to see the results "
+                "one by one."
+            )
         )
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.op, self.error, self.where, self.context))
+        return (type(self), (self.op, self.error, self.where, self.context, self.hint))
 
 
 class MeshClosedError(MeshError, RuntimeError):

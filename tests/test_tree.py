@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -18,6 +19,7 @@ from jupyter_mesh import (
     LocalJob,
     MeshCancelledError,
     MeshError,
+    MeshTimeoutError,
     MeshValueError,
     ReduceError,
     SupervisionError,
@@ -30,6 +32,7 @@ pytestmark = pytest.mark.integration
 
 HOSTS, FANOUT = 7, 2
 MID = 2  # host 2's agent: below agent 0, above agent 6
+AGENT_FOLDS = 3  # folds of reduce functions at once per agent (JUPYTER_MESH_MAX_REDUCE_FN_FOLDS)
 
 
 def _payload(kind: str):
@@ -66,7 +69,7 @@ def tree_mesh():
     from tree_actors import Echo
 
     with configured(fanout=FANOUT):  # handed to the procs too: their casts go through the tree
-        job = LocalJob(hosts=HOSTS)
+        job = LocalJob(hosts=HOSTS, env={"JUPYTER_MESH_MAX_REDUCE_FN_FOLDS": str(AGENT_FOLDS)})
         try:
             pm = job.host_mesh().spawn_procs(per_host={"gpus": 1})
             echo = pm.spawn("echo", Echo)
@@ -333,6 +336,70 @@ def test_a_slow_reduce_function_holds_up_only_its_own_reduce(tree_mesh, tmp_path
         finally:
             open(gate, "w").close()
         assert held.get(30) == sum(range(HOSTS))
+
+
+@pytest.mark.parametrize("fanout", [0, FANOUT])
+def test_reduce_functions_that_never_return_are_bounded(tree_mesh, tmp_path, fanout):
+    """Each fold of a reduce function kept a thread of its own for as long as it ran, with no bound: a
+    function that never returns left one more thread in every agent (fan-out 2: agents 1 and 2 fold
+    their subtrees) or in the caller (fan-out 0) per reduce, for ever. Now, past the bound, a reduce
+    with a function fails at once saying where the folds still run and what to do; named ops go on;
+    a timed-out, cancelled or interrupted reduce frees its caller; a fold that returns frees its slot."""
+    from _procs import wait_for
+
+    echo = tree_mesh[2]
+    gate = str(tmp_path / "go")
+    cap = 2 if fanout == 0 else AGENT_FOLDS
+
+    def hang(a, b):
+        deadline = time.monotonic() + 120  # (the threads end even if this test fails)
+        while not os.path.exists(gate) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return a + b
+
+    def plus(a, b):
+        return a + b
+
+    with configured(fanout=fanout, max_reduce_fn_folds=cap):
+        held = [echo.rank.reduce(hang) for _ in range(cap)]
+        try:
+            with pytest.raises(ReduceError, match=r"plus failed in ") as e:
+                echo.rank.reduce(plus).get(30)
+            text = str(e.value)
+            where = "the caller" if fanout == 0 else "this host agent"
+            assert f"{cap} folds of reduce functions are still running in {where} on host" in text, text
+            assert f"max_reduce_fn_folds={cap}" in text and "never returned" in text, text
+            assert "cannot be killed" in text and "JUPYTER_MESH_MAX_REDUCE_FN_FOLDS" in text, text
+            if fanout == 0:
+                assert e.value.where == "the caller"
+            else:
+                assert e.value.where.startswith("the host agent at "), e.value.where
+            assert echo.rank.reduce("sum").get(30) == sum(range(HOSTS))
+            # the caller of a reduce that hangs is never stuck with it
+            with pytest.raises(MeshTimeoutError):
+                held[0].get(timeout=0.5)
+            assert held[0].cancel()
+            with pytest.raises(MeshCancelledError):
+                held[0].get(timeout=5)
+            report: list[BaseException | None] = []
+            t = threading.Thread(target=lambda: report.append(held[1]._cancel_reported()), daemon=True)
+            t.start()  # as Ctrl-C in get(): cancel, and wait a moment for the ranks
+            t.join(30)
+            assert not t.is_alive() and held[1].cancelled(), report
+            if fanout == 0:  # it said "cancelled echo.rank on 0 ranks (rank 0); all stopped"
+                assert "every rank had answered already; folding their results" in str(report[0]), report
+        finally:
+            open(gate, "w").close()
+        assert all(f.get(30) == sum(range(HOSTS)) for f in held[2:])
+
+        def plus_works() -> bool:  # once the folds return (each in its own time), their slots are free
+            try:
+                return echo.rank.reduce(plus).get(30) == sum(range(HOSTS))
+            except ReduceError as e:
+                assert "still running" in str(e), str(e)
+                return False
+
+        assert wait_for(plus_works, 30)
 
 
 def test_configure_from_the_package_as_the_readme_shows():

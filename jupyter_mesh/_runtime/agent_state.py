@@ -66,6 +66,7 @@ class Gather:
     endpoint: str = ""  # what was called (named in an error the gather itself makes)
     partials: list[tuple[int, Any, list[Any]]] = field(default_factory=list)  # (ok, payload, bufs) from below
     folded: list[int] = field(default_factory=list)  # the ranks those partials hold
+    refused: str = ""  # why its reduce function's fold did not start (``fn_folds``: every slot taken)
 
 
 def hello(cfg: dict[str, Any], addr: str, refused: str = "", **more: Any) -> dict[str, Any]:

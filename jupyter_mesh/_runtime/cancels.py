@@ -76,6 +76,15 @@ def report(
     """Cancel ``p``, wait for its ranks to stop, and describe the outcome as the error to raise."""
     ranks = sorted(p.outstanding)
     what = f"{p.actor}.{p.endpoint}"
+    if not ranks:  # every rank had answered: the wait was on this process (a reduce function's fold)
+        cancel()
+        stuck = (
+            f"; folding their results with the reduce op {p.reduce} had not ended, and goes on: a Python thread "
+            "cannot be stopped (one that never returns keeps its thread until this process ends)"
+            if p.reduce
+            else ""
+        )
+        return MeshInterrupted(f"Interrupted: stopped waiting for {what}: every rank had answered already{stuck}")
     coords = {r: (p.ref.coords(r) if p.ref else {}) for r in ranks}
     t0 = time.monotonic()
     # Ctrl-C is held while we report (a storm of them must not break the cancel half-way); a second

@@ -33,6 +33,7 @@ from ..errors import (
     SupervisionError,
 )
 from . import reduce_ops
+from .fn_folds import HINT, FnFolds
 from .pending import Pending, remote_failure
 
 if TYPE_CHECKING:
@@ -145,7 +146,7 @@ class Outcomes:
                 where = str(value.get("where"))
                 p.reduce_error = ReduceError(
                     p.reduce, str(value.get("error")), where if where == "the caller" else f"the host agent at {where}",
-                    f"folding {p.actor}.{p.endpoint}",
+                    f"folding {p.actor}.{p.endpoint}", str(value.get("hint") or ""),
                 )  # fmt: skip
         return [(r, _FOLDED) for r in ranks]
 
@@ -303,11 +304,15 @@ class Outcomes:
     def _reduced(p: Pending) -> None:
         """Fold the partials into the reduce's value. A user's function folds on a thread of its own:
         where replies are read (the receive thread, or the thread waiting in ``get()`` for its own
-        reply box) a slow one would hold up every later reply, and its SystemExit would end that thread."""
+        reply box) a slow one would hold up every later reply, and its SystemExit would end that thread.
+        At most ``max_reduce_fn_folds`` of those at once in this process: past it, the reduce fails at once."""
         if p.reduce_fn in reduce_ops.NAMED.values():
             _finish_reduce(p)
-        else:
-            threading.Thread(target=_finish_reduce, args=(p,), name="jupyter-mesh-fold", daemon=True).start()
+            return
+        why = _CALLER_FOLDS.start(_finish_reduce, p, "jupyter-mesh-fold")
+        if why:
+            assert p.future is not None
+            p.future._set_exception(ReduceError(p.reduce, why, "the caller", f"folding {p.actor}.{p.endpoint}", HINT))
 
     def _complete(self, p: Pending) -> None:
         assert p.future is not None
@@ -330,6 +335,7 @@ class Outcomes:
 
 
 _FOLDED = object()  # a rank whose value is in a reduce's partial
+_CALLER_FOLDS = FnFolds("the caller")  # every client of this process: the threads are the process's
 
 # values that may be shared by the ranks that sent the same pickle: nobody can change them in place
 _IMMUTABLE = frozenset({type(None), bool, int, float, complex, str, bytes})

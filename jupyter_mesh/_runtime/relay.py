@@ -26,6 +26,7 @@ from .._wire.serialize import dumps
 from .._wire.transport import Message
 from ..errors import Failure
 from .agent_state import Gather, ProcEntry, kill
+from .fn_folds import HINT, FnFolds
 from .pending import pack_gathered
 from .progress import ProgressSender
 from .reduce_ops import agent_loads, fold, resolve
@@ -62,9 +63,11 @@ class Relay:
         # ranks that answered a gather still open, batched to their callers (to the inbox its
         # receive thread reads, not a reply box: the caller's state, not its waiting thread, wants them)
         # reduces to fold, off the receive thread: named ops in turn on one thread; a user's function
-        # on a thread of its own (``_fold_later``), so a slow one holds up no other reduce
+        # on a thread of its own (``_fold_later``), so a slow one holds up no other reduce; a bounded
+        # number of those at once (``fn_folds``): one that never returns keeps its thread
         self._folds: queue.SimpleQueue[Gather] = queue.SimpleQueue()
         self._folder: threading.Thread | None = None
+        self.fn_folds = FnFolds("this host agent")
         self.progress = ProgressSender(lambda to, header: self.agent.transport.send(to, Message(header)))
         # fault injection, for tests of the undelivered path: "c:2,spawn:1" fails the next two relays of
         # calls and the next one of a spawn, as a send error would; "c>6:1" fails the next forward of a
@@ -301,9 +304,14 @@ class Relay:
         """Folding unpickles results (a first tensor imports torch: seconds) and runs the op: never on
         the receive thread, which must go on answering heartbeats and relaying. Named ops take turns on
         one thread; a user's function gets a thread of its own, which it holds for as long as it runs
-        (one that never returns holds it until the agent ends), so it delays no other reduce."""
+        (one that never returns holds it until the agent ends), so it delays no other reduce. Past
+        ``max_reduce_fn_folds`` of those at once, the reduce fails at once instead (here, on the
+        receive thread: no user code runs)."""
         if not isinstance(g.op, str):
-            threading.Thread(target=self._fold_and_send, args=(g,), name="jupyter-mesh-fold-fn", daemon=True).start()
+            why = self.fn_folds.start(self._fold_and_send, g, "jupyter-mesh-fold-fn")
+            if why:
+                g.refused = why
+                self._fold_and_send(g)
             return
         with self.agent.lock:
             if self._folder is None:
@@ -335,6 +343,9 @@ class Relay:
         if failed is not None:  # folding failed below: that error stands for the whole subtree
             return [*rest, (-1, RAISED, failed[1], failed[2])], ranks
         name = "reduce op"
+        if g.refused:  # too many folds of functions run here already (``fn_folds``)
+            info = {"op": name, "error": g.refused, "where": self.agent.transport.address, "hint": HINT}
+            return [*rest, (-1, RAISED, dumps(info)[0], [])], ranks
         try:
             name, fn = resolve(g.op)
             named = isinstance(g.op, str)
