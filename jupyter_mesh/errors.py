@@ -150,10 +150,13 @@ class ActorError(MeshError):
             of = f" of {self.total}" if self.total else ""
             on = f"{len(self.failures)}{of} ranks [{ranks}{more}]"
         # "Actor call a.b failed" is Monarch's wording, which programs match
+        if all(f.exc_type == "FrameTooLarge" for f in self.failures):  # a result too large to send back
+            todo = f"The actors are still alive, but {_TOO_LARGE_HINT}."
+        else:
+            todo = "The actors are still alive: fix the input or the endpoint and call again."
         return (
             f"{head}\n  Actor call {first.actor}.{first.endpoint} failed on {on}\n"
-            f"Remote traceback (first failing rank):\n{first.traceback.rstrip()}\n"
-            "The actors are still alive: fix the input or the endpoint and call again."
+            f"Remote traceback (first failing rank):\n{first.traceback.rstrip()}\n{todo}"
         )
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -336,10 +339,24 @@ class MeshFailure(SupervisionError):
 _FAILURE_FIELDS = frozenset({"coords", "kind", "detail", "exit_code", "signal", "actor", "describe"})
 
 
+_TOO_LARGE_HINT = (
+    "a retry fails the same way: the message is larger than a peer over TCP accepts (JUPYTER_MESH_MAX_FRAME). "
+    "Pass (or return) a large tensor as an RDMABuffer, whose bytes travel outside the message, send less per "
+    "call, or raise JUPYTER_MESH_MAX_FRAME to the same value on every host and here"
+)
+"""What to do about a message refused for its size (``FrameTooLarge``, from ``_wire.channels``)."""
+
+
+def _too_large(f: Failure) -> bool:
+    """Was it not sent for its size? A delivery failure's detail ends with the error's repr."""
+    return "FrameTooLarge(" in f.detail
+
+
 class DeliveryError(MeshError):
     """A call (or spawn) could not be handed to some ranks, which are still alive and usable: the
     sender or the relaying agent failed to send it. ``failures`` (kind ``delivery``) say why, per rank.
-    Nothing ran there, and no later call waits behind it: the call can simply be made again."""
+    Nothing ran there, and no later call waits behind it: the call can simply be made again, unless
+    the message was too large for a peer over TCP (``FrameTooLarge`` in a failure: the message says so)."""
 
     def __init__(self, failures: Sequence[Failure], context: str = ""):
         self.failures = list(failures)
@@ -353,10 +370,17 @@ class DeliveryError(MeshError):
         lines += [f"  {f.describe()}" for f in self.failures[:16]]
         if len(self.failures) > 16:
             lines.append(f"  ... and {len(self.failures) - 16} more")
-        lines.append(
-            "What to do: nothing ran on those ranks; make the call again (a spawn: spawn the actor mesh "
-            "again). If it keeps failing, report it."
-        )
+        retry = "make the call again (a spawn: spawn the actor mesh again). If it keeps failing, report it."
+        large = sum(_too_large(f) for f in self.failures)
+        if large == len(self.failures):
+            lines.append(f"What to do: nothing ran on those ranks, and {_TOO_LARGE_HINT}.")
+        elif large:
+            lines.append(
+                f"What to do: nothing ran on those ranks. Where it was too large (FrameTooLarge), {_TOO_LARGE_HINT}; "
+                f"elsewhere, {retry}"
+            )
+        else:
+            lines.append(f"What to do: nothing ran on those ranks; {retry}")
         super().__init__("\n".join(lines))
 
     def __reduce__(self) -> tuple[Any, ...]:

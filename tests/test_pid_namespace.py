@@ -61,6 +61,13 @@ def test_a_message_over_the_tcp_frame_limit_fails_its_call_with_why(tmp_path):
         assert "JUPYTER_MESH_MAX_FRAME" in steps[step]["error"], steps
     assert "cannot be sent to its caller" in steps["result"]["error"], steps
     assert "DeliveryError: 2 rank(s)" in steps["cast"]["error"], steps  # (it said 1, for the whole mesh)
+    # what to do: not a retry (a DeliveryError said "make the call again ... report it"), but how to
+    # send less or raise the limit, for an argument (DeliveryError) as for a result (ActorError)
+    for step in ("result", "argument", "gathered", "cast"):
+        todo = steps[step]["error"].rpartition("\n")[2]
+        assert "a retry fails the same way" in todo and "RDMABuffer" in todo, steps[step]["error"]
+        assert "JUPYTER_MESH_MAX_FRAME to the same value on every host" in todo, todo
+        assert "make the call again" not in todo and "call again." not in todo, todo
     assert steps["after"]["ok"], steps
 
 
