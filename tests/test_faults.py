@@ -15,6 +15,7 @@ import time
 import pytest
 from _procs import template_of, wait_dead, wait_for, wait_stopped
 from actors import Counter, Faulty
+from tree_actors import Caller as TreeCaller
 
 from jupyter_mesh import DeliveryError, LocalJob, ProcState, SupervisionError
 
@@ -128,12 +129,18 @@ def test_killed_template_is_restarted_and_its_procs_reported():
             fut.get(10)
         assert not wait_dead(pids, 10)
         assert wait_for(lambda: all(r.state == ProcState.FAILED for r in pm.state().ranks), 10)
-        # the host is still usable: respawn in place, and new meshes. The respawn waits for the new fork
-        # server to import torch (7-14 s at load 16 on 2 cores): the default timeout, not a tight one
-        assert pm.respawn() == [0, 1]
-        assert list(f.ok.call().get(10).values()) == ["fine", "fine"]
+        # the host is still usable: new meshes, and respawn in place. The new fork server imports torch
+        # first (7-14 s at load 16 on 2 cores): the default timeout, not a tight one
         pm2 = job.host_mesh().spawn_procs(per_host={"gpus": 1})
         assert pm2.spawn("c", Counter, 0).incr.call_one().get(20) == 1
+        # a caller that has not heard of the deaths (an actor: the controller has) learns them from the
+        # agent, cause included: it said "proc N is not running", which is all a caller learns when its
+        # call overtakes the death's report (seen in test_warm under load)
+        status, (failed, text) = pm2.spawn("caller", TreeCaller).try_call.call_one(f, "ok").get(30)
+        assert status == "err" and failed == [("signal", 0), ("signal", 0)], text
+        assert text.count("was killed by SIGKILL: its host's fork server (template, pid") == 2, text
+        assert pm.respawn() == [0, 1]
+        assert list(f.ok.call().get(10).values()) == ["fine", "fine"]
         pm.stop(timeout=5)
         pm2.stop(timeout=5)
     finally:

@@ -186,7 +186,8 @@ class ProcWatch:
         with self.lock:
             if not p.alive:
                 return
-            p.alive, p.exit_cause = False, detail
+            p.exit_cause, p.ended = detail, ("heartbeat", detail)
+            p.alive = False
             mesh = self.meshes.get(p.mesh_id)
             pending = self.relay.waiting_on(p)
             starting = _start_waits_on(mesh, p)
@@ -244,16 +245,17 @@ class ProcWatch:
             if p is None or not p.alive:
                 return
         self._drain(p)
-        with self.lock:
-            p.alive = False
-            p.exit_code, p.exit_signal, p.exit_cause = code, sig, cause
-            mesh = self.meshes.get(p.mesh_id)
-            pending = self.relay.waiting_on(p)
-            starting = _start_waits_on(mesh, p)
         how = describe_exit(p, code, sig)
         kind = "signal" if sig else "exit"
         by = " (killed on request)" if p.killed_by_user else ""
-        f = self.failure(p, kind, f"proc {pid} {how}{by}" + (f": {cause}" if cause else ""), code, sig)
+        detail = f"proc {pid} {how}{by}" + (f": {cause}" if cause else "")
+        with self.lock:
+            p.exit_code, p.exit_signal, p.exit_cause, p.ended = code, sig, cause, (kind, detail)
+            p.alive = False
+            mesh = self.meshes.get(p.mesh_id)
+            pending = self.relay.waiting_on(p)
+            starting = _start_waits_on(mesh, p)
+        f = self.failure(p, kind, detail, code, sig)
         for key in pending:
             self.relay.add_to_gather(key, p.rank, BROKEN, dumps(f)[0], [])
         if mesh is not None:

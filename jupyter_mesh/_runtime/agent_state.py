@@ -38,6 +38,9 @@ class ProcEntry:
     exit_code: int | None = None
     exit_signal: int | None = None
     exit_cause: str = ""  # why it was killed, when not by itself (its fork server died)
+    # its death as reported (failure kind, detail), set before ``alive`` turns False: a call relayed to
+    # it later, before the caller heard of the death, fails with the same cause (``relay._broken``)
+    ended: tuple[str, str] | None = None
     tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=30))
 
 

@@ -168,8 +168,15 @@ class Relay:
                 self.agent.transport.send(to, Message({"k": Kind.REPLY, "i": h["i"], "rk": r, "ok": ok}, pl))
 
     def _broken(self, h: dict[str, Any], p: ProcEntry) -> None:
-        why = "is not running" if not p.alive else "is still starting (a respawn or grow is under way)"
-        self._reply_failure(h, p, self.agent.failure(p, "exit" if not p.alive else "start", f"proc {p.pid} {why}"))
+        """Answer for a rank whose proc is dead (or not up yet). A dead one's answer is its death as
+        reported, cause included: the caller may not have heard of that yet (the report and this answer
+        travel apart), and then this is all it is told ("proc 12 is not running" did not say why)."""
+        if p.alive:
+            f = self.agent.failure(p, "start", f"proc {p.pid} is still starting (a respawn or grow is under way)")
+        else:
+            kind, detail = p.ended or ("exit", f"proc {p.pid} is not running")
+            f = self.agent.failure(p, kind, detail, p.exit_code, p.exit_signal)
+        self._reply_failure(h, p, f)
 
     def _reply_failure(self, h: dict[str, Any], p: ProcEntry, f: Failure) -> None:
         """Answer for rank ``p`` of a relayed call with ``f`` (in its gather, or straight to the caller)."""
