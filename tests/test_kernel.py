@@ -313,6 +313,24 @@ def test_interrupt_while_awaiting_something_else_shows_the_cell_only(kernel):
     assert "tasks.py" not in plain  # asyncio's own frames are left out
 
 
+def test_interrupt_while_constructors_run_stops_the_wait_only(kernel):
+    """■ in ``initialized.get()``: MeshInterrupted (not a bare KeyboardInterrupt through our frames),
+    saying the constructors run on; the spawn is not cancelled, so a later get() waits for them."""
+    kernel.ok("class Slow(Actor):\n    def __init__(self, seconds):\n        time.sleep(seconds)")
+    t = threading.Timer(1.0, kernel.km.interrupt_kernel)
+    t.start()
+    cell = kernel.run("slow = procs.spawn('slow', Slow, 5)\nslow.initialized.get()", timeout=20)
+    t.join()
+    assert cell.status == "error" and cell.error["ename"] == "MeshInterrupted", cell.error
+    assert cell.error["traceback"] == [
+        "Interrupted: stopped waiting for the constructors of 'slow' on 4 ranks (gpus 0-3); 0 finished, "
+        "4 ranks (gpus 0-3) still run (a constructor is not cancelled; calls to 'slow' wait behind it). Its "
+        "`.initialized.get()` waits for them again; to stop them, kill those procs (procs.kill(rank) / "
+        "%mesh kill RANK) and respawn them."
+    ]
+    kernel.ok("slow.initialized.get(30)")  # not cancelled: the constructors finished
+
+
 def test_interrupt_during_a_mesh_cell(kernel):
     t = threading.Timer(1.0, kernel.km.interrupt_kernel)
     t.start()

@@ -107,7 +107,8 @@ class Future(Generic[T]):
         self._callbacks: list[Callable[[Future[T]], Any]] | None = None
         self._what = what
         self._on_cancel = on_cancel
-        # Ctrl-C in get(): the runtime cancels and reports where the call stopped (MeshInterrupted)
+        # Ctrl-C in get(): the runtime cancels and reports where the call stopped (MeshInterrupted); a
+        # spawn's is not cancelled (a constructor runs on) and says which ranks still construct
         self._on_interrupt: Callable[[], BaseException] | None = None
         self._remote_cancelled = False
         self._driver: Driver | None = None

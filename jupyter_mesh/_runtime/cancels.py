@@ -17,7 +17,7 @@ from . import interrupts
 if TYPE_CHECKING:
     from .pending import Pending
 
-__all__ = ["ACK_WAIT", "DEBOUNCE", "CancelAcks", "report"]
+__all__ = ["ACK_WAIT", "DEBOUNCE", "CancelAcks", "report", "spawn_interrupted"]
 
 ACK_WAIT = 2.0  # seconds an interrupted caller waits for its ranks to say they stopped
 DEBOUNCE = 0.3  # a second Ctrl-C sooner than this after the first is a bounce (or a storm), not a request
@@ -118,6 +118,23 @@ def report(
         "(procs.kill(rank) / %mesh kill RANK) and respawn them; next time, a second interrupt "
         f"{DEBOUNCE:g}-{ACK_WAIT:g} s after the first does that.",
         [coords[r] for r in sorted(left)],
+    )
+
+
+def spawn_interrupted(p: Pending, lock: threading.Lock) -> MeshInterrupted:
+    """Ctrl-C in a spawn's ``initialized.get()``: a constructor is not cancelled, so the wait stops and
+    the spawn goes on (its future stays pending: a later ``get()`` waits again). Says which still run."""
+    with lock:  # the receive thread takes ranks out as their constructors answer
+        left = sorted(p.outstanding)
+    coords = {r: (p.ref.coords(r) if p.ref else {}) for r in p.ranks}
+    where = f"Interrupted: stopped waiting for the constructors of '{p.actor}' on {_ranks(coords, p.ranks)}"
+    if not left:
+        return MeshInterrupted(f"{where}; all had finished: its `.initialized.get()` gives their outcome.")
+    return MeshInterrupted(
+        f"{where}; {len(p.ranks) - len(left)} finished, {_ranks(coords, left)} still run (a constructor is not "
+        f"cancelled; calls to '{p.actor}' wait behind it). Its `.initialized.get()` waits for them again; to "
+        "stop them, kill those procs (procs.kill(rank) / %mesh kill RANK) and respawn them.",
+        [coords[r] for r in left],
     )
 
 

@@ -279,6 +279,8 @@ class Client:
             fut, mesh._ref.mesh_id, "spawn", mesh._name, "__init__", mesh._shape, ranks, set(ranks), ref=mesh._ref
         )
         p.actor_id = mesh._actor_id
+        if self.boxes is not None:  # the controller: Ctrl-C in initialized.get() says what still runs
+            fut._on_interrupt = lambda: cancels.spawn_interrupted(p, self.calls.lock)
         header = {
             "k": Kind.SPAWN,
             "m": mesh._ref.mesh_id,
