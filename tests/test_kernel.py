@@ -370,6 +370,12 @@ def test_mesh_help_lists_every_subcommand(kernel):
 def test_respawn_of_a_stopped_mesh_says_to_start_a_new_one(kernel):
     kernel.ok("%mesh up --procs 1 --name halted\nhalted.stop().get(30)")
     try:
+        # status says so, and how to go on; its grid shows the stopped mesh too, as its table does
+        status = kernel.ok("%mesh status")
+        assert re.search(r"halted( \*)?\s+hosts=1, procs=1\s+1 stopped", status.stream()), status.stream()
+        assert "mesh 'halted' is stopped (procs.stop()): `%mesh up --name halted` starts a new one" in status.stream()
+        grid = "".join(m["content"]["data"]["text/plain"] for m in status.msgs if m["msg_type"] == "display_data")
+        assert "halted [" in grid and " stopped: 1 stopped" in grid, grid
         cell = kernel.run("%mesh respawn --name halted")
         text = cell.stream("stderr") + json.dumps(cell.error or {})
         assert cell.status == "error" and "UsageError" in text and "Traceback" not in text, text

@@ -420,12 +420,20 @@ class MeshMagics(Magics):
         for r in rows:
             print("  ".join(str(r[c]).ljust(width[c]) for c in cols))
         print("(* = the default mesh of %%mesh and %mesh commands)")
+        stopped = self.meshes.stopped()
+        for e in stopped:
+            print(
+                f"mesh '{e.name}' is stopped (procs.stop()): `%mesh up --name {e.name}` starts a new one in its "
+                f"place; `%mesh down {e.name}` drops it"
+            )
         if getattr(self.shell, "kernel", None) is not None:  # and the grid, in a notebook
             from IPython.display import display
 
             from ..ui import snapshot
 
-            display(snapshot())  # as it is now: a finished cell keeps its own state (ui.widget() is live)
+            view = snapshot()  # as it is now: a finished cell keeps its own state (ui.widget() is live)
+            view.meshes += [m for e in stopped for m in snapshot(e.procs).meshes]  # the running ones, and these
+            display(view)
 
     def _cmd_down(self, args: argparse.Namespace) -> None:
         entries = self.down(None if args.all else [self.meshes.get(args.name).name])

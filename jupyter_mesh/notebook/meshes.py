@@ -155,6 +155,10 @@ class MeshRegistry:
                 pass
         return entries
 
+    def stopped(self) -> list[NamedMesh]:
+        """Meshes whose procs were stopped (``procs.stop()``) but not taken down with ``%mesh down``."""
+        return [e for e in self._entries.values() if e.procs.stopped]
+
     def adopt(self, entry: NamedMesh) -> None:
         """A mesh this kernel did not bring up (``%mesh reattach``)."""
         self._entries[entry.name] = entry
