@@ -134,6 +134,22 @@ def test_failing_ranks_show_folded_tracebacks_and_others_still_return(kernel):
     assert "gpus=0: 'fine'" in cell.result and "gpus=2: 'fine'" in cell.result
 
 
+def test_a_last_value_that_does_not_pickle_says_the_cell_ran(kernel):
+    """Not "RemoteExec.run ... does not pickle" as if nothing ran: the code ran on every rank, its last
+    value (named) could not come back, and what to do; `;` at the end sends nothing back."""
+    cell = kernel.ok("%%mesh\nimport threading\nran_here = current_rank()['gpus']\n(threading.Lock(), 1)")
+    err = cell.stream("stderr")
+    assert "the cell ran on 4 of 4 ranks, but its last value could not be sent back\n-------- [gpus 0-3]" in err, err
+    assert "its last value, a tuple, does not pickle (cannot pickle '_thread.lock' object)" in err
+    assert "End the cell with `;` to send nothing back" in err and "RemoteExec" not in err, err
+    assert "gpus=3: 3" in kernel.ok("%%mesh\nran_here").result  # it did run
+    quiet = kernel.ok("%%mesh\n(threading.Lock(), 1);  # nothing back")
+    assert quiet.result is None and not quiet.stream("stderr"), quiet.stream()
+    # a value pickled on the proc arrives as itself, its large buffers out of band as before
+    big = kernel.ok("%%mesh\nimport numpy\nnumpy.full(100_000, float(ran_here))\n")
+    assert "gpus=3: array([3., 3., 3., ..., 3., 3., 3.]" in big.result, big.result
+
+
 def test_push_and_pull_move_variables(kernel):
     kernel.ok("lr = 0.25\n%mesh push lr")
     kernel.ok("%%mesh\ny = lr * (current_rank()['gpus'] + 1)")

@@ -599,13 +599,26 @@ class MeshMagics(Magics):
         return ValueMesh(Shape.from_sizes(results.sizes), values)
 
     def _show_errors(self, errors: list[tuple[str, CellError]], total: int) -> None:
-        folded: dict[str, list[str]] = {}
-        for label, err in errors:
-            folded.setdefault(err.traceback.rstrip(), []).append(label)
+        """What ranks raised, folded; then the ranks where the cell ran but its value could not come back."""
         self.router.flush()
-        parts = [f"{len(errors)} of {total} ranks raised (their other results are in the returned ValueMesh)\n"]
-        for tb, labels in folded.items():
-            parts.append(f"-------- [{fold_label(labels)}] --------\n{tb}\n")
+        parts = []
+        for ran in (False, True):
+            these = [(label, err) for label, err in errors if err.ran == ran]
+            if not these:
+                continue
+            folded: dict[str, list[str]] = {}
+            for label, err in these:
+                folded.setdefault(err.traceback.rstrip(), []).append(label)
+            if ran:
+                parts.append(
+                    f"the cell ran on {len(these)} of {total} ranks, but its last value could not be sent back\n"
+                )
+            else:
+                parts.append(
+                    f"{len(these)} of {total} ranks raised (their other results are in the returned ValueMesh)\n"
+                )
+            for tb, labels in folded.items():
+                parts.append(f"-------- [{fold_label(labels)}] --------\n{tb}\n")
         self.router.publish("stderr", "".join(parts))
 
 
