@@ -134,6 +134,16 @@ def test_failing_ranks_show_folded_tracebacks_and_others_still_return(kernel):
     assert "gpus=0: 'fine'" in cell.result and "gpus=2: 'fine'" in cell.result
 
 
+def test_a_keyboard_interrupt_the_cell_raises_is_a_ranks_error_like_any_other(kernel):
+    """Only the runtime's cancel (■, --timeout) is an interrupt of the cell; the cell's own raise is that
+    rank's error, shown per rank, the others' values returned (was: an ActorError for the whole call)."""
+    cell = kernel.ok("%%mesh\nif current_rank()['gpus'] == 1:\n    raise KeyboardInterrupt('mine')\n'fine'")
+    err = cell.stream("stderr")
+    assert "1 of 4 ranks raised" in err and "-------- [gpus=1] --------" in err, err
+    assert "raise KeyboardInterrupt('mine')" in err and "KeyboardInterrupt: mine" in err and "remote_exec" not in err
+    assert "gpus=0: 'fine'" in cell.result and "gpus=3: 'fine'" in cell.result
+
+
 def test_a_last_value_that_does_not_pickle_says_the_cell_ran(kernel):
     """Not "RemoteExec.run ... does not pickle" as if nothing ran: the code ran on every rank, its last
     value (named) could not come back, and what to do; `;` at the end sends nothing back."""

@@ -138,6 +138,11 @@ class ActorHost(ActorEnds):
         if done:
             self._ack_cancel(key)
 
+    def cancelling(self) -> bool:
+        """Is a cancel aimed at the running call (or the proc stopping)? Its KeyboardInterrupt is then ours."""
+        with self._lock:
+            return self.closing or (self._stopping is not None and self._stopping == self._current)
+
     def _interrupt(self) -> None:
         """Stop the call that runs now (caller holds ``_lock``)."""
         if self._task is not None:

@@ -2,10 +2,10 @@
 
 Each proc keeps its namespace across cells (like an IPython engine). Errors in the user's code are
 returned as values, not raised, so one failing rank does not hide the other ranks' results; the
-controller folds identical tracebacks. So is a last value that cannot be sent back (it does not
-pickle): the code ran. Interrupts (the runtime cancelling the call) are raised, not returned. After
-each cell every proc prints a sync line on stdout and stderr, so the controller knows when all of the
-cell's output has arrived.
+controller folds identical tracebacks. So are a ``KeyboardInterrupt`` the cell raises itself and a
+last value that cannot be sent back (it does not pickle: the code ran). Interrupts (the runtime
+cancelling the call) are raised, not returned. After each cell every proc prints a sync line on
+stdout and stderr, so the controller knows when all of the cell's output has arrived.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._core.actor import Actor, current_rank, endpoint
+from .._core.context import context
 from .._wire.serialize import dumps, is_plain, loads
 from ..errors import SerializationError
 from .output import SYNC_PREFIX
@@ -80,6 +81,12 @@ def _user_traceback(e: BaseException) -> str:
     return "".join(traceback.format_exception(type(e), e, tb))
 
 
+def _cancelled() -> bool:
+    """Is the runtime cancelling the cell running now? (Then a KeyboardInterrupt in it is that cancel.)"""
+    host = context().actor.host
+    return host is None or host.cancelling()
+
+
 class _Pickled:
     """A cell's value pickled on its proc already (so that a value that does not pickle is told as such:
     the code ran); it unpickles as that value. Its buffers stay out of band, as the value's would."""
@@ -124,6 +131,10 @@ class RemoteExec(Actor):
         try:
             try:
                 value = run_code(code, filename, self.ns)
+            except KeyboardInterrupt as e:
+                if _cancelled():  # an interrupt of the cell (■, --timeout) or the proc stopping: raised
+                    raise
+                return False, CellError(type(e).__qualname__, str(e), _user_traceback(e))  # the cell raised it
             except (Exception, SystemExit) as e:  # noqa: BLE001 - the user's error is this rank's result
                 return False, CellError(type(e).__qualname__, str(e), _user_traceback(e))
             return _sendable(value)
