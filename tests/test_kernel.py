@@ -384,6 +384,32 @@ def test_a_mesh_cell_past_its_timeout_is_cancelled_on_every_proc(kernel):
     assert re.search(what, cell.error["evalue"]), cell.error
 
 
+def test_an_interrupt_after_a_timeout_is_a_first_one(kernel, tmp_path):
+    """■ while a --timeout's cancel waits for the ranks to stop is the user's first interrupt: it was
+    taken for a second one, said "interrupted again" and killed every proc."""
+    pids = kernel.ok("procs.pids()").result
+    started = tmp_path / "started"
+    code = (
+        "%%mesh --timeout 1\nimport signal, time\n"
+        "signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR2])  # deaf to the cancel for 4 s\n"
+        f"open({str(started)!r} + str(current_rank().rank), 'w').close()\ntime.sleep(4)\n"
+        "signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGUSR2])"
+    )
+    cells = []
+    t = threading.Thread(target=lambda: cells.append(kernel.run(code, timeout=30)))
+    t.start()
+    assert wait_for(lambda: Path(f"{started}0").exists(), 20)
+    time.sleep(1.5)  # past the timeout (1 s), inside its wait for the ranks to stop (2 s)
+    kernel.km.interrupt_kernel()
+    t.join(40)
+    err = cells[0].error
+    assert err and err["ename"] == "MeshTimeoutError", err
+    assert "killed" not in err["evalue"] and "again" not in err["evalue"], err["evalue"]
+    assert "it was cancelled, but gpus 0-3 still run" in err["evalue"], err["evalue"]
+    assert "gpus=3: 3" in kernel.ok("%%mesh --timeout 10\ncurrent_rank()['gpus']").result
+    assert kernel.ok("procs.pids()").result == pids
+
+
 def test_mesh_help_lists_every_subcommand(kernel):
     out = kernel.ok("%mesh -h").stream()
     listed = re.search(r"\{([a-z,]+)\}", out)

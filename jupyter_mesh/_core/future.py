@@ -109,7 +109,8 @@ class Future(Generic[T]):
         self._on_cancel = on_cancel
         # Ctrl-C in get(): the runtime cancels and reports where the call stopped (MeshInterrupted); a
         # spawn's is not cancelled (a constructor runs on) and says which ranks still construct
-        self._on_interrupt: Callable[[], BaseException] | None = None
+        # (its argument: whether Ctrl-C asked for it, or a caller that gave up at its timeout)
+        self._on_interrupt: Callable[[bool], BaseException] | None = None
         self._remote_cancelled = False
         self._driver: Driver | None = None
         self._poked = False  # a debugger pause wants the waiting thread (``PauseHook``)
@@ -224,7 +225,7 @@ class Future(Generic[T]):
                 if on_interrupt is None or self._state != _PENDING:
                     self.cancel()
                     raise
-                raise on_interrupt() from None
+                raise on_interrupt(True) from None
         if self._state == _ERROR:
             raise self._value
         return self._value  # type: ignore[no-any-return]
@@ -289,7 +290,7 @@ class Future(Generic[T]):
         if on_interrupt is None or self._state != _PENDING:
             self.cancel()
             return None
-        return on_interrupt()
+        return on_interrupt(False)  # no Ctrl-C yet: the next one is a first, not a second
 
     def cancelled(self) -> bool:
         return self._state == _ERROR and isinstance(self._value, MeshCancelledError)
@@ -360,7 +361,7 @@ class Future(Generic[T]):
             # like one in get(): where the call stopped, how fast (MeshInterrupted)
             on_interrupt = self._on_interrupt
             if e.args == (INTERRUPTED,) and on_interrupt is not None and self._state == _PENDING:
-                raise on_interrupt() from None
+                raise on_interrupt(True) from None
             self.cancel()
             raise
         finally:

@@ -44,12 +44,17 @@ class CancelAcks:
             if not entry[0]:
                 entry[1].set()
 
-    def wait(self, call_id: int, timeout: float, interrupted: Callable[[], bool]) -> tuple[set[int], bool]:
+    def wait(
+        self, call_id: int, timeout: float, interrupted: Callable[[], bool], pressed: bool = True
+    ) -> tuple[set[int], bool]:
         """Wait up to ``timeout`` for the ranks to stop, then forget the call: (ranks still running,
-        whether the caller interrupted again meanwhile — a bounce within ``DEBOUNCE`` does not count)."""
+        whether the caller interrupted again meanwhile — a bounce within ``DEBOUNCE`` does not count).
+        ``pressed=False``: no interrupt asked for the cancel (a timeout did), so the first one that
+        comes meanwhile is the caller's first, not a second."""
         with self._lock:
             entry = self._left.get(call_id)
         start = time.monotonic()
+        first = start if pressed else None  # when the first interrupt came
         again = False
         try:
             while entry is not None and entry[0]:
@@ -57,7 +62,11 @@ class CancelAcks:
                 if now - start >= timeout:
                     break
                 entry[1].wait(min(0.05, timeout - (now - start)))  # slices: a second Ctrl-C is only recorded
-                if interrupted() and time.monotonic() - start >= DEBOUNCE and entry[0]:
+                if not interrupted():
+                    continue
+                if first is None:
+                    first = time.monotonic()  # what it asks for (the cancel) is under way already
+                elif time.monotonic() - first >= DEBOUNCE and entry[0]:
                     again = True
                     break
         finally:
@@ -72,8 +81,10 @@ def report(
     acks: CancelAcks,
     dead: Callable[[int], bool],
     kill: Callable[[list[int]], list[int]] | None,
+    pressed: bool = True,
 ) -> MeshInterrupted:
-    """Cancel ``p``, wait for its ranks to stop, and describe the outcome as the error to raise."""
+    """Cancel ``p``, wait for its ranks to stop, and describe the outcome as the error to raise
+    (``pressed=False``: the cancel is a timeout's, and no interrupt has come yet)."""
     ranks = sorted(p.outstanding)
     what = f"{p.actor}.{p.endpoint}"
     if not ranks:  # every rank had answered: the wait was on this process (a reduce function's fold)
@@ -94,7 +105,7 @@ def report(
     try:
         acks.expect(p.call_id, ranks)
         cancel()
-        left, again = acks.wait(p.call_id, ACK_WAIT, interrupts.take if held else lambda: False)
+        left, again = acks.wait(p.call_id, ACK_WAIT, interrupts.take if held else lambda: False, pressed)
         if again and kill is not None:
             killed = kill([r for r in sorted(left) if not dead(r)])
     finally:

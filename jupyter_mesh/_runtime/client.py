@@ -233,8 +233,9 @@ class Client:
             except Exception:  # noqa: BLE001 - the proc may be gone; nothing left to cancel there
                 pass
 
-    def _interrupt(self, p: Pending, cancel: Callable[[], object] | None = None) -> BaseException:
-        """Ctrl-C in ``get()`` (or in a stream): cancel, wait a moment for the ranks to stop, say how it went."""
+    def _interrupt(self, p: Pending, cancel: Callable[[], object] | None = None, pressed: bool = True) -> BaseException:
+        """Ctrl-C in ``get()`` (or in a stream; ``pressed=False``: a caller gave up at its timeout): cancel,
+        wait a moment for the ranks to stop, say how it went."""
         if cancel is None:
             assert p.future is not None
             cancel = p.future.cancel
@@ -245,6 +246,7 @@ class Client:
             self.cancel_acks,
             lambda r: (p.mesh_id, r) in self.calls.failed,
             (lambda ranks: kill(ref, ranks)) if kill is not None and ref is not None else None,
+            pressed,
         )
 
     def sync_output(self, ref: ProcMeshRef, ranks: list[int], token: str) -> int:
@@ -280,7 +282,7 @@ class Client:
         )
         p.actor_id = mesh._actor_id
         if self.boxes is not None:  # the controller: Ctrl-C in initialized.get() says what still runs
-            fut._on_interrupt = lambda: cancels.spawn_interrupted(p, self.calls.lock)
+            fut._on_interrupt = lambda _pressed: cancels.spawn_interrupted(p, self.calls.lock)
         header = {
             "k": Kind.SPAWN,
             "m": mesh._ref.mesh_id,
@@ -358,7 +360,7 @@ class Client:
         p.actor_id = mesh._actor_id
         fut._on_cancel = lambda: self._cancel(p, mesh._actor_id)
         if self.boxes is not None:  # the controller: Ctrl-C reports where the call stopped (not in procs)
-            fut._on_interrupt = lambda: self._interrupt(p)
+            fut._on_interrupt = lambda pressed: self._interrupt(p, pressed=pressed)
         if mode == "stream":
             p.stream_q = queue.SimpleQueue()
             header["rm"] = DIRECT
@@ -403,7 +405,7 @@ class Client:
         p.actor_id, p.cls = mesh._actor_id, mesh._class_name
         fut._on_cancel = lambda: self._cancel(p, mesh._actor_id)
         if self.boxes is not None:
-            fut._on_interrupt = lambda: self._interrupt(p)
+            fut._on_interrupt = lambda pressed: self._interrupt(p, pressed=pressed)
         local = _same_host(ref, rank)
         # all bookkeeping before the send: after it this thread should only wait, leaving the CPU
         # to the message's way there and back (on 2 cores that is measurable)
