@@ -101,9 +101,9 @@ def _paused(dbg: _FakeDebugger, rank: int) -> PausedActor:
 
 def _magic(*argv: str) -> None:
     from jupyter_mesh.notebook import debug_magic
-    from jupyter_mesh.notebook.magics import _rank_or_coords, parse_slice
+    from jupyter_mesh.notebook.magic_args import parse_slice, rank_or_coords
 
-    args = argparse.Namespace(action=argv[0], rest=list(argv[1:]), rank_type=_rank_or_coords)
+    args = argparse.Namespace(action=argv[0], rest=list(argv[1:]), rank_type=rank_or_coords)
     debug_magic.run(args, parse_slice)
 
 

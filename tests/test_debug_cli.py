@@ -355,10 +355,10 @@ def test_mesh_debug_cast_and_continue_leave_a_rank_the_terminal_holds_alone(proc
     import argparse
 
     from jupyter_mesh.notebook import debug_magic
-    from jupyter_mesh.notebook.magics import _rank_or_coords, parse_slice
+    from jupyter_mesh.notebook.magic_args import parse_slice, rank_or_coords
 
     def magic(*argv: str) -> str:
-        args = argparse.Namespace(action=argv[0], rest=list(argv[1:]), rank_type=_rank_or_coords)
+        args = argparse.Namespace(action=argv[0], rest=list(argv[1:]), rank_type=rank_or_coords)
         debug_magic.run(args, parse_slice)
         return capsys.readouterr().out
 

@@ -583,9 +583,9 @@ def test_a_killed_controllers_job_key_does_not_outlive_it(netns_hosts, slurm, co
 def test_mesh_up_slurm_takes_slurm_partition_names(partition):
     """``--partition`` is checked as a *mesh* name (a Python identifier): "gpu-a100" (common) is
     refused with "is not a valid mesh name". SlurmJob itself takes ``[\\w.@+-]{1,64}``."""
-    from jupyter_mesh.notebook.magics import _build_parsers
+    from jupyter_mesh.notebook.magic_args import build_parsers
 
-    line, _ = _build_parsers()
+    line, _ = build_parsers()
     args = line.parse_args(["up", "--slurm", "--partition", partition])
     assert args.partition == partition
 
