@@ -446,8 +446,9 @@ class MeshTimeoutError(MeshError, TimeoutError):
     def __init__(self, phase: str, seconds: float | None, what: str = ""):
         self.phase, self.seconds, self.what = phase, seconds, what
         limit = f"{seconds:g} s" if seconds is not None else "its limit"
+        said = what.rstrip(".")  # a cancel's report ends with a full stop of its own
         super().__init__(
-            f"{phase} timed out after {limit}{': ' + what if what else ''}. "
+            f"{phase} timed out after {limit}{': ' + said if said else ''}. "
             "Raise the timeout, or check the mesh with .state() / `jupyter-mesh status`."
         )
 

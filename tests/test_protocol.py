@@ -226,3 +226,13 @@ def test_every_public_error_survives_pickling_with_its_attributes():
         back = pickle.loads(pickle.dumps(e))
         assert type(back) is cls and str(back) == str(e), cls
         assert {k: v for k, v in vars(back).items()} == {k: v for k, v in vars(e).items()}, cls
+
+
+def test_a_timeout_whose_cause_ends_a_sentence_reads_as_one():
+    """A cell's timeout quotes its cancel's report, which ends with a full stop: the text read
+    '... %mesh respawn.. Raise the timeout'."""
+    import jupyter_mesh as jm
+
+    e = jm.MeshTimeoutError("call", 5, "it was cancelled, and 2 procs were killed: `%mesh respawn`.")
+    assert ".." not in str(e) and "`%mesh respawn`. Raise the timeout" in str(e)
+    assert pickle.loads(pickle.dumps(e)).what == e.what
