@@ -21,7 +21,11 @@
     ├── MeshDeadlockError           a wait that could never end: ``get()`` on a pending future on the
     │                               receive thread, which alone reads its reply (a ``RuntimeError``)
     ├── UsageError-like subclasses of builtins for bad input at the call site:
-    │   ├── MeshValueError          (ValueError) bad slice, unknown dim, wrong shape
+    │   ├── MeshValueError          (ValueError) bad slice, unknown dim, wrong shape; where Monarch raises
+    │   │   │                       another builtin, also that one, so either ``except`` catches it:
+    │   │   ├── MeshIndexError      (IndexError) an index out of range (``slice(gpus=5)``)
+    │   │   ├── MeshKeyError        (KeyError) a dim missing or unknown (``item()``, ``size(dim)``)
+    │   │   └── MeshDimTypeError    (TypeError) ``slice()`` of a dim the mesh does not have
     │   └── SerializationError      (TypeError) an argument or result cannot be pickled
     └── ProtocolError               a peer spoke a protocol we do not understand
 
@@ -47,9 +51,12 @@ __all__ = [
     "MeshCancelledError",
     "MeshClosedError",
     "MeshDeadlockError",
+    "MeshDimTypeError",
     "MeshError",
     "MeshFailure",
+    "MeshIndexError",
     "MeshInterrupted",
+    "MeshKeyError",
     "MeshTimeoutError",
     "MeshValueError",
     "ProtocolError",
@@ -458,6 +465,22 @@ class MeshTimeoutError(MeshError, TimeoutError):
 
 class MeshValueError(MeshError, ValueError):
     """Bad input at the call site (unknown dim, index out of range, wrong shape)."""
+
+
+class MeshIndexError(MeshValueError, IndexError):
+    """An index out of range; an ``IndexError`` too, as Monarch raises there."""
+
+
+class MeshKeyError(MeshValueError, KeyError):
+    """A dim missing or unknown where a mapping's key is expected; a ``KeyError`` too, as Monarch raises
+    there. Its text is the message itself (``KeyError`` would print it quoted)."""
+
+    def __str__(self) -> str:
+        return Exception.__str__(self)
+
+
+class MeshDimTypeError(MeshValueError, TypeError):
+    """``slice()`` of a dim the mesh does not have; a ``TypeError`` too, as Monarch raises there."""
 
 
 class SerializationError(MeshError, TypeError):

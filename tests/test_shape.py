@@ -2,7 +2,7 @@ import pickle
 
 import pytest
 
-from jupyter_mesh import MeshValueError, Shape, Slice, ValueMesh
+from jupyter_mesh import Extent, MeshValueError, Point, Shape, Slice, ValueMesh
 
 
 def mesh(**sizes):
@@ -39,6 +39,39 @@ def test_select_int_drops_dim_and_slice_keeps_it():
 def test_select_errors_are_clear(kwargs, msg):
     with pytest.raises(MeshValueError, match=msg):
         mesh(hosts=2, gpus=4).select(**kwargs)
+
+
+def test_errors_are_also_monarchs_builtin_types():
+    """A ported ``except IndexError`` / ``TypeError`` / ``KeyError`` catches what Monarch raises there."""
+    s = mesh(hosts=2, gpus=2)
+    with pytest.raises(IndexError, match="index 5 out of range for dim 'gpus'"):
+        s.select(gpus=5)
+    with pytest.raises(TypeError, match="unknown dim 'tp'"):
+        s.select(tp=0)
+    vm = ValueMesh(s, [0, 1, 2, 3])
+    with pytest.raises(KeyError) as missing:
+        vm.item(hosts=1)
+    assert str(missing.value) == "item() needs exactly the dims ['hosts', 'gpus']; missing ['gpus']"
+    with pytest.raises(KeyError, match="unknown"):
+        vm.item(hosts=0, gpus=0, x=1)
+    with pytest.raises(IndexError, match="out of range"):
+        vm.item(hosts=0, gpus=2)
+    with pytest.raises(KeyError, match="unknown dim 'tp'"):
+        vm.size("tp")
+    assert isinstance(missing.value, MeshValueError)  # and ours still catch it
+
+
+def test_extent_and_point_as_monarch_has_them():
+    e = Extent(["hosts", "gpus"], [2, 3])
+    assert e.nelements == 6 and repr(e) == str(e) == "{hosts: 2, gpus: 3}"
+    p = Point(4, e)
+    assert p.size("gpus") == 3 and repr(p) == str(p) == "{'hosts': 1/2, 'gpus': 1/3}"
+    with pytest.raises(MeshValueError, match="Dimension 'tp' not found"):
+        p.size("tp")
+    # Monarch's ``Shape(["gpus"], Slice(offset=0, sizes=[2], strides=[1]))`` (lists) builds the same shape
+    monarchs = Shape(["hosts", "gpus"], Slice(offset=0, sizes=[2, 3], strides=[3, 1]))
+    assert monarchs == mesh(hosts=2, gpus=3) and hash(monarchs) == hash(mesh(hosts=2, gpus=3))
+    assert ValueMesh(monarchs, list(range(6))).item(hosts=1, gpus=0) == 3
 
 
 def test_rename_flatten_split():
@@ -93,3 +126,12 @@ def test_value_mesh():
         vm.item(hosts=0, gpus=3)
     with pytest.raises(MeshValueError, match="needs 3 values"):
         ValueMesh(s, [1])
+
+
+def test_value_mesh_rename_and_split_keep_each_value_in_place():
+    vm = ValueMesh(mesh(hosts=2, gpus=2), [0, 1, 2, 3])
+    renamed = vm.rename(gpus="g")
+    assert dict(renamed.extent) == {"hosts": 2, "g": 2} and renamed.item(hosts=1, g=0) == 2
+    split = vm.flatten("r").split(r=("x", "y"), x=2)
+    assert dict(split.extent) == {"x": 2, "y": 2} and split.item(x=1, y=1) == 3
+    assert list(vm.slice(gpus=1).rename(hosts="h").items())[1][1] == 3

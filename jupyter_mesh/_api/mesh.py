@@ -21,7 +21,7 @@ from .._core.refs import ProcMeshRef, new_id
 from .._core.shape import Extent, Shape
 from .._core.state import MeshEvent, MeshState
 from .._core.value_mesh import ValueMesh
-from ..errors import MeshClosedError, MeshValueError, SupervisionError
+from ..errors import MeshClosedError, MeshKeyError, MeshValueError, SupervisionError
 
 if TYPE_CHECKING:
     from .._runtime.client import Client
@@ -71,8 +71,8 @@ class _MeshTrait(abc.ABC):
     def size(self, dim: str | None = None) -> int:
         if dim is None:
             return len(self._shape)
-        if dim not in self._shape.labels:
-            raise MeshValueError(f"unknown dim '{dim}'; this mesh has dims {list(self._shape.labels)}")
+        if dim not in self._shape.labels:  # Monarch's KeyError
+            raise MeshKeyError(f"unknown dim '{dim}'; this mesh has dims {list(self._shape.labels)}")
         return self._shape.extent[dim]
 
     def __len__(self) -> int:

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import MeshValueError
+from ..errors import MeshDimTypeError, MeshIndexError, MeshValueError
 
 __all__ = ["Extent", "Point", "Shape", "Slice"]
 
@@ -26,6 +26,10 @@ class Slice:
     offset: int
     sizes: tuple[int, ...]
     strides: tuple[int, ...]
+
+    def __post_init__(self) -> None:  # Monarch's ``Slice(offset=0, sizes=[2], strides=[1])`` takes lists
+        object.__setattr__(self, "sizes", tuple(self.sizes))
+        object.__setattr__(self, "strides", tuple(self.strides))
 
     @staticmethod
     def row_major(sizes: Sequence[int], offset: int = 0) -> Slice:
@@ -105,11 +109,15 @@ class Extent(Mapping[str, int]):
         return len(self.labels)
 
     @property
-    def nelem(self) -> int:
+    def nelements(self) -> int:
+        """How many points it holds (Monarch's name)."""
         return math.prod(self.sizes)
 
+    nelem = nelements
+
     def __repr__(self) -> str:
-        return "{" + ", ".join(f"'{k}': {v}" for k, v in zip(self.labels, self.sizes)) + "}"
+        """As Monarch prints one: ``{hosts: 2, gpus: 4}``."""
+        return "{" + ", ".join(f"{k}: {v}" for k, v in zip(self.labels, self.sizes)) + "}"
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (Extent, (self.labels, self.sizes))
@@ -135,11 +143,15 @@ class Point(Mapping[str, int]):
     def __len__(self) -> int:
         return len(self.extent.labels)
 
-    def __repr__(self) -> str:
-        return "Point({" + ", ".join(f"'{k}': {v}" for k, v in self.items()) + f"}}, rank={self.rank})"
+    def size(self, label: str) -> int:
+        """The size of dim ``label`` of the shape this point is in (Monarch's ``Point.size``)."""
+        if label not in self.extent.labels:
+            raise MeshValueError(f"Dimension '{label}' not found; this point has dims {list(self.extent.labels)}")
+        return self.extent[label]
 
-    def __str__(self) -> str:
-        """As Monarch prints a rank: ``{'hosts': 0/1, 'gpus': 3/4}`` (coordinate/size per dim)."""
+    def __repr__(self) -> str:
+        """As Monarch prints a rank: ``{'hosts': 0/1, 'gpus': 3/4}`` (coordinate/size per dim; ``.rank`` is
+        the row-major index)."""
         sizes = dict(zip(self.extent.labels, self.extent.sizes))
         return "{" + ", ".join(f"'{k}': {v}/{sizes[k]}" for k, v in self.items()) + "}"
 
@@ -153,6 +165,9 @@ class Shape:
 
     labels: tuple[str, ...]
     slice: Slice
+
+    def __post_init__(self) -> None:  # Monarch's ``Shape(["gpus"], Slice(...))`` takes a list
+        object.__setattr__(self, "labels", tuple(self.labels))
 
     @staticmethod
     def from_sizes(sizes: Mapping[str, int]) -> Shape:
@@ -174,11 +189,11 @@ class Shape:
     def point(self, index: int) -> Point:
         return Point(index, self.extent)
 
-    def _dim(self, name: str) -> int:
+    def _dim(self, name: str, error: type[MeshValueError] = MeshValueError) -> int:
         try:
             return self.labels.index(name)
         except ValueError:
-            raise MeshValueError(f"unknown dim '{name}'; this mesh has dims {list(self.labels)}") from None
+            raise error(f"unknown dim '{name}'; this mesh has dims {list(self.labels)}") from None
 
     def select(self, **dims: int | builtins.slice) -> Shape:
         """Monarch's ``slice``: an int keeps one coordinate and drops the dim; a ``slice`` keeps the dim."""
@@ -186,14 +201,14 @@ class Shape:
         offset, sizes, strides = self.slice.offset, list(self.slice.sizes), list(self.slice.strides)
         drop: list[int] = []
         for name, sel in dims.items():
-            i = self._dim(name)
+            i = self._dim(name, MeshDimTypeError)  # Monarch's TypeError there
             size = sizes[i]
             if isinstance(sel, bool) or not isinstance(sel, (int, slice)):
                 raise MeshValueError(f"slice({name}=...) takes an int or a slice, got {type(sel).__name__}")
             if isinstance(sel, int):
                 idx = sel + size if sel < 0 else sel
                 if not 0 <= idx < size:
-                    raise MeshValueError(f"index {sel} out of range for dim '{name}' of size {size}")
+                    raise MeshIndexError(f"index {sel} out of range for dim '{name}' of size {size}")
                 offset += idx * strides[i]
                 drop.append(i)
             else:

@@ -6,7 +6,7 @@ import builtins
 from collections.abc import Iterator
 from typing import Any, Generic, TypeVar
 
-from ..errors import MeshValueError
+from ..errors import MeshIndexError, MeshKeyError, MeshValueError
 from . import slots
 from .shape import Extent, Point, Shape
 
@@ -32,14 +32,18 @@ class ValueMesh(Generic[T]):
         return dict(self._shape.extent)
 
     def size(self, dim: str | None = None) -> int:
+        if dim is not None and dim not in self._shape.labels:  # Monarch's KeyError
+            raise MeshKeyError(f"unknown dim '{dim}'; this ValueMesh has dims {list(self._shape.labels)}")
         return len(self._shape) if dim is None else self._shape.extent[dim]
 
     def item(self, **coords: int) -> T:
-        """The value at ``coords``; every dim must be given (a 0-dim mesh takes none)."""
+        """The value at ``coords``; every dim must be given (a 0-dim mesh takes none). A dim missing or
+        unknown is a ``KeyError``, a coordinate out of range an ``IndexError``, as in Monarch (and both
+        a ``MeshValueError``)."""
         missing = [d for d in self._shape.labels if d not in coords]
         extra = [d for d in coords if d not in self._shape.labels]
         if missing or extra:
-            raise MeshValueError(
+            raise MeshKeyError(
                 f"item() needs exactly the dims {list(self._shape.labels)}"
                 + (f"; missing {missing}" if missing else "")
                 + (f"; unknown {extra}" if extra else "")
@@ -48,7 +52,7 @@ class ValueMesh(Generic[T]):
         for d, size in zip(self._shape.labels, self._shape.slice.sizes):
             c = coords[d]
             if not 0 <= c < size:
-                raise MeshValueError(f"coordinate {d}={c} out of range (size {size})")
+                raise MeshIndexError(f"coordinate {d}={c} out of range (size {size})")
             idx = idx * size + c
         return self._values[idx]
 
@@ -65,6 +69,15 @@ class ValueMesh(Generic[T]):
     def flatten(self, name: str) -> ValueMesh[T]:
         """The same values along one dim ``name``."""
         return ValueMesh(self._shape.flatten(name), self._values)
+
+    def rename(self, **names: str) -> ValueMesh[T]:
+        """The same values with dims renamed: ``rename(gpus="g")`` (as ``ActorMesh.rename``)."""
+        return ValueMesh(self._shape.rename(**names), self._values)
+
+    def split(self, **spec: Any) -> ValueMesh[T]:
+        """The same values with a dim split in several: ``split(r=("x", "y"), x=2)`` (as
+        ``ActorMesh.split``); row-major order, and so each value's place, is unchanged."""
+        return ValueMesh(self._shape.split(**spec), self._values)
 
     def items(self) -> Iterator[tuple[Point, T]]:
         ext = self._shape.extent
