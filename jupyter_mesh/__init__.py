@@ -33,8 +33,8 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time each name l
     from ._core.shape import Extent, Point, Shape, Slice
     from ._core.state import HostInfo, HostState, MeshEvent, MeshState, ProcState, RankState
     from ._core.value_mesh import ValueMesh
-    from ._data.buffer import RDMABuffer, get_rdma_backend, is_ibverbs_available
-    from .config import configure
+    from ._data.buffer import RDMABuffer, get_rdma_backend, is_ibverbs_available, is_rdma_available
+    from .config import ChannelTransport, configure, enable_transport
     from .errors import (
         ActorError,
         DeliveryError,
@@ -76,8 +76,8 @@ _HOME = {
     **dict.fromkeys(["Extent", "Point", "Shape", "Slice"], "._core.shape"),
     **dict.fromkeys(["HostInfo", "HostState", "MeshEvent", "MeshState", "ProcState", "RankState"], "._core.state"),
     "ValueMesh": "._core.value_mesh",
-    **dict.fromkeys(["RDMABuffer", "get_rdma_backend", "is_ibverbs_available"], "._data.buffer"),
-    "configure": ".config",
+    **dict.fromkeys(["RDMABuffer", "get_rdma_backend", "is_ibverbs_available", "is_rdma_available"], "._data.buffer"),
+    **dict.fromkeys(["ChannelTransport", "configure", "enable_transport"], ".config"),
     **dict.fromkeys(
         [
             "ActorError",
@@ -183,6 +183,7 @@ __all__ = [
     "ActorMesh",
     "AttachJob",
     "Channel",
+    "ChannelTransport",
     "Context",
     "DeliveryError",
     "Endpoint",
@@ -231,12 +232,14 @@ __all__ = [
     "current_rank",
     "current_size",
     "default_bootstrap_cmd",
+    "enable_transport",
     "endpoint",
     "fetch_shard",
     "get_or_spawn_controller",
     "get_rdma_backend",
     "hosts_from_config",
     "is_ibverbs_available",
+    "is_rdma_available",
     "remote",
     "send",
     "shutdown",

@@ -16,6 +16,7 @@ that have a counterpart. An unknown key is a ``ValueError`` naming the known one
 from __future__ import annotations
 
 import contextlib
+import enum
 import json
 import os
 import threading
@@ -27,9 +28,11 @@ from .errors import MeshValueError
 __all__ = [
     "MONARCH_KEYS",
     "OURS",
+    "ChannelTransport",
     "clear_runtime_config",
     "configure",
     "configured",
+    "enable_transport",
     "get_global_config",
     "get_runtime_config",
     "parametrize_config",
@@ -71,6 +74,100 @@ MONARCH_KEYS = frozenset(
     rdma_ibverbs_target rdma_peer_device_affinity rdma_runtime_worker_threads""".split()
 )
 """Monarch's documented ``configure`` keys: accepted, stored, and (here) without effect."""
+
+_BOOL = frozenset(
+    """enable_log_forwarding enable_file_capture enable_dest_actor_reordering_buffer
+    mesh_bootstrap_enable_pdeathsig remote_alloc_bind_to_inaddr_any force_file_log prefix_with_rank
+    rdma_allow_tcp_fallback rdma_disable_ibverbs""".split()
+)
+_COUNT = frozenset(
+    """tail_log_lines codec_max_frame_length message_ack_every_n_messages message_ttl_default
+    split_max_buffer_size mesh_terminate_concurrency small_write_threshold max_cast_dimension_size
+    read_log_buffer rdma_max_chunk_size_mb rdma_runtime_worker_threads""".split()
+)
+_TEXT = frozenset(
+    """message_delivery_timeout host_spawn_ready_timeout mesh_proc_spawn_max_idle process_exit_timeout
+    message_ack_time_interval split_max_buffer_age stop_actor_timeout cleanup_timeout
+    channel_net_rx_buffer_full_check_interval channel_tcp_congestion mesh_terminate_timeout
+    remote_alloc_bootstrap_addr actor_spawn_max_idle get_actor_state_max_idle supervision_watchdog_timeout
+    proc_stop_max_idle get_proc_state_max_idle mesh_admin_addr mesh_attach_config_timeout mesh_orphan_timeout
+    rdma_ibverbs_target rdma_peer_device_affinity""".split()
+)
+
+
+def _check_type(key: str, value: Any) -> None:
+    """Monarch's type of a value of its key (its ``TypeError``): a bool, an unsigned int, a string (the
+    durations are strings: ``"30s"``), a float, a transport. Keys of unknown type pass as they are."""
+    if key in _BOOL:
+        ok, want = isinstance(value, bool), "a bool (True or False)"
+    elif key in _COUNT:
+        ok, want = isinstance(value, int) and value >= 0, "a non-negative int"
+    elif key in _TEXT:
+        ok, want = isinstance(value, str), 'a string (durations as "30s", "5m")'
+    elif key == "message_latency_sampling_rate":
+        ok, want = isinstance(value, (int, float)) and not isinstance(value, bool), "a float"
+    elif key == "default_transport":
+        ok, want = isinstance(value, (str, ChannelTransport)), "a ChannelTransport or a string"
+    else:
+        return
+    if not ok:
+        raise TypeError(
+            f"invalid value {value!r} ({type(value).__name__}) for configuration key `{key}`: it takes {want}. "
+            f"Pass configure({key}=...) a value of that type"
+        )
+
+
+class ChannelTransport(enum.Enum):
+    """Monarch's transports (``ChannelTransport.Unix``...), accepted by :func:`enable_transport` and
+    ``configure(default_transport=...)`` and stored, without effect: control messages here travel over
+    ZeroMQ (``ipc`` on one host, ``tcp`` with CURVE between hosts), chosen by where the peer is."""
+
+    Local = "local"
+    MetaQuicWithHostname = "metaquic(Hostname)"
+    MetaQuicWithIpV6 = "metaquic(IpV6)"
+    MetaTlsWithHostname = "metatls(Hostname)"
+    MetaTlsWithIpV6 = "metatls(IpV6)"
+    Quic = "quic"
+    TcpWithHostname = "tcp(Hostname)"
+    TcpWithLocalhost = "tcp(Localhost)"
+    Tls = "tls"
+    Unix = "unix"
+
+
+_SHORTCUTS = {
+    "tcp": ChannelTransport.TcpWithHostname,
+    "ipc": ChannelTransport.Unix,
+    "metatls": ChannelTransport.MetaTlsWithIpV6,
+    "metatls-hostname": ChannelTransport.MetaTlsWithHostname,
+    "tls": ChannelTransport.Tls,
+}
+_transport: ChannelTransport | str | None = None
+
+
+def enable_transport(transport: ChannelTransport | str) -> None:
+    """Monarch's ``enable_transport``: checked and stored, without effect (see :class:`ChannelTransport`).
+    ``"tcp"``, ``"ipc"``, ``"metatls"``, ``"metatls-hostname"``, ``"tls"``, an address such as
+    ``"tcp://127.0.0.1:8080"``, or a ``ChannelTransport``. As in Monarch, only one may be enabled."""
+    global _transport
+    if isinstance(transport, str):
+        chosen: ChannelTransport | str = _SHORTCUTS.get(transport, transport)
+        if chosen is transport and "://" not in transport:
+            raise MeshValueError(
+                f"enable_transport({transport!r}): not a transport; give one of {sorted(_SHORTCUTS)}, an "
+                "address such as 'tcp://127.0.0.1:8080', or a ChannelTransport"
+            )
+    elif isinstance(transport, ChannelTransport):
+        chosen = transport
+    else:
+        raise TypeError(f"enable_transport takes a ChannelTransport or a str, got {type(transport).__name__}")
+    with _lock:
+        if _transport is not None and _transport != chosen:
+            raise RuntimeError(
+                f"Only one transport type may be enabled at one time: {_transport} is, not {chosen} "
+                "(here the choice has no effect: leave the first one)"
+            )
+        _transport = chosen
+
 
 _lock = threading.Lock()
 _runtime: dict[str, Any] = {}
@@ -119,6 +216,8 @@ def configure(**settings: Any) -> None:
             f"unknown setting(s) {unknown}; jupyter_mesh knows {sorted(OURS)} and Monarch's documented keys "
             f"(jupyter_mesh.config.MONARCH_KEYS)"
         )
+    for key, value in settings.items():
+        _check_type(key, value)
     with _lock:
         _layer().update(settings)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import operator
 import os
 import pathlib
@@ -110,9 +111,40 @@ def test_parametrize_config_crosses_settings(request):
     assert request.node.name.endswith(f"[tail_log_lines={cfg['tail_log_lines']}-force_file_log=True]")
 
 
+def test_configure_refuses_a_value_of_the_wrong_type_as_monarch_does():
+    for key, bad in [("enable_log_forwarding", "yes please"), ("enable_log_forwarding", 1), ("tail_log_lines", 2.5),
+                     ("tail_log_lines", -1), ("message_delivery_timeout", 30), ("default_transport", 5)]:  # fmt: skip
+        with pytest.raises(TypeError, match=f"configuration key `{key}`"):
+            config.configure(**{key: bad})
+    with pytest.raises(TypeError, match="enable_log_forwarding"), config.configured(enable_log_forwarding="no"):
+        pass
+    assert config.get_runtime_config() == {}  # nothing was stored
+    with config.configured(enable_log_forwarding=False, tail_log_lines=3, message_delivery_timeout="30s",
+                           message_latency_sampling_rate=1, default_transport=jupyter_mesh.ChannelTransport.Unix):  # fmt: skip
+        assert config.get_global_config()["enable_log_forwarding"] is False
+
+
+def test_transports_are_accepted_and_stored_without_effect():
+    from jupyter_mesh import ChannelTransport, enable_transport
+
+    assert enable_transport("tcp") is None and enable_transport(ChannelTransport.TcpWithHostname) is None
+    with pytest.raises(RuntimeError, match="Only one transport"):
+        enable_transport("ipc")
+    with pytest.raises(ValueError, match="not a transport"):
+        enable_transport("nonsense")
+    assert config.ChannelTransport is ChannelTransport
+
+
 def test_is_ibverbs_available_needs_an_rdma_device():
     has_device = os.path.isdir("/sys/class/infiniband") and bool(os.listdir("/sys/class/infiniband"))
     assert jupyter_mesh.is_ibverbs_available() in ((False,) if not has_device else (True, False))
+    with pytest.warns(DeprecationWarning, match="is_ibverbs_available"):
+        assert jupyter_mesh.is_rdma_available() == jupyter_mesh.is_ibverbs_available()
+
+
+def test_endpoint_takes_monarchs_instrument_switch():  # Monarch's telemetry: accepted, without effect
+    assert isinstance(endpoint(instrument=False)(lambda self: 1), jupyter_mesh.Endpoint)
+    assert callable(concurrent_endpoint(instrument=False))
 
 
 def test_explicit_response_port_replies_now_later_or_with_an_error(two):
@@ -196,6 +228,14 @@ def test_context_names_the_running_actor(two):
 def test_accumulator_and_send(two):
     a = two.spawn("acc", Adder, 4)
     assert Accumulator(a.value, 1, operator.add).accumulate().get(timeout=30) == 9
+
+    async def as_asyncio():  # Monarch's Future.as_asyncio: an asyncio.Future of a pending call
+        f = a.slice(gpus=0).add_later.call_one(1).as_asyncio()
+        return isinstance(f, asyncio.Future), await asyncio.wait_for(f, 30)
+
+    assert asyncio.run(as_asyncio()) == (True, 5)
+    with pytest.raises(RuntimeError, match="needs a running asyncio event loop"):
+        a.value.call().as_asyncio()
     port, receiver = Channel.open()
     send(a.add, (1,), {}, port=port)  # every rank's result goes to the port
     assert sorted(receiver.recv().get(timeout=30) for _ in range(2)) == [5, 5]

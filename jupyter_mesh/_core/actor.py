@@ -105,10 +105,14 @@ def endpoint(fn: Callable[Concatenate[Any, P], Coroutine[Any, Any, R]]) -> Async
 def endpoint(fn: Callable[Concatenate[Any, P], R]) -> SyncEndpoint[P, R]: ...
 @overload
 def endpoint(
-    fn: None = None, *, explicit_response_port: bool = False, propagate: Any = None
+    fn: None = None, *, explicit_response_port: bool = False, propagate: Any = None, instrument: bool = True
 ) -> Callable[[Callable[..., Any]], Endpoint[..., Any]]: ...
 def endpoint(
-    fn: Callable[..., Any] | None = None, *, explicit_response_port: bool = False, propagate: Any = None
+    fn: Callable[..., Any] | None = None,
+    *,
+    explicit_response_port: bool = False,
+    propagate: Any = None,
+    instrument: bool = True,
 ) -> Any:
     """Mark a method (``def`` or ``async def``) as callable from other processes.
 
@@ -116,6 +120,7 @@ def endpoint(
     ``self``) and answers through it, now or later, from any thread (its return value is ignored).
     ``propagate`` is Monarch's tensor-engine option: ``f(*meta_args)`` gives the shape of the result,
     which ``actor_mesh.ep.rref(...)`` needs to return a distributed tensor without waiting.
+    ``instrument`` is Monarch's telemetry switch: accepted, without effect (no telemetry here).
     """
     if fn is None:
         return lambda f: endpoint(f, explicit_response_port=explicit_response_port, propagate=propagate)
@@ -129,10 +134,12 @@ def endpoint(
     return ep
 
 
-def concurrent_endpoint(fn: Callable[..., Any] | None = None, *, explicit_response_port: bool = False) -> Any:
+def concurrent_endpoint(
+    fn: Callable[..., Any] | None = None, *, explicit_response_port: bool = False, instrument: bool = True
+) -> Any:
     """An ``async def`` endpoint whose calls run as tasks beside the actor's other messages (Monarch's
     ``concurrent_endpoint``): the actor takes its next message while one waits. Its calls start in
-    order; they may finish in any order."""
+    order; they may finish in any order. ``instrument``: as for :func:`endpoint`, without effect."""
     if fn is None:
         return lambda f: concurrent_endpoint(f, explicit_response_port=explicit_response_port)
     if isinstance(fn, Endpoint):

@@ -12,9 +12,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Generator
-from typing import Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from ..errors import MeshCancelledError, MeshDeadlockError, MeshTimeoutError
+
+if TYPE_CHECKING:
+    import asyncio
 
 __all__ = ["INTERRUPTED", "Future", "mark_receive_thread", "on_receive_thread", "refused", "time_left"]
 
@@ -367,6 +370,23 @@ class Future(Generic[T]):
         finally:
             if not waiter.done():  # closed without a throw (the task was dropped): nobody waits
                 self.cancel()
+
+    def as_asyncio(self) -> asyncio.Future[T]:
+        """An ``asyncio.Future`` (a task of the running loop) that resolves as this one does (Monarch's
+        ``Future.as_asyncio``); cancelling it cancels the call. Needs a running event loop."""
+        import asyncio
+
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            raise RuntimeError(
+                f"as_asyncio() of {self._what} needs a running asyncio event loop; outside one, use get()"
+            ) from None
+
+        async def wait() -> T:
+            return await self
+
+        return loop.create_task(wait())
 
     def __repr__(self) -> str:
         state = "pending" if self._state == _PENDING else "done"

@@ -32,6 +32,7 @@ import pickle
 import secrets
 import threading
 import time
+import warnings
 from typing import Any
 
 from .._core.context import context
@@ -471,6 +472,16 @@ def is_ibverbs_available() -> bool:
     except OSError:
         return False
     return bool(devices) and _ucx.available()
+
+
+def is_rdma_available() -> bool:
+    """Monarch's deprecated name of :func:`is_ibverbs_available` (with its ``DeprecationWarning``)."""
+    warnings.warn(
+        "is_rdma_available is deprecated (as in Monarch): use is_ibverbs_available() or get_rdma_backend()",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return is_ibverbs_available()
 
 
 def get_rdma_backend(buf: RDMABuffer | None = None) -> str:
