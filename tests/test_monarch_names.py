@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 from _procs import wait_dead, wait_for
@@ -203,6 +204,23 @@ def test_channel_from_actors_to_the_program_and_between_actors(two, host):
         assert c.collect.call_one(a, 2).get(timeout=30) == [0, 1, 100, 101]
     finally:
         other.stop(timeout=5)
+
+
+def test_once_ports_and_sends_within_the_program_as_monarchs(host):
+    once, receiver = Channel.open(once=True)
+    once.send(1)
+    with pytest.raises(RuntimeError, match="OncePortRef already used"):
+        once.send(2)
+    assert receiver.recv().get(timeout=10) == 1
+    with pytest.raises(ValueError, match="OncePort is already used"):  # not a wait until the timeout
+        receiver.recv().get(timeout=5)
+    port, inbox = Channel.open()  # sent from the program to its own port: pickled, as from anywhere
+    with pytest.raises(TypeError, match="does not pickle"):
+        port.send(threading.Lock())
+    sent = {"n": [1]}
+    port.send(sent)
+    got = inbox.recv().get(timeout=10)
+    assert got == sent and got is not sent and got["n"] is not sent["n"]
 
 
 def test_concurrent_endpoint_runs_beside_the_next_message(two):

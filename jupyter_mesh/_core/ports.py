@@ -45,6 +45,7 @@ class PortInbox(PortEntry):
         self._lock = threading.Lock()
         self._items: collections.deque[tuple[bool, Any, int | None]] = collections.deque()
         self._waiting: collections.deque[tuple[Future[Any], bool]] = collections.deque()
+        self._taken = False  # a once-inbox's one recv() was made
 
     def put(self, ok: bool, value: Any, rank: int | None) -> None:
         with self._lock:
@@ -61,6 +62,15 @@ class PortInbox(PortEntry):
         fut: Future[Any] = Future("PortReceiver.recv")
         fut._any_thread = True  # a sender in this process (any thread) puts its value straight in
         with self._lock:
+            if self.once and self._taken:  # Monarch's ValueError, at once: no second value can come
+                fut._set_exception(
+                    MeshValueError(
+                        "OncePort is already used: the receiver of Channel.open(once=True) gives one value, "
+                        "and recv() was called for it already; open a new channel for another"
+                    )
+                )
+                return fut
+            self._taken = True
             if not self._items:
                 self._waiting.append((fut, ranked))
                 return fut
@@ -96,6 +106,12 @@ class PortTable:
         with self._lock:
             self._entries.pop(port_id, None)
 
+    def peek(self, port_id: int) -> PortEntry | None:
+        """The entry under ``port_id``, if open, without using up a once-port."""
+        with self._lock:
+            held = self._entries.get(port_id)
+        return held() if isinstance(held, weakref.ref) else held
+
     def get(self, port_id: int) -> PortEntry | None:
         with self._lock:
             held = self._entries.get(port_id)
@@ -119,24 +135,36 @@ class PortTable:
 class Port(Generic[R]):
     """Where to send values of type ``R``: reliable and in order from each sender. Picklable."""
 
-    __slots__ = ("_address", "_id", "_rank")
+    __slots__ = ("_address", "_id", "_once", "_rank", "_used")
 
-    def __init__(self, address: str, port_id: int, rank: int | None = None):
+    def __init__(self, address: str, port_id: int, rank: int | None = None, once: bool = False):
         self._address, self._id, self._rank = address, port_id, rank
+        self._once, self._used = once, False  # a once-port (``Channel.open(once=True)``) sends one value
 
     def send(self, obj: R) -> None:
         """Fire and forget: ``obj`` goes to the receiver (or, for an endpoint's port, back to its caller)."""
+        self._use()
         _sender()(self._address, self._id, True, obj, self._rank)
 
     def exception(self, exc: BaseException) -> None:
         """The receiver's ``recv()`` (or the endpoint's caller) raises ``exc``."""
+        self._use()
         _sender()(self._address, self._id, False, exc, self._rank)
 
+    def _use(self) -> None:
+        if self._once:
+            if self._used:  # Monarch's RuntimeError; the receiver would drop it anyway
+                raise RuntimeError(
+                    f"OncePortRef already used: port {self._id} of Channel.open(once=True) takes one value, and "
+                    "one was sent through this Port; open a new channel for another"
+                )
+            self._used = True
+
     def _ranked(self, rank: int) -> Port[R]:
-        return Port(self._address, self._id, rank)
+        return Port(self._address, self._id, rank, self._once)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (Port, (self._address, self._id, self._rank))
+        return (Port, (self._address, self._id, self._rank, self._once))
 
     def __repr__(self) -> str:
         return f"<Port {self._id} at {self._address}>"
@@ -186,7 +214,7 @@ class Channel(Generic[R]):
     def open(once: bool = False) -> tuple[Port[R], PortReceiver[R]]:
         inbox = PortInbox(once)
         address, port_id = _opener()(inbox)
-        return Port(address, port_id), PortReceiver(inbox)
+        return Port(address, port_id, once=once), PortReceiver(inbox)
 
     @staticmethod
     def open_ranked(once: bool = False) -> tuple[Port[R], PortReceiver[tuple[int, R]]]:

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from .._core.ports import Port, PortEntry, PortTable
+from .._core.ports import Port, PortEntry, PortInbox, PortTable
 from .._wire.protocol import OK, RAISED, Kind
 from .._wire.serialize import dumps, loads
 from .._wire.transport import Message, Transport
@@ -36,17 +36,15 @@ class Ports:
         return self.transport.address, self.table.open(entry, weak)
 
     def send(self, address: str, port_id: int, ok: bool, obj: Any, rank: int | None) -> None:
-        if address == self.transport.address:  # opened here: no wire, no pickling
-            self.table.put(port_id, ok, obj, rank)
+        if address == self.transport.address:  # opened here: no wire
+            if isinstance(self.table.peek(port_id), PortInbox):
+                # a channel's receiver gets a copy, as from any other sender (and Monarch): what does not
+                # pickle fails the send here too, and the sender may go on changing what it sent
+                payload, bufs = _pickled(ok, obj)
+                obj = loads(payload, [bytearray(b) for b in bufs])
+            self.table.put(port_id, ok, obj, rank)  # a response port's entry pickles its reply itself
             return
-        if not ok and not isinstance(obj, BaseException):
-            obj = RuntimeError(str(obj))
-        try:
-            payload, bufs = dumps(obj)
-        except SerializationError as e:
-            if ok:
-                raise SerializationError(f"Port.send: the value does not pickle ({e.__cause__ or e})") from None
-            payload, bufs = dumps(RuntimeError(f"{type(obj).__name__}: {obj}"))
+        payload, bufs = _pickled(ok, obj)
         header: dict[str, Any] = {"k": Kind.PORT, "p": port_id, "ok": int(ok)}
         if rank is not None:
             header["rk"] = rank
@@ -64,6 +62,20 @@ class Ports:
             entry.put(False, e, h.get("rk"))
             return
         entry.put(bool(h.get("ok")), value, h.get("rk"))
+
+
+def _pickled(ok: bool, obj: Any) -> tuple[bytes, list[memoryview]]:
+    """A port's value (``ok``) or exception, pickled; a value that does not pickle is the sender's
+    ``SerializationError`` (a ``TypeError``, as in Monarch), an exception that does not becomes a
+    ``RuntimeError`` naming it."""
+    if not ok and not isinstance(obj, BaseException):
+        obj = RuntimeError(str(obj))
+    try:
+        return dumps(obj)
+    except SerializationError as e:
+        if ok:
+            raise SerializationError(f"Port.send: the value does not pickle ({e.__cause__ or e})") from None
+        return dumps(RuntimeError(f"{type(obj).__name__}: {obj}"))
 
 
 class ReplyPort(PortEntry):
