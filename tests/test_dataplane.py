@@ -164,8 +164,9 @@ def test_bad_input_is_refused_before_any_transfer(host):
     src = torch.arange(16, dtype=torch.float32)
     buf = RDMABuffer(src)
     try:
-        with pytest.raises(MeshValueError, match="size mismatch"):
+        with pytest.raises(MeshValueError, match="at least the buffer's size"):
             buf.read_into(torch.empty(8))
+        assert RDMABuffer.read_into.__kwdefaults__["timeout"] == 60  # Monarch's default
         with pytest.raises(MeshValueError, match="dtype mismatch"):
             buf.read_into(torch.empty(16, dtype=torch.int32))
         with pytest.raises(MeshValueError, match="non-contiguous"):
@@ -222,6 +223,13 @@ def test_read_write_between_procs_and_controller(pair, backend):
     # controller -> proc: visible in the owner's tensor when the future is done
     buf.write_from(torch.full((N,), 2.0)).get(timeout=20)
     assert owner.checksum.call_one().get(timeout=10) == 2.0 * N
+    # as in Monarch: a larger destination gets the buffer in its first bytes, the rest left as it was;
+    # a smaller source is written from the buffer's first byte, the rest of the buffer kept
+    larger = torch.full((N + 4,), -1.0)
+    buf.read_into(larger).get(timeout=20)
+    assert torch.equal(larger[:N], torch.full((N,), 2.0)) and larger[N:].tolist() == [-1.0] * 4
+    buf.write_from(torch.full((N // 2,), 7.0)).get(timeout=20)
+    assert owner.checksum.call_one().get(timeout=10) == 7.0 * (N // 2) + 2.0 * (N - N // 2)
     # proc -> proc, from an async endpoint
     puller.push.call_one(buf, N, 3.0).get(timeout=30)
     assert owner.checksum.call_one().get(timeout=10) == 3.0 * N

@@ -62,12 +62,21 @@ def test_every_size_reads_and_writes_in_one_copy(actors, kind, nbytes):
         buf.read_into(part, offset=1).get(timeout=30)
         assert bytes(part) == want[1 : 1 + nbytes // 2]
     buf.read_into(bytearray(0), offset=nbytes).get(timeout=10)  # 0 bytes: done, nothing moved
-    with pytest.raises(MeshValueError, match="size mismatch"):
-        buf.read_into(bytearray(2), offset=nbytes - 1)  # one byte past the end: refused before any copy
+    if nbytes > 1:  # (at offset 0, a larger destination is Monarch's read into its first bytes: below)
+        with pytest.raises(MeshValueError, match="size mismatch"):
+            buf.read_into(bytearray(2), offset=nbytes - 1)  # one byte past the end: refused before any copy
+    larger = bytearray(b"\xee" * (nbytes + 3))  # as in Monarch: the buffer fills its first bytes
+    buf.read_into(larger).get(timeout=30)
+    assert bytes(larger) == want + b"\xee" * 3
     # controller -> proc
     new = bytes(reversed(want))
     buf.write_from(new).get(timeout=30)
     assert owner.raw_digest.call_one().get(timeout=30) == _sha(new)
+    smaller = b"\x01" * (nbytes // 2)  # as in Monarch: written from the buffer's first byte, the rest kept
+    buf.write_from(smaller).get(timeout=30)
+    assert owner.raw_digest.call_one().get(timeout=30) == _sha(smaller + new[nbytes // 2 :])
+    with pytest.raises(MeshValueError, match="at most the buffer's size"):
+        buf.write_from(bytes(nbytes + 1))
     buf.drop().get(timeout=10)
 
 

@@ -27,6 +27,7 @@ table, the requests it answers) is ``_rdma_owner``.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import pickle
 import secrets
@@ -54,7 +55,7 @@ __all__ = ["ENV_BACKEND", "RDMABuffer", "get_rdma_backend", "handle_message"]
 ENV_BACKEND = "JUPYTER_MESH_RDMA_BACKEND"
 ENV_UCX_SAME_HOST = "JUPYTER_MESH_UCX_SAME_HOST"  # opt-in: forced UCX between processes of one host
 BACKENDS = ("shm", "vm", "ucx", "zmq")
-DEFAULT_TIMEOUT = 3.0  # seconds, as Monarch
+DEFAULT_TIMEOUT = 60.0  # seconds, as Monarch
 
 
 def _forced() -> str | None:
@@ -149,22 +150,27 @@ class RDMABuffer:
 
     # -- transfers ----------------------------------------------------------------------------------
     def read_into(self, dst: Any, *, offset: int = 0, timeout: float = DEFAULT_TIMEOUT) -> Future[None]:
-        """Copy the remote region (from byte ``offset``) into ``dst``, a contiguous tensor or buffer.
+        """Copy the remote region into ``dst``, a contiguous tensor or buffer of its dtype (or bytes).
 
-        ``dst`` must have the buffer's size (or fit from ``offset``) and its dtype (or be bytes).
-        ``timeout`` bounds the wait on the owner (zmq, ucx); a same-host copy (shm) never waits on it.
-        After a timeout the destination's content is undefined.
+        As in Monarch, ``dst`` has at least the buffer's size, and the buffer fills its first bytes (the
+        rest is left as it was). With an ``offset``, ``len(dst)`` bytes from that byte of the buffer, which
+        must fit. ``timeout`` bounds the wait on the owner (zmq, ucx; 60 s, Monarch's default); a same-host
+        copy (shm) never waits on it. After a timeout the destination's content is undefined.
         """
         return self._transfer("get", dst, offset, timeout)
 
     def write_from(self, src: Any, *, offset: int = 0, timeout: float = DEFAULT_TIMEOUT) -> Future[None]:
-        """Copy ``src`` into the remote region (at byte ``offset``); done when the owner's memory has it."""
+        """Copy ``src`` into the remote region; done when the owner's memory has it. As in Monarch, ``src``
+        has at most the buffer's size and lands in its first bytes (the rest keeps its content); with an
+        ``offset``, from that byte."""
         return self._transfer("put", src, offset, timeout)
 
     def _transfer(self, op: str, local: Any, offset: int, timeout: float) -> Future[None]:
         what = "RDMABuffer.read_into" if op == "get" else "RDMABuffer.write_from"
         region = region_of(local, "the destination of read_into" if op == "get" else "the source of write_from")
         self._check(op, region, offset, what)
+        if op == "get" and region.nbytes > self._nbytes:  # a larger destination: its first bytes (Monarch)
+            region = dataclasses.replace(region, nbytes=self._nbytes)
         backend = self._backend(region)
         fut: Future[None] = Future(f"{what} of {region.nbytes} bytes over {backend}")
         if backend == "shm":
@@ -186,12 +192,21 @@ class RDMABuffer:
             if client is not None:
                 client.check_rank(o.mesh_id, o.mesh_name or o.mesh_id, o.rank, what)
         n = region.nbytes
-        if offset < 0 or offset + n > self._nbytes or (offset == 0 and n != self._nbytes):
+        if offset == 0:  # Monarch's: a destination at least as large, a source at most as large
+            fits = n >= self._nbytes if op == "get" else n <= self._nbytes
+        else:  # a window from ``offset``: it must fit
+            fits = 0 < offset and offset + n <= self._nbytes
+        if not fits:
             side = "destination" if op == "get" else "source"
             at = f" from byte offset {offset}" if offset else ""
+            need = (
+                "a destination of at least the buffer's size (it fills its first bytes)"
+                if op == "get"
+                else "a source of at most the buffer's size (written from its first byte)"
+            )
             raise MeshValueError(
                 f"{what}: size mismatch: the {side} has {n} bytes, the buffer has {self._nbytes}{at}. "
-                "Pass a tensor of the buffer's size (or an offset that fits)."
+                f"Pass {need}, or an offset and a part that fits."
             )
         if region.dtype != self._dtype and region.dtype not in BYTES and self._dtype not in BYTES:
             raise MeshValueError(
