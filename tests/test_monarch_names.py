@@ -21,10 +21,12 @@ from jupyter_mesh import (
     Accumulator,
     ActorError,
     Channel,
+    LocalJob,
     MeshClosedError,
     MeshFailure,
     MeshValueError,
     ProcessJob,
+    SlurmJob,
     SupervisionError,
     ValueMesh,
     concurrent_endpoint,
@@ -39,6 +41,7 @@ from jupyter_mesh import (
     this_proc,
 )
 from jupyter_mesh._core.shape import Shape
+from jupyter_mesh.jobs._monarch import mesh_slices, slurm_from_monarch
 
 pytestmark = pytest.mark.integration
 
@@ -345,6 +348,53 @@ def test_process_job_host_meshes_and_their_lifecycle():
     assert hosts.with_python_executable(sys.executable) is hosts
     with pytest.raises(MeshValueError, match="fork from"):
         hosts.with_python_executable("/usr/bin/other-python")
+
+
+def test_local_job_state_gives_monarchs_host_meshes():
+    job = LocalJob(preload=[])  # Monarch's presentation notebook: LocalJob().state().hosts
+    try:
+        hosts = job.state().hosts
+        assert hosts.sizes == {}  # as Monarch's: this machine, no dims
+        pm = hosts.spawn_procs(per_host={"gpus": 2}, bootstrap=boot)
+        assert pm.sizes == {"gpus": 2}
+        assert list(pm.spawn("probe", BootProbe).booted.call().get(timeout=30).values()) == [["yes"], ["yes"]]
+    finally:
+        job.kill()
+    with pytest.raises(MeshClosedError, match="stopped"):
+        job.state()
+    named = LocalJob(hosts=("trainers", "loaders"), preload=[])  # Monarch's names: each this machine
+    try:
+        state = named.state(cached_path=None)
+        assert state.trainers.sizes == {} and state.loaders.sizes == {}
+        with pytest.raises(AttributeError, match="'hosts' is not a host mesh of this job"):
+            _ = state.hosts
+    finally:
+        named.kill()
+    with pytest.raises(MeshValueError, match="names of host meshes"):
+        LocalJob(hosts=("not a name",))
+
+
+def test_slurm_job_takes_monarchs_constructor():
+    """Monarch's slurm notebooks' keywords become ours (sbatch options, name, time); what we cannot honour
+    is refused before anything is submitted (the job itself runs in tests/cluster)."""
+    m = slurm_from_monarch({"mesh0": 2}, job_name="monarch_example", gpus_per_node=8, time_limit="06:00:00")
+    assert (m.nodes, m.meshes, m.sbatch, m.name, m.time) == (2, {"mesh0": 2}, ["--gpus-per-node=8"], "monarch_example", "06:00:00")  # fmt: skip
+    m = slurm_from_monarch({"a": 2, "b": 1}, cpus_per_task=4, mem="64G", qos="high", exclusive=True)
+    assert m.nodes == 3 and m.sbatch == ["--cpus-per-task=4", "--mem=64G", "--qos=high", "--exclusive"]
+    assert mesh_slices(m.meshes) == {"a": slice(0, 2), "b": slice(2, 3)}
+    for kwargs, msg in [
+        ({"ntasks_per_node": 2}, "one agent per node"),
+        ({"out_of_cluster": True}, "dial back"),
+        ({"bind_to": "10.0.0.1"}, "open no port"),
+        ({"job_start_timeout": 60}, "spawn_procs"),
+        ({"gpus_per_node": 0}, "int >= 1"),
+    ]:
+        with pytest.raises(MeshValueError, match=msg):
+            SlurmJob(meshes={"mesh0": 2}, job_name="monarch_example", **kwargs)
+    with pytest.raises(TypeError, match="gpus_per_nod"):
+        SlurmJob(meshes={"mesh0": 2}, gpus_per_nod=8)
+    with pytest.raises(MeshValueError, match="identifier names"):
+        SlurmJob({"mesh 0": 2})
 
 
 def test_proc_bind_pins_each_proc_of_a_host(host):

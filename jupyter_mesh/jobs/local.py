@@ -26,6 +26,7 @@ from .._runtime import interrupts, seed
 from .._runtime.hosts import AgentHandle, Job
 from .._wire.protocol import VERSION, Kind
 from ..errors import MeshClosedError, MeshError, MeshTimeoutError, MeshValueError
+from ._monarch import JobState, host_names
 from .warm import default_preload, is_module_name
 
 __all__ = ["BootstrapCommand", "LocalJob", "default_bootstrap_cmd", "this_host"]
@@ -33,14 +34,26 @@ __all__ = ["BootstrapCommand", "LocalJob", "default_bootstrap_cmd", "this_host"]
 
 class LocalJob(Job):
     """``hosts`` agents on this machine. One host is what ``this_host()`` gives; more is for testing
-    the multi-host paths (fan-out, per-host gathering) without a cluster."""
+    the multi-host paths (fan-out, per-host gathering) without a cluster.
 
-    def __init__(self, hosts: int = 1, preload: Sequence[str] | None = None, env: Mapping[str, str] | None = None):
+    Monarch's form, ``LocalJob(hosts=("trainers", "loaders"))``, names host meshes, each this machine:
+    one agent, and ``state().trainers`` is its host mesh with no dims, as Monarch's ``this_host()``
+    (``LocalJob().state().hosts`` too)."""
+
+    def __init__(
+        self,
+        hosts: int | Sequence[str] = 1,
+        preload: Sequence[str] | None = None,
+        env: Mapping[str, str] | None = None,
+    ):
         """``preload``: what each host's template imports once, for every proc it forks; by default
         torch when installed and the heavy libraries already imported here (``jobs.warm``; opt out with
         ``JUPYTER_MESH_WARM=0``), ``[]`` for nothing."""
         from .._runtime.controller import Controller
 
+        self._names: tuple[str, ...] = ("hosts",)
+        if not isinstance(hosts, (int, str)) and isinstance(hosts, Sequence):  # Monarch's: names of host meshes
+            self._names, hosts = host_names(hosts), 1
         if not isinstance(hosts, int) or hosts < 1:
             raise MeshValueError(f"LocalJob needs hosts >= 1, got {hosts!r}")
         if preload is not None:  # checked before any agent starts: a bad name fails here, not in each agent
@@ -212,6 +225,19 @@ class LocalJob(Job):
 
     def host_mesh(self) -> HostMesh:
         return HostMesh(self._controller, self, Shape.from_sizes({"hosts": self._n}))
+
+    def state(self, cached_path: Any = None) -> JobState:
+        """Monarch's: the job's host meshes by name (``hosts`` unless named): one host has no dims, as
+        Monarch's (``this_host()``'s); ``LocalJob(n)`` with n > 1 keeps its ``hosts`` dim. ``cached_path``
+        is accepted and unused: nothing outlives this program here."""
+        if self._stopped:
+            raise MeshClosedError("this LocalJob was stopped; create a new one")
+        hosts = self.host_mesh() if self._n > 1 else self.host_mesh().slice(hosts=0)
+        return JobState(dict.fromkeys(self._names, hosts))
+
+    def kill(self) -> None:
+        """Monarch's name for :meth:`stop`."""
+        self.stop()
 
     def stop(self) -> None:
         if self._stopped:

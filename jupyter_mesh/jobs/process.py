@@ -8,24 +8,10 @@ from typing import Any
 
 from .._api.host_mesh import HostMesh
 from ..errors import MeshClosedError, MeshValueError
+from ._monarch import JobState
 from .local import LocalJob
 
 __all__ = ["JobState", "ProcessJob", "hosts_from_config"]
-
-
-class JobState:
-    """The host meshes of a job, by name: ``state.trainers`` is the ``HostMesh`` named "trainers"."""
-
-    def __init__(self, hosts: Mapping[str, HostMesh]):
-        self._hosts = dict(hosts)
-
-    def __getattr__(self, name: str) -> HostMesh:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        try:
-            return self._hosts[name]
-        except KeyError:
-            raise AttributeError(f"'{name}' is not a host mesh of this job; it has {sorted(self._hosts)}") from None
 
 
 class ProcessJob:

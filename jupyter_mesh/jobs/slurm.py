@@ -14,6 +14,7 @@ off: the ranks on it fail with what SLURM says (``squeue``).
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import re
@@ -22,7 +23,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .._api.host_mesh import HostMesh
@@ -34,6 +35,7 @@ from .._wire.addresses import parse_tcp
 from .._wire.keyfile import read_key_file
 from ..errors import MeshClosedError, MeshError, MeshValueError
 from ._dialback import ENDED, JobFiles, jobs_dir, stop_agents, sweep_stale, unlink, wait_agents
+from ._monarch import JobState, mesh_slices, slurm_from_monarch
 from .kept import Restored, detach_agents, kept_records, reattach_agents, restore_meshes, saved_meshes, when_created
 
 __all__ = ["SlurmJob"]
@@ -66,11 +68,16 @@ class SlurmJob(Job):
     ``preload``: what each node's template imports; by default each imports torch and what this
     program imported of ``jobs.warm``'s list, those the node has, in the background (``[]``: nothing).
     ``keep_alive``: the job outlives this controller (a kernel restart or crash: its agents keep their
-    procs) until SLURM ends it or ``stop()``; ``SlurmJob.reattach()`` in the next kernel takes it back."""
+    procs) until SLURM ends it or ``stop()``; ``SlurmJob.reattach()`` in the next kernel takes it back.
+
+    Monarch's form works too: ``SlurmJob(meshes={"trainers": 2}, job_name=..., time_limit=...,
+    gpus_per_node=8, cpus_per_task=, mem=, qos=, exclusive=, python_exe=)``, its host meshes by name from
+    ``state()`` (``jobs._monarch`` says which of its keywords are refused here, and why). Unlike
+    Monarch's, the job is submitted when it is constructed, and ``exclusive`` is False unless given."""
 
     def __init__(
         self,
-        nodes: int = 1,
+        nodes: int | Mapping[str, int] = 1,
         partition: str | None = None,
         time: str | None = "01:00:00",
         account: str | None = None,
@@ -81,9 +88,36 @@ class SlurmJob(Job):
         name: str = "jupyter-mesh",
         use_allocation: bool | None = None,
         keep_alive: bool = False,
+        *,
+        meshes: Mapping[str, int] | None = None,
+        job_name: str | None = None,
+        time_limit: str | None = None,
+        python_exe: str | None = None,
+        monarch_port: int | None = None,  # Monarch's workers' port: ours dial back, none is opened
+        log_dir: str | None = None,  # the output goes to the job's file in ~/.jupyter_mesh/jobs
+        **monarch: Any,
     ):
         from .._runtime.controller import Controller
 
+        if isinstance(nodes, Mapping):  # Monarch's first argument: the meshes
+            meshes, nodes = nodes, 1
+        self._names: dict[str, int] = {"hosts": nodes} if isinstance(nodes, int) else {}
+        if meshes is not None or monarch or job_name is not None or time_limit is not None or python_exe:
+            known = set(inspect.signature(slurm_from_monarch).parameters) - {"meshes"}
+            unknown = sorted(set(monarch) - known)
+            if unknown:
+                raise TypeError(
+                    f"SlurmJob() got unexpected keyword argument(s) {unknown}; Monarch's are {sorted(known)}"
+                )
+            m = slurm_from_monarch(
+                meshes if meshes is not None else {"hosts": nodes},
+                job_name=job_name,
+                time_limit=time_limit,
+                python_exe=python_exe,
+                **monarch,
+            )
+            nodes, self._names, slurm_args = m.nodes, m.meshes, [*m.sbatch, *slurm_args]
+            name, time, python = m.name or name, m.time or time, m.python or python
         if not isinstance(nodes, int) or nodes < 1:
             raise MeshValueError(f"SlurmJob needs nodes >= 1, got {nodes!r}")
         if time is not None and not _TIME.match(time):
@@ -155,7 +189,7 @@ class SlurmJob(Job):
                 return self._agents
 
             def check(i: int) -> None:
-                state, reason = self.state()
+                state, reason = self.slurm_state()
                 if state == "PENDING" and reason.startswith(_NEVER):
                     raise MeshError(
                         f"SLURM job {self.job_id} cannot start: it is PENDING ({reason}), which it does not "
@@ -168,7 +202,7 @@ class SlurmJob(Job):
                     )
 
             def timed_out(i: int) -> str:
-                state, reason = self.state()
+                state, reason = self.slurm_state()
                 return (
                     f"SLURM job {self.job_id} is {state or 'unknown'}{f' ({reason})' if reason else ''}; "
                     f"{i} of {self.nodes} agents reported in. Its output ({self._log_path}):\n{self._log_tail()}"
@@ -191,7 +225,7 @@ class SlurmJob(Job):
         """What SLURM says about a lost host: the job's state when it is no longer running."""
         if not any(a.addr == addr for a in self._agents or []):
             return None
-        state, reason = self.state()
+        state, reason = self.slurm_state()
         if state == "COMPLETING":  # what SLURM says of a job it is ending, whatever the cause
             return f"SLURM job {self.job_id} is ending (COMPLETING: scancel, its time limit, or a node failed)"
         if state and state != "RUNNING":
@@ -202,6 +236,22 @@ class SlurmJob(Job):
 
     def host_mesh(self) -> HostMesh:
         return HostMesh(self._controller, self, Shape.from_sizes({"hosts": self.nodes}))
+
+    def state(self, cached_path: Any = None) -> JobState:
+        """Monarch's: the job's host meshes by name (``state().trainers``; ``hosts`` for ``SlurmJob(n)``),
+        each its nodes in order. ``cached_path`` is accepted and unused (``reattach()`` takes a kept job
+        back). What SLURM says of the job: :meth:`slurm_state`."""
+        if self._stopped:
+            raise MeshClosedError(f"SLURM job {self.job_id} was stopped; create a new SlurmJob")
+        hosts = self.host_mesh()
+        names = getattr(self, "_names", None) or {"hosts": self.nodes}
+        if len(names) == 1:
+            return JobState({next(iter(names)): hosts})
+        return JobState({name: hosts.slice(hosts=part) for name, part in mesh_slices(names).items()})
+
+    def kill(self) -> None:
+        """Monarch's name for :meth:`stop`."""
+        self.stop()
 
     def stop(self, timeout: float = 15.0) -> None:
         """Our agents stop their procs; the job (or our step of an allocation) is cancelled and
@@ -239,9 +289,9 @@ class SlurmJob(Job):
                 _run(["scancel", self.job_id])
             except MeshError as e:
                 print(f"jupyter_mesh: {e}", file=sys.stderr)
-            while time.monotonic() < deadline and self.state()[0] not in ("", *ENDED):
+            while time.monotonic() < deadline and self.slurm_state()[0] not in ("", *ENDED):
                 time.sleep(0.1)
-            state = self.state()[0]
+            state = self.slurm_state()[0]
             if state not in ("", *ENDED):
                 print(f"jupyter_mesh: SLURM job {self.job_id} is still {state} after scancel", file=sys.stderr)
         self._cleanup_files()
@@ -317,7 +367,7 @@ class SlurmJob(Job):
         job._in_allocation, job._step, job._waiters = None, None, []
         job._lock, job._agents, job._stopped = threading.Lock(), None, False
         job.restored = Restored()
-        state, reason = job.state()
+        state, reason = job.slurm_state()
         if state == "UNKNOWN":
             raise MeshError(
                 f"cannot ask SLURM about job {job.job_id} ({reason}); its record and key are kept: try again "
@@ -372,7 +422,7 @@ class SlurmJob(Job):
         return self.restored.actor_meshes()
 
     # -- SLURM's view -------------------------------------------------------------------------------
-    def state(self) -> tuple[str, str]:
+    def slurm_state(self) -> tuple[str, str]:
         """(state, reason): ``scontrol``'s (it says CANCELLED while ``squeue`` still says COMPLETING),
         else ``squeue``'s; ("", "") once SLURM forgot the job; ("UNKNOWN", why) when SLURM cannot
         be asked (slurmctld down, no client here): that is not the job's end."""

@@ -203,7 +203,7 @@ def run_slurm(nodes: int, per_host: int) -> None:
     job = SlurmJob(nodes=nodes, partition="debug", time="00:10:00")
     say("submitted", job_id=job.job_id)
     job.agents(120)
-    say("agents", nodes=job.node_names(), state=job.state()[0])
+    say("agents", nodes=job.node_names(), state=job.slurm_state()[0])
     from jupyter_mesh.ui.remote import scheduler_jobs
 
     say("status", lines=scheduler_jobs())  # what `jupyter-mesh status` prints of it
