@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time each name l
     from . import config as config
     from ._api.adverbs import Accumulator, send
     from ._api.host_mesh import HostMesh
-    from ._api.mesh import ActorMesh, MeshEndpoint, ProcMesh
+    from ._api.mesh import ActorMesh, MeshEndpoint, ProcMesh, as_endpoint
     from ._api.session import shutdown, shutdown_context
     from ._api.tensor_engine import fetch_shard, remote
     from ._core.actor import Actor, Endpoint, concurrent_endpoint, current_rank, endpoint
@@ -66,7 +66,7 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time each name l
 _HOME = {
     **dict.fromkeys(["Accumulator", "send"], "._api.adverbs"),
     "HostMesh": "._api.host_mesh",
-    **dict.fromkeys(["ActorMesh", "MeshEndpoint", "ProcMesh"], "._api.mesh"),
+    **dict.fromkeys(["ActorMesh", "MeshEndpoint", "ProcMesh", "as_endpoint"], "._api.mesh"),
     **dict.fromkeys(["shutdown", "shutdown_context"], "._api.session"),
     **dict.fromkeys(["fetch_shard", "remote"], "._api.tensor_engine"),
     **dict.fromkeys(["Actor", "Endpoint", "concurrent_endpoint", "current_rank", "endpoint"], "._core.actor"),
@@ -224,6 +224,7 @@ __all__ = [
     "SupervisionError",
     "TorchXJob",
     "ValueMesh",
+    "as_endpoint",
     "attach_to_workers",
     "concurrent_endpoint",
     "configure",

@@ -52,6 +52,16 @@ class Adder(Actor):
     def value(self) -> int:
         return self.base
 
+    def plus(self, b: int) -> int:  # not an endpoint: reached through as_endpoint(mesh.plus)
+        return self.base + b
+
+    async def plus_later(self, b: int) -> int:
+        await asyncio.sleep(0)
+        return self.base + b
+
+    def plus_through(self, port: Port[int], b: int) -> None:
+        port.send(self.base + b)
+
     @endpoint
     def whoami(self) -> tuple[str, dict[str, int], str, str]:
         inst = context().actor_instance

@@ -23,12 +23,14 @@ from jupyter_mesh import (
     Channel,
     LocalJob,
     MeshClosedError,
+    MeshEndpoint,
     MeshFailure,
     MeshValueError,
     ProcessJob,
     SlurmJob,
     SupervisionError,
     ValueMesh,
+    as_endpoint,
     concurrent_endpoint,
     config,
     context,
@@ -244,6 +246,21 @@ def test_context_names_the_running_actor(two):
     assert all(size == {"gpus": 2} and inst == "named" for _, size, inst, _ in out)
     assert out[1][3] == "<monarch_names_actors.Adder named{'gpus': 1/2}>"
     assert repr(context().actor_instance) == "<root>" and current_actor_name() == "root" and current_size() == {}
+
+
+def test_as_endpoint_calls_a_method_that_is_not_an_endpoint(two):
+    a = two.spawn("plain", Adder, 2)
+    with pytest.raises(RuntimeError, match=r"not annotated as an endpoint.*as_endpoint\(mesh\.plus\)"):
+        a.plus(1)
+    assert list(as_endpoint(a.plus).call(3).get(timeout=30).values()) == [5, 5]
+    assert as_endpoint(a.slice(gpus=1).plus_later).call_one(1).get(timeout=30) == 3  # an async def
+    assert as_endpoint(a.plus_through, explicit_response_port=True).choose(4).get(timeout=30) == 6
+    with pytest.raises(ActorError, match="has no endpoint 'plus'"):  # by name alone it still needs @endpoint
+        MeshEndpoint(a, "plus").call(1).get(timeout=30)
+    with pytest.raises(ValueError, match="not an @endpoint"):
+        as_endpoint(a.value)
+    with pytest.raises(AttributeError, match="has no endpoint 'nothing'"):
+        _ = a.nothing
 
 
 def test_accumulator_and_send(two):

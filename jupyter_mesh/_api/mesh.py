@@ -17,6 +17,7 @@ from .._core import slots
 from .._core.actor import Actor, endpoints_of
 from .._core.context import context
 from .._core.future import Future
+from .._core.plain_methods import plain_endpoint
 from .._core.refs import ProcMeshRef, new_id
 from .._core.shape import Extent, Shape
 from .._core.state import MeshEvent, MeshState
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
     from .._runtime.client import Client
     from .._runtime.controller import Controller
 
-__all__ = ["ActorMesh", "MeshEndpoint", "ProcMesh", "ProcMeshRef"]
+__all__ = ["ActorMesh", "MeshEndpoint", "NotAnEndpoint", "ProcMesh", "ProcMeshRef", "as_endpoint"]
 
 A = TypeVar("A", bound=Actor)
 P = ParamSpec("P")
@@ -101,6 +102,7 @@ class ActorMesh(_MeshTrait, Generic[A]):
     """
 
     _actor_class: type | None = None  # in the spawning process: its endpoints' ``propagate`` (``rref``)
+    _plain: Mapping[str, bool] = {}  # methods called through ``as_endpoint``: name -> explicit response port
 
     def __init__(
         self,
@@ -133,6 +135,8 @@ class ActorMesh(_MeshTrait, Generic[A]):
         if name.startswith("_"):
             raise AttributeError(name)
         if name not in self._endpoint_names:
+            if self._actor_class is not None and plain_endpoint(self._actor_class, name, False) is not None:
+                return NotAnEndpoint(self, name)  # type: ignore[return-value]  # for as_endpoint(mesh.name)
             raise AttributeError(
                 f"actor class {self._class_name} has no endpoint '{name}'; "
                 f"its endpoints are {sorted(self._endpoint_names)} (did you forget @endpoint?)"
@@ -233,6 +237,38 @@ class MeshEndpoint(Generic[P, R]):
 
     def __repr__(self) -> str:
         return f"<endpoint {self._mesh._class_name}.{self._name} on {self._mesh._shape}>"
+
+
+class NotAnEndpoint:
+    """``mesh.method`` of a method that is not an ``@endpoint`` (Monarch's): calling it says what to do;
+    :func:`as_endpoint` makes an endpoint of it. Known in the process that spawned the mesh (which has
+    its class)."""
+
+    def __init__(self, mesh: ActorMesh[Any], name: str):
+        self._mesh, self._name = mesh, name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        raise RuntimeError(
+            f"Actor {self._mesh._class_name}.{self._name} is not annotated as an endpoint. To call it as one, add "
+            f"an @endpoint decorator to it, or wrap it: as_endpoint(mesh.{self._name}).call(...)"
+        )
+
+
+def as_endpoint(
+    not_an_endpoint: Any, *, propagate: Any = None, explicit_response_port: bool = False
+) -> MeshEndpoint[..., Any]:
+    """Monarch's: call an actor's method that is not an ``@endpoint`` through the adverbs,
+    ``as_endpoint(mesh.method).call(...)``; ``explicit_response_port=True``: it takes a ``Port`` first and
+    answers through it. ``propagate`` is accepted, as for :func:`endpoint`."""
+    if not isinstance(not_an_endpoint, NotAnEndpoint):
+        raise MeshValueError(
+            "as_endpoint() takes a method of a spawned actor mesh that is not an @endpoint, as "
+            f"as_endpoint(mesh.method) in the program that spawned it; got {not_an_endpoint!r}"
+        )
+    mesh, name = not_an_endpoint._mesh, not_an_endpoint._name
+    view = mesh._with_shape(mesh._shape)  # a copy: the mark is its own
+    view._plain = {**mesh._plain, name: bool(explicit_response_port)}
+    return MeshEndpoint(view, name)
 
 
 class ProcMesh(_MeshTrait):

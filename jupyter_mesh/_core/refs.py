@@ -5,6 +5,7 @@ what the runtime needs of an actor mesh (``ActorMeshRef``), and fresh ids.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -51,3 +52,5 @@ class ActorMeshRef(Protocol):
     def _shape(self) -> Shape: ...
     @property
     def _view(self) -> Shape | None: ...  # None: the whole proc mesh, following it as it grows
+    @property
+    def _plain(self) -> Mapping[str, bool]: ...  # methods called through ``as_endpoint``: explicit port?

@@ -29,6 +29,7 @@ import zmq
 
 from .._core.actor import Endpoint, endpoints_of
 from .._core.context import context
+from .._core.plain_methods import plain_endpoint
 from .._core.ports import DroppingPort
 from .._core.shape import Point
 from .._wire.lane_merge import Inbox
@@ -329,6 +330,8 @@ class ActorHost(ActorEnds):
             self._stop(msg.header)
         else:
             ep = self.endpoints.get(msg.header["ep"])
+            if ep is None and msg.header.get("pm"):  # a plain method, called through as_endpoint()
+                ep = plain_endpoint(type(self.instance), msg.header["ep"], msg.header["pm"] == 2)
             if ep is not None and ep.concurrent:  # a task beside the next messages (``_run_tasks_until_mail``)
                 self._used_loop = True
                 self.loop.create_task(self._call_concurrently(msg, ep))

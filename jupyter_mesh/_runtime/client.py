@@ -349,6 +349,8 @@ class Client:
             "sl": mesh._shape.slice.to_wire(),
             "s": self.address,
         }
+        if endpoint in mesh._plain:  # as_endpoint(mesh.method): run that method although not an @endpoint
+            header["pm"] = 2 if mesh._plain[endpoint] else 1
         if mode == "broadcast":
             header["rm"] = NO_REPLY
             fanout.send_cast(self, mesh, ranks, header, payload, bufs, None)
@@ -433,6 +435,8 @@ class Client:
                         "i": call_id,
                         "q": self._seqs(mesh, [rank]),
                     }
+                    if endpoint in mesh._plain:  # as_endpoint(mesh.method)
+                        header["pm"] = 2 if mesh._plain[endpoint] else 1
                     if box is not None:
                         self._reply_in_box(header, p, box)
                     if local:
