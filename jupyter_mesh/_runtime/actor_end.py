@@ -1,5 +1,6 @@
 """What ends an actor while its proc lives on: its failure record, dying of an error no caller
-receives, ``ActorMesh.stop()``, ``__cleanup__``, and telling its spawner (``ACTOR_FAULT``).
+receives or of a failure of a mesh it owns that it did not handle, ``ActorMesh.stop()``,
+``__cleanup__``, and telling its spawner (``ACTOR_FAULT``).
 
 A part of ``actor_host.ActorHost`` (a base class of it), kept apart: the call path is there, the ends here.
 """
@@ -66,6 +67,17 @@ class ActorEnds:
         if told:
             self.runtime.reply(h, BROKEN, dumps(self.failure)[0], [])
         self._report(self.failure, told)
+        self.descendants.end()
+
+    def _fail_unsupervised(self, err: Exception) -> None:
+        """A failure of a mesh it owns went unhandled (no ``__supervise__``, it said no, or it raised): the
+        actor fails, as in Monarch, not its proc. Later calls get the failure, its spawner hears of it
+        (``mesh_name``: this actor's mesh) and the meshes it spawned are stopped."""
+        print(f"[{self.name}] unhandled failure of a mesh it owns, so this actor fails:\n{err}", file=sys.stderr)
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        detail = f"{self.name} did not handle a failure of a mesh it owns: {first}"
+        self.failure = self._failure("died", detail, {"tb": str(err)})
+        self._report(self.failure, told=False, untold=True)  # the call running now (if any) ends normally
         self.descendants.end()
 
     def _stop(self, h: dict[str, Any]) -> None:

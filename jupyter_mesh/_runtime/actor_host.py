@@ -374,18 +374,15 @@ class ActorHost(ActorEnds):
                 self.loop.remove_reader(self._lane.fd)
 
     async def _supervise(self, err: SupervisionError) -> None:
-        """A mesh this actor spawned lost ranks: ask ``__supervise__``; unhandled means this proc fails.
-
-        Our unit of failure is the proc, so escalation is the proc exiting: its own supervisor (the
-        controller, or the actor that owns *its* mesh) then sees the failure, with this message as
-        the proc's last output.
+        """A mesh this actor spawned lost ranks: ask ``__supervise__``; unhandled means this actor fails
+        (``_fail_unsupervised``), as in Monarch: its proc and the other actors there live on, and its
+        own supervisor (the owner of its mesh, else the fault hook) hears of it.
         """
         if self.failure is not None:  # this actor is gone (stopped, dead): what it owned is not its care
             print(f"[{self.name}] a mesh it spawned failed after it ended:\n{err}", file=sys.stderr)
             return
         if not await supervised(self.name, self.instance, err):
-            print(f"[{self.name}] unhandled failure of a mesh it owns, so this proc fails:\n{err}", file=sys.stderr)
-            exit_proc(75)
+            self._fail_unsupervised(err)
 
     def _spawn(self, msg: Message) -> None:
         rt = self.runtime

@@ -56,8 +56,8 @@ class Descendants:
 
 async def supervised(actor_name: str, instance: Any, err: SupervisionError) -> bool:
     """Ask the actor's ``__supervise__`` about each failure of a mesh it spawned; False if one went
-    unhandled (no hook, the hook said no, or it raised): then the actor's proc fails, so that *its*
-    supervisor sees it — our unit of failure is the proc."""
+    unhandled (no hook, the hook said no, or it raised): then the actor fails, so that *its*
+    supervisor sees it, as in Monarch."""
     hook = getattr(instance, "__supervise__", None)
     if hook is None:
         return False
