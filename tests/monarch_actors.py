@@ -8,7 +8,7 @@ import os
 import time
 import weakref
 
-from jupyter_mesh import Actor, current_rank, endpoint
+from jupyter_mesh import Actor, context, current_rank, endpoint
 
 
 class Dies(BaseException):
@@ -123,6 +123,31 @@ class Cleans(Actor):
     def __cleanup__(self, exc: BaseException | None) -> None:
         with open(self.path, "a") as f:
             f.write(self.name + "\n")
+
+
+class CleansUp(Actor):
+    """Appends what ``__cleanup__`` got to ``path``, a line per rank: the error the actor died of."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    @endpoint
+    def fail(self) -> None:
+        raise ValueError("this is a test exception")
+
+    @endpoint
+    async def die(self) -> None:
+        raise Dies("simulated actor failure")
+
+    @endpoint
+    def abort(self) -> str:
+        context().actor_instance.abort("enough")
+        return "aborted"
+
+    def __cleanup__(self, exc: Exception | None) -> None:
+        why = "None" if exc is None else f"{type(exc).__name__}({type(exc.__cause__).__name__}): {exc}"
+        with open(self.path, "a") as f:
+            f.write(f"{current_rank().rank} {why.splitlines()[0]}\n")
 
 
 class Parent(Actor):

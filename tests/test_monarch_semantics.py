@@ -15,7 +15,7 @@ import textwrap
 
 import pytest
 from _procs import wait_dead, wait_for
-from monarch_actors import Boom, Finalizes, Nested, Owner, Parent, Ranks
+from monarch_actors import Boom, CleansUp, Finalizes, Nested, Owner, Parent, Ranks
 
 from jupyter_mesh import ActorError, Future, LocalJob, MeshClosedError, SupervisionError, lowlevel
 from jupyter_mesh._runtime.hooks import drain_fault_hooks
@@ -167,7 +167,7 @@ def test_a_failed_init_with_only_broadcasts_fails_the_script(tmp_path):
 
 
 # -- 5. an exception under broadcast() ends the actor, and is reported -----------------------------------
-def test_broadcast_exception_ends_the_actor_and_reaches_the_hook(procs, recorded_faults):
+def test_broadcast_exception_ends_the_actor_and_reaches_the_hook(procs, recorded_faults, tmp_path):
     start = len(recorded_faults)
     a, other = procs.spawn("exception_actor", Boom), procs.spawn("other", Boom)
     a.fail.broadcast()
@@ -178,6 +178,20 @@ def test_broadcast_exception_ends_the_actor_and_reaches_the_hook(procs, recorded
     with pytest.raises(SupervisionError, match="this is a test exception"):
         a.ok.call().get(timeout=10)  # the actor is gone
     assert list(other.ok.call().get(timeout=10).values()) == ["ok"] * 4  # its procs are not
+    # an actor that dies runs __cleanup__ with an Exception saying why (Monarch's), its error the cause
+    path = tmp_path / "cleanup.log"
+    c = procs.spawn("cleans_up", CleansUp, str(path))
+    c.slice(gpus=0).fail.broadcast()
+    with pytest.raises(SupervisionError, match="simulated actor failure"):
+        c.slice(gpus=1).die.call_one().get(timeout=10)  # from an async endpoint: after its loop ends
+    assert c.slice(gpus=2).abort.call_one().get(timeout=10) == "aborted"
+    assert wait_for(lambda: path.exists() and len(path.read_text().splitlines()) == 3, 10), path.read_text()
+    lines = sorted(path.read_text().splitlines())
+    assert lines[0].startswith("0 Exception(ValueError): [gpus=0] The actor monarch_actors.CleansUp cleans_up")
+    assert lines[0].endswith("cleans_up.fail raised ValueError: this is a test exception under broadcast(), "
+                             "where no caller can receive it, so the actor died")  # fmt: skip
+    assert lines[1].startswith("1 Exception(Dies): ") and "Dies: simulated actor failure" in lines[1]
+    assert lines[2].startswith("2 Exception(NoneType): ") and lines[2].endswith("aborted: enough")
 
 
 def test_broadcast_exception_leaves_the_actor_alive_where_asked(procs, recorded_faults):

@@ -49,6 +49,9 @@ class ActorEnds:
     descendants: Descendants
     closing: bool
     loop: asyncio.AbstractEventLoop
+    cleanup_due: Exception | None = None  # it died: ``__cleanup__`` gets this once the message that killed it ends
+
+    def _ring(self) -> None: ...  # wake the actor's loop (``ActorHost``'s doorbell)
 
     # -- what ends the actor (its proc lives on) ----------------------------------------------------
     def _failure(self, kind: str, detail: str, info: dict[str, Any] | None = None) -> Failure:
@@ -68,6 +71,16 @@ class ActorEnds:
             self.runtime.reply(h, BROKEN, dumps(self.failure)[0], [])
         self._report(self.failure, told)
         self.descendants.end()
+        self._cleanup_after(self.failure, e)
+
+    def _cleanup_after(self, failure: Failure, cause: BaseException | None = None) -> None:
+        """It died: ``__cleanup__`` runs with an ``Exception`` that says why (Monarch's: its error text in
+        an ``Exception``; here the failure's, its cause as ``__cause__``), once the message that killed it
+        ends (the loop may be running it now)."""
+        exc = Exception(failure.describe())
+        exc.__cause__ = cause
+        self.cleanup_due = exc
+        self._ring()
 
     def _fail_unsupervised(self, err: Exception) -> None:
         """A failure of a mesh it owns went unhandled (no ``__supervise__``, it said no, or it raised): the
@@ -79,6 +92,7 @@ class ActorEnds:
         self.failure = self._failure("died", detail, {"tb": str(err)})
         self._report(self.failure, told=False, untold=True)  # the call running now (if any) ends normally
         self.descendants.end()
+        self._cleanup_after(self.failure, err)
 
     def _stop(self, h: dict[str, Any]) -> None:
         """``ActorMesh.stop()``: the tasks it left running are cancelled, ``__cleanup__(None)`` runs, and
@@ -90,7 +104,9 @@ class ActorEnds:
             self.descendants.end()
         self.runtime.reply(h, OK, dumps(None)[0], [])
 
-    def _clean_up(self) -> None:
+    def _clean_up(self, exc: Exception | None = None) -> None:
+        """Cancel its leftover tasks and run ``__cleanup__(exc)`` (``None``: stopped, not died); once."""
+        self.cleanup_due = None
         tasks = [t for t in asyncio.all_tasks(self.loop) if not t.done()]
         for t in tasks:
             t.cancel()
@@ -99,7 +115,7 @@ class ActorEnds:
         cleanup = getattr(self.instance, "__cleanup__", None)
         try:
             if cleanup is not None:
-                out = cleanup(None)
+                out = cleanup(exc)
                 if inspect.isawaitable(out):
                     self.loop.run_until_complete(out)  # type: ignore[arg-type]
         except BaseException as e:  # noqa: BLE001 - the actor stops anyway; say why it did not clean up

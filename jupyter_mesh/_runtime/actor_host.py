@@ -200,6 +200,12 @@ class ActorHost(ActorEnds):
         cls = type(self.instance).__qualname__
         self.failure = self._failure("died", f"{cls} {self.name} aborted: {reason or 'no reason provided'}")
         self._report(self.failure, told=False, untold=True)  # the call running now still ends normally
+        self._cleanup_after(self.failure)
+
+    def _ring(self) -> None:
+        """Wake the actor's thread, with no message (its loop then sees ``cleanup_due``)."""
+        with self._bell_lock:
+            self._bell.send(self._bell_token)
 
     def own(self, kind: str, mesh: Any) -> None:
         """The actor spawned ``mesh`` (an actor mesh or a proc mesh): it ends with the actor."""
@@ -217,14 +223,16 @@ class ActorHost(ActorEnds):
         set_current_client(self.runtime.client)
         while not self.closing:
             try:
+                if self.cleanup_due is not None:  # it died of the last message: __cleanup__(exc) first
+                    self._clean_up(self.cleanup_due)
                 if not self._serve_one():
                     break  # the proc is going away
             except BaseException:  # noqa: BLE001 - a bug here must not silently stop the actor
                 print(f"[{self.name}] internal error while receiving:\n{traceback.format_exc()}", file=sys.stderr)
         if self.closing:
             self._construct_before_stop()
-            if self.failure is None and self.instance is not None:
-                self._clean_up()  # its proc stops: the actor stops too (tasks cancelled, __cleanup__)
+            if self.instance is not None and (self.failure is None or self.cleanup_due is not None):
+                self._clean_up(self.cleanup_due)  # its proc stops: the actor stops too (tasks cancelled, __cleanup__)
 
     def _construct_before_stop(self) -> None:
         """The proc stops: a constructor already delivered still runs (Monarch, too, lets pending
