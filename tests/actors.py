@@ -234,7 +234,7 @@ class Supervisor(Actor):
         return self.seen
 
     def __supervise__(self, failure) -> bool:
-        self.seen.append(f"{failure.kind}:{dict(failure.coords)}")
+        self.seen.append(f"{failure.kind}:{failure.mesh_name}:{dict(failure.coords)}")
         return self.handle
 
 

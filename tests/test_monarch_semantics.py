@@ -97,7 +97,7 @@ def test_an_actor_given_a_proc_mesh_spawns_on_it_and_supervises_it(host, recorde
         # the child's proc dies: its owner hears of that too
         os.kill(pm2.pids()[0], signal.SIGKILL)
         seen = wait_for(lambda: len(owner.seen_failures.call_one().get(timeout=5)) == 2, 10)
-        assert seen and owner.seen_failures.call_one().get(timeout=5)[1].startswith("signal:")
+        assert seen and owner.seen_failures.call_one().get(timeout=5)[1].startswith("signal:child:")  # its actor mesh
         assert drain_fault_hooks() and _new_faults(recorded_faults, start) == []  # handled where it belongs
     finally:
         pm.stop()

@@ -22,7 +22,7 @@ def test_supervise_handles_child_failure(host):
         kids = sup.start_children.call_one(2).get(timeout=30)
         os.kill(kids[1], signal.SIGKILL)
         seen = wait_for(lambda: sup.seen_failures.call_one().get(timeout=5), 5)
-        assert seen == ["signal:{'workers': 1}"]
+        assert seen == ["signal:kids:{'workers': 1}"]  # as in Monarch: named after the actor mesh on it
         with pytest.raises(ActorError) as ei:  # the owner's own calls to the dead rank still fail...
             sup.call_children.call_one().get(timeout=10)
         assert isinstance(ei.value.exception, SupervisionError)

@@ -374,7 +374,7 @@ class ProcMesh(_MeshTrait):
             self._ref, new_id(name), name, cls.__qualname__, frozenset(endpoints_of(cls)), self._view
         )
         mesh._actor_class = cls
-        self._controller.faults.spawning(mesh._actor_id, self._ref.mesh_id)  # in an actor: it supervises them
+        self._controller.faults.spawning(mesh._actor_id, self._ref.mesh_id, name)  # in an actor: it supervises them
         mesh.initialized = _client().spawn_actors(mesh, cls, args, kwargs)
         self._controller.watch_init(mesh, mesh.initialized, limit)
         _owned_by_caller("actors", mesh)

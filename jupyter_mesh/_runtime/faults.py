@@ -43,21 +43,35 @@ class Faults:
         self.pending: SupervisionError | None = None  # fail fast: raised at the next API call
         self._lock = threading.Lock()
         # actor meshes spawned from this proc (embedded controller only): actor id -> (the actor that
-        # spawned it, its proc mesh id). That actor's __supervise__ hears of their failures
-        self.owners: dict[str, tuple[Any, str]] = {}
+        # spawned it, its proc mesh id, its name). That actor's __supervise__ hears of their failures
+        self.owners: dict[str, tuple[Any, str, str]] = {}
         self.lent: set[str] = set()  # our proc meshes passed to actors: they supervise what they spawn there
         emb = hooks.embedding()
         if host.embedded and emb is not None:
             emb.watch_failures(self.notice_failed)
 
     # -- ownership ----------------------------------------------------------------------------------
-    def spawning(self, actor_id: str, mesh_id: str) -> None:
-        """An actor mesh is being spawned from this thread: in a proc, the actor running here owns it."""
+    def spawning(self, actor_id: str, mesh_id: str, name: str = "") -> None:
+        """An actor mesh (``name``) is being spawned from this thread: in a proc, the actor running here owns it."""
         emb = hooks.embedding()
         if self.host.embedded and emb is not None:
             owner = emb.current_owner()
             if owner is not None:
-                self.owners[actor_id] = (owner, mesh_id)
+                self.owners[actor_id] = (owner, mesh_id, name)
+
+    def _per_actor_mesh(self, mesh_id: str, failure: Failure, owner: Any = None) -> list[tuple[Any, Failure]]:
+        """A proc of ``mesh_id`` failed: the failure as each actor mesh spawned from here on it has it
+        (named after it: ``mesh_name``), with its owner, as Monarch tells one ``__supervise__`` per
+        actor mesh. ``owner``, the proc mesh's own, hears of it under the proc mesh's name if it
+        spawned no actor mesh there."""
+        out = [
+            (o, dataclasses.replace(failure, actor=name))
+            for o, m, name in list(self.owners.values())
+            if m == mesh_id and name
+        ]
+        if owner is not None and not any(o is owner for o, _ in out):
+            out.append((owner, failure))
+        return out
 
     def lend(self, mesh_id: str) -> None:
         """A proc mesh of ours is being pickled for an actor: failures there are its to handle too."""
@@ -77,14 +91,15 @@ class Faults:
         if rec.owner is not None and emb is not None:
             if hook_only:
                 return
-            emb.supervise(rec.owner, SupervisionError([failure], f"in mesh '{rec.ref.name}' that it owns"))
+            for owner, f in self._per_actor_mesh(rec.ref.mesh_id, failure, rec.owner):
+                emb.supervise(owner, SupervisionError([f], f"in mesh '{rec.ref.name}' that it owns"))
             return
         if not told and rec.ref.mesh_id not in self.lent:
             self._to_hook(MeshFailure([failure], "while nothing was waiting on it"))
 
     def notice_failed(self, mesh_id: str, rank: int, failure: Any) -> None:
         """In a proc: a rank of a proc mesh another process owns failed (its notice). Actors here that
-        spawned actor meshes on it hear of it, once each (a mesh of our own is ``rank_failed``'s)."""
+        spawned actor meshes on it hear of it, once per actor mesh (a mesh of our own is ``rank_failed``'s)."""
         if mesh_id in self.host.meshes or not isinstance(failure, Failure):
             return
         emb = hooks.embedding()
@@ -92,9 +107,8 @@ class Faults:
             return
         if failure.rank is None:
             failure = dataclasses.replace(failure, rank=rank)
-        owners = {id(o): o for o, m in list(self.owners.values()) if m == mesh_id}
-        for owner in owners.values():
-            emb.supervise(owner, SupervisionError([failure], f"in mesh '{failure.mesh}' it spawned actors on"))
+        for owner, f in self._per_actor_mesh(mesh_id, failure):
+            emb.supervise(owner, SupervisionError([f], f"in mesh '{failure.mesh}' it spawned actors on"))
 
     # -- actor failures (the proc lives on) -----------------------------------------------------------
     def actor_fault(self, msg: Message, frames: list[Any]) -> None:
