@@ -18,6 +18,7 @@ from jupyter_mesh import (
     current_size,
     endpoint,
     get_or_spawn_controller,
+    this_proc,
 )
 
 
@@ -61,6 +62,20 @@ class Adder(Actor):
 
     def plus_through(self, port: Port[int], b: int) -> None:
         port.send(self.base + b)
+
+    @endpoint
+    def quit(self, how: str) -> str:
+        """Ends itself after this call: ``stop`` (no failure) or ``kill`` (a failure, as abort)."""
+        getattr(context().actor_instance, how)("done")
+        return how
+
+    @endpoint
+    def own_proc(self, via: str) -> tuple[dict[str, int], dict[str, int], int, int]:
+        """What it spawns on its own proc (``actor_instance.proc``, or ``this_proc()``) runs in its process."""
+        inst = context().actor_instance
+        proc = inst.proc if via == "proc" else this_proc()
+        sib = proc.spawn(f"sib_{via}", Adder, 5)
+        return dict(proc.extent), dict(inst.proc_mesh.extent), sib.pid.call_one().get(timeout=30), os.getpid()
 
     @endpoint
     def whoami(self) -> tuple[str, dict[str, int], str, str]:

@@ -182,6 +182,15 @@ def test_abort_ends_the_actor_and_the_fault_hook_hears_why(two):
         assert "Adder quitter aborted: enough" in seen[0].report()
         with pytest.raises(SupervisionError, match="aborted"):
             a.value.call_one().get(timeout=30)
+        # Monarch's Instance.kill() is abort(); stop() ends the actor with no failure (the hook hears nothing)
+        k, s = two.spawn("killed", Adder).slice(gpus=0), two.spawn("stopped", Adder).slice(gpus=0)
+        assert k.quit.call_one("kill").get(timeout=30) == "kill"
+        assert wait_for(lambda: len(seen) == 2, 10) and "Adder killed aborted: done" in seen[1].report()
+        assert s.quit.call_one("stop").get(timeout=30) == "stop"
+        with pytest.raises(SupervisionError, match="stopped itself") as ei:
+            s.value.call_one().get(timeout=30)
+        assert ei.value.failures[0].kind == "stopped" and len(seen) == 2
+        assert two.spawn("after", Adder, 2).slice(gpus=0).value.call_one().get(timeout=30) == 2  # its proc lives on
     finally:
         jupyter_mesh.unhandled_fault_hook = None
 
@@ -329,6 +338,11 @@ def test_value_mesh_get_slice_flatten():
 
 
 def test_this_proc_and_get_or_spawn_controller(two):
+    # in an actor, as in Monarch: its own proc, one proc with no dims (what it spawns there shares its pid)
+    placed = two.spawn("placed", Adder).slice(gpus=1)
+    for via in ("proc",):  # context().actor_instance.proc (Monarch's actors.md)
+        assert placed.own_proc.call_one(via).get(timeout=60) == ({}, {"gpus": 2}, two.pids()[1], two.pids()[1]), via
+    # in the program: a proc of its own, spawned once (actors never run in the controller)
     assert this_proc() is this_proc()
     assert this_proc().spawn("here", Adder, 7).value.call_one().get(timeout=30) == 7
     first = get_or_spawn_controller("registry", Adder, 1).get(timeout=30)

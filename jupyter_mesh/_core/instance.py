@@ -37,6 +37,40 @@ class Instance:
             raise RuntimeError("abort() ends an actor; outside actors there is none to end")
         self._host.abort(reason)
 
+    def kill(self, reason: str | None = None) -> None:
+        """Monarch's: end this actor with a failure, as :meth:`abort` does."""
+        self.abort(reason)
+
+    def stop(self, reason: str | None = None) -> None:
+        """End this actor without a failure (Monarch's), once the message it handles now ends: its
+        ``__cleanup__(None)`` runs, the meshes it spawned stop, later calls to it raise
+        ``SupervisionError`` (kind ``stopped``). Its proc lives on. ``reason`` is Monarch's, unused."""
+        if self._host is None:
+            raise RuntimeError("stop() ends an actor; outside actors there is none to stop")
+        self._host.stop_self()
+
+    @property
+    def proc_mesh(self) -> Any:
+        """The ``ProcMesh`` this actor was spawned on (Monarch's): it can spawn actor meshes there, and
+        supervises them. Outside actors: ``this_proc()``."""
+        if self._host is None:
+            from ..jobs.singletons import this_proc
+
+            return this_proc()
+        if self._host.proc_ref is None:
+            raise RuntimeError(f"actor {self.name} was spawned by a runtime that did not say on which proc mesh")
+        from .._api.mesh import _proc_mesh_ref
+
+        return _proc_mesh_ref(self._host.proc_ref, None)
+
+    @property
+    def proc(self) -> Any:
+        """This actor's own proc, as a proc mesh of that one proc (no dims; Monarch's): what it spawns
+        there runs in its process (``this_proc()`` in an actor). Outside actors: ``this_proc()``."""
+        if self._host is None:
+            return self.proc_mesh
+        return self.proc_mesh.slice(**self._host.runtime.coords)
+
     def __reduce__(self) -> tuple[Any, ...]:  # the actor's runtime stays where it is
         return (Instance, (self.name, self.class_name, self.rank, self.actor_id, self.proc_id, self.creator))
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from .shape import Shape
 
-__all__ = ["ActorMeshRef", "ProcMeshRef", "new_id"]
+__all__ = ["ActorMeshRef", "ProcMeshRef", "new_id", "ref_from_wire", "ref_to_wire"]
 
 
 def new_id(prefix: str) -> str:
@@ -34,6 +34,23 @@ class ProcMeshRef:
 
     def coords(self, rank: int) -> dict[str, int]:
         return dict(self.shape.point(rank))
+
+
+def ref_to_wire(ref: ProcMeshRef) -> list[Any]:
+    """A ``ProcMeshRef`` as plain lists (a spawn's header carries it: the actor's ``proc_mesh``)."""
+    return [ref.mesh_id, ref.name, ref.shape.to_wire(), ref.proc_addrs, ref.rank_host, ref.agent_addrs,
+            ref.host_keys, ref.host_dims]  # fmt: skip
+
+
+def ref_from_wire(w: Any) -> ProcMeshRef | None:
+    """:func:`ref_to_wire`'s inverse; None for anything else (nothing off the wire is trusted as it is)."""
+    try:
+        mesh_id, name, shape, addrs, hosts, agents, keys, host_dims = w
+        ref = ProcMeshRef(str(mesh_id), str(name), Shape.from_wire(shape), [str(a) for a in addrs],
+                          [int(h) for h in hosts], [str(a) for a in agents], [str(k) for k in keys], int(host_dims))  # fmt: skip
+    except (TypeError, ValueError, KeyError, IndexError):
+        return None
+    return ref if len(ref.proc_addrs) == len(ref.rank_host) == len(ref.shape) else None
 
 
 class ActorMeshRef(Protocol):

@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 import inspect
 import sys
+import threading
 from typing import Any, Protocol
 
+from .._core.refs import ProcMeshRef
 from .._core.shape import Point
 from .._wire.protocol import BROKEN, NO_REPLY, OK, Kind
 from .._wire.serialize import dumps
@@ -50,10 +52,35 @@ class ActorEnds:
     closing: bool
     loop: asyncio.AbstractEventLoop
     cleanup_due: Exception | None = None  # it died: ``__cleanup__`` gets this once the message that killed it ends
-
-    def _ring(self) -> None: ...  # wake the actor's loop (``ActorHost``'s doorbell)
+    stop_due = False  # it stops itself (``Instance.stop()``) once the message that runs now ends
+    proc_ref: ProcMeshRef | None = None  # the proc mesh it was spawned on (``Instance.proc_mesh``)
+    _bell: Any  # the actor's doorbell (``ActorHost``): a frame of ``_bell_token`` wakes its thread
+    _bell_lock: threading.Lock
+    _bell_token: bytes
 
     # -- what ends the actor (its proc lives on) ----------------------------------------------------
+    def abort(self, reason: str | None) -> None:
+        """``context().actor_instance.abort(reason)``: the actor fails now (its proc lives on); later calls
+        get the failure, and its spawner (its ``__supervise__`` or fault hook) hears of it."""
+        if self.failure is not None:
+            return
+        cls = type(self.instance).__qualname__
+        self.failure = self._failure("died", f"{cls} {self.name} aborted: {reason or 'no reason provided'}")
+        self._report(self.failure, told=False, untold=True)  # the call running now still ends normally
+        self._cleanup_after(self.failure)
+
+    def stop_self(self) -> None:
+        """``context().actor_instance.stop()``: once the message that runs now ends, the actor stops as
+        on ``ActorMesh.stop()`` (``__cleanup__(None)``, its meshes stopped, later calls answered as
+        stopped); no failure: its spawner is not told."""
+        self.stop_due = True
+        self._ring()
+
+    def _ring(self) -> None:
+        """Wake the actor's thread, with no message (its loop then sees ``cleanup_due``, ``stop_due``)."""
+        with self._bell_lock:
+            self._bell.send(self._bell_token)
+
     def _failure(self, kind: str, detail: str, info: dict[str, Any] | None = None) -> Failure:
         rt = self.runtime
         who = f"{self.cls_path or 'actor'} {self.name}{rt.point}"  # Monarch's: module.Class name{'gpus': 0/4}
@@ -93,6 +120,18 @@ class ActorEnds:
         self._report(self.failure, told=False, untold=True)  # the call running now (if any) ends normally
         self.descendants.end()
         self._cleanup_after(self.failure, err)
+
+    def _end_after_message(self) -> None:
+        """What the last message left due: ``__cleanup__(exc)`` after a death, or its own stop."""
+        if self.cleanup_due is not None:
+            self._clean_up(self.cleanup_due)
+        if self.stop_due:
+            self.stop_due = False
+            if self.failure is None:
+                self._clean_up()
+                self.failure = self._failure("stopped", f"actor '{self.name}' stopped itself")
+                self.instance = None
+                self.descendants.end()
 
     def _stop(self, h: dict[str, Any]) -> None:
         """``ActorMesh.stop()``: the tasks it left running are cancelled, ``__cleanup__(None)`` runs, and

@@ -31,6 +31,7 @@ from .._core.actor import Endpoint, endpoints_of
 from .._core.context import context
 from .._core.plain_methods import plain_endpoint
 from .._core.ports import DroppingPort
+from .._core.refs import ref_from_wire
 from .._core.shape import Point
 from .._wire.lane_merge import Inbox
 from .._wire.protocol import BROKEN, DIRECT, NO_REPLY, OK, RAISED, STOP_ENDPOINT, Kind
@@ -192,21 +193,6 @@ class ActorHost(ActorEnds):
                 pass
         self.enqueue(Message({"k": Kind.SUPERVISE}, err))  # type: ignore[arg-type]
 
-    def abort(self, reason: str | None) -> None:
-        """``context().actor_instance.abort(reason)``: the actor fails now (its proc lives on); later calls
-        get the failure, and its spawner (its ``__supervise__`` or fault hook) hears of it."""
-        if self.failure is not None:
-            return
-        cls = type(self.instance).__qualname__
-        self.failure = self._failure("died", f"{cls} {self.name} aborted: {reason or 'no reason provided'}")
-        self._report(self.failure, told=False, untold=True)  # the call running now still ends normally
-        self._cleanup_after(self.failure)
-
-    def _ring(self) -> None:
-        """Wake the actor's thread, with no message (its loop then sees ``cleanup_due``)."""
-        with self._bell_lock:
-            self._bell.send(self._bell_token)
-
     def own(self, kind: str, mesh: Any) -> None:
         """The actor spawned ``mesh`` (an actor mesh or a proc mesh): it ends with the actor."""
         self.descendants.own(kind, mesh)
@@ -223,8 +209,8 @@ class ActorHost(ActorEnds):
         set_current_client(self.runtime.client)
         while not self.closing:
             try:
-                if self.cleanup_due is not None:  # it died of the last message: __cleanup__(exc) first
-                    self._clean_up(self.cleanup_due)
+                if self.cleanup_due is not None or self.stop_due:  # it died of (or stopped in) the last message
+                    self._end_after_message()
                 if not self._serve_one():
                     break  # the proc is going away
             except BaseException:  # noqa: BLE001 - a bug here must not silently stop the actor
@@ -233,6 +219,9 @@ class ActorHost(ActorEnds):
             self._construct_before_stop()
             if self.instance is not None and (self.failure is None or self.cleanup_due is not None):
                 self._clean_up(self.cleanup_due)  # its proc stops: the actor stops too (tasks cancelled, __cleanup__)
+            # closed here, not by the garbage collector at exit, which may close its self-pipe first
+            # ("Exception ignored in BaseEventLoop.__del__ ... Invalid file descriptor: -1")
+            self.loop.close()
 
     def _construct_before_stop(self) -> None:
         """The proc stops: a constructor already delivered still runs (Monarch, too, lets pending
@@ -395,6 +384,7 @@ class ActorHost(ActorEnds):
     def _spawn(self, msg: Message) -> None:
         rt = self.runtime
         self.spawner, self.fatal = msg.header["s"], bool(msg.header.get("fa"))
+        self.proc_ref = ref_from_wire(msg.header.get("pm"))
         try:
             cls, args, kwargs = loads(msg.payload, msg.buffers)
             self.cls_path = f"{cls.__module__}.{cls.__qualname__}"

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from .._core.context import context
 from .._core.future import Future
+from .._core.refs import ref_to_wire
 from .._wire.protocol import DIRECT, GATHER, NO_REPLY, Kind
 from .._wire.serialize import UNPICKLABLE_HINT, describe_unpicklable, dumps, is_plain, pickling_for
 from .._wire.transport import Message, Transport
@@ -292,6 +293,7 @@ class Client:
             "s": self.address,
             "rm": DIRECT,  # one reply per rank, not per host: each constructor is known done when it is
             "fa": int(actor_errors.fatal()),
+            "pm": ref_to_wire(mesh._ref),  # the actor's context().actor_instance.proc_mesh
         }
         fanout.send_cast(self, mesh, ranks, header, payload, bufs, p)
         if self.hooks.on_spawn is not None:
@@ -316,6 +318,7 @@ class Client:
                 "i": call_id,
                 "q": self._seqs(mesh, [rank]),
                 "fa": int(actor_errors.fatal()),
+                "pm": ref_to_wire(mesh._ref),
             }
             try:
                 self.transport.send(self._proc_addr(mesh._ref, rank), Message(header, payload, bufs))
