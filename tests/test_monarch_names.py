@@ -340,7 +340,7 @@ def test_value_mesh_get_slice_flatten():
 def test_this_proc_and_get_or_spawn_controller(two):
     # in an actor, as in Monarch: its own proc, one proc with no dims (what it spawns there shares its pid)
     placed = two.spawn("placed", Adder).slice(gpus=1)
-    for via in ("proc",):  # context().actor_instance.proc (Monarch's actors.md)
+    for via in ("proc", "this_proc"):  # context().actor_instance.proc (Monarch's actors.md), this_proc()
         assert placed.own_proc.call_one(via).get(timeout=60) == ({}, {"gpus": 2}, two.pids()[1], two.pids()[1]), via
     # in the program: a proc of its own, spawned once (actors never run in the controller)
     assert this_proc() is this_proc()

@@ -37,8 +37,14 @@ _serving: object = None  # the controller whose dispatch answers SINGLETON reque
 
 
 def this_proc() -> ProcMesh:
-    """Monarch's "the current proc". Here: one proc of this host, spawned on first use and kept (the
-    calling process itself hosts no actors), so ``this_proc().spawn(...)`` puts actors beside it."""
+    """Monarch's "the current proc". In an actor: its own proc, as a proc mesh of that one proc
+    (``context().actor_instance.proc``), so what it spawns there runs in its process. In the program:
+    one proc of this host, spawned on first use and kept (the program itself hosts no actors), so
+    ``this_proc().spawn(...)`` puts actors beside it."""
+    if context().actor.host is not None:
+        from .._core.instance import context as actor_context
+
+        return actor_context().actor_instance.proc  # type: ignore[no-any-return]
     global _this_proc
     with _lock:
         if _this_proc is None or _this_proc.stopped:
