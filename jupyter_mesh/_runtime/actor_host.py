@@ -327,8 +327,8 @@ class ActorHost(ActorEnds):
             self._stop(msg.header)
         else:
             ep = self.endpoints.get(msg.header["ep"])
-            if ep is None and msg.header.get("pm"):  # a plain method, called through as_endpoint()
-                ep = plain_endpoint(type(self.instance), msg.header["ep"], msg.header["pm"] == 2)
+            if ep is None and msg.header.get("plain"):  # a plain method, called through as_endpoint()
+                ep = plain_endpoint(type(self.instance), msg.header["ep"], msg.header["plain"] == 2)
             if ep is not None and ep.concurrent:  # a task beside the next messages (``_run_tasks_until_mail``)
                 self._used_loop = True
                 self.loop.create_task(self._call_concurrently(msg, ep))
@@ -384,7 +384,7 @@ class ActorHost(ActorEnds):
     def _spawn(self, msg: Message) -> None:
         rt = self.runtime
         self.spawner, self.fatal = msg.header["s"], bool(msg.header.get("fa"))
-        self.proc_ref = ref_from_wire(msg.header.get("pm"))
+        self.proc_ref = ref_from_wire(msg.header.get("pmesh"))
         try:
             cls, args, kwargs = loads(msg.payload, msg.buffers)
             self.cls_path = f"{cls.__module__}.{cls.__qualname__}"

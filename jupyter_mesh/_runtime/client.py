@@ -293,7 +293,7 @@ class Client:
             "s": self.address,
             "rm": DIRECT,  # one reply per rank, not per host: each constructor is known done when it is
             "fa": int(actor_errors.fatal()),
-            "pm": ref_to_wire(mesh._ref),  # the actor's context().actor_instance.proc_mesh
+            "pmesh": ref_to_wire(mesh._ref),  # the actor's context().actor_instance.proc_mesh
         }
         fanout.send_cast(self, mesh, ranks, header, payload, bufs, p)
         if self.hooks.on_spawn is not None:
@@ -318,7 +318,7 @@ class Client:
                 "i": call_id,
                 "q": self._seqs(mesh, [rank]),
                 "fa": int(actor_errors.fatal()),
-                "pm": ref_to_wire(mesh._ref),
+                "pmesh": ref_to_wire(mesh._ref),
             }
             try:
                 self.transport.send(self._proc_addr(mesh._ref, rank), Message(header, payload, bufs))
@@ -353,7 +353,7 @@ class Client:
             "s": self.address,
         }
         if endpoint in mesh._plain:  # as_endpoint(mesh.method): run that method although not an @endpoint
-            header["pm"] = 2 if mesh._plain[endpoint] else 1
+            header["plain"] = 2 if mesh._plain[endpoint] else 1
         if mode == "broadcast":
             header["rm"] = NO_REPLY
             fanout.send_cast(self, mesh, ranks, header, payload, bufs, None)
@@ -439,7 +439,7 @@ class Client:
                         "q": self._seqs(mesh, [rank]),
                     }
                     if endpoint in mesh._plain:  # as_endpoint(mesh.method)
-                        header["pm"] = 2 if mesh._plain[endpoint] else 1
+                        header["plain"] = 2 if mesh._plain[endpoint] else 1
                     if box is not None:
                         self._reply_in_box(header, p, box)
                     if local:
