@@ -134,7 +134,21 @@ def _render_values(vm: Any) -> str:
     return value_mesh_html(vm)
 
 
+def _proc_mesh_from_ref(ref: Any) -> Any:
+    from ._api.mesh import _proc_mesh_ref
+
+    return _proc_mesh_ref(ref, None)
+
+
+def _this_proc() -> Any:
+    from .jobs.singletons import this_proc
+
+    return this_proc()
+
+
 _slots.default_client = _controller_client
+_slots.proc_mesh_from_ref = _proc_mesh_from_ref
+_slots.this_proc = _this_proc
 _slots.proc_mesh_view = _render
 _slots.value_mesh_view = _render_values
 

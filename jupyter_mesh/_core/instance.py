@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import slots
 from .context import context as _process
 from .shape import Extent, Point
 
@@ -54,14 +55,12 @@ class Instance:
         """The ``ProcMesh`` this actor was spawned on (Monarch's): it can spawn actor meshes there, and
         supervises them. Outside actors: ``this_proc()``."""
         if self._host is None:
-            from ..jobs.singletons import this_proc
-
-            return this_proc()
+            assert slots.this_proc is not None, "the facade (jupyter_mesh/__init__) fills this slot"
+            return slots.this_proc()
         if self._host.proc_ref is None:
             raise RuntimeError(f"actor {self.name} was spawned by a runtime that did not say on which proc mesh")
-        from .._api.mesh import _proc_mesh_ref
-
-        return _proc_mesh_ref(self._host.proc_ref, None)
+        assert slots.proc_mesh_from_ref is not None, "the facade (jupyter_mesh/__init__) fills this slot"
+        return slots.proc_mesh_from_ref(self._host.proc_ref)
 
     @property
     def proc(self) -> Any:

@@ -18,3 +18,10 @@ proc_mesh_view: Callable[[Any], dict[str, Any]] | None = None
 
 value_mesh_view: Callable[[Any], str] | None = None
 """A ``ValueMesh`` → HTML (a grid along its dims); None: the plain ``repr``."""
+
+proc_mesh_from_ref: Callable[[Any], Any] | None = None
+"""A ``ProcMeshRef`` → the ``ProcMesh`` it names, bound to this process's controller (an actor's
+``context().actor_instance.proc_mesh``)."""
+
+this_proc: Callable[[], Any] | None = None
+"""Monarch's ``this_proc()`` in the program (the instance's ``proc`` outside actors)."""
