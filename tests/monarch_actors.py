@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import functools
 import os
 import time
 import weakref
@@ -213,3 +214,42 @@ def _write(path: str, hang: float) -> None:
     with open(path, "w") as f:
         f.write(str(os.getpid()))
     time.sleep(hang)
+
+
+def _injects_one(f):
+    """A decorator that passes an argument of its own: the caller does not pass ``one``."""
+
+    @functools.wraps(f)
+    def wrapper(self, *args, **kwargs):
+        return f(self, 1, *args, **kwargs)
+
+    return wrapper
+
+
+class Args(Actor):
+    """Parameter lists of every kind: what the caller's check of arguments must refuse, and accept."""
+
+    @endpoint
+    def f(self, x: int, *, y: int = 0) -> int:
+        return x + y
+
+    @endpoint
+    def anything(self, *args, **kwargs) -> int:
+        return len(args) + len(kwargs)
+
+    @endpoint(explicit_response_port=True)
+    def via_port(self, port, x: int) -> None:
+        port.send(x)
+
+    @endpoint
+    @_injects_one
+    def wrapped(self, one: int, x: int) -> int:
+        return one + x
+
+    @endpoint
+    def call_other(self, other, args: tuple, kwargs: dict) -> str:
+        """An actor calling another actor's mesh: its arguments are checked here too."""
+        try:
+            return repr(list(other.f.call(*args, **kwargs).get(timeout=20).values()))
+        except TypeError as e:
+            return f"TypeError: {e}"

@@ -15,9 +15,9 @@ import textwrap
 
 import pytest
 from _procs import wait_dead, wait_for
-from monarch_actors import Boom, CleansUp, Finalizes, Nested, Owner, Parent, Ranks
+from monarch_actors import Args, Boom, CleansUp, Finalizes, Nested, Owner, Parent, Ranks
 
-from jupyter_mesh import ActorError, Future, LocalJob, MeshClosedError, SupervisionError, lowlevel
+from jupyter_mesh import ActorError, Future, LocalJob, MeshClosedError, SupervisionError, lowlevel, send
 from jupyter_mesh._runtime.hooks import drain_fault_hooks
 from jupyter_mesh.errors import MeshFailure
 
@@ -206,6 +206,45 @@ def test_broadcast_exception_leaves_the_actor_alive_where_asked(procs, recorded_
     faults = wait_for(lambda: len(_new_faults(recorded_faults, start)) >= 4, 10) and _new_faults(recorded_faults, start)
     assert {f.failures[0].kind for f in faults} == {"broadcast"} and len(faults) == 4
     assert list(a.ok.call().get(timeout=10).values()) == ["ok"] * 4
+
+
+def test_wrong_arguments_raise_type_error_at_the_call_site_and_the_actors_live(procs, recorded_faults):
+    """Monarch binds a call's arguments in the caller: a wrong call raises ``TypeError`` where it was
+    written, by every adverb. Sent, it failed on every rank, and under broadcast() killed the mesh."""
+    start = len(recorded_faults)
+    a = procs.spawn("args", Args)
+    one = a.slice(gpus=0)
+    wrong = {
+        "call": lambda: a.f.call(),
+        "call_one": lambda: one.f.call_one(1, z=2),
+        "choose": lambda: a.f.choose(1, 2),
+        "stream": lambda: a.f.stream(y=1),
+        "broadcast": lambda: a.f.broadcast(1, 2, 3),
+        "reduce": lambda: a.f.reduce("sum", 1, 2),
+        "send": lambda: send(a.f, (1, 2, 3)),
+        "send choose": lambda: send(a.f, (), selection="choose"),
+    }
+    for adverb, bad in wrong.items():
+        with pytest.raises(TypeError) as e:
+            bad()
+        assert str(e.value).startswith("Args.f(x: int, *, y: int = 0): "), (adverb, str(e.value))
+        assert "nothing was sent" in str(e.value), adverb
+    with pytest.raises(TypeError, match="missing a required argument: 'x'"):
+        a.f.call()
+    # what each endpoint accepts is not refused: *args, the port the runtime passes, a decorator's wrapper
+    assert one.f.call_one(1, y=2).get(timeout=20) == 3
+    assert one.anything.call_one(1, 2, k=3).get(timeout=20) == 3
+    assert one.via_port.call_one(7).get(timeout=20) == 7
+    assert one.wrapped.call_one(5).get(timeout=20) == 6
+    with pytest.raises(TypeError, match=r"Args.via_port\(x: int\): too many positional"):
+        one.via_port.call_one(1, 2)
+    # an actor calling a mesh passed to it checks there too; a good call still goes through
+    caller = procs.spawn("caller", Args).slice(gpus=1)
+    said = caller.call_other.call_one(a, (1,), {"z": 1}).get(timeout=20)
+    assert said.startswith("TypeError: Args.f(x: int, *, y: int = 0): got an unexpected keyword argument 'z'"), said
+    assert caller.call_other.call_one(a, (1,), {}).get(timeout=20) == "[1, 1, 1, 1]"
+    assert list(a.f.call(1, y=1).get(timeout=20).values()) == [2] * 4  # every actor lives
+    assert drain_fault_hooks() and _new_faults(recorded_faults, start) == []
 
 
 # -- 6. a BaseException ends the actor ---------------------------------------------------------------

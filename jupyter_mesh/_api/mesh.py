@@ -20,6 +20,7 @@ from .._core.future import Future
 from .._core.plain_methods import plain_endpoint
 from .._core.refs import ProcMeshRef, new_id
 from .._core.shape import Extent, Shape
+from .._core.signatures import Signatures
 from .._core.state import MeshEvent, MeshState
 from .._core.value_mesh import ValueMesh
 from ..errors import MeshClosedError, MeshKeyError, MeshValueError, SupervisionError
@@ -112,9 +113,11 @@ class ActorMesh(_MeshTrait, Generic[A]):
         class_name: str,
         endpoint_names: frozenset[str],
         view: Shape | None,
+        sigs: Signatures | None = None,
     ):
         self._ref, self._actor_id, self._name = ref, actor_id, name
         self._class_name, self._endpoint_names = class_name, endpoint_names
+        self._sigs = sigs  # the endpoints' parameters, to check a call's arguments here (None: unknown)
         self._view = view  # None: the whole proc mesh, following it when it grows or shrinks
         self.initialized: Future[None] | None = None  # set by ProcMesh.spawn in the spawning process
         if "stop" in endpoint_names:  # the actor's own endpoint wins over ActorMesh.stop
@@ -126,7 +129,7 @@ class ActorMesh(_MeshTrait, Generic[A]):
 
     def _with_shape(self, shape: Shape) -> ActorMesh[A]:
         m: ActorMesh[A] = ActorMesh(
-            self._ref, self._actor_id, self._name, self._class_name, self._endpoint_names, shape
+            self._ref, self._actor_id, self._name, self._class_name, self._endpoint_names, shape, self._sigs
         )
         m.initialized, m._actor_class = self.initialized, self._actor_class
         return m
@@ -151,7 +154,7 @@ class ActorMesh(_MeshTrait, Generic[A]):
     def __reduce__(self) -> tuple[Any, ...]:
         return (
             ActorMesh,
-            (self._ref, self._actor_id, self._name, self._class_name, self._endpoint_names, self._view),
+            (self._ref, self._actor_id, self._name, self._class_name, self._endpoint_names, self._view, self._sigs),
         )
 
     @property
@@ -195,8 +198,20 @@ class MeshEndpoint(Generic[P, R]):
     def __init__(self, mesh: ActorMesh[Any], name: str):
         self._mesh, self._name = mesh, name
 
+    def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """A ``TypeError`` here, before anything is sent, for arguments the endpoint does not take."""
+        sigs = self._mesh._sigs
+        if sigs is not None:
+            check = sigs.checker(self._name)
+            if check is not None:
+                try:
+                    check(*args, **kwargs)
+                except TypeError:
+                    raise sigs.refusal(self._name, args, kwargs) from None
+
     def call(self, *args: P.args, **kwargs: P.kwargs) -> Future[ValueMesh[R]]:
         """Call every actor; the future gives a ValueMesh with one result per actor."""
+        self._bind(args, kwargs)
         return _client().cast(self._mesh, self._name, args, kwargs, mode="call")
 
     def call_one(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
@@ -207,25 +222,30 @@ class MeshEndpoint(Generic[P, R]):
                 f"call_one() needs a mesh of exactly one actor, this one has {n} "
                 f"{self._mesh._shape}; slice it first, e.g. .slice({self._mesh._shape.labels[-1]}=0)"
             )
+        self._bind(args, kwargs)
         rank = self._mesh._shape.slice.offset
         return _client().call_rank(self._mesh, rank, self._name, args, kwargs)
 
     def choose(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
         """Call one actor of the mesh, picked to balance load (fewest calls in flight from here)."""
+        self._bind(args, kwargs)
         return _client().choose(self._mesh, self._name, args, kwargs)
 
     def stream(self, *args: P.args, **kwargs: P.kwargs) -> Iterator[Future[R]]:
         """Call every actor; yield completed futures as replies arrive (fastest first)."""
+        self._bind(args, kwargs)
         return _client().cast(self._mesh, self._name, args, kwargs, mode="stream")
 
     def broadcast(self, *args: P.args, **kwargs: P.kwargs) -> None:
         """Call every actor without waiting for or receiving results (errors are logged remotely)."""
+        self._bind(args, kwargs)
         _client().cast(self._mesh, self._name, args, kwargs, mode="broadcast")
 
     def reduce(self, op: str | Callable[[Any, Any], Any], /, *args: P.args, **kwargs: P.kwargs) -> Future[Any]:
         """Call every actor and fold the results into one value: ``op`` is ``"sum"``, ``"prod"``, ``"min"``,
         ``"max"`` (numbers, tensors, arrays: elementwise) or an associative, commutative ``f(a, b)``. The
         host agents fold on the way back, so the caller receives one value per subtree, not per actor."""
+        self._bind(args, kwargs)
         return _client().cast(self._mesh, self._name, args, kwargs, mode="reduce", op=op)  # type: ignore[no-any-return]
 
     def rref(self, *args: P.args, **kwargs: P.kwargs) -> Any:
@@ -233,6 +253,7 @@ class MeshEndpoint(Generic[P, R]):
         at once (Monarch's tensor engine; the endpoint declares its result's shape with ``propagate=``)."""
         from .tensor_engine import rref
 
+        self._bind(args, kwargs)
         return rref(self, _proc_mesh_ref(self._mesh._ref, None), args, kwargs)
 
     def __repr__(self) -> str:
@@ -370,8 +391,15 @@ class ProcMesh(_MeshTrait):
             raise TypeError(f"spawn() needs a subclass of jupyter_mesh.Actor, got {cls!r}")
         if not isinstance(name, str) or not name:
             raise MeshValueError("spawn() needs a non-empty actor mesh name as its first argument")
+        endpoints = endpoints_of(cls)
         mesh: ActorMesh[A] = ActorMesh(
-            self._ref, new_id(name), name, cls.__qualname__, frozenset(endpoints_of(cls)), self._view
+            self._ref,
+            new_id(name),
+            name,
+            cls.__qualname__,
+            frozenset(endpoints),
+            self._view,
+            Signatures.of(cls, endpoints),
         )
         mesh._actor_class = cls
         self._controller.faults.spawning(mesh._actor_id, self._ref.mesh_id, name)  # in an actor: it supervises them

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._core.actor import Actor, endpoint, endpoints_of
+from .._core.signatures import Signatures
 from ..errors import MeshError
 
 __all__ = ["Redefinitions", "Reloader", "Spawned", "copy_class", "not_reloadable"]
@@ -192,9 +193,10 @@ class Redefinitions:
                     f"globals its methods use: keep locks, files and sockets out of them (create them in __init__)"
                 ) from None
             changed = copy_class(rec.cls, new)  # here too: the kernel's meshes look endpoints up on it
-            names_now = frozenset(endpoints_of(rec.cls))
+            endpoints = endpoints_of(rec.cls)
+            names_now, sigs_now = frozenset(endpoints), Signatures.of(rec.cls, endpoints)
             for m in list(rec.meshes):
-                m._endpoint_names = names_now
+                m._endpoint_names, m._sigs = names_now, sigs_now
             rec.current = new
             out.append(f"reloaded '{rec.name}' ({new.__qualname__}): {', '.join(changed) or 'nothing'} changed")
         return out or ["nothing to reload: every live actor mesh runs the current definition of its class"]
