@@ -15,6 +15,7 @@ import types as _types
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ._core import exit_code as _exit_code  # noqa: F401 - registers the exit code's atexit handler first
 from ._core import lazy as _lazy
 from ._core import slots as _slots
 from ._version import __version__ as __version__

@@ -136,6 +136,11 @@ _RESPAWN_HANDLES = textwrap.dedent(
     def lose(*ranks):  # SIGKILL from outside: nothing waits on them, so fail fast holds the failures
         for r in ranks:
             os.kill(procs.pids()[r], signal.SIGKILL)
+        try:
+            time.sleep(30)  # fail fast stops the program here, with a KeyboardInterrupt...
+            print("NOT INTERRUPTED", flush=True)
+        except KeyboardInterrupt:
+            pass  # ...that this one catches: it handles the failures
         deadline = time.monotonic() + 20
         while any(procs.state().ranks[r].state != "failed" for r in ranks) and time.monotonic() < deadline:
             time.sleep(0.02)

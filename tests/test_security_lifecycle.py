@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -219,41 +220,56 @@ def test_two_local_hosts_fan_out_and_gather():
 
 _FAIL_FAST = textwrap.dedent(
     """
-    import os, signal, sys, time
+    import atexit, os, signal, sys, time
     sys.path.insert(0, sys.argv[2])
+    from _procs import descendants
     from actors import Faulty
     from jupyter_mesh import SupervisionError, this_host
 
+    atexit.register(lambda: print("ATEXIT RAN", flush=True))  # before the controller's: runs after it
     procs = this_host().spawn_procs(per_host={"gpus": 2})
     f = procs.spawn("f", Faulty)
     pid = f.slice(gpus=1).pid.call_one().get(timeout=20)
-    os.kill(pid, signal.SIGKILL)          # nothing is waiting on rank 1: an unhandled failure
-    deadline = time.monotonic() + 20
-    while procs.state().ranks[1].state != "failed" and time.monotonic() < deadline:
-        time.sleep(0.02)
+    print("DESCENDANTS", sorted(descendants(os.getpid())), flush=True)
     if sys.argv[1] == "observe":
+        try:
+            os.kill(pid, signal.SIGKILL)  # nothing is waiting on rank 1: an unhandled failure
+            time.sleep(60)                # stopped here at once, as Monarch's default hook does
+            print("NOT INTERRUPTED", flush=True)
+        except KeyboardInterrupt:
+            print("INTERRUPTED", flush=True)
         try:
             f.slice(gpus=0).ok.call_one().get(timeout=5)   # any next API call raises it, once
         except SupervisionError as e:
             print("RAISED", e.failures[0].coords, flush=True)
         print("AFTER", f.slice(gpus=0).ok.call_one().get(timeout=5), flush=True)
     else:
-        print("IGNORED", flush=True)      # the program ends without looking: exit code 1
+        os.kill(pid, signal.SIGKILL)
+        time.sleep(60)
+        print("NOT INTERRUPTED", flush=True)  # never: the program stops in the sleep, exit code 1
     """
 )
 
 
 @pytest.mark.parametrize("mode", ["observe", "ignore"])
 def test_fail_fast_is_the_default_in_scripts(tmp_path, mode):
+    """An unhandled failure stops a script at once where it is (a KeyboardInterrupt in its main thread,
+    as Monarch's default hook), its atexit handlers run, it exits 1 and leaves no process behind; a
+    script that catches the interrupt gets the failure raised at its next API call and may go on."""
     script = tmp_path / "fail_fast.py"
     script.write_text(_FAIL_FAST)
     tests_dir = os.path.dirname(os.path.abspath(__file__))
-    out = subprocess.run([sys.executable, str(script), mode, tests_dir], capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, str(script), mode, tests_dir], capture_output=True, text=True, timeout=120)
+    assert "NOT INTERRUPTED" not in out.stdout, out.stderr
+    assert "ATEXIT RAN" in out.stdout, out.stderr
+    spawned = [int(p) for p in re.findall(r"\d+", out.stdout.split("DESCENDANTS", 1)[1].splitlines()[0])]
+    assert len(spawned) >= 3 and not wait_dead(spawned, 10.0), spawned  # the agent, its fork server, the procs
     if mode == "observe":
+        assert "INTERRUPTED" in out.stdout, out.stderr
         assert "RAISED {'gpus': 1}" in out.stdout, out.stderr
         assert "AFTER fine" in out.stdout
         assert out.returncode == 0, out.stderr
     else:
-        assert "IGNORED" in out.stdout
-        assert out.returncode == 1
+        assert out.returncode == 1, out.stderr
         assert "unhandled failure" in out.stderr and "SIGKILL" in out.stderr
+        assert "KeyboardInterrupt" in out.stderr and "time.sleep(60)" in out.stderr

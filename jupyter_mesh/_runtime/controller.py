@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from .._core import exit_code
 from .._core.context import context
 from .._core.future import Future, time_left
 from .._core.shape import Shape
@@ -537,9 +538,7 @@ class Controller:
         err = self.pending_fault
         if err is not None:  # fail fast: an ignored failure makes the program fail
             print(f"jupyter_mesh: exiting with an unhandled failure:\n{err}", file=sys.stderr)
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(1)
+            exit_code.exit_at_end(1)  # after the program's other atexit handlers, also those registered before us
 
     def shutdown(self) -> None:
         """Stop every agent (and so every proc); fail whatever still waits. Idempotent."""

@@ -137,13 +137,15 @@ class Faults:
             traceback.print_exc()
 
     # -- fail fast ------------------------------------------------------------------------------------
-    def hold(self, err: SupervisionError) -> None:
-        """What fail fast saw, merged with what it saw before (each failure once)."""
+    def hold(self, err: SupervisionError) -> bool:
+        """What fail fast saw, merged with what it saw before (each failure once). True if nothing was
+        held before: the program has seen every earlier one (or there was none)."""
         with self._lock:
             prev = self.pending
             seen = {_key(f) for f in (prev.failures if prev else [])}
             new = [f for f in err.failures if _key(f) not in seen]
             self.pending = MeshFailure([*(prev.failures if prev else []), *new], err.context)
+            return prev is None
 
     def handled(self, mesh: str, ranks: dict[int, dict[str, int]]) -> None:
         """The user respawned ``ranks`` (rank -> coords) of proc mesh ``mesh``: their failures (the

@@ -9,6 +9,7 @@ goes first: returning means handled, raising means unhandled, and the failure th
 from __future__ import annotations
 
 import queue
+import signal
 import sys
 import threading
 import traceback
@@ -73,19 +74,45 @@ its own (``jupyter-mesh-faults``), one failure after the other, so it may respaw
 
 
 def fail_fast(err: SupervisionError) -> None:
-    """The default in scripts: say it now, raise it at the next API call, exit non-zero if ignored."""
+    """The default in scripts: say it now and stop the program where it is (Monarch's default: a
+    ``KeyboardInterrupt`` in the main thread); a program that catches that gets the failure raised
+    at its next API call; it exits 1 if it never looked."""
     print(f"jupyter_mesh: unhandled failure: {err}", file=sys.stderr)
     hold = _fault_holder
-    if hold is not None:
-        hold(err)
+    if hold is not None and hold(err):
+        _interrupt_main()
 
 
-_fault_holder: Callable[[SupervisionError], None] | None = None
+def _interrupt_main() -> None:
+    """A ``KeyboardInterrupt`` in the main thread now, even in a ``sleep`` or a lock's wait (a signal
+    aimed at that thread wakes it): the program stops where it is, its ``finally`` blocks and atexit
+    handlers run. Not in a proc (there a mesh's failures are its owner's to supervise), not in a kernel
+    (whose hook shows the failure: the kernel lives), not when the main thread is the one that saw it
+    (it raises at the next API call) or has ended, nor where the program handles SIGINT no Python way."""
+    main = threading.main_thread()
+    if embedding() is not None or threading.current_thread() is main or not main.is_alive():
+        return
+    app = sys.modules.get("ipykernel.kernelapp")
+    if app is not None and app.IPKernelApp.initialized():
+        return
+    if not callable(signal.getsignal(signal.SIGINT)) or main.ident is None:
+        return  # ignored (SIG_IGN) or left to the OS: exit 1 at the end, as before
+    print(
+        "jupyter_mesh: stopping the program (KeyboardInterrupt in its main thread); to handle such "
+        "failures instead, set jupyter_mesh.unhandled_fault_hook = f (or lowlevel.set_fault_hook)",
+        file=sys.stderr,
+        flush=True,
+    )
+    signal.pthread_kill(main.ident, signal.SIGINT)
 
 
-def hold_faults_with(holder: Callable[[SupervisionError], None] | None) -> None:
+_fault_holder: Callable[[SupervisionError], bool] | None = None
+
+
+def hold_faults_with(holder: Callable[[SupervisionError], bool] | None) -> None:
     """The controller of this program keeps failures that ``fail_fast`` saw, to raise them at the
-    next API call (set when it starts, cleared when it closes)."""
+    next API call (set when it starts, cleared when it closes). It says whether the failure is the
+    first one held since the program last saw one (only that one interrupts the main thread)."""
     global _fault_holder
     _fault_holder = holder
 
