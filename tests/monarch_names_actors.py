@@ -214,3 +214,43 @@ class BootProbe(Actor):
     @endpoint
     def env(self, name: str) -> str | None:
         return os.environ.get(name)
+
+
+class Named(Actor):
+    """Endpoints named like ActorMesh attributes the endpoint may have: ``name`` (Monarch's ActorMesh has
+    none), ``stop`` (ours on purpose), and a private one."""
+
+    @endpoint
+    def name(self) -> str:
+        return "my-name"
+
+    @endpoint
+    def stop(self) -> str:
+        return "my-stop"
+
+    @endpoint
+    def _private(self) -> str:
+        return "private"
+
+
+class Sized(Actor):
+    @endpoint
+    def size(self) -> int:  # ActorMesh.size: refused at spawn, as in Monarch
+        return 64
+
+
+class Initialized(Actor):
+    @endpoint
+    def initialized(self) -> bool:  # ActorMesh.initialized: refused at spawn, as in Monarch
+        return True
+
+
+class NamedOwner(Actor):
+    """Spawns a ``Named`` mesh, which it owns: stopping this stops that (whose ``stop`` is an endpoint)."""
+
+    def __init__(self, procs) -> None:
+        self.child = procs.spawn("named_child", Named)
+
+    @endpoint
+    def owned(self):
+        return self.child

@@ -14,12 +14,26 @@ import threading
 
 import pytest
 from _procs import wait_dead, wait_for
-from monarch_names_actors import Adder, AsyncCleaner, BootProbe, Cleaner, Collector, Gate, Watcher, boot
+from monarch_names_actors import (
+    Adder,
+    AsyncCleaner,
+    BootProbe,
+    Cleaner,
+    Collector,
+    Gate,
+    Initialized,
+    Named,
+    NamedOwner,
+    Sized,
+    Watcher,
+    boot,
+)
 
 import jupyter_mesh
 from jupyter_mesh import (
     Accumulator,
     ActorError,
+    ActorMesh,
     Channel,
     LocalJob,
     MeshClosedError,
@@ -310,6 +324,36 @@ def test_actor_mesh_stop_runs_cleanup_and_fails_later_calls(two, tmp_path):
     a.start.call_one().get(timeout=30)
     a.stop().get(timeout=30)
     assert pathlib.Path(path).read_text().splitlines()[2:] == ["task cancelled", "async cleanup"]
+
+
+def test_endpoints_named_like_mesh_attributes_win_or_are_refused_at_spawn(two):
+    """Where Monarch lets an endpoint have an ActorMesh attribute's name, it wins (``name``; ``stop`` is
+    our own choice); where Monarch refuses it (``size``, ``initialized``, ...), spawn refuses it with a
+    ValueError naming both. Before: ``mesh.name`` was the name string, ``mesh.size`` the method."""
+    n = two.spawn("named", Named)
+    assert n.slice(gpus=0).name.call_one().get(timeout=20) == "my-name"
+    assert list(n.stop.call().get(timeout=20).values()) == ["my-stop"] * 2
+    assert n.slice(gpus=1)._private.call_one().get(timeout=20) == "private"
+    assert ActorMesh.name.__get__(n) == "named"  # ours, where an endpoint hides it
+    ActorMesh.stop(n).get(timeout=20)
+    with pytest.raises(SupervisionError):
+        n.slice(gpus=0).name.call_one().get(timeout=20)
+    owner = two.spawn("named_owner", NamedOwner, two)
+    child = owner.slice(gpus=0).owned.call_one().get(timeout=20)
+    assert child.slice(gpus=1).name.call_one().get(timeout=20) == "my-name"
+    ActorMesh.stop(owner).get(timeout=20)  # what it owns stops with it, its ``stop`` endpoint notwithstanding
+
+    def child_stopped():
+        try:
+            child.slice(gpus=1).name.call_one().get(timeout=20)
+        except SupervisionError:
+            return True
+        return False
+
+    assert wait_for(child_stopped, 20)
+    for cls, attr in ((Sized, "size"), (Initialized, "initialized")):
+        with pytest.raises(ValueError, match=rf"endpoint named '{attr}'.*ActorMesh attribute '{attr}'.*rename"):
+            two.spawn(cls.__name__.lower(), cls)
 
 
 def test_a_stopping_proc_stops_its_actors_too(host, tmp_path):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import abc
 import itertools
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 from .._core import slots
 from .._core.actor import Actor, endpoints_of
@@ -94,6 +94,42 @@ class _MeshTrait(abc.ABC):
         return self._with_shape(self._shape.split(**spec))
 
 
+class _hidden_by_endpoint(Generic[R]):
+    """A read-only property that an endpoint of the same name hides: the actor's ``name`` endpoint
+    wins, as in Monarch (whose ActorMesh has no ``name``). A non-data descriptor, so the endpoint the
+    instance holds under that name is found first."""
+
+    def __init__(self, fget: Callable[[Any], R]):
+        self.fget, self.__doc__ = fget, fget.__doc__
+
+    @overload
+    def __get__(self, obj: None, objtype: type | None = None) -> _hidden_by_endpoint[R]: ...
+    @overload
+    def __get__(self, obj: object, objtype: type | None = None) -> R: ...
+    def __get__(self, obj: object, objtype: type | None = None) -> Any:
+        return self if obj is None else self.fget(obj)
+
+
+_ENDPOINT_WINS = frozenset({"name", "stop"})
+"""ActorMesh attributes an endpoint of the same name hides (Monarch has no ``name``; ``stop`` we allow on
+purpose, README's table). An endpoint named like any other attribute is refused at spawn, as in Monarch."""
+
+
+def _refuse_shadowed(mesh: ActorMesh[Any], cls: type) -> None:
+    """Monarch's ``ValueError`` at spawn for an endpoint that an ActorMesh attribute would hide (``size``,
+    ``slice``, ``initialized``, ...): called through the mesh it would never run, or would fail later
+    with a puzzling error."""
+    taken = (set(dir(type(mesh))) | set(vars(mesh))) - _ENDPOINT_WINS
+    clash = sorted(mesh._endpoint_names & taken)
+    if clash:
+        name = clash[0]
+        raise MeshValueError(
+            f"{cls.__qualname__} has an endpoint named '{name}', which collides with the ActorMesh attribute "
+            f"'{name}' (mesh.{name} would not reach the endpoint); rename the endpoint, e.g. '{name}_'"
+            + (f" (also: {', '.join(clash[1:])})" if clash[1:] else "")
+        )
+
+
 class ActorMesh(_MeshTrait, Generic[A]):
     """A mesh of actors of one class, one per proc of a (view of a) proc mesh.
 
@@ -120,8 +156,8 @@ class ActorMesh(_MeshTrait, Generic[A]):
         self._sigs = sigs  # the endpoints' parameters, to check a call's arguments here (None: unknown)
         self._view = view  # None: the whole proc mesh, following it when it grows or shrinks
         self.initialized: Future[None] | None = None  # set by ProcMesh.spawn in the spawning process
-        if "stop" in endpoint_names:  # the actor's own endpoint wins over ActorMesh.stop
-            self.stop = MeshEndpoint(self, "stop")  # type: ignore[method-assign,assignment]
+        for wins in _ENDPOINT_WINS & endpoint_names:  # the actor's own endpoint hides ActorMesh.stop, .name
+            self.__dict__[wins] = MeshEndpoint(self, wins)
 
     @property
     def _shape(self) -> Shape:
@@ -135,7 +171,7 @@ class ActorMesh(_MeshTrait, Generic[A]):
         return m
 
     def __getattr__(self, name: str) -> MeshEndpoint[..., Any]:
-        if name.startswith("_"):
+        if name.startswith("__") or (name.startswith("_") and name not in self._endpoint_names):
             raise AttributeError(name)
         if name not in self._endpoint_names:
             if self._actor_class is not None and plain_endpoint(self._actor_class, name, False) is not None:
@@ -157,8 +193,9 @@ class ActorMesh(_MeshTrait, Generic[A]):
             (self._ref, self._actor_id, self._name, self._class_name, self._endpoint_names, self._view, self._sigs),
         )
 
-    @property
+    @_hidden_by_endpoint
     def name(self) -> str:
+        """The name it was spawned with (``ActorMesh.name.__get__(mesh)`` where an endpoint is named ``name``)."""
         return self._name
 
     def stop(self, reason: str = "stopped by client") -> Future[None]:
@@ -166,7 +203,8 @@ class ActorMesh(_MeshTrait, Generic[A]):
         sent it before; tasks it left running are cancelled and its ``__cleanup__(None)`` runs; then
         it answers every later call with ``SupervisionError`` (kind ``stopped``);
         their procs, and other actors there, live on. ``reason`` is Monarch's argument, unused.
-        (An actor class with an endpoint named ``stop`` keeps it: then ``mesh.stop`` is that endpoint.)"""
+        (An actor class with an endpoint named ``stop`` keeps it: then ``mesh.stop`` is that endpoint,
+        and ``ActorMesh.stop(mesh)`` this.)"""
         from .._wire.protocol import STOP_ENDPOINT
 
         done: Future[None] = Future(f"stop of actor mesh '{self._name}'")
@@ -402,6 +440,7 @@ class ProcMesh(_MeshTrait):
             Signatures.of(cls, endpoints),
         )
         mesh._actor_class = cls
+        _refuse_shadowed(mesh, cls)
         self._controller.faults.spawning(mesh._actor_id, self._ref.mesh_id, name)  # in an actor: it supervises them
         mesh.initialized = _client().spawn_actors(mesh, cls, args, kwargs)
         self._controller.watch_init(mesh, mesh.initialized, limit)

@@ -34,7 +34,7 @@ class Descendants:
         stops = []
         for kind, mesh in owned:
             try:
-                stops.append(mesh.stop() if kind == "actors" else None)
+                stops.append(type(mesh).stop(mesh) if kind == "actors" else None)  # (an endpoint may be named stop)
             except Exception as e:  # noqa: BLE001
                 self._say(f"could not stop {mesh!r} it spawned: {safe_str(e)}")
         for f in stops:

@@ -163,7 +163,7 @@ def restore_meshes(ctl: Controller, job: Job, saved: list[dict[str, Any]], hoste
                 rec.actors.append((mesh, base64.b64decode(payload), [base64.b64decode(b) for b in bufs]))
             else:
                 found.notes.append(
-                    f"actor mesh '{mesh.name}': its spawn arguments were too large to keep, so a "
+                    f"actor mesh '{mesh._name}': its spawn arguments were too large to keep, so a "
                     f"respawned rank will not re-create it"
                 )
     return found

@@ -132,7 +132,7 @@ class MeshMagics(Magics):
                 self.shell.user_ns[name] = procs
                 bound.append(name)
         for name, mesh in job.actor_meshes().items():
-            if mesh.name not in INTERNAL_ACTORS and name.isidentifier():
+            if mesh._name not in INTERNAL_ACTORS and name.isidentifier():
                 self.shell.user_ns[name] = mesh
                 bound.append(name)
         hosts = ", ".join(sorted({a.addr.split("//")[-1].rsplit(":", 1)[0] for a in job.agents(1.0)}))

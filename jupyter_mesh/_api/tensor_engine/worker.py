@@ -300,7 +300,7 @@ class TensorWorker(Actor):
             _store.refs[i] = fail
 
     def _rref(self, mesh: Any, name: str, args: Any, kwargs: Any, out_ids: list[int]) -> None:
-        what = f"{mesh.name}.{name} (rref)"
+        what = f"{mesh._name}.{name} (rref)"
         try:
             (args, kwargs), bad = _resolve((args, kwargs))
             if bad is not None:
