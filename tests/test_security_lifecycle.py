@@ -273,3 +273,38 @@ def test_fail_fast_is_the_default_in_scripts(tmp_path, mode):
         assert out.returncode == 1, out.stderr
         assert "unhandled failure" in out.stderr and "SIGKILL" in out.stderr
         assert "KeyboardInterrupt" in out.stderr and "time.sleep(60)" in out.stderr
+
+
+def test_fail_fast_never_interrupts_a_kernel():
+    """In a plain ipykernel (no ``%load_ext``: no hook of ours) an unhandled failure is shown, and the
+    cell and the kernel run on: fail fast stops scripts, never a notebook's kernel."""
+    from _kernel import Kernel, isolate_jupyter_dirs
+
+    isolate_jupyter_dirs()
+    k = Kernel("python3")
+    try:
+        tests_dir = os.path.dirname(os.path.abspath(__file__))
+        cell = k.ok(
+            textwrap.dedent(
+                f"""
+                import os, signal, sys, time
+                sys.path.insert(0, {tests_dir!r})
+                from actors import Faulty
+                from jupyter_mesh import this_host
+                procs = this_host().spawn_procs(per_host={{"gpus": 2}})
+                f = procs.spawn("f", Faulty)
+                os.kill(f.slice(gpus=1).pid.call_one().get(timeout=20), signal.SIGKILL)
+                deadline = time.monotonic() + 20
+                while procs.state().ranks[1].state != "failed" and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                time.sleep(1)
+                print("SLEPT", procs.state().ranks[1].state)
+                """
+            )
+        )
+        assert "SLEPT failed" in cell.stream(), cell.stream()
+        assert "unhandled failure" in cell.stream() and "stopping the program" not in cell.stream()
+        assert "2" in k.ok("print(1 + 1)").stream()
+        k.ok("procs.stop()")
+    finally:
+        assert not k.shutdown(), "processes left after the kernel shut down"
