@@ -18,6 +18,7 @@ from _procs import wait_dead, wait_for
 from monarch_actors import Args, Boom, CleansUp, Finalizes, Nested, Owner, Parent, Ranks
 
 from jupyter_mesh import ActorError, Future, LocalJob, MeshClosedError, SupervisionError, lowlevel, send
+from jupyter_mesh._core.signatures import Signatures
 from jupyter_mesh._runtime.hooks import drain_fault_hooks
 from jupyter_mesh.errors import MeshFailure
 
@@ -245,6 +246,9 @@ def test_wrong_arguments_raise_type_error_at_the_call_site_and_the_actors_live(p
     assert caller.call_other.call_one(a, (1,), {}).get(timeout=20) == "[1, 1, 1, 1]"
     assert list(a.f.call(1, y=1).get(timeout=20).values()) == [2] * 4  # every actor lives
     assert drain_fault_hooks() and _new_faults(recorded_faults, start) == []
+    # parameter lists arrive pickled with a mesh: one that is not a list of identifiers is not used
+    forged = Signatures("X", {"f": ("()", (("x):\n    import os  #", 1, False),)), "g": ("()", (("x", 9, False),))})
+    assert forged.checker("f") is None and forged.checker("g") is None
 
 
 # -- 6. a BaseException ends the actor ---------------------------------------------------------------

@@ -2,8 +2,9 @@
 
 A call with wrong arguments must fail where it was written, as Monarch's does (``TypeError``): sent, it
 failed on every rank instead, and under ``broadcast()``, where no caller hears the error, it killed every
-actor of the mesh. An actor mesh carries the parameter lists of its class's endpoints (names and kinds
-only: no annotations, no defaults), so a mesh passed to another actor checks there too.
+actor of the mesh. An actor mesh carries the parameter lists of its class's endpoints (names, kinds,
+which have a default; the signature as text for messages), so a mesh passed to another actor checks
+there too.
 
 The check is on the hot path of every call: each endpoint's parameter list becomes a function with the
 same parameters and an empty body, made once, so checking is one Python call (well under a µs), and
@@ -70,6 +71,10 @@ def _checker(spec: Spec) -> Callable[..., None]:
     P = inspect.Parameter
     out: list[str] = []
     kinds = [k for _, k, _ in spec[1]]
+    if any(not (n.isidentifier() and not keyword.iskeyword(n)) for n, _, _ in spec[1]) or not set(kinds) <= set(
+        range(5)
+    ):
+        raise ValueError(f"not a parameter list: {spec[1]!r}")  # (a spec unpickled from elsewhere)
     for name, kind, has_default in spec[1]:
         if kind == P.KEYWORD_ONLY and P.VAR_POSITIONAL not in kinds and "*" not in out:
             out.append("*")  # keyword-only parameters follow a bare star
@@ -79,13 +84,16 @@ def _checker(spec: Spec) -> Callable[..., None]:
     if n_posonly:
         out.insert(n_posonly, "/")
     namespace: dict[str, Any] = {}
-    exec(f"def check({', '.join(out)}):\n    pass\n", namespace)  # the names are checked identifiers
+    exec(f"def check({', '.join(out)}):\n    pass\n", namespace)  # (identifiers only: checked above)
     return namespace["check"]  # type: ignore[no-any-return]
 
 
 def _signature(spec: Spec) -> inspect.Signature:
     P = inspect.Parameter
-    return inspect.Signature([P(n, inspect._ParameterKind(k), default=None if d else P.empty) for n, k, d in spec[1]])
+    kinds = {
+        int(k): k for k in (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD, P.VAR_POSITIONAL, P.KEYWORD_ONLY, P.VAR_KEYWORD)
+    }
+    return inspect.Signature([P(n, kinds[k], default=None if d else P.empty) for n, k, d in spec[1]])
 
 
 class Signatures:
@@ -113,7 +121,7 @@ class Signatures:
         if spec is not None:
             try:
                 check = _checker(spec)
-            except SyntaxError:  # a parameter list no ``def`` can write: leave it to the endpoint
+            except (SyntaxError, ValueError):  # a parameter list no ``def`` writes: the endpoint decides
                 check = None
         self._checkers[endpoint] = check
         return check
