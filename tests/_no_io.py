@@ -42,6 +42,7 @@ class Actors:
 
     def __init__(self, ref: ProcMeshRef, shape: Shape | None = None):
         self._ref, self._shape, self._view = ref, shape or ref.shape, None
+        self._sliced = shape is not None  # a part of the mesh as spawned: casts carry its labels
         self._actor_id, self._class_name, self._name = "a-0", "Worker", "workers"
 
 

@@ -8,7 +8,7 @@ import os
 import random
 import time
 
-from jupyter_mesh import Actor, concurrent_endpoint, current_rank, endpoint
+from jupyter_mesh import Actor, concurrent_endpoint, context, current_rank, endpoint
 
 
 class Counter(Actor):
@@ -55,7 +55,7 @@ class Recorder(Actor):
 class Faulty(Actor):
     @endpoint
     def fail_on(self, ranks: list[int]) -> int:
-        r = current_rank().rank
+        r = context().actor_instance.rank.rank
         if r in ranks:
             raise ValueError(f"rank {r} refuses")
         return r
@@ -63,7 +63,7 @@ class Faulty(Actor):
     @endpoint
     def fail_on_else_sleep(self, ranks: list[int], seconds: float) -> int:
         """Ranks in ``ranks`` raise at once; the others answer after ``seconds``."""
-        r = current_rank().rank
+        r = context().actor_instance.rank.rank
         if r in ranks:
             raise ValueError(f"rank {r} refuses")
         time.sleep(seconds)
@@ -152,7 +152,7 @@ class Sleeper(Actor):
         try:
             # inside the try: a cancel that lands the instant the file exists is still counted
             if started:
-                open(f"{started}{current_rank().rank}", "w").close()
+                open(f"{started}{context().actor_instance.rank.rank}", "w").close()
             while time.monotonic() < end:
                 pass
         except KeyboardInterrupt:
@@ -164,7 +164,7 @@ class Sleeper(Actor):
     @endpoint
     async def nap(self, seconds: float, started: str = "") -> str:
         if started:
-            open(f"{started}{current_rank().rank}", "w").close()
+            open(f"{started}{context().actor_instance.rank.rank}", "w").close()
         try:
             await asyncio.sleep(seconds)
         except asyncio.CancelledError:
@@ -193,14 +193,14 @@ class Lingering(Actor):
     @endpoint
     def nap(self, seconds: float, started: str = "") -> str:
         if started:
-            open(f"{started}{current_rank().rank}", "w").close()
+            open(f"{started}{context().actor_instance.rank.rank}", "w").close()
         time.sleep(seconds)
         return "finished"
 
     @concurrent_endpoint
     async def cnap(self, seconds: float, started: str = "") -> str:
         if started:
-            open(f"{started}{current_rank().rank}", "w").close()
+            open(f"{started}{context().actor_instance.rank.rank}", "w").close()
         await asyncio.sleep(seconds)
         return "finished"
 

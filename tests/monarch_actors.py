@@ -9,7 +9,7 @@ import os
 import time
 import weakref
 
-from jupyter_mesh import Actor, context, current_rank, endpoint
+from jupyter_mesh import Actor, context, current_rank, current_size, endpoint
 
 
 class Dies(BaseException):
@@ -72,6 +72,62 @@ class Ranks(Actor):
     @endpoint
     def rank(self) -> tuple:
         return str(current_rank()), dict(current_rank()), os.environ["LOCAL_RANK"], os.environ["LOCAL_WORLD_SIZE"]
+
+
+def _where() -> dict:
+    """What Monarch's numbering gives the running code: the call's point (and the actor's own)."""
+    return {
+        "rank": dict(current_rank()),
+        "index": current_rank().rank,
+        "size": current_size(),
+        "message": dict(context().message_rank),
+        "own": dict(context().actor_instance.rank),
+    }
+
+
+class Where(Actor):
+    """Says where it is numbered: in its ``__init__`` (the mesh it was spawned on) and in each call (the
+    view the call was sent to); ``print`` shows our output prefix, the proc's whole-mesh coordinates."""
+
+    def __init__(self) -> None:
+        self.at_init = _where()
+
+    @endpoint
+    def init(self) -> dict:
+        return self.at_init
+
+    @endpoint
+    def where(self) -> dict:
+        print(f"where {current_rank().rank}")
+        return _where()
+
+    @endpoint
+    async def awhere(self) -> dict:
+        return _where()
+
+    @endpoint
+    def fail(self) -> None:
+        raise ValueError(f"failed at {dict(current_rank())}")
+
+
+class Loader(Actor):
+    """Monarch's getting-started data loader: it says whose data it hands out."""
+
+    @endpoint
+    def example(self) -> str:
+        return f"data of {dict(context().actor_instance.rank)}"
+
+
+class Trainer(Actor):
+    """Monarch's getting-started pattern: its own loader is ``loaders.slice(**its own rank)``."""
+
+    def __init__(self, loaders) -> None:
+        self.rank = dict(context().actor_instance.rank)
+        self.loader = loaders.slice(**context().actor_instance.rank)
+
+    @endpoint
+    def step(self) -> tuple:
+        return self.rank, self.loader.example.call_one().get(timeout=20)
 
 
 class Owner(Actor):

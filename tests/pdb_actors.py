@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pdb
 
-from jupyter_mesh import Actor, current_rank, endpoint
+from jupyter_mesh import Actor, context, endpoint
 
 
 class Stopper(Actor):
@@ -13,11 +13,11 @@ class Stopper(Actor):
         """Every rank (or only ``only``) stops; ``y`` exists after one ``n``."""
         breakpoint()
         y = x * 10
-        return y + current_rank().rank
+        return y + context().actor_instance.rank.rank
 
     @endpoint
     def some(self, x: int, ranks: list[int]) -> int:
-        if current_rank().rank in ranks:
+        if context().actor_instance.rank.rank in ranks:
             pdb.set_trace()
         return x + 1
 
@@ -34,7 +34,7 @@ class Stopper(Actor):
 
     @endpoint
     def ping(self) -> int:
-        return current_rank().rank
+        return context().actor_instance.rank.rank
 
 
 class Owner(Actor):

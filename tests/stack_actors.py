@@ -6,7 +6,7 @@ import re
 import threading
 import time
 
-from jupyter_mesh import Actor, current_rank, endpoint
+from jupyter_mesh import Actor, context, endpoint
 
 _never = threading.Event()
 
@@ -23,11 +23,11 @@ class Stuck(Actor):
     @endpoint
     def step(self, timeout: float) -> int:
         """Rank 3 stalls in its data loader; the others wait for peers."""
-        if current_rank().rank == 3:
+        if context().actor_instance.rank.rank == 3:
             load_next_batch(timeout)
         else:
             wait_for_peers(timeout)
-        return current_rank().rank
+        return context().actor_instance.rank.rank
 
     @endpoint
     def hold_the_gil(self) -> None:

@@ -36,6 +36,10 @@ class Linear(Actor):
     def no_shape(self, x: torch.Tensor) -> torch.Tensor:
         return x
 
+    @endpoint(propagate=lambda x: x)
+    def ranked(self, x: torch.Tensor) -> torch.Tensor:
+        return x + current_rank().rank
+
 
 @remote
 def rank_and_pid() -> tuple[dict[str, int], int]:

@@ -160,7 +160,7 @@ def test_the_terminal_lists_attaches_steps_and_continues_a_paused_rank(procs, te
     shown = t.do("attach stop 1", "(Pdb) ")
     assert "attached to stop on" in shown and "-> y = x * 10" in shown, shown
     assert "4" in t.do("p x", "(Pdb) ").splitlines()
-    assert "-> return y + current_rank().rank" in t.do("n", "(Pdb) ")
+    assert "-> return y + context().actor_instance.rank.rank" in t.do("n", "(Pdb) ")
     assert "40" in t.do("p y", "(Pdb) ").splitlines()
     assert "runs on ---" in t.do("c")
     assert fut.get(30) == 41

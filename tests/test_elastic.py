@@ -32,7 +32,7 @@ def test_kill_then_respawn_in_place(procs):
     assert procs.pids()[2] != old[2] and procs.state().ranks[2].state == ProcState.IDLE
     # the respawned rank has fresh actors built from the original spawn arguments
     assert list(counters.incr.call().get(timeout=10).values()) == [12, 12, 11, 12]
-    assert counters.slice(gpus=2).whoami.call_one().get(timeout=10) == {"gpus": 2}
+    assert counters.whoami.call().get(timeout=10).item(gpus=2) == {"gpus": 2}
     assert list(faulty.ok.call().get(timeout=10).values()) == ["fine", "fine"]
     # ordering still holds on the new proc
     futs = [counters.slice(gpus=2).incr.call_one() for _ in range(20)]
@@ -69,7 +69,7 @@ def test_grow_and_shrink_per_host_dim(host):
         assert pm.sizes == {"gpus": 4} and len(pm.pids()) == 4
         # the whole-mesh actor mesh followed: new ranks got actors built with the spawn arguments
         assert list(c.incr.call().get(timeout=10).values()) == [9, 9, 8, 8]
-        assert c.slice(gpus=3).whoami.call_one().get(timeout=10) == {"gpus": 3}
+        assert c.whoami.call().get(timeout=10).item(gpus=3) == {"gpus": 3}
         assert part.incr.call_one().get(timeout=10) == 10  # views stay as they were
         assert [r.state for r in pm.state().ranks] == [ProcState.IDLE] * 4
         removed = [pm.pids()[2], pm.pids()[3]]

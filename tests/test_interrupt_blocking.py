@@ -17,7 +17,7 @@ import time
 import pytest
 from _procs import wait_dead, wait_for
 
-from jupyter_mesh import Actor, MeshCancelledError, MeshInterrupted, current_rank, endpoint
+from jupyter_mesh import Actor, MeshCancelledError, MeshInterrupted, context, endpoint
 
 pytestmark = pytest.mark.integration
 
@@ -35,7 +35,7 @@ class Blocker(Actor):
         import threading
 
         if started:
-            open(f"{started}{current_rank().rank}", "w").close()
+            open(f"{started}{context().actor_instance.rank.rank}", "w").close()
         try:
             if how == "sleep":
                 time.sleep(seconds)

@@ -94,6 +94,10 @@ def test_cell_runs_on_every_proc_keeps_namespaces_and_returns_a_value_mesh(kerne
     assert cell.result.startswith("ValueMesh({hosts: 1, gpus: 4}") and "gpus=3: 31" in cell.result
     part = kernel.ok("%%mesh --on gpus=1:3\nx")
     assert "{hosts: 1, gpus: 2}" in part.result and "gpus=0: 10" in part.result and "gpus=1: 20" in part.result
+    # a cell runs as its proc: current_rank() is the proc's point, as its output's prefix, also under --on
+    part = kernel.ok("%%mesh --on gpus=1:3\nprint('at', current_rank()['gpus'])\ncurrent_rank()['gpus']")
+    assert "gpus=0: 1" in part.result and "gpus=1: 2" in part.result, part.result
+    assert "[gpus=2] at 2\n" in part.stream("stdout"), part.stream("stdout")
 
 
 def test_top_level_await_and_get_mix_in_cells(kernel):

@@ -18,18 +18,18 @@ pytestmark = [
 ]
 
 ACTORS = """
-from jupyter_mesh import Actor, endpoint, current_rank
+from jupyter_mesh import Actor, context, endpoint
 
 class Stepper(Actor):
     @endpoint
     def step(self, x):
         breakpoint()
         y = x * 10  # the cell's own line
-        return y + current_rank().rank
+        return y + context().actor_instance.rank.rank
 
     @endpoint
     def ping(self):
-        return current_rank().rank
+        return context().actor_instance.rank.rank
 
     @endpoint
     def fail(self, x):

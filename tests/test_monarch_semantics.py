@@ -1,5 +1,6 @@
 """What a ported Monarch program relies on beyond the names (issue #17): stop() is a Future, a ProcMesh
-travels to actors, this_host() has no dims, actor failures reach the fault hook, an error no caller
+travels to actors, this_host() has no dims, an actor is numbered in the slice a call went to and in the
+view of the procs it was spawned on, actor failures reach the fault hook, an error no caller
 receives ends the actor, remote exception chains survive, stopped meshes raise SupervisionError, and
 a stopped proc finalizes. Real procs throughout; the kernel's own defaults are in test_kernel.py."""
 
@@ -15,9 +16,9 @@ import textwrap
 
 import pytest
 from _procs import wait_dead, wait_for
-from monarch_actors import Args, Boom, CleansUp, Finalizes, Nested, Owner, Parent, Ranks
+from monarch_actors import Args, Boom, CleansUp, Finalizes, Loader, Nested, Owner, Parent, Ranks, Trainer, Where
 
-from jupyter_mesh import ActorError, Future, LocalJob, MeshClosedError, SupervisionError, lowlevel, send
+from jupyter_mesh import ActorError, Future, LocalJob, MeshClosedError, ProcState, SupervisionError, lowlevel, send
 from jupyter_mesh._core.signatures import Signatures
 from jupyter_mesh._runtime.hooks import drain_fault_hooks
 from jupyter_mesh.errors import MeshFailure
@@ -121,6 +122,91 @@ def test_this_host_has_no_dims_and_ranks_print_as_in_monarch(host):
         assert vm.item(hosts=0, gpus=0)[0] == "{'hosts': 0/1, 'gpus': 0/2}"
         assert vm.item(hosts=0, gpus=1)[0] == "{'hosts': 0/1, 'gpus': 1/2}"
         assert vm.item(hosts=0, gpus=1)[2:] == ("1", "2")  # a dim of per_host: local ranks count it
+    finally:
+        pm.stop()
+
+
+# -- 3b. an actor is numbered as in Monarch: during a call, in the view the call was sent to -------------
+def _seen(vm, *keys):
+    return [tuple(v[k] for k in keys) for v in vm.values()]
+
+
+def test_a_call_to_a_slice_numbers_its_actors_in_the_slice(host):
+    """Monarch's current_rank(), current_size() and message_rank are the actor's point in the mesh or
+    slice a call went to; actor_instance.rank stays its own point. So getting_started's
+    ``loaders.slice(**actor_instance.rank)`` reaches the trainer's own loader. Our output prefixes and
+    errors still name the proc by its coordinates in the whole proc mesh."""
+    pm = host.spawn_procs(per_host={"hosts": 2, "gpus": 2})
+    try:
+        w = pm.spawn("w", Where)
+        full = w.where.call().get(timeout=30)
+        both = {"hosts": 1, "gpus": 0}
+        assert full.item(**both) == {"rank": both, "index": 2, "size": {"hosts": 2, "gpus": 2}, "message": both,
+                                     "own": both}  # fmt: skip
+        assert _seen(w.slice(gpus=1).where.call().get(timeout=30), "rank", "index", "size", "message", "own") == [
+            ({"hosts": 0}, 0, {"hosts": 2}, {"hosts": 0}, {"hosts": 0, "gpus": 1}),
+            ({"hosts": 1}, 1, {"hosts": 2}, {"hosts": 1}, {"hosts": 1, "gpus": 1}),
+        ]
+        assert _seen(w.slice(hosts=slice(1, 2)).awhere.call().get(timeout=30), "rank", "index", "size", "own") == [
+            ({"hosts": 0, "gpus": 0}, 0, {"hosts": 1, "gpus": 2}, {"hosts": 1, "gpus": 0}),
+            ({"hosts": 0, "gpus": 1}, 1, {"hosts": 1, "gpus": 2}, {"hosts": 1, "gpus": 1}),
+        ]
+        one = w.slice(hosts=1, gpus=0).where.call_one().get(timeout=30)  # a point: no dims
+        assert (one["rank"], one["index"], one["size"], one["message"], one["own"]) == ({}, 0, {}, {}, both)
+        kept = w.slice(hosts=slice(1, 2), gpus=slice(0, 1)).where.call_one().get(timeout=30)
+        assert (kept["rank"], kept["size"], kept["own"]) == ({"hosts": 0, "gpus": 0}, {"hosts": 1, "gpus": 1}, both)
+        for _ in range(2):  # choose: the chosen actor's point in the slice
+            chosen = w.slice(gpus=1).where.choose().get(timeout=30)
+            assert chosen["rank"] == {"hosts": chosen["own"]["hosts"]} and chosen["size"] == {"hosts": 2}
+        assert sorted(f.get(timeout=30)["index"] for f in w.slice(gpus=1).where.stream()) == [0, 1]
+        assert w.rename(gpus="g").where.call().get(timeout=30).item(hosts=1, g=1)["rank"] == {"hosts": 1, "g": 1}
+        assert _seen(w.flatten("x").where.call().get(timeout=30), "rank") == [({"x": i},) for i in range(4)]
+        # Monarch's getting_started: each trainer slices the loaders by its own rank and gets its own
+        trainers = pm.spawn("trainers", Trainer, pm.spawn("loaders", Loader))
+        for own, data in trainers.step.call().get(timeout=60).values():
+            assert data == f"data of {own}"
+        # ours: output prefixes and errors still say which proc, in the whole mesh
+        marker = f"[{pm.name} hosts=1,gpus=1] where 1"
+        assert wait_for(lambda: marker in pm.logs(), 10), pm.logs()
+        with pytest.raises(ActorError) as ei:
+            w.slice(gpus=1).fail.call().get(timeout=30)
+        text = str(ei.value)
+        assert "failed on 2 of 2 ranks [hosts=0,gpus=1; hosts=1,gpus=1]" in text and "at {'hosts': 0}" in text, text
+    finally:
+        pm.stop()
+
+
+def test_actors_spawned_on_a_view_of_the_procs_are_numbered_in_it(host):
+    """Monarch's: actors spawned on a sliced, flattened or renamed proc mesh are numbered in that view,
+    from __init__ on (``current_rank()["rank"]`` after ``flatten("rank")``), and a proc respawned under
+    them gets its actor back at the same point."""
+    pm = host.spawn_procs(per_host={"hosts": 2, "gpus": 2})
+    try:
+        flat = pm.flatten("rank").spawn("flat", Where)
+        assert _seen(flat.init.call().get(timeout=30), "rank", "size", "own", "message") == [
+            ({"rank": i}, {"rank": 4}, {"rank": i}, {"rank": i}) for i in range(4)
+        ]
+        assert _seen(flat.slice(rank=slice(2, 4)).where.call().get(timeout=30), "rank", "size", "own") == [
+            ({"rank": 0}, {"rank": 2}, {"rank": 2}),
+            ({"rank": 1}, {"rank": 2}, {"rank": 3}),
+        ]
+        part = pm.slice(gpus=1).spawn("part", Where)
+        assert _seen(part.init.call().get(timeout=30), "rank", "size") == [
+            ({"hosts": 0}, {"hosts": 2}),
+            ({"hosts": 1}, {"hosts": 2}),
+        ]
+        assert _seen(part.where.call().get(timeout=30), "rank") == [({"hosts": 0},), ({"hosts": 1},)]
+        renamed = pm.slice(hosts=slice(1, 2)).rename(gpus="g").spawn("renamed", Where)
+        assert _seen(renamed.where.call().get(timeout=30), "rank", "size") == [
+            ({"hosts": 0, "g": 0}, {"hosts": 1, "g": 2}),
+            ({"hosts": 0, "g": 1}, {"hosts": 1, "g": 2}),
+        ]
+        pm.kill({"hosts": 1, "gpus": 1}, signal.SIGKILL)
+        assert wait_for(lambda: pm.state().ranks[3].state == ProcState.FAILED, 10)
+        assert pm.respawn() == [3]
+        assert flat.init.call().get(timeout=60).item(rank=3)["rank"] == {"rank": 3}
+        assert part.init.call().get(timeout=60).item(hosts=1)["rank"] == {"hosts": 1}
+        assert renamed.where.call().get(timeout=60).item(hosts=0, g=1)["own"] == {"hosts": 0, "g": 1}
     finally:
         pm.stop()
 

@@ -32,7 +32,7 @@ def test_breakpoint_pauses_one_rank_and_pdb_commands_drive_it(procs):
     assert big.startswith("[") and "characters of pdb output left out" in big and big.endswith("(Pdb) ")
     assert "*** NameError" in p.send("p y")
     out = p.send("n")
-    assert "return y + current_rank().rank" in out and out.endswith("(Pdb) "), out
+    assert "return y + context().actor_instance.rank.rank" in out and out.endswith("(Pdb) "), out
     assert "40" in p.send("p y")
     p.send("c")
     assert fut.get(10) == 41

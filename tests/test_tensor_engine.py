@@ -156,6 +156,10 @@ def test_rref_keeps_each_result_on_its_proc(procs):
         assert torch.allclose(fetch_shard(o, gpus=g).get(timeout=T), torch.relu(local @ torch.full((3, 3), 2.0)))
     with pytest.raises(MeshValueError, match="propagate"):
         lin.no_shape.rref(t)
+    # each proc calls its own actor, numbered as in a call to the whole mesh (not as a one-point slice)
+    r = lin.ranked.rref(t)
+    for g, local in enumerate(shards(t, procs)):
+        assert torch.equal(fetch_shard(r, gpus=g).get(timeout=T), local + g)
 
 
 def test_remote_functions_call_and_send_to_a_port(procs):

@@ -6,7 +6,7 @@ import os
 import time
 from typing import Any
 
-from jupyter_mesh import Actor, current_rank, endpoint
+from jupyter_mesh import Actor, context, endpoint
 
 
 class Echo(Actor):
@@ -36,12 +36,12 @@ class Echo(Actor):
 
     @endpoint
     def rank(self) -> int:
-        return current_rank().rank
+        return context().actor_instance.rank.rank
 
     @endpoint
     def value(self, kind: str) -> Any:
         """A rank-dependent value for reduce tests: a number, a tensor or an array of 4, a 0-dim tensor."""
-        r = current_rank().rank
+        r = context().actor_instance.rank.rank
         if kind == "tensor":
             import torch
 
@@ -65,12 +65,12 @@ class Echo(Actor):
         """``odd`` on ``rank``, elsewhere a tensor of ``dtype`` (reduce tests of values that do not mix)."""
         import torch
 
-        r = current_rank().rank
+        r = context().actor_instance.rank.rank
         return odd if r == rank else torch.tensor([r, -r, r % 3, 1], dtype=getattr(torch, dtype)) + 1
 
     @endpoint
     def fail_on(self, rank: int) -> int:
-        if current_rank().rank == rank:
+        if context().actor_instance.rank.rank == rank:
             raise ValueError(f"rank {rank} refuses")
         return 1
 
@@ -80,7 +80,7 @@ class Echo(Actor):
         deadline = time.monotonic() + 60
         while not os.path.exists(path) and time.monotonic() < deadline:
             time.sleep(0.01)
-        return current_rank().rank
+        return context().actor_instance.rank.rank
 
 
 class Caller(Actor):

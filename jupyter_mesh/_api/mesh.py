@@ -150,11 +150,15 @@ class ActorMesh(_MeshTrait, Generic[A]):
         endpoint_names: frozenset[str],
         view: Shape | None,
         sigs: Signatures | None = None,
+        sliced: bool = False,
     ):
         self._ref, self._actor_id, self._name = ref, actor_id, name
         self._class_name, self._endpoint_names = class_name, endpoint_names
         self._sigs = sigs  # the endpoints' parameters, to check a call's arguments here (None: unknown)
         self._view = view  # None: the whole proc mesh, following it when it grows or shrinks
+        # a slice (or other view) of the actor mesh as spawned: its calls carry its labels, and the
+        # actors number themselves in it during them (Monarch's ``current_rank()``)
+        self._sliced = sliced
         self.initialized: Future[None] | None = None  # set by ProcMesh.spawn in the spawning process
         for wins in _ENDPOINT_WINS & endpoint_names:  # the actor's own endpoint hides ActorMesh.stop, .name
             self.__dict__[wins] = MeshEndpoint(self, wins)
@@ -165,7 +169,7 @@ class ActorMesh(_MeshTrait, Generic[A]):
 
     def _with_shape(self, shape: Shape) -> ActorMesh[A]:
         m: ActorMesh[A] = ActorMesh(
-            self._ref, self._actor_id, self._name, self._class_name, self._endpoint_names, shape, self._sigs
+            self._ref, self._actor_id, self._name, self._class_name, self._endpoint_names, shape, self._sigs, True
         )
         m.initialized, m._actor_class = self.initialized, self._actor_class
         return m
@@ -190,7 +194,16 @@ class ActorMesh(_MeshTrait, Generic[A]):
     def __reduce__(self) -> tuple[Any, ...]:
         return (
             ActorMesh,
-            (self._ref, self._actor_id, self._name, self._class_name, self._endpoint_names, self._view, self._sigs),
+            (
+                self._ref,
+                self._actor_id,
+                self._name,
+                self._class_name,
+                self._endpoint_names,
+                self._view,
+                self._sigs,
+                self._sliced,
+            ),
         )
 
     @_hidden_by_endpoint
@@ -263,6 +276,13 @@ class MeshEndpoint(Generic[P, R]):
         self._bind(args, kwargs)
         rank = self._mesh._shape.slice.offset
         return _client().call_rank(self._mesh, rank, self._name, args, kwargs)
+
+    def _call_at(self, rank: int, args: Any, kwargs: Any) -> Future[R]:
+        """Call the actor at global ``rank``, numbered during the call in this mesh (the tensor engine's
+        ``.rref``: each proc calls its own actor, as if the call went to the whole mesh)."""
+        if self._mesh._shape.slice.index_of(rank) is None:
+            raise MeshValueError(f"proc rank {rank} is not in {self!r}")
+        return _client().call_rank(self._mesh, rank, self._name, args, kwargs, of_view=True)
 
     def choose(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
         """Call one actor of the mesh, picked to balance load (fewest calls in flight from here)."""

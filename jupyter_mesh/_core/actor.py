@@ -18,7 +18,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
-from .context import context
+from .context import context, message
 from .shape import Extent, Point
 
 __all__ = [
@@ -179,6 +179,9 @@ _NO_RANK = Point(0, Extent((), ()))
 
 
 def current_rank() -> Point:
-    """Coordinates of the calling actor in its mesh (an empty point outside actors, as in Monarch)."""
-    proc = context().actor.proc
-    return proc.point if proc is not None else _NO_RANK
+    """Monarch's: during a call, the actor's point in the mesh or slice the call was sent to
+    (``a.slice(gpus=1).f.call()`` numbers its actors from 0, ``call_one`` on one point gives ``{}``);
+    elsewhere (``__init__``), its point in the mesh it was spawned on, as sliced, flattened or renamed.
+    An empty point outside actors."""
+    host = context().actor.host
+    return host.rank_in(message.get()) if host is not None else _NO_RANK

@@ -10,9 +10,12 @@ leaks into a new proc.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
+from collections.abc import Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -20,7 +23,16 @@ from ..errors import MeshClosedError
 from . import slots
 from .future import Future
 
-__all__ = ["ActorContext", "ProcIdentity", "ProcessContext", "Requester", "context", "host_key"]
+__all__ = [
+    "ActorContext",
+    "ProcIdentity",
+    "ProcessContext",
+    "Requester",
+    "context",
+    "host_key",
+    "message",
+    "own_rank",
+]
 
 
 class Requester(Protocol):
@@ -53,11 +65,29 @@ class ProcIdentity:
 
 
 class ActorContext(threading.local):
-    """The actor on the calling thread: ``current_rank()`` reads its proc's point (which changes when
-    the mesh grows or shrinks)."""
+    """The actor on the calling thread: ``current_rank()`` asks its host for the actor's point, or the
+    point of the message it handles (:data:`message`)."""
 
     proc: Any = None
     host: Any = None  # the proc runtime's ActorHost of that actor (a mesh it spawns is owned by it)
+
+
+# The header of the message the running code handles (per thread, and per task of an async endpoint),
+# set by the actor's host around each call; None outside a call (``__init__``, ``__supervise__``).
+# ``current_rank()`` hands it to the host, which numbers the actor in the view the message was sent to,
+# only when asked.
+message: ContextVar[Any] = ContextVar("jupyter_mesh.message", default=None)
+
+
+@contextlib.contextmanager
+def own_rank() -> Iterator[None]:
+    """Code run in this block sees the actor's own rank, not the message's: ``%%mesh`` cells and the
+    tensor engine's ops run as their proc, whatever slice they were sent to."""
+    token = message.set(None)
+    try:
+        yield
+    finally:
+        message.reset(token)
 
 
 def host_key() -> str:

@@ -11,6 +11,7 @@ from typing import Any
 
 from . import slots
 from .context import context as _process
+from .context import message
 from .shape import Extent, Point
 
 __all__ = ["Context", "Instance", "context", "current_actor_name", "current_size"]
@@ -21,7 +22,8 @@ _NO_RANK = Point(0, Extent((), ()))
 @dataclass(frozen=True)
 class Instance:
     """The running actor: ``name`` (the name its mesh was spawned with), ``class_name``, ``rank`` (its
-    coordinates in its proc mesh), ``actor_id`` (unique per actor, per rank)."""
+    point in the mesh it was spawned on: a sliced, flattened or renamed proc mesh numbers it in that
+    view, as in Monarch), ``actor_id`` (unique per actor, per rank)."""
 
     name: str
     class_name: str | None
@@ -81,8 +83,9 @@ class Instance:
 
 @dataclass(frozen=True)
 class Context:
-    """``actor_instance``: the running actor; ``message_rank``: the rank the current message reached it at
-    (here the actor's own coordinates: a call to a slice is numbered in the whole mesh)."""
+    """``actor_instance``: the running actor; ``message_rank``: where the current message reached it, in
+    the mesh or slice the message was sent to (Monarch's: a call to ``a.slice(gpus=1)`` numbers its
+    actors from 0 in that slice, while ``actor_instance.rank`` stays the actor's own point)."""
 
     actor_instance: Instance
     message_rank: Point
@@ -99,17 +102,16 @@ def context() -> Context:
     if host is None or proc is None:
         return Context(_ROOT, _NO_RANK)
     cls = type(host.instance)
-    point: Point = proc.point
     inst = Instance(
         host.name,
         f"{cls.__module__}.{cls.__qualname__}" if host.instance is not None else None,
-        point,
+        host.point,
         f"{host.actor_id}[{proc.rank}]",
         f"{proc.mesh_name}[{proc.rank}]",
         _ROOT,
         host,
     )
-    return Context(inst, point)
+    return Context(inst, host.rank_in(message.get()))
 
 
 def current_actor_name() -> str:
@@ -118,5 +120,6 @@ def current_actor_name() -> str:
 
 
 def current_size() -> dict[str, int]:
-    """The size of each dim of the running actor's mesh ({} outside actors)."""
+    """The size of each dim of the mesh or slice the current message was sent to (Monarch's: that of
+    ``message_rank``; {} outside actors)."""
     return dict(context().message_rank.extent)

@@ -71,3 +71,4 @@ class ActorMeshRef(Protocol):
     def _view(self) -> Shape | None: ...  # None: the whole proc mesh, following it as it grows
     @property
     def _plain(self) -> Mapping[str, bool]: ...  # methods called through ``as_endpoint``: explicit port?
+    def _sliced(self) -> bool: ...  # a view of the mesh as spawned: calls say which (``vl``)

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import zmq
 
 from .._core.actor import Endpoint, endpoints_of
-from .._core.context import context
+from .._core.context import context, message
 from .._core.plain_methods import plain_endpoint
 from .._core.ports import DroppingPort
 from .._core.refs import ref_from_wire
@@ -40,6 +40,7 @@ from .._wire.transport import Message, Transport
 from ..errors import Failure, SerializationError, SupervisionError
 from . import cancel_signal, interrupts, remote_pdb
 from .actor_end import ActorEnds
+from .actor_ranks import ActorRanks
 from .client import set_current_client
 from .descendants import Descendants, supervised
 from .ports import ReplyPort
@@ -71,7 +72,7 @@ class ProcSide(Protocol):
     def seq_of(self, h: dict[str, Any]) -> int | None: ...
 
 
-class ActorHost(ActorEnds):
+class ActorHost(ActorEnds, ActorRanks):
     """One actor instance, its thread, its inbox and its mailbox."""
 
     runtime: ProcSide
@@ -389,6 +390,7 @@ class ActorHost(ActorEnds):
             cls, args, kwargs = loads(msg.payload, msg.buffers)
             self.cls_path = f"{cls.__module__}.{cls.__qualname__}"
             self.endpoints = endpoints_of(cls)
+            self.spawned_on(msg.header)
             self.instance = cls(*args, **kwargs)
         except BaseException as e:  # noqa: BLE001 - reported to the caller, the proc lives on
             info = error_info(e, "__init__", skip_frames=1)
@@ -462,6 +464,7 @@ class ActorHost(ActorEnds):
                 args, port = self._with_port(h, args)
             self._enter(h)
             ours = False
+            message.set(h)  # in this task's context, which the endpoint's task copies
             try:
                 self._task = self.loop.create_task(ep.fn(self.instance, *args, **kwargs))
                 result = await self._task
@@ -487,11 +490,13 @@ class ActorHost(ActorEnds):
                 args, port = self._with_port(h, args)
             self._enter(h)
             ours = False
+            token = message.set(h)  # what current_rank() numbers the actor in (``actor_ranks``)
             try:
                 if ep is None:
                     raise AttributeError(f"{type(self.instance).__qualname__} has no endpoint '{h['ep']}'")
                 result = ep.fn(self.instance, *args, **kwargs)
             finally:
+                message.reset(token)
                 ours = self._leave() or self.closing
         except BaseException as e:  # noqa: BLE001 - an endpoint's error is its caller's, not the proc's
             self._call_failed(h, e, ours, port)
@@ -551,6 +556,7 @@ class ActorHost(ActorEnds):
             args, kwargs = loads(msg.payload, msg.buffers)
             if ep.explicit_port:
                 args, port = self._with_port(h, args)
+            message.set(h)  # this call's own task
             result = await ep.fn(self.instance, *args, **kwargs)
         except BaseException as e:  # noqa: BLE001 - an endpoint's error is its caller's, not the proc's
             if self.closing and self.runtime.terminated:  # cut by SIGTERM, as in ``_call_failed``

@@ -295,6 +295,8 @@ class Client:
             "fa": int(actor_errors.fatal()),
             "pmesh": ref_to_wire(mesh._ref),  # the actor's context().actor_instance.proc_mesh
         }
+        if mesh._view is not None:  # spawned on a view of the procs: the actors number themselves in it
+            header["vl"] = mesh._view.labels
         fanout.send_cast(self, mesh, ranks, header, payload, bufs, p)
         if self.hooks.on_spawn is not None:
             self.hooks.on_spawn(mesh, payload, bufs)
@@ -320,6 +322,8 @@ class Client:
                 "fa": int(actor_errors.fatal()),
                 "pmesh": ref_to_wire(mesh._ref),
             }
+            if mesh._view is not None:
+                header["vl"], header["vs"] = mesh._view.labels, mesh._view.slice.to_wire()
             try:
                 self.transport.send(self._proc_addr(mesh._ref, rank), Message(header, payload, bufs))
             except BaseException:
@@ -354,6 +358,8 @@ class Client:
         }
         if endpoint in mesh._plain:  # as_endpoint(mesh.method): run that method although not an @endpoint
             header["plain"] = 2 if mesh._plain[endpoint] else 1
+        if mesh._sliced:  # numbered in this view during the call (Monarch's current_rank)
+            header["vl"] = mesh._shape.labels
         if mode == "broadcast":
             header["rm"] = NO_REPLY
             fanout.send_cast(self, mesh, ranks, header, payload, bufs, None)
@@ -385,8 +391,11 @@ class Client:
             self.boxes.sent()
         return fut
 
-    def call_rank(self, mesh: ActorMeshRef, rank: int, endpoint: str, args: Any, kwargs: Any) -> Future[Any]:
-        # the latency path (W2): keep it lean
+    def call_rank(
+        self, mesh: ActorMeshRef, rank: int, endpoint: str, args: Any, kwargs: Any, of_view: bool = False
+    ) -> Future[Any]:
+        """``call_one`` of ``rank``, or (``of_view``) one rank of a larger view (``choose``, ``.rref``).
+        The latency path (W2): keep it lean."""
         ref, calls = mesh._ref, self.calls
         what = f"{mesh._class_name}.{endpoint}"
         context = "calling " + what
@@ -444,6 +453,10 @@ class Client:
                         self._reply_in_box(header, p, box)
                     if local:
                         header["l"] = 1  # data plane: the reply may come back through shared memory too
+                    if mesh._sliced:  # numbered in this view during the call: call_one's one point,
+                        header["vl"] = mesh._shape.labels  # or where the rank is in it
+                        if of_view:
+                            header["vs"] = mesh._shape.slice.to_wire()
                     try:
                         address = self._actor_addr(ref, rank, mesh._actor_id)
                         self.transport.send(address, Message(header, payload, bufs), local=local)
@@ -500,7 +513,7 @@ class Client:
         actor_id, load = mesh._actor_id, self.calls.pending.load  # call_one/choose calls in flight, per rank
         with self.calls.lock:
             rank = min(order, key=lambda r: load.get((actor_id, r), 0))
-        return self.call_rank(mesh, rank, endpoint, args, kwargs)
+        return self.call_rank(mesh, rank, endpoint, args, kwargs, of_view=True)
 
     def _iter_stream(self, p: Pending, actor_id: str) -> Iterator[Future[Any]]:
         return Stream(p, actor_id, self._cancel, self.defer_cancel, self._interrupt if self.boxes is not None else None)

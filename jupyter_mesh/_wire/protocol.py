@@ -20,6 +20,10 @@ told  an ``actor_fault``'s failure already reached a caller (only an owning acto
 tp    a cast's tree: each agent's parent as an index into ``dst`` (-1: the caller); absent: direct
 up    a gathered reply from an agent below (its address): its subtree's replies, for its parent
 rd    a reduce: the op's name, or a pickled function; ``rr``: the ranks a ``REDUCED`` entry folds
+vl    the labels of the view a call was sent to, when not the view its actors were spawned on (a slice:
+      ``current_rank()`` there numbers the actor in ``sl``, or ``vs`` for one chosen rank, or as the one
+      point of a ``call_one``); in a spawn, of the proc mesh view the actors are spawned on (absent: the
+      whole mesh, as it grows), with its ``sl`` (``vs`` in a respawn)
 ====  =======================================================================================
 
 Every header also carries what the transport adds, signed with the rest: ``v`` the protocol version,

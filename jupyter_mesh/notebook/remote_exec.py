@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._core.actor import Actor, current_rank, endpoint
-from .._core.context import context
+from .._core.context import context, own_rank
 from .._wire.serialize import dumps, is_plain, loads
 from ..errors import SerializationError
 from .output import SYNC_PREFIX
@@ -127,10 +127,13 @@ class RemoteExec(Actor):
 
     @endpoint
     def run(self, code: str, filename: str, sync: str) -> tuple[bool, Any]:
-        """(True, value of the last expression) or (False, CellError)."""
+        """(True, value of the last expression) or (False, CellError). The cell runs as its proc:
+        ``current_rank()`` there is the proc's point in the mesh, also under ``--on`` (as the output's
+        ``[gpus=3]`` prefixes), not its point in the slice the cell was sent to."""
         try:
             try:
-                value = run_code(code, filename, self.ns)
+                with own_rank():
+                    value = run_code(code, filename, self.ns)
             except KeyboardInterrupt as e:
                 if _cancelled():  # an interrupt of the cell (■, --timeout) or the proc stopping: raised
                     raise

@@ -2,9 +2,9 @@
 
 Monarch's names and endpoints (``get_host_port``, ``setup_env``, ``main``), so Monarch code that
 drives it ports as is. What differs: the numbers are computed at each call from the proc's current
-point, so a mesh that was resized or had ranks respawned gets the right ones; an actor spawned on a
-slice of a proc mesh is given that slice (``view``) and counts its ranks from 0 within it; and a
-script's process group never outlives the run (see :mod:`.script`).
+point, so a mesh that was resized or had ranks respawned gets the right ones (an actor spawned on a
+slice of a proc mesh counts its ranks from 0 within it, as in Monarch); and a script's process group
+never outlives the run (see :mod:`.script`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from .._core.actor import Actor, current_rank, endpoint
 from .._core.context import context
 from .._core.shape import Point, Shape
-from .env import AddrType, free_port, host_address, torch_elastic_env, view_point
+from .env import AddrType, free_port, host_address, torch_elastic_env
 from .script import run_program, script_traceback
 
 __all__ = ["SPMDActor"]
@@ -25,16 +25,18 @@ class SPMDActor(Actor):
     """Sets torchrun's variables (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``,
     ``GROUP_*``, ``ROLE_*``, ``MASTER_ADDR``, ``MASTER_PORT``) in its proc and runs scripts there.
 
-    ``view``: the slice of the proc mesh the actor mesh was spawned on (None: the whole mesh), so
-    ranks count within it. :func:`~jupyter_mesh.spmd.setup_torch_elastic_env` passes it.
+    ``view``: the slice of the proc mesh the actor mesh was spawned on (None: the whole mesh), as
+    :func:`~jupyter_mesh.spmd.setup_torch_elastic_env` passes it; unused now that actors spawned on a
+    slice count their ranks within it themselves (``current_rank()``), kept for its callers.
     """
 
     def __init__(self, view: Shape | None = None) -> None:
         self._view = view
 
     def point(self) -> Point:
-        """This rank's coordinates in the mesh it runs SPMD code on."""
-        return view_point(current_rank(), self._view)
+        """This rank's coordinates in the mesh it runs SPMD code on: Monarch's, ``current_rank()``, its
+        point in the actors the call went to (all of them: the proc mesh view they were spawned on)."""
+        return current_rank()
 
     def _setup_env(self, master_addr: str, master_port: int) -> None:
         os.environ.update(torch_elastic_env(self.point(), master_addr, master_port))

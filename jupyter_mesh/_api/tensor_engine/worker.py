@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..._core.actor import Actor, endpoint
-from ..._core.context import context
+from ..._core.context import context, own_rank
 from ..._core.future import time_left
 from ..._core.ports import Channel
 from ...errors import ActorError, MeshTimeoutError, MeshValueError, RemoteFailure
@@ -129,6 +129,17 @@ class _Store:
         if isinstance(value, _Failed):
             raise _error(value.failure)
         return value
+
+
+def _op_failed(op: Any, e: Exception) -> None:
+    """A failed op fails the refs it makes; a malformed one is reported on the proc's output."""
+    kinds = (("run",), ("run_no_grad",), ("rref",), ("reduce",))
+    outs = op[-1] if isinstance(op, tuple) and op[:1] in kinds else None
+    if isinstance(outs, list) and all(type(i) is int for i in outs):
+        for i in outs:
+            _store.refs[i] = _failure(op[0], e)
+    else:
+        print(f"jupyter_mesh tensor engine: skipped a malformed op {op!r:.200}: {e}", file=sys.stderr)
 
 
 def _missing(ref_id: Any) -> _Failed:
@@ -240,20 +251,12 @@ class TensorWorker(Actor):
         it): a failed op fails the refs it makes, and its error waits for whoever fetches them; a
         malformed one (not from our controller) is reported on the proc's output and skipped."""
         _store.sweep()
-        for op in batch if isinstance(batch, list) else [batch]:
-            try:
-                self._op(op)
-            except Exception as e:  # noqa: BLE001 - see the docstring
-                outs = (
-                    op[-1]
-                    if isinstance(op, tuple) and op[:1] in (("run",), ("run_no_grad",), ("rref",), ("reduce",))
-                    else None
-                )
-                if isinstance(outs, list) and all(type(i) is int for i in outs):
-                    for i in outs:
-                        _store.refs[i] = _failure(op[0], e)
-                else:
-                    print(f"jupyter_mesh tensor engine: skipped a malformed op {op!r:.200}: {e}", file=sys.stderr)
+        with own_rank():  # @remote code runs as its proc, whichever view the ops were sent to
+            for op in batch if isinstance(batch, list) else [batch]:
+                try:
+                    self._op(op)
+                except Exception as e:  # noqa: BLE001 - see the docstring
+                    _op_failed(op, e)
 
     def _op(self, op: tuple[Any, ...]) -> None:
         if not isinstance(op, tuple) or not op:
@@ -306,8 +309,8 @@ class TensorWorker(Actor):
             if bad is not None:
                 fail = bad
             else:
-                one = mesh.slice(**{k: v for k, v in _coords().items() if k in mesh.sizes})
-                _store_outputs(out_ids, getattr(one, name).call_one(*args, **kwargs).get(), what)
+                # its own proc's actor, numbered in ``mesh`` (as a call to it all would)
+                _store_outputs(out_ids, getattr(mesh, name)._call_at(_here().rank, args, kwargs).get(), what)
                 return
         except Exception as e:  # noqa: BLE001 - stored for the fetch
             fail = _failure(what, e)
