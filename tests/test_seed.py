@@ -22,8 +22,8 @@ from _procs import alive, descendants, state, templates_of, wait_dead, wait_for
 from seed_actors import Probe
 
 from jupyter_mesh import LocalJob, SupervisionError
+from jupyter_mesh._runtime import packets
 from jupyter_mesh._runtime import seed as seed_mod
-from jupyter_mesh._runtime import template
 from jupyter_mesh.jobs import warm
 
 pytestmark = pytest.mark.integration
@@ -249,7 +249,7 @@ def test_the_seed_refuses_a_template_of_another_environment_and_says_why():
     try:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         mine = seed_mod.fingerprint()
-        assert template.send_or_ignore(link, {"op": "warm", "fingerprint": mine}, [theirs.fileno()])
+        assert packets.send_or_ignore(link, {"op": "warm", "fingerprint": mine}, [theirs.fileno()])
         theirs.close()
         link.settimeout(30)
         msg = json.loads(link.recv(1 << 16))
@@ -257,8 +257,8 @@ def test_the_seed_refuses_a_template_of_another_environment_and_says_why():
         ours.settimeout(30)
         assert ours.recv(16) == b""  # closed: no child was forked
         # bad requests: no socket, or two, are ignored (the seed serves on)
-        assert template.send_or_ignore(link, {"op": "warm", "fingerprint": mine})
-        assert template.send_or_ignore(link, {"op": "bogus"}, [ours.fileno(), ours.fileno()])
+        assert packets.send_or_ignore(link, {"op": "warm", "fingerprint": mine})
+        assert packets.send_or_ignore(link, {"op": "bogus"}, [ours.fileno(), ours.fileno()])
         time.sleep(0.2)
         assert seed.proc.poll() is None
         ours.close()
@@ -332,7 +332,7 @@ def test_a_peer_that_closed_with_our_messages_unread_still_has_its_last_word_rea
     nor a seeded warm child's last message to its template."""
     from jupyter_mesh._runtime.forkserver import ForkServer
 
-    for read in (lambda sock: template.recv(sock)[0], lambda sock: ForkServer.recv(types.SimpleNamespace(sock=sock))):
+    for read in (lambda sock: packets.recv(sock)[0], lambda sock: ForkServer.recv(types.SimpleNamespace(sock=sock))):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with ours:
             ours.send(b'{"op": "fork"}')  # never read

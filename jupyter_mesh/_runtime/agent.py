@@ -35,7 +35,7 @@ from .._wire.protocol import (
 from .._wire.serialize import dumps
 from .._wire.transport import Message, Transport
 from ..errors import Failure, MeshValueError, SupervisionError
-from . import seed, template
+from . import seed, template_seed
 from .agent_procs import ProcWatch
 from .agent_state import HostedMesh, ProcEntry, alive, describe_exit, kill, read_lines
 from .forkserver import ForkServer
@@ -479,8 +479,8 @@ class Agent(ProcWatch):
                 kill(p.pid, signal.SIGKILL)
             os.close(self.lifeline_w)
             self.forkserver.stop()
-            if self.orphaned and template.seed_pid():  # a stopped seed would never see its job end
-                seed.end_for_dead_controller(template.seed_pid())
+            if self.orphaned and template_seed.seed_pid():  # a stopped seed would never see its job end
+                seed.end_for_dead_controller(template_seed.seed_pid())
             from .._wire import shm as _shm
 
             if self.orphaned and not self.nested:  # segments sent to procs that died before mapping them

@@ -19,7 +19,9 @@ from typing import Any
 
 from .agent_state import ProcEntry, describe_exit, kill, leads_own_session
 from .liveness import Liveness, read_stat
-from .template import launch, recv, seed_pid
+from .packets import recv
+from .template import launch
+from .template_seed import seed_pid
 
 __all__ = ["ForkServer"]
 

@@ -39,7 +39,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .agent_state import kill, leads_own_session
-from .template import LINK_ENV, fingerprint
+from .packets import recv, send_or_ignore
+from .template_seed import LINK_ENV, fingerprint
 
 __all__ = ["LINK_ENV", "Seed", "enabled", "fingerprint", "mismatch"]
 
@@ -136,7 +137,7 @@ class _Seeder:
                     self._from_template(link)
 
     def _from_job(self) -> None:
-        msg, fds = self.template.recv(self.ctl)
+        msg, fds = recv(self.ctl)
         if msg is None:  # the job ended (its agents first), or its program died: so do its hosts
             for pid in self.children:  # a warm child that is stopped would not see its host end
                 kill(pid, signal.SIGKILL)
@@ -145,7 +146,7 @@ class _Seeder:
             self.links[fd] = socket.socket(fileno=fd)
 
     def _from_template(self, link: socket.socket) -> None:
-        msg, fds = self.template.recv(link)
+        msg, fds = recv(link)
         if msg is None:  # its agent and templates are gone: so is their host
             del self.links[link.fileno()]
             for pid, lk in list(self.children.items()):
@@ -161,7 +162,7 @@ class _Seeder:
         hand = socket.socket(fileno=fds[0])
         why = mismatch(self.mine, msg.get("fingerprint"))
         if why:
-            self.template.send_or_ignore(link, {"op": "refused", "why": why})
+            send_or_ignore(link, {"op": "refused", "why": why})
             hand.close()
             return
         pid = os.fork()
@@ -169,7 +170,7 @@ class _Seeder:
             self._become_warm_child(hand)
         hand.close()
         self.children[pid] = link
-        self.template.send_or_ignore(link, {"op": "forked", "pid": pid})
+        send_or_ignore(link, {"op": "forked", "pid": pid})
 
     def _become_warm_child(self, hand: socket.socket) -> None:
         signal.set_wakeup_fd(-1)  # (the server sets its own; the seed's pipe is closed here)
@@ -198,7 +199,7 @@ class _Seeder:
             link = self.children.pop(pid, None)
             if link is not None:
                 code = os.waitstatus_to_exitcode(status)
-                self.template.send_or_ignore(link, {"op": "exit", "pid": pid, "code": code})
+                send_or_ignore(link, {"op": "exit", "pid": pid, "code": code})
 
 
 def end_for_dead_controller(pid: int) -> None:

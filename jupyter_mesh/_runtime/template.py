@@ -8,15 +8,14 @@ signal) to the agent, which is how a dead proc is noticed within milliseconds.
 
 The warm list (torch & co., ``jobs.warm``) is imported by a child of the template while the template
 forks on; once done, that warm child forks instead (``_Server``). In a ``LocalJob`` of several hosts the
-warm child comes from the job's seed, which imported the list once for all hosts (``seed.py``).
-Whichever forks freezes its objects first (``gc.freeze``), so that a proc's collector leaves the pages
-it shares alone.
+warm child comes from the job's seed, which imported the list once for all hosts (``seed.py``; the
+template's side of it: ``template_seed.py``). Messages go through ``packets.py``. Whichever forks
+freezes its objects first (``gc.freeze``), so that a proc's collector leaves the pages it shares alone.
 """
 
 from __future__ import annotations
 
 import ctypes
-import errno
 import gc
 import importlib
 import importlib.util
@@ -25,42 +24,18 @@ import os
 import select
 import signal
 import socket
-import stat
 import sys
 import traceback
 from typing import TYPE_CHECKING, Any, NamedTuple
+
+from .packets import recv, send_or_exit, send_or_ignore
+from .template_seed import SeedSide, seed_link, take_seed_link
 
 if TYPE_CHECKING:
     import subprocess
 
 _PR_SET_PDEATHSIG = 1
 _FREEZE = os.environ.get("JUPYTER_MESH_GC_FREEZE") != "0"  # (``_Server._fork``)
-
-
-LINK_ENV = "JUPYTER_MESH__SEED"
-"""An agent's link to its job's seed (``seed.py``), ``FD:PID``; popped by ``agent_main``."""
-
-_seed_link = ""
-"""In an agent of a ``LocalJob`` of several hosts: its link to the job's seed (``seed.py``), passed to
-every template it starts, as ``FD:PID`` (the seed's pid: the agent watches it for a stop); '' if none."""
-
-
-def seed_pid() -> int:
-    """In an agent: the pid of its job's seed (``seed.py``), 0 if none."""
-    return int(_seed_link.split(":")[1]) if _seed_link else 0
-
-
-def take_seed_link() -> None:
-    """Adopt the seed link the job passed (``LINK_ENV``), and drop the name: procs must not see it."""
-    global _seed_link
-    value = os.environ.pop(LINK_ENV, "")
-    try:
-        fd, pid = (int(v) for v in value.split(":"))
-        if not stat.S_ISSOCK(os.fstat(fd).st_mode) or pid <= 0:
-            raise ValueError(value)
-    except (ValueError, OSError):
-        return  # none, or not ours: the template warms up alone
-    _seed_link = f"{fd}:{pid}"
 
 
 def launch(lifeline_r: int) -> tuple[subprocess.Popen[bytes], socket.socket]:
@@ -71,9 +46,10 @@ def launch(lifeline_r: int) -> tuple[subprocess.Popen[bytes], socket.socket]:
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     argv = [sys.executable, "-m", __spec__.name, str(theirs.fileno()), str(lifeline_r), str(os.getpid())]
     fds = [theirs.fileno(), lifeline_r]
-    if _seed_link:
-        argv.append(_seed_link)
-        fds.append(int(_seed_link.split(":")[0]))
+    link = seed_link()
+    if link:
+        argv.append(link)
+        fds.append(int(link.split(":")[0]))
     try:
         proc = subprocess.Popen(argv, pass_fds=fds, stdin=subprocess.DEVNULL)
     except BaseException:
@@ -99,28 +75,6 @@ def start_early() -> EarlyStart:
     r, w = os.pipe()
     proc, sock = launch(r)
     return EarlyStart(r, w, proc, sock)
-
-
-def _send(sock: socket.socket, obj: dict[str, Any]) -> None:
-    try:
-        sock.send(json.dumps(obj).encode())
-    except OSError:
-        os._exit(0)  # agent gone
-
-
-def send_or_ignore(sock: socket.socket, obj: dict[str, Any], fds: list[int] = ()) -> bool:  # type: ignore[assignment]
-    """Send to a peer that may be gone (the seed, a warm child): whether it went."""
-    try:
-        socket.send_fds(sock, [json.dumps(obj).encode()], list(fds))
-    except OSError:
-        return False
-    return True
-
-
-def fingerprint() -> dict[str, Any]:
-    """What a warm child takes from the job's seed rather than its template, and must match (``seed.py``):
-    the interpreter, import path, directory and environment (a module imported elsewhere is another one)."""
-    return {"exe": sys.executable, "path": sys.path, "cwd": os.getcwd(), "env": dict(os.environ)}
 
 
 def base_imports() -> None:
@@ -232,23 +186,7 @@ def wake_pipe() -> tuple[int, int]:
     return r, w
 
 
-def recv(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
-    """One message and its file descriptors; (None, []) once the other end is gone."""
-    reset = False
-    while True:
-        try:
-            data, fds, _flags, _addr = socket.recv_fds(sock, 1 << 20, 4)
-        except OSError as e:
-            if e.errno == errno.EINTR:
-                continue
-            if e.errno == errno.ECONNRESET and not reset:  # a peer that closed with our messages unread:
-                reset = True  # Linux says so once, before what it sent last (its last word): read on
-                continue
-            return None, []
-        return (json.loads(data) if data else None), list(fds)
-
-
-class _Server:
+class _Server(SeedSide):
     """One template's loop: read the agent's requests, fork, reap and report.
 
     The warm list (``if_installed``: torch and co.) is imported by a child of this template, the *warm
@@ -325,7 +263,7 @@ class _Server:
                 if if_installed:
                     return
             errors = preload(msg["modules"], if_installed)
-            _send(self.sock, {"op": "preloaded", "token": msg["token"], "errors": errors})
+            send_or_exit(self.sock, {"op": "preloaded", "token": msg["token"], "errors": errors})
         elif op == "fork":
             if self.warming is not None and msg["cfg"].get("warm_wait", True):
                 self.held.append((msg, fds))
@@ -354,7 +292,7 @@ class _Server:
             _child(self.sock, [self.r, self.w], fds, cfg, self.key, self.lifeline)
         for fd in fds:
             os.close(fd)
-        _send(self.sock, {"op": "forked", "token": msg["token"], "pid": pid})
+        send_or_exit(self.sock, {"op": "forked", "token": msg["token"], "pid": pid})
 
     def _reap(self) -> None:
         try:
@@ -374,7 +312,7 @@ class _Server:
             if pid == self.warm_pid:
                 self._warm_child_died(code)
                 continue
-            _send(
+            send_or_exit(
                 self.sock,
                 {"op": "exit", "pid": pid, "code": code if code >= 0 else None, "signal": -code if code < 0 else None},
             )
@@ -389,7 +327,7 @@ class _Server:
             self._become_warm_child(theirs, modules, parent)
         theirs.close()
         self.warming, self.warm_pid = ours, pid
-        _send(self.sock, {"op": "warming", "pid": pid})  # the agent watches it for a stop while forks wait
+        send_or_exit(self.sock, {"op": "warming", "pid": pid})  # the agent watches it for a stop while forks wait
 
     def _from_warm_child(self) -> None:
         assert self.warming is not None
@@ -403,7 +341,7 @@ class _Server:
             return
         if msg["op"] == "hello" and self.seeded:  # the seed's child: give it what a forked one inherits
             self.warm_pid = int(msg["pid"])
-            _send(self.sock, {"op": "warming", "pid": self.warm_pid})
+            send_or_exit(self.sock, {"op": "warming", "pid": self.warm_pid})
             adopt = {"op": "adopt", "key": self.key.hex(), "modules": self.warm_modules}
             send_or_ignore(self.warming, adopt, [self.sock.fileno(), self.lifeline])  # (gone: EOF next)
         elif msg["op"] == "ready":  # it imported the warm list: hand it what waits, then the socket
@@ -444,78 +382,7 @@ class _Server:
         if code is None:
             why = "is gone" if self.seed is None else "did not say (is it stopped?)"
             when = ", ".join(w for w in (when, f"how is unknown: the job's seed, its parent, {why}") if w)
-        _send(self.sock, {"op": "ending", "pid": self.warm_pid, "code": code, "when": when})
-
-    # -- a warm child from the job's seed ---------------------------------------------------------------
-    def _ask_seed(self) -> bool:
-        """Ask the seed for a warm child (it answers on ``warming``: hello, or EOF if it cannot)."""
-        if self.seed is None:
-            return False
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        sent = send_or_ignore(self.seed, {"op": "warm", "fingerprint": fingerprint()}, [theirs.fileno()])
-        theirs.close()
-        if not sent:
-            ours.close()
-            self._drop_seed()
-            return False
-        self.warming, self.seeded, self.warm_pid = ours, True, self.seed_pid
-        # the agent watches the seed for a stop while forks wait, until the child says hello
-        _send(self.sock, {"op": "warming", "pid": self.seed_pid})
-        return True
-
-    def _drop_seed(self) -> None:
-        if self.seed is not None:
-            self.seed.close()
-            self.seed = None
-
-    def _from_seed(self) -> None:
-        assert self.seed is not None
-        msg, fds = recv(self.seed)
-        for fd in fds:
-            os.close(fd)
-        if msg is None:  # gone; a request it had not answered ends in ``warming``'s EOF
-            self._drop_seed()
-        elif msg.get("op") == "forked":  # our warm child's pid, maybe before its hello: watch it, not the seed
-            if self.seeded and self.warming is not None and self.warm_pid == self.seed_pid:
-                self.warm_pid = int(msg["pid"])
-                _send(self.sock, {"op": "warming", "pid": self.warm_pid})
-        elif msg.get("op") == "exit":
-            self.seed_exits[int(msg["pid"])] = int(msg["code"])
-        elif msg.get("op") == "refused":
-            print(f"jupyter-mesh template: the job's seed refused: {msg.get('why')}; warming up alone", file=sys.stderr)
-
-    def _seed_exit(self, pid: int, timeout: float = 2.0) -> int | None:
-        """The exit status of the seed's child ``pid``, which the seed reports once it reaped it."""
-        import time
-
-        deadline = time.monotonic() + timeout
-        while pid not in self.seed_exits and self.seed is not None:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([self.seed], [], [], left)[0]:
-                break
-            self._from_seed()
-        return self.seed_exits.pop(pid, None)
-
-    def _seeded_child_died(self) -> None:
-        """The seeded warm child that forks for this host is gone (EOF): say how, and end, as when a
-        warm child of our own dies."""
-        assert self.handed is not None
-        msg, fds = recv(self.handed)
-        for fd in fds:
-            os.close(fd)
-        if msg is None:
-            self._ending(self._seed_exit(self.warm_pid))
-            os._exit(0)
-
-    def _template_gone(self) -> None:
-        """In a seeded warm child: the template died (its socket's EOF). A warm child of the template
-        dies with it by PDEATHSIG; this one ends here, and its procs follow (theirs)."""
-        assert self.hand is not None
-        msg, fds = recv(self.hand)
-        for fd in fds:
-            os.close(fd)
-        if msg is None:
-            os._exit(0)
+        send_or_exit(self.sock, {"op": "ending", "pid": self.warm_pid, "code": code, "when": when})
 
     def _warm_child_died(self, code: int) -> None:
         if not self.reading:
@@ -523,12 +390,12 @@ class _Server:
             os._exit(0)  # it served the agent: its procs died with it; our exit tells the agent
         # it died warming: this template serves on, without the warm list
         self.warm_pid = -1  # (not 0: no second warm child)
-        _send(self.sock, {"op": "serving", "pid": os.getpid()})  # we fork on: nobody else to watch
+        send_or_exit(self.sock, {"op": "serving", "pid": os.getpid()})  # we fork on: nobody else to watch
         if self.warming is not None:
             self.warming.close()
             self.warming = None
         how = f"exit code {code}" if code >= 0 else f"signal {-code}"
-        _send(self.sock, {"op": "preloaded", "token": 0, "errors": [f"the warm-up import died ({how})"]})
+        send_or_exit(self.sock, {"op": "preloaded", "token": 0, "errors": [f"the warm-up import died ({how})"]})
         self.later = []
         while self.held:  # (each taken out first: the next fork closes the pipes still held, not its own)
             m, fds = self.held.pop(0)
@@ -552,7 +419,7 @@ class _Server:
     def _take_over(self, hand: socket.socket, errors: list[str]) -> None:
         """In a warm child, its imports done: take what the template holds, then the agent's socket."""
         self.hand = hand
-        _send(hand, {"op": "ready"})
+        send_or_exit(hand, {"op": "ready"})
         while True:
             msg, fds = recv(hand)
             if msg is None:
@@ -561,9 +428,9 @@ class _Server:
                 for mods, if_installed in msg["preloads"]:
                     errors += preload(mods, if_installed)
                 # the agent watches us from now on (a stopped fork server is one that forks)
-                _send(self.sock, {"op": "serving", "pid": os.getpid()})
+                send_or_exit(self.sock, {"op": "serving", "pid": os.getpid()})
                 if errors:
-                    _send(self.sock, {"op": "preloaded", "token": 0, "errors": errors})
+                    send_or_exit(self.sock, {"op": "preloaded", "token": 0, "errors": errors})
             elif msg["op"] == "fork":
                 self._fork(msg, fds)
             elif msg["op"] == "yours":
@@ -616,7 +483,7 @@ def main() -> None:
         fd, pid = sys.argv[4].split(":")
         server.seed, server.seed_pid = socket.socket(fileno=int(fd)), int(pid)
     base_imports()
-    _send(sock, {"op": "ready", "pid": os.getpid()})
+    send_or_exit(sock, {"op": "ready", "pid": os.getpid()})
     server.serve()
 
 
