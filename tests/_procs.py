@@ -26,6 +26,15 @@ def _ppid_map() -> dict[int, int]:
     return out
 
 
+def ppid(pid: int) -> int:
+    """Its parent's pid; 0 if there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return 0
+
+
 def descendants(pid: int) -> set[int]:
     """Live (non-zombie) processes below ``pid``."""
     ppids = _ppid_map()

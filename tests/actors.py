@@ -351,3 +351,7 @@ class Starter(Actor):
     @endpoint
     def exit_now(self, code: int) -> None:
         os._exit(code)
+
+    @endpoint
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)

@@ -11,9 +11,10 @@ import os
 import signal
 import subprocess
 import sys
+import types
 
 import pytest
-from _procs import wait_dead, wait_for
+from _procs import alive, descendants, ppid, templates_of, wait_dead, wait_for, wait_stopped
 
 pytestmark = pytest.mark.integration
 
@@ -152,3 +153,64 @@ def test_what_a_proc_started_ends_with_it(host, end):
     finally:
         os.kill(away, signal.SIGKILL)
         pm.stop(timeout=5)
+
+
+@pytest.mark.parametrize("forker", ["template", "warm child", "seed's warm child"])
+def test_what_procs_started_ends_when_their_fork_server_or_agent_is_killed(monkeypatch, forker):
+    """``kill -9`` of a host's fork server (template) or of its agent kills its procs (PR_SET_PDEATHSIG),
+    and nobody was left to end their process groups: what they started outlived everything. Whichever
+    process forked them (``forker``), running or stopped, their children and orphaned grandchildren
+    end with them now. Host 0 loses its template; host 1 its agent, its forker stopped. A child that
+    started a session of its own is left, and the mesh reports both procs lost as before."""
+    from actors import Starter
+
+    from jupyter_mesh import LocalJob, SupervisionError
+    from jupyter_mesh.jobs import warm
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([TESTS, ROOT, os.environ.get("PYTHONPATH", "")]))
+    if forker != "template":  # a warm list that imports at once (not torch): a warm child forks
+        monkeypatch.setenv("JUPYTER_MESH_WARM", "1")
+        monkeypatch.setenv("JUPYTER_MESH_SEED", "1" if forker == "seed's warm child" else "0")
+        monkeypatch.setattr(warm, "WARM_CANDIDATES", ("seed_warm_import",))
+        monkeypatch.setattr(warm, "_installed", lambda name: False)
+        monkeypatch.setitem(sys.modules, "seed_warm_import", types.ModuleType("seed_warm_import"))
+    earlier = descendants(os.getpid())  # (the module's host, other tests' meshes: not ours to check)
+    job = LocalJob(hosts=2)
+    away: list[int] = []
+    try:
+        pm = job.host_mesh().spawn_procs(per_host={"gpus": 1}, timeout=60)
+        starter = pm.spawn("starter", Starter)
+        started = set()
+        for h in (0, 1):
+            one = starter.slice(hosts=h)
+            started |= {one.start.call_one().get(30), one.fork_and_leave.call_one().get(30)}
+            away.append(one.start.call_one(own_session=True).get(30))
+        procs, agents = pm.pids(), job.pids()
+        forkers = [ppid(procs[h]) for h in (0, 1)]
+        parents = [ppid(f) for f in forkers]
+        if forker == "template":
+            assert parents == agents, (forkers, agents)
+        elif forker == "warm child":
+            assert [ppid(p) for p in parents] == agents, (forkers, parents, agents)
+        else:
+            assert parents == [job.seed_pid] * 2, (forkers, parents, job.seed_pid)
+        (template,) = [p for p in templates_of(agents[0]) if ppid(p) == agents[0]]
+        host1 = {agents[1], forkers[1], *templates_of(agents[1])}  # its template and warm child too
+        calls = [starter.slice(hosts=h).sleep.call_one(60) for h in (0, 1)]
+        os.kill(forkers[1], signal.SIGSTOP)
+        assert wait_stopped(forkers[1])
+        os.kill(template, signal.SIGKILL)
+        os.kill(agents[1], signal.SIGKILL)
+        left = wait_dead(started | host1 | set(procs.values()), 15.0)
+        assert not left, f"left after kill -9 of host 0's template and host 1's agent: {sorted(left)}"
+        assert all(alive(p) for p in away), "a process that left its proc's session was killed"
+        with pytest.raises(SupervisionError, match=rf"fork server \(template, pid {template}\) was killed by SIGKILL"):
+            calls[0].get(30)
+        with pytest.raises(SupervisionError, match=rf"pid {agents[1]}\) killed by SIGKILL"):
+            calls[1].get(30)
+    finally:
+        for p in away:
+            os.kill(p, signal.SIGKILL)
+        job.stop()
+    left = wait_dead(descendants(os.getpid()) - earlier, 15.0)
+    assert not left, f"processes left behind: {sorted(left)}"

@@ -36,6 +36,7 @@ from .._wire.serialize import dumps
 from .._wire.transport import Message, Transport
 from ..errors import Failure, MeshValueError, SupervisionError
 from . import seed, template_seed
+from .adopted import Adopted
 from .agent_procs import ProcWatch
 from .agent_state import HostedMesh, ProcEntry, alive, describe_exit, kill, read_lines
 from .forkserver import ForkServer
@@ -93,6 +94,7 @@ class Agent(ProcWatch):
         self.nested = bool(cfg.get("nested"))  # started by an actor: the session's controller sweeps
         # pipes, the template and its lifeline
         self.sel = selectors.DefaultSelector()
+        self.adopted = Adopted()  # a subreaper: procs whose fork server died are ours to reap, groups first
         self.lifeline_r, self.lifeline_w = (early.lifeline_r, early.lifeline_w) if early else os.pipe()
         self.forkserver = ForkServer(
             cfg["key"],
@@ -479,6 +481,7 @@ class Agent(ProcWatch):
                 kill(p.pid, signal.SIGKILL)
             os.close(self.lifeline_w)
             self.forkserver.stop()
+            self.adopted.settle(self.forkserver.pid, 1.0)  # its procs, ours now: what they started goes too
             if self.orphaned and template_seed.seed_pid():  # a stopped seed would never see its job end
                 seed.end_for_dead_controller(template_seed.seed_pid())
             from .._wire import shm as _shm

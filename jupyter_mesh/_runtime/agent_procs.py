@@ -23,6 +23,7 @@ from .liveness import NOTE_EVERY
 if TYPE_CHECKING:
     from .._wire.transport import Transport
     from ..errors import Failure
+    from .adopted import Adopted
     from .agent_state import HostedMesh
     from .forkserver import ForkServer
     from .inboxes import ActorInboxes
@@ -41,6 +42,7 @@ class ProcWatch:
     by_pid: dict[int, ProcEntry]
     meshes: dict[str, HostedMesh]
     forkserver: ForkServer
+    adopted: Adopted
     sel: selectors.BaseSelector
     relay: Relay
     inboxes: ActorInboxes
@@ -85,6 +87,9 @@ class ProcWatch:
         for p in forked:
             kill(p.pid, signal.SIGKILL)
             self._proc_exited(p.pid, None, signal.SIGKILL, cause)
+        # they are ours now (a subreaper's), or will be once the warm child that forked them is gone
+        # too: what is left of their groups goes as they are reaped (``adopted``), here or next tick
+        self.adopted.reap(fs.pid)
         for p in unborn:  # asked for, never forked: those starts fail with the cause
             p.alive, p.tail = False, collections.deque([(fs.down_cause if delay else cause) + "\n"], maxlen=30)
         with self.lock:
@@ -109,6 +114,7 @@ class ProcWatch:
             self.shutdown()
         self.keeper.tick(now)  # a reattach that waits out a silent controller
         self._watch_template(now)
+        self.adopted.reap(self.forkserver.pid)  # orphans of the procs' children, and procs of a dead fork server
         with self.lock:
             running = [p for p in self.procs.values() if p.alive and p.up and not p.stopping]
         self.quiet.prune({p.pid for p in running})
@@ -212,6 +218,7 @@ class ProcWatch:
             return
         op = msg["op"]
         if op == "forked":
+            self.adopted.forked(msg["pid"])
             with self.lock:
                 p = self.forkserver.forked(msg["token"])
                 if p is not None and not p.pid:
@@ -220,6 +227,7 @@ class ProcWatch:
                     if p.stopping:  # stopped before we even knew its pid
                         kill(p.pid, signal.SIGKILL)
         elif op == "exit":
+            self.adopted.reaped(msg["pid"])
             self._proc_exited(msg["pid"], msg["code"], msg["signal"])
         elif op == "warming":  # its warm child imports the warm list: forks that wait for it, wait on it
             with self.lock:

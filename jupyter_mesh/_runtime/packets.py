@@ -8,19 +8,10 @@ from __future__ import annotations
 
 import errno
 import json
-import os
 import socket
 from typing import Any
 
-__all__ = ["recv", "send_or_exit", "send_or_ignore"]
-
-
-def send_or_exit(sock: socket.socket, obj: dict[str, Any]) -> None:
-    """Send to the agent; if it is gone, so is this process (a template, a warm child)."""
-    try:
-        sock.send(json.dumps(obj).encode())
-    except OSError:
-        os._exit(0)  # agent gone
+__all__ = ["recv", "send_or_ignore"]
 
 
 def send_or_ignore(sock: socket.socket, obj: dict[str, Any], fds: list[int] = ()) -> bool:  # type: ignore[assignment]

@@ -14,7 +14,8 @@ passes it to each template it starts. Nothing is on the file system, so no other
 
 A seeded warm child is the seed's child, not its template's: the seed reaps it and tells the template
 its exit status (``{"op": "exit"}``), and the two watch each other through their socket (EOF: the
-other is gone). A host whose agent is gone (EOF on its link) loses its warm children too, and the seed
+other is gone). A host whose agent is gone (EOF on its link) loses its warm children too (each ends
+with its template, its procs' groups first; the seed resumes a stopped one, so that it does), and the seed
 ends when its job does (EOF on its control socket), after the job's agents, killing what is left of
 its children: a stopped one would not see its host end, and would hold the job's output for ever.
 
@@ -150,8 +151,10 @@ class _Seeder:
         if msg is None:  # its agent and templates are gone: so is their host
             del self.links[link.fileno()]
             for pid, lk in list(self.children.items()):
-                if lk is link:  # a stopped one would never see it (reaped all the same, reported to nobody)
-                    kill(pid, signal.SIGKILL)
+                if lk is link:  # each sees its template's end and ends, with its procs' groups (a SIGKILL
+                    # would leave those); a stopped one would never see it: resumed (reaped all the same,
+                    # reported to nobody)
+                    kill(pid, signal.SIGCONT)
                     del self.children[pid]
             link.close()
             return

@@ -26,9 +26,9 @@ import signal
 import socket
 import sys
 import traceback
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
-from .packets import recv, send_or_exit, send_or_ignore
+from .packets import recv, send_or_ignore
 from .template_seed import SeedSide, seed_link, take_seed_link
 
 if TYPE_CHECKING:
@@ -107,6 +107,7 @@ def _child(
     template's frames, so its interpreter finalizes as at any normal exit; everything else ends here."""
     try:
         signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCONT, signal.SIG_DFL)  # (the template's: ``_Server.die_with``)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # (the template ignores it; a proc ends on it)
@@ -219,6 +220,52 @@ class _Server(SeedSide):
         self.handed: socket.socket | None = None  # to a seeded warm child once it took over: EOF, it died
         self.seed_exits: dict[int, int] = {}  # the seed's children's exit statuses, as it reported them
         self.keep_hand = False  # in a seeded warm child: the template's death (``hand``'s EOF) ends it
+        self.procs: set[int] = set()  # the procs this process forked and has not reaped (``end_procs``)
+
+    # -- its life -----------------------------------------------------------------------------------
+    def tell(self, obj: dict[str, Any], sock: socket.socket | None = None) -> None:
+        """Send to the agent (or to ``sock``, the template of a warm child): if it is gone, so are we."""
+        if not send_or_ignore(self.sock if sock is None else sock, obj):
+            self.leave()
+
+    def leave(self, code: int = 0) -> NoReturn:
+        """Exit, ending our procs' process groups first: they die with us (PR_SET_PDEATHSIG) and what
+        they started would otherwise live on, with nobody left to end it."""
+        self.end_procs()
+        os._exit(code)
+
+    def end_procs(self) -> None:
+        """Kill each proc this process forked and has not reaped, and what is left of its process
+        group. An unreaped child's pid, its group's id, cannot be anyone else's: no other group is hit."""
+        for pid in list(self.procs):
+            for kill in (os.killpg, os.kill):  # its group; itself, should it not have made one yet
+                try:
+                    kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+
+    def die_with(self, parent: int) -> None:
+        """Leave when ``parent`` dies (the agent; a warm child's template), even while busy in a long
+        preload, when nobody reads the socket whose EOF would say so.
+
+        The parent-death signal (PR_SET_PDEATHSIG) is SIGCONT, caught: a SIGKILL left no time to end
+        our procs' groups, and nobody else can (the agent is gone). SIGCONT, unlike any other signal,
+        also resumes a stopped process, so a stopped one ends as before. A resume by hand sends it too:
+        then our parent is still there."""
+        me = os.getpid()
+
+        def on_sigcont(signum: int, frame: Any) -> None:
+            if os.getpid() == me and os.getppid() != parent:  # (a fresh fork runs this until it resets it)
+                self.leave()
+
+        signal.signal(signal.SIGCONT, on_sigcont)
+        signal.siginterrupt(signal.SIGCONT, False)  # a resume by hand fails no system call (an import's)
+        try:
+            ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGCONT)
+        except Exception:  # noqa: BLE001 - not Linux: the socket's EOF still ends us, once read
+            pass
+        if os.getppid() != parent:
+            self.leave()  # it died before the line above took effect
 
     # -- the loop -----------------------------------------------------------------------------------
     def serve(self) -> None:
@@ -247,7 +294,7 @@ class _Server(SeedSide):
     def _from_agent(self) -> None:
         msg, fds = recv(self.sock)
         if msg is None:
-            os._exit(0)  # the agent is gone: children follow through PDEATHSIG
+            self.leave()  # the agent is gone
         op = msg["op"]
         if op == "key":
             self.key = bytes.fromhex(msg["key"])
@@ -263,7 +310,7 @@ class _Server(SeedSide):
                 if if_installed:
                     return
             errors = preload(msg["modules"], if_installed)
-            send_or_exit(self.sock, {"op": "preloaded", "token": msg["token"], "errors": errors})
+            self.tell({"op": "preloaded", "token": msg["token"], "errors": errors})
         elif op == "fork":
             if self.warming is not None and msg["cfg"].get("warm_wait", True):
                 self.held.append((msg, fds))
@@ -282,6 +329,8 @@ class _Server(SeedSide):
         if _FREEZE:
             gc.freeze()
         pid = os.fork()
+        if pid > 0:
+            self.procs.add(pid)
         if pid == 0:
             for private in (self.warming, self.hand, self.seed, self.handed):  # ours: not the proc's
                 if private is not None:
@@ -292,7 +341,7 @@ class _Server(SeedSide):
             _child(self.sock, [self.r, self.w], fds, cfg, self.key, self.lifeline)
         for fd in fds:
             os.close(fd)
-        send_or_exit(self.sock, {"op": "forked", "token": msg["token"], "pid": pid})
+        self.tell({"op": "forked", "token": msg["token"], "pid": pid})
 
     def _reap(self) -> None:
         try:
@@ -304,6 +353,7 @@ class _Server(SeedSide):
             pid = _end_group(self.warm_pid)
             if pid <= 0:
                 return
+            self.procs.discard(pid)  # before it is reaped: ``end_procs`` signals unreaped pids only
             try:
                 _, status = os.waitpid(pid, 0)  # (it has ended: no wait)
             except ChildProcessError:
@@ -312,8 +362,7 @@ class _Server(SeedSide):
             if pid == self.warm_pid:
                 self._warm_child_died(code)
                 continue
-            send_or_exit(
-                self.sock,
+            self.tell(
                 {"op": "exit", "pid": pid, "code": code if code >= 0 else None, "signal": -code if code < 0 else None},
             )
 
@@ -327,7 +376,7 @@ class _Server(SeedSide):
             self._become_warm_child(theirs, modules, parent)
         theirs.close()
         self.warming, self.warm_pid = ours, pid
-        send_or_exit(self.sock, {"op": "warming", "pid": pid})  # the agent watches it for a stop while forks wait
+        self.tell({"op": "warming", "pid": pid})  # the agent watches it for a stop while forks wait
 
     def _from_warm_child(self) -> None:
         assert self.warming is not None
@@ -341,7 +390,7 @@ class _Server(SeedSide):
             return
         if msg["op"] == "hello" and self.seeded:  # the seed's child: give it what a forked one inherits
             self.warm_pid = int(msg["pid"])
-            send_or_exit(self.sock, {"op": "warming", "pid": self.warm_pid})
+            self.tell({"op": "warming", "pid": self.warm_pid})
             adopt = {"op": "adopt", "key": self.key.hex(), "modules": self.warm_modules}
             send_or_ignore(self.warming, adopt, [self.sock.fileno(), self.lifeline])  # (gone: EOF next)
         elif msg["op"] == "ready":  # it imported the warm list: hand it what waits, then the socket
@@ -373,7 +422,7 @@ class _Server(SeedSide):
             code = os.waitstatus_to_exitcode(status)
         why = os.strerror(e.errno) if e.errno else str(e)
         self._ending(code, f"while it took over from the template ({why})")
-        os._exit(1)
+        self.leave(1)
 
     def _ending(self, code: int | None, when: str = "") -> None:
         """Tell the agent why this fork server ends: its warm child (``pid``) died. Without it the
@@ -382,20 +431,20 @@ class _Server(SeedSide):
         if code is None:
             why = "is gone" if self.seed is None else "did not say (is it stopped?)"
             when = ", ".join(w for w in (when, f"how is unknown: the job's seed, its parent, {why}") if w)
-        send_or_exit(self.sock, {"op": "ending", "pid": self.warm_pid, "code": code, "when": when})
+        self.tell({"op": "ending", "pid": self.warm_pid, "code": code, "when": when})
 
     def _warm_child_died(self, code: int) -> None:
         if not self.reading:
             self._ending(code)
-            os._exit(0)  # it served the agent: its procs died with it; our exit tells the agent
+            self.leave()  # it served the agent: its procs died with it; our exit tells the agent
         # it died warming: this template serves on, without the warm list
         self.warm_pid = -1  # (not 0: no second warm child)
-        send_or_exit(self.sock, {"op": "serving", "pid": os.getpid()})  # we fork on: nobody else to watch
+        self.tell({"op": "serving", "pid": os.getpid()})  # we fork on: nobody else to watch
         if self.warming is not None:
             self.warming.close()
             self.warming = None
         how = f"exit code {code}" if code >= 0 else f"signal {-code}"
-        send_or_exit(self.sock, {"op": "preloaded", "token": 0, "errors": [f"the warm-up import died ({how})"]})
+        self.tell({"op": "preloaded", "token": 0, "errors": [f"the warm-up import died ({how})"]})
         self.later = []
         while self.held:  # (each taken out first: the next fork closes the pipes still held, not its own)
             m, fds = self.held.pop(0)
@@ -403,12 +452,8 @@ class _Server(SeedSide):
 
     def _become_warm_child(self, hand: socket.socket, modules: list[str], parent: int) -> None:
         """Runs in the forked warm child: import the warm list, then take the agent's socket over."""
-        try:
-            ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # die with the template
-        except Exception:  # noqa: BLE001
-            pass
-        if os.getppid() != parent:
-            os._exit(0)
+        self.procs = set()  # the template's
+        self.die_with(parent)
         os.close(self.r)
         os.close(self.w)
         self.r, self.w = wake_pipe()  # our own: the template's pipe would hear its children, not ours
@@ -419,18 +464,18 @@ class _Server(SeedSide):
     def _take_over(self, hand: socket.socket, errors: list[str]) -> None:
         """In a warm child, its imports done: take what the template holds, then the agent's socket."""
         self.hand = hand
-        send_or_exit(hand, {"op": "ready"})
+        self.tell({"op": "ready"}, hand)
         while True:
             msg, fds = recv(hand)
             if msg is None:
-                os._exit(0)  # the template died
+                self.leave()  # the template died
             if msg["op"] == "later":  # preloads the template was asked for while we imported
                 for mods, if_installed in msg["preloads"]:
                     errors += preload(mods, if_installed)
                 # the agent watches us from now on (a stopped fork server is one that forks)
-                send_or_exit(self.sock, {"op": "serving", "pid": os.getpid()})
+                self.tell({"op": "serving", "pid": os.getpid()})
                 if errors:
-                    send_or_exit(self.sock, {"op": "preloaded", "token": 0, "errors": errors})
+                    self.tell({"op": "preloaded", "token": 0, "errors": errors})
             elif msg["op"] == "fork":
                 self._fork(msg, fds)
             elif msg["op"] == "yours":
@@ -462,28 +507,22 @@ def serve_from_seed(hand: socket.socket) -> None:
 
 
 def main() -> None:
-    # die with the agent even while busy in a long preload (torch: seconds), when nobody reads the
-    # socket whose EOF would say so; the agent starts us from its main thread, which lives as long as it
-    try:
-        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except Exception:  # noqa: BLE001 - not Linux: the socket's EOF still ends us, once read
-        pass
-    if len(sys.argv) > 3 and os.getppid() != int(sys.argv[3]):
-        os._exit(0)  # the agent died before the line above took effect
     sock = socket.socket(fileno=int(sys.argv[1]))
     lifeline = int(sys.argv[2])
     os.set_inheritable(lifeline, True)
+    server = _Server(sock, lifeline)
+    # the agent starts us from its main thread (a new one from its I/O thread): each lives as long as it
+    server.die_with(int(sys.argv[3]) if len(sys.argv) > 3 else os.getppid())
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # interrupts are for procs, delivered by the agent
     # and so is a termination: a scancel (or a kill of the process group) sends SIGTERM to the agent
     # and to us at once; dead first, we made the agent report every proc as killed with its fork
     # server, not with the agent's own "got SIGTERM". The agent ends us (SIGKILL) as it exits
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    server = _Server(sock, lifeline)
     if len(sys.argv) > 4:  # a link to the job's seed, FD:PID (``seed.py``)
         fd, pid = sys.argv[4].split(":")
         server.seed, server.seed_pid = socket.socket(fileno=int(fd)), int(pid)
     base_imports()
-    send_or_exit(sock, {"op": "ready", "pid": os.getpid()})
+    server.tell({"op": "ready", "pid": os.getpid()})
     server.serve()
 
 

@@ -14,9 +14,9 @@ import select
 import socket
 import stat
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from .packets import recv, send_or_exit, send_or_ignore
+from .packets import recv, send_or_ignore
 
 __all__ = ["LINK_ENV", "SeedSide", "fingerprint", "seed_link", "seed_pid", "take_seed_link"]
 
@@ -75,6 +75,8 @@ class SeedSide:
     if TYPE_CHECKING:
 
         def _ending(self, code: int | None, when: str = "") -> None: ...
+        def tell(self, obj: dict[str, Any], sock: socket.socket | None = None) -> None: ...
+        def leave(self, code: int = 0) -> NoReturn: ...
 
     def _ask_seed(self) -> bool:
         """Ask the seed for a warm child (it answers on ``warming``: hello, or EOF if it cannot)."""
@@ -89,7 +91,7 @@ class SeedSide:
             return False
         self.warming, self.seeded, self.warm_pid = ours, True, self.seed_pid
         # the agent watches the seed for a stop while forks wait, until the child says hello
-        send_or_exit(self.sock, {"op": "warming", "pid": self.seed_pid})
+        self.tell({"op": "warming", "pid": self.seed_pid})
         return True
 
     def _drop_seed(self) -> None:
@@ -107,7 +109,7 @@ class SeedSide:
         elif msg.get("op") == "forked":  # our warm child's pid, maybe before its hello: watch it, not the seed
             if self.seeded and self.warming is not None and self.warm_pid == self.seed_pid:
                 self.warm_pid = int(msg["pid"])
-                send_or_exit(self.sock, {"op": "warming", "pid": self.warm_pid})
+                self.tell({"op": "warming", "pid": self.warm_pid})
         elif msg.get("op") == "exit":
             self.seed_exits[int(msg["pid"])] = int(msg["code"])
         elif msg.get("op") == "refused":
@@ -134,14 +136,15 @@ class SeedSide:
             os.close(fd)
         if msg is None:
             self._ending(self._seed_exit(self.warm_pid))
-            os._exit(0)
+            self.leave()
 
     def _template_gone(self) -> None:
         """In a seeded warm child: the template died (its socket's EOF). A warm child of the template
-        dies with it by PDEATHSIG; this one ends here, and its procs follow (theirs)."""
+        ends with it by PDEATHSIG (``die_with``); this one, the seed's child, ends here, and so do its
+        procs and what they started."""
         assert self.hand is not None
         msg, fds = recv(self.hand)
         for fd in fds:
             os.close(fd)
         if msg is None:
-            os._exit(0)
+            self.leave()
