@@ -355,3 +355,11 @@ class Starter(Actor):
     @endpoint
     def sleep(self, seconds: float) -> None:
         time.sleep(seconds)
+
+    @endpoint
+    def ignore_sigterm(self) -> None:
+        """As a proc busy in its exit handlers: only a SIGKILL ends it (its agent's, 1 s after its SIGTERM).
+        Runs on the proc's main thread (its first actor's sync endpoint), where a handler can be set."""
+        import signal
+
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -214,3 +214,64 @@ def test_what_procs_started_ends_when_their_fork_server_or_agent_is_killed(monke
         job.stop()
     left = wait_dead(descendants(os.getpid()) - earlier, 15.0)
     assert not left, f"processes left behind: {sorted(left)}"
+
+
+SEEDED_FAMILIES = """
+import json, sys, time, types
+sys.path.insert(0, {tests!r})
+from jupyter_mesh.jobs import warm
+warm.WARM_CANDIDATES = ("seed_warm_import",)  # a warm list that imports at once (not torch)
+warm._installed = lambda name: False
+sys.modules["seed_warm_import"] = types.ModuleType("seed_warm_import")
+from _procs import ppid
+from actors import Starter
+from jupyter_mesh import LocalJob
+
+job = LocalJob(hosts=2)
+pm = job.host_mesh().spawn_procs(per_host={{"gpus": 1}}, timeout=60)
+procs = list(pm.pids().values())
+assert {{ppid(ppid(p)) for p in procs}} == {{job.seed_pid}}, "not forked by the seed's warm children"
+starter = pm.spawn("starter", Starter)
+started = []
+for h in (0, 1):
+    one = starter.slice(hosts=h)
+    started += [one.start.call_one().get(30), one.fork_and_leave.call_one().get(30)]
+    one.ignore_sigterm.call_one().get(30)  # (its agent kills it 1 s after its SIGTERM)
+print(json.dumps(dict(seed=job.seed_pid, agents=job.pids(), procs=procs, started=started)), flush=True)
+if sys.argv[1] == "stop":
+    job.stop()
+else:
+    time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("end", ["kill -9", "stop"])
+def test_what_procs_started_ends_with_a_seeded_job(tmp_path, end):
+    """A ``LocalJob`` of several hosts forks its procs from its seed's warm children (the default where
+    torch is installed). As the job ended, each agent killed its seeded warm child, and at a ``kill -9``
+    of the program the seed did too, at once: the procs died with it (PR_SET_PDEATHSIG) before anyone
+    ended their groups, and what they started outlived the job. Now each warm child is resumed, not
+    killed, and ends with its template, the groups first (the seed kills what is left after a while)."""
+    script = tmp_path / "seeded.py"
+    script.write_text(SEEDED_FAMILIES.format(tests=TESTS))
+    env = {**_env(), "JUPYTER_MESH_WARM": "1", "JUPYTER_MESH_SEED": "1"}
+    env["PYTHONPATH"] = os.pathsep.join([TESTS, env["PYTHONPATH"]])  # (the warm list's module)
+    argv = [sys.executable, str(script), end]
+    ctl = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    left: set[int] = set()
+    try:
+        line = ctl.stdout.readline() if ctl.stdout else b""
+        assert line, f"the script failed:\n{ctl.communicate(timeout=30)[1].decode()[-3000:]}"
+        info = json.loads(line)
+        if end == "kill -9":
+            ctl.kill()
+        err = ctl.communicate(timeout=60)[1].decode()
+        assert end != "stop" or ctl.returncode == 0, err[-3000:]
+        left = wait_dead({info["seed"], *info["agents"], *info["procs"], *info["started"]}, 15.0)
+        assert not left, f"left after the job's end (what its procs started: {info['started']}): {sorted(left)}"
+    finally:
+        if ctl.poll() is None:
+            ctl.kill()
+            ctl.communicate(timeout=10)
+        for p in left:
+            os.kill(p, signal.SIGKILL)

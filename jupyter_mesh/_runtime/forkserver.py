@@ -188,8 +188,9 @@ class ForkServer:
         if self.down:
             return  # reaped already
         if self.serving != self.proc.pid and leads_own_session(self.serving):
-            # a warm child from the job's seed is not the template's child (no PDEATHSIG from it), and a
-            # stopped one never reads the EOF that would end it: it would outlive the job
-            kill(self.serving, signal.SIGKILL)
+            # a warm child from the job's seed is not the template's child: it ends when it reads the
+            # template's EOF, its procs' groups first (``template_seed``), which a stopped one never
+            # would: resumed. (Killed, it took its procs along before anyone ended their groups)
+            kill(self.serving, signal.SIGCONT)
         self.proc.kill()
         self.proc.wait(5)

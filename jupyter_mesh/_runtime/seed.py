@@ -16,8 +16,9 @@ A seeded warm child is the seed's child, not its template's: the seed reaps it a
 its exit status (``{"op": "exit"}``), and the two watch each other through their socket (EOF: the
 other is gone). A host whose agent is gone (EOF on its link) loses its warm children too (each ends
 with its template, its procs' groups first; the seed resumes a stopped one, so that it does), and the seed
-ends when its job does (EOF on its control socket), after the job's agents, killing what is left of
-its children: a stopped one would not see its host end, and would hold the job's output for ever.
+ends when its job does (EOF on its control socket), after the job's agents: it gives its children a
+moment to end with their templates (``END_WAIT``), resumed if stopped, and kills what is left, which
+would otherwise hold the job's output for ever.
 
 A seed that is gone, or started in another environment than the template (``mismatch``), costs speed
 only: the template warms up alone, as on any other host. A stopped seed is a stopped fork server: the
@@ -36,6 +37,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -44,6 +46,9 @@ from .packets import recv, send_or_ignore
 from .template_seed import LINK_ENV, fingerprint
 
 __all__ = ["LINK_ENV", "Seed", "enabled", "fingerprint", "mismatch"]
+
+END_WAIT = 3.0
+"""Seconds the seed gives its warm children to end once its job is gone, before it kills them (``_end``)."""
 
 
 def enabled() -> bool:
@@ -100,10 +105,10 @@ class Seed:
         return ours
 
     def stop(self) -> None:
-        """End it, after the agents (it kills its warm children left over: ``_from_job``)."""
+        """End it, after the agents (it ends its warm children left over: ``_end``)."""
         self._ctl.close()
         try:
-            self.proc.wait(2.0)
+            self.proc.wait(END_WAIT + 2.0)
         except subprocess.TimeoutExpired:  # still importing, or stopped: it has nothing to save
             self.proc.kill()
             self.proc.wait(5.0)
@@ -140,11 +145,24 @@ class _Seeder:
     def _from_job(self) -> None:
         msg, fds = recv(self.ctl)
         if msg is None:  # the job ended (its agents first), or its program died: so do its hosts
-            for pid in self.children:  # a warm child that is stopped would not see its host end
-                kill(pid, signal.SIGKILL)
+            self._end()
             os._exit(0)
         for fd in fds:
             self.links[fd] = socket.socket(fileno=fd)
+
+    def _end(self) -> None:
+        """End the warm children: each ends with its template, its procs' groups first (``leave`` in
+        ``template.py``), and is given ``END_WAIT`` for it (if the job's program died, its agents are ending
+        the templates meanwhile); a stopped one is resumed. Then what is left is killed. Killed at once,
+        they took their procs along (PR_SET_PDEATHSIG) before anyone ended those groups."""
+        for pid in self.children:
+            kill(pid, signal.SIGCONT)
+        deadline = time.monotonic() + END_WAIT
+        while self.children and deadline > time.monotonic():
+            select.select([self.r], [], [], max(0.0, deadline - time.monotonic()))  # (SIGCHLD writes to it)
+            self._reap()
+        for pid in self.children:  # (its agent stopped, say)
+            kill(pid, signal.SIGKILL)
 
     def _from_template(self, link: socket.socket) -> None:
         msg, fds = recv(link)
