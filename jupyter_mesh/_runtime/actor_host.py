@@ -1,5 +1,6 @@
 """One actor in a proc: its thread, its inbox and mailbox, the order of its senders' messages, how one
-call runs (and is cancelled). What ends the actor while its proc lives on is in ``actor_end``.
+call runs. How a call is cancelled is in ``actor_cancels``; what ends the actor while its proc lives on
+is in ``actor_end``; how it is numbered, in ``actor_ranks``.
 
 An endpoint that raises answers its caller with the exception (``ActorError`` there) and the actor
 lives on. What no caller can receive ends the actor as Monarch does, where the spawn asked for it
@@ -18,7 +19,6 @@ import ctypes
 import os
 import queue
 import secrets
-import signal
 import sys
 import threading
 import traceback
@@ -38,7 +38,8 @@ from .._wire.protocol import BROKEN, DIRECT, NO_REPLY, OK, RAISED, STOP_ENDPOINT
 from .._wire.serialize import UNPICKLABLE_HINT, dumps, loads
 from .._wire.transport import Message, Transport
 from ..errors import Failure, SerializationError, SupervisionError
-from . import cancel_signal, interrupts, remote_pdb
+from . import remote_pdb
+from .actor_cancels import ActorCancels
 from .actor_end import ActorEnds
 from .actor_ranks import ActorRanks
 from .client import set_current_client
@@ -72,7 +73,7 @@ class ProcSide(Protocol):
     def seq_of(self, h: dict[str, Any]) -> int | None: ...
 
 
-class ActorHost(ActorEnds, ActorRanks):
+class ActorHost(ActorCancels, ActorEnds, ActorRanks):
     """One actor instance, its thread, its inbox and its mailbox."""
 
     runtime: ProcSide
@@ -123,54 +124,6 @@ class ActorHost(ActorEnds, ActorRanks):
         else:
             self.thread = threading.Thread(target=self._main, name=f"actor-{name}", daemon=True)
             self.thread.start()
-
-    def cancel(self, sender: str, call_id: int) -> None:
-        """From the receive thread: stop call ``(sender, call_id)`` if it runs, skip it if queued."""
-        key = (sender, call_id)
-        with self._lock:
-            if self._current != key:
-                # a sender's call ids grow in the order its calls run here: at or below the last one
-                # started, this call already ran (its cancel came late), so there is nothing to skip
-                if call_id > self._started.get(sender, 0):
-                    self._cancelled.add(key)  # skipped when it comes up: nothing of it will run
-                done = True
-            else:
-                done = False
-                self._stopping = key  # acknowledged when it ends (``_leave``)
-                self._interrupt()
-        if done:
-            self._ack_cancel(key)
-
-    def cancelling(self) -> bool:
-        """Is a cancel aimed at the running call (or the proc stopping)? Its KeyboardInterrupt is then ours."""
-        with self._lock:
-            return self.closing or (self._stopping is not None and self._stopping == self._current)
-
-    def _interrupt(self) -> None:
-        """Stop the call that runs now (caller holds ``_lock``)."""
-        if self._task is not None:
-            self.loop.call_soon_threadsafe(self._task.cancel)
-        elif self.on_main:  # a sync endpoint on the main thread: a signal ends even a blocking call
-            self._interrupted = True
-            signal.pthread_kill(self.thread.ident or 0, cancel_signal.CANCEL_SIGNAL)
-        else:  # a sync endpoint on its own thread: KeyboardInterrupt at its next Python instruction
-            self._interrupted = True
-            self._raise_in_thread()
-
-    def _raise_in_thread(self) -> None:
-        """KeyboardInterrupt in this actor's own thread, unless it is in a critical stretch of the
-        runtime or inside an import right now: then a moment later (caller holds ``_lock``)."""
-        ident = self.thread.ident or 0
-        if not self._interrupted:
-            return
-        if interrupts.held_by(ident) or cancel_signal.importing(sys._current_frames().get(ident)):
-            cancel_signal.retry_later(self._retry_raise)
-            return
-        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(KeyboardInterrupt))
-
-    def _retry_raise(self) -> None:
-        with self._lock:
-            self._raise_in_thread()
 
     def close(self) -> None:
         """From the receive thread, the proc stopping: interrupt the call that runs (a broadcast's
@@ -430,13 +383,6 @@ class ActorHost(ActorEnds, ActorRanks):
             self._current = key if h["i"] else None
             self._busy = True
 
-    def _ack_cancel(self, key: tuple[str, int]) -> None:
-        """Tell the canceller that this rank no longer works on its call (it waits to report that)."""
-        try:
-            self.runtime.transport.send(key[0], Message({"k": Kind.CANCELLED, "i": key[1], "rk": self.runtime.rank}))
-        except Exception:  # noqa: BLE001 - the canceller is gone: nobody to tell
-            pass
-
     def _leave(self) -> bool:
         """The call ended; True if a cancel was aimed at it (what it raised then is our interrupt)."""
         with self._lock:
@@ -521,21 +467,6 @@ class ActorHost(ActorEnds, ActorRanks):
             self._die(h, e, "(a BaseException ends the actor)")
         elif h["rm"] != NO_REPLY or not ours:  # a broadcast cut by a cancel or a stop: no error of its own
             self._respond_error(h, e, port)
-
-    def _cut_by_sigterm(self, h: dict[str, Any]) -> None:
-        if h["rm"] == NO_REPLY:
-            return
-        rt = self.runtime
-        failure = Failure(
-            rt.mesh_name,
-            rt.coords,
-            "signal",
-            f"proc {os.getpid()} got SIGTERM during {self.name}.{h['ep']} and has not exited since (its exit "
-            "handlers or an actor's __cleanup__ still run)",
-            signal=signal.SIGTERM,
-            rank=rt.rank,
-        )
-        rt.hold_cut(lambda: rt.reply(h, BROKEN, dumps(failure)[0], []))
 
     # -- Monarch's explicit response ports and concurrent endpoints --------------------------------
     def _with_port(self, h: dict[str, Any], args: tuple[Any, ...]) -> tuple[tuple[Any, ...], ReplyPort | None]:
