@@ -71,4 +71,5 @@ class ActorMeshRef(Protocol):
     def _view(self) -> Shape | None: ...  # None: the whole proc mesh, following it as it grows
     @property
     def _plain(self) -> Mapping[str, bool]: ...  # methods called through ``as_endpoint``: explicit port?
+    @property
     def _sliced(self) -> bool: ...  # a view of the mesh as spawned: calls say which (``vl``)
