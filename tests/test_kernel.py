@@ -555,20 +555,21 @@ class Greeter(Actor):
         self.n = 0
 
     @endpoint
-    def hello(self):
+    def hello(self{args}):
         self.n += 1
         return f"{version} {{self.who}} {{self.n}}"
 {more}"""
 
 
 def test_redefined_class_warns_once_and_reload_updates_live_actors(kernel):
-    v1 = kernel.ok(GREETER.format(extra="", version="v1", more=""))
+    v1 = kernel.ok(GREETER.format(extra="", version="v1", args="", more=""))
     v1_cell = v1.reply["content"]["execution_count"]
     kernel.ok("greeters = procs.spawn('greeters', Greeter, 'ann')\ngreeters.initialized.get(30)")
     assert "gpus=2: 'v1 ann 1'" in kernel.ok("greeters.hello.call().get(10)").result
+    kernel.ok("first = greeters.slice(gpus=0)")  # a view made before the reload, unused until after it
 
     bye = "\n    @endpoint\n    def bye(self):\n        return f'bye {self.who}'\n"
-    v2 = kernel.ok(GREETER.format(extra="", version="v2", more=bye))
+    v2 = kernel.ok(GREETER.format(extra="", version="v2", args=", end='!'", more=bye))
     v2_cell = v2.reply["content"]["execution_count"]
     called = kernel.ok("greeters.hello.call().get(10)")
     assert "gpus=2: 'v1 ann 2'" in called.result  # the live actors still run the old code, and say so:
@@ -583,8 +584,10 @@ def test_redefined_class_warns_once_and_reload_updates_live_actors(kernel):
     again = kernel.ok("greeters.hello.call().get(10)")
     assert "gpus=2: 'v2 ann 4'" in again.result and "actors of" not in again.stream()  # state kept
     assert "gpus=1: 'bye ann'" in kernel.ok("greeters.bye.call().get(10)").result  # a new endpoint, same mesh
+    # the view made before the reload checks arguments against the new hello(self, end='!'), not the old
+    assert "'v2 ann 5'" in kernel.ok("first.hello.call_one(end='?').get(10)").result
 
-    kernel.ok(GREETER.format(extra=", loud=False", version="v3", more=""))
+    kernel.ok(GREETER.format(extra=", loud=False", version="v3", args="", more=""))
     refused = kernel.run("%mesh reload")
     text = json.dumps(refused.error or {}) + refused.stream()
     assert refused.status == "error" and "UsageError" in text, text
@@ -603,6 +606,7 @@ def test_redefined_class_warns_once_and_reload_updates_live_actors(kernel):
         GREETER.format(
             extra="",
             version="v4",
+            args="",
             more="\n    @endpoint\n    def locked(self):\n        with LOCK:\n            return 1\n",
         )
     )

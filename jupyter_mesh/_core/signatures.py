@@ -111,6 +111,12 @@ class Signatures:
     def __reduce__(self) -> tuple[Any, ...]:
         return (Signatures, (self.class_name, self.specs))
 
+    def replace_with(self, new: Signatures) -> None:
+        """Take ``new``'s parameter lists in place (``%mesh reload``): every view of the mesh shares this
+        object, also those the reload does not know of (a slice made before it), so none checks against
+        the old definition."""
+        self.class_name, self.specs, self._checkers = new.class_name, dict(new.specs), {}
+
     def checker(self, endpoint: str) -> Callable[..., None] | None:
         """What checks a call's arguments for ``endpoint`` (raising ``TypeError``), or None: unknown."""
         check = self._checkers.get(endpoint, _UNSEEN)

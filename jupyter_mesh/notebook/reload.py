@@ -196,7 +196,11 @@ class Redefinitions:
             endpoints = endpoints_of(rec.cls)
             names_now, sigs_now = frozenset(endpoints), Signatures.of(rec.cls, endpoints)
             for m in list(rec.meshes):
-                m._endpoint_names, m._sigs = names_now, sigs_now
+                m._endpoint_names = names_now
+                if m._sigs is None:
+                    m._sigs = sigs_now
+                else:
+                    m._sigs.replace_with(sigs_now)  # shared with its views, also those made before
             rec.current = new
             out.append(f"reloaded '{rec.name}' ({new.__qualname__}): {', '.join(changed) or 'nothing'} changed")
         return out or ["nothing to reload: every live actor mesh runs the current definition of its class"]
