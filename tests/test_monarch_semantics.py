@@ -335,6 +335,10 @@ def test_wrong_arguments_raise_type_error_at_the_call_site_and_the_actors_live(p
     # parameter lists arrive pickled with a mesh: one that is not a list of identifiers is not used
     forged = Signatures("X", {"f": ("()", (("x):\n    import os  #", 1, False),)), "g": ("()", (("x", 9, False),))})
     assert forged.checker("f") is None and forged.checker("g") is None
+    # nor one of another shape (another version's, or forged): the calls go out unchecked, not failing here
+    malformed = [("()", 5), 7, ("()",), ("()", ((b"x", 1, False),)), ("()", ((3, 1, False),)), ("()", (("x", 1.0, 0),))]
+    odd = Signatures("X", {f"m{i}": spec for i, spec in enumerate(malformed)})
+    assert [odd.checker(f"m{i}") for i in range(len(malformed))] == [None] * len(malformed)
 
 
 # -- 6. a BaseException ends the actor ---------------------------------------------------------------

@@ -65,16 +65,32 @@ def _spec(ep: Endpoint[..., Any]) -> Spec | None:
     return text, tuple((p.name, int(p.kind), p.default is not p.empty) for p in params)
 
 
+def _well_formed(spec: Any) -> bool:
+    """Whether ``spec`` is what ``_spec`` makes, exact types only (a str subclass could lie about being an
+    identifier): a spec comes unpickled with a mesh, maybe from another version, or forged."""
+    if not (type(spec) is tuple and len(spec) == 2 and type(spec[0]) is str and type(spec[1]) is tuple):
+        return False
+    return all(
+        type(p) is tuple
+        and len(p) == 3
+        and type(p[0]) is str
+        and p[0].isidentifier()
+        and not keyword.iskeyword(p[0])
+        and type(p[1]) is int
+        and 0 <= p[1] <= 4
+        and type(p[2]) is bool
+        for p in spec[1]
+    )
+
+
 def _checker(spec: Spec) -> Callable[..., None]:
     """A function taking exactly the parameters of ``spec``, doing nothing: calling it binds the
     arguments as the endpoint will (Python's own rules), at the cost of one call."""
     P = inspect.Parameter
     out: list[str] = []
+    if not _well_formed(spec):
+        raise ValueError(f"not a parameter list: {spec!r:.200}")  # (a spec unpickled from elsewhere)
     kinds = [k for _, k, _ in spec[1]]
-    if any(not (n.isidentifier() and not keyword.iskeyword(n)) for n, _, _ in spec[1]) or not set(kinds) <= set(
-        range(5)
-    ):
-        raise ValueError(f"not a parameter list: {spec[1]!r}")  # (a spec unpickled from elsewhere)
     for name, kind, has_default in spec[1]:
         if kind == P.KEYWORD_ONLY and P.VAR_POSITIONAL not in kinds and "*" not in out:
             out.append("*")  # keyword-only parameters follow a bare star
