@@ -58,6 +58,7 @@ from jupyter_mesh import (
 )
 from jupyter_mesh._core.shape import Shape
 from jupyter_mesh.jobs._monarch import mesh_slices, slurm_from_monarch
+from jupyter_mesh.jobs.kept import Restored
 
 pytestmark = pytest.mark.integration
 
@@ -335,6 +336,7 @@ def test_endpoints_named_like_mesh_attributes_win_or_are_refused_at_spawn(two):
     assert list(n.stop.call().get(timeout=20).values()) == ["my-stop"] * 2
     assert n.slice(gpus=1)._private.call_one().get(timeout=20) == "private"
     assert ActorMesh.name.__get__(n) == "named"  # ours, where an endpoint hides it
+    assert Restored(actors=[("two", n)]).actor_meshes() == {"named": n}  # a reattach names it by its name
     ActorMesh.stop(n).get(timeout=20)
     with pytest.raises(SupervisionError):
         n.slice(gpus=0).name.call_one().get(timeout=20)

@@ -59,8 +59,8 @@ class Restored:
 
     def actor_meshes(self) -> dict[str, ActorMesh[Any]]:
         """By name; a name found on several proc meshes as ``procs/name``."""
-        names = [a.name for _, a in self.actors]
-        return {(a.name if names.count(a.name) == 1 else f"{p}/{a.name}"): a for p, a in self.actors}
+        names = [a._name for _, a in self.actors]  # (not ``a.name``: an endpoint may be named so)
+        return {(a._name if names.count(a._name) == 1 else f"{p}/{a._name}"): a for p, a in self.actors}
 
 
 def saved_meshes(ctl: Controller, job: Job) -> list[dict[str, Any]]:
