@@ -18,6 +18,8 @@ from __future__ import annotations
 import contextlib
 import enum
 import json
+import numbers
+import operator
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -95,26 +97,44 @@ _TEXT = frozenset(
 )
 
 
-def _check_type(key: str, value: Any) -> None:
-    """Monarch's type of a value of its key (its ``TypeError``): a bool, an unsigned int, a string (the
-    durations are strings: ``"30s"``), a float, a transport. Keys of unknown type pass as they are."""
+def _check_type(key: str, value: Any) -> Any:
+    """Monarch's type of a value of its key (its ``TypeError``): a bool, an unsigned 64-bit int, a string
+    (the durations are strings: ``"30s"``), a float, a transport. What Monarch takes from Python, this
+    takes too (numpy's scalars, a bool or an int as a float), stored as the plain Python value, so that it
+    reaches procs. Keys of unknown type pass as they are."""
     if key in _BOOL:
-        ok, want = isinstance(value, bool), "a bool (True or False)"
+        ok, want = isinstance(value, bool) or _numpy_bool(value), "a bool (True or False)"
+        plain = bool(value) if ok else value
     elif key in _COUNT:
-        ok, want = isinstance(value, int) and value >= 0, "a non-negative int"
+        plain = _index(value)
+        ok, want = plain is not None and 0 <= plain < 2**64, "a non-negative int (below 2**64)"
     elif key in _TEXT:
-        ok, want = isinstance(value, str), 'a string (durations as "30s", "5m")'
+        ok, want, plain = isinstance(value, str), 'a string (durations as "30s", "5m")', value
     elif key == "message_latency_sampling_rate":
-        ok, want = isinstance(value, (int, float)) and not isinstance(value, bool), "a float"
+        ok, want = isinstance(value, numbers.Real), "a float"
+        plain = float(value) if ok else value
     elif key == "default_transport":
-        ok, want = isinstance(value, (str, ChannelTransport)), "a ChannelTransport or a string"
+        ok, want, plain = isinstance(value, (str, ChannelTransport)), "a ChannelTransport or a string", value
     else:
-        return
+        return value
     if not ok:
         raise TypeError(
             f"invalid value {value!r} ({type(value).__name__}) for configuration key `{key}`: it takes {want}. "
             f"Pass configure({key}=...) a value of that type"
         )
+    return plain
+
+
+def _numpy_bool(value: Any) -> bool:
+    return type(value).__module__ == "numpy" and type(value).__name__ in ("bool_", "bool")
+
+
+def _index(value: Any) -> int | None:
+    """An int, or what says it is one (``__index__``: numpy's integers, a bool, as Monarch takes); not a float."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
 
 
 class ChannelTransport(enum.Enum):
@@ -216,8 +236,7 @@ def configure(**settings: Any) -> None:
             f"unknown setting(s) {unknown}; jupyter_mesh knows {sorted(OURS)} and Monarch's documented keys "
             f"(jupyter_mesh.config.MONARCH_KEYS)"
         )
-    for key, value in settings.items():
-        _check_type(key, value)
+    settings = {key: _check_type(key, value) for key, value in settings.items()}
     with _lock:
         _layer().update(settings)
 

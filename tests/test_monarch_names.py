@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import operator
 import os
 import pathlib
@@ -143,6 +144,17 @@ def test_configure_refuses_a_value_of_the_wrong_type_as_monarch_does():
     with config.configured(enable_log_forwarding=False, tail_log_lines=3, message_delivery_timeout="30s",
                            message_latency_sampling_rate=1, default_transport=jupyter_mesh.ChannelTransport.Unix):  # fmt: skip
         assert config.get_global_config()["enable_log_forwarding"] is False
+    with pytest.raises(TypeError, match="tail_log_lines"):  # Monarch's is a u64
+        config.configure(tail_log_lines=2**64)
+    # what Monarch takes from Python is taken too, stored as plain values (which reach procs as JSON)
+    import numpy as np
+
+    with config.configured(tail_log_lines=np.int64(3), enable_log_forwarding=np.bool_(True),
+                           message_latency_sampling_rate=np.float32(0.5)):  # fmt: skip
+        assert config.for_procs() and json.loads(config.for_procs()[config.ENV]) == {
+            "tail_log_lines": 3, "enable_log_forwarding": True, "message_latency_sampling_rate": 0.5}  # fmt: skip
+    with config.configured(message_latency_sampling_rate=True):
+        assert config.get_global_config()["message_latency_sampling_rate"] == 1.0
 
 
 def test_transports_are_accepted_and_stored_without_effect():
