@@ -484,6 +484,14 @@ def test_slurm_job_takes_monarchs_constructor():
         SlurmJob(meshes={"mesh0": 2}, gpus_per_nod=8)
     with pytest.raises(MeshValueError, match="identifier names"):
         SlurmJob({"mesh 0": 2})
+    # Monarch's positional order after the meshes (python_exe, slurm_args, monarch_port, job_name,
+    # ntasks_per_node, ..., mem 12th): "python3" second is not taken for a partition
+    with pytest.raises(MeshValueError, match="ntasks_per_node=2"):
+        SlurmJob({"mesh0": 2}, "python3", ["--comment=x"], 22222, "job", 2)
+    with pytest.raises(MeshValueError, match="mem='lots'"):
+        SlurmJob({"mesh0": 2}, "python3", [], 22222, "job", 1, "01:00:00", "debug", None, True, 8, 4, "lots")
+    with pytest.raises(TypeError, match=r"multiple values for argument\(s\) \['python_exe'\]"):
+        SlurmJob({"mesh0": 2}, "python3", python_exe="python3")
 
 
 def test_proc_bind_pins_each_proc_of_a_host(host):

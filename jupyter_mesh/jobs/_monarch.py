@@ -73,6 +73,29 @@ def check_meshes(meshes: Mapping[str, int], who: str) -> dict[str, int]:
     return dict(meshes)
 
 
+MONARCH_SLURM_POSITIONAL = (
+    "python_exe slurm_args monarch_port job_name ntasks_per_node time_limit partition log_dir exclusive "
+    "gpus_per_node cpus_per_task mem job_start_timeout account qos out_of_cluster attach_to bind_to"
+).split()
+"""Monarch's ``SlurmJob`` parameters after ``meshes``, in its order."""
+
+
+def monarch_positional(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Monarch's ``SlurmJob(meshes, python_exe, slurm_args, ...)`` called positionally: the arguments
+    after the meshes by Monarch's names (ours come in another order: ``"python3"`` second would have
+    been the partition)."""
+    if len(args) > len(MONARCH_SLURM_POSITIONAL):
+        raise TypeError(
+            f"SlurmJob() takes at most {len(MONARCH_SLURM_POSITIONAL) + 1} positional arguments in Monarch's form "
+            f"(meshes first), {len(args) + 1} were given"
+        )
+    named = dict(zip(MONARCH_SLURM_POSITIONAL, args))
+    twice = sorted(set(named) & set(kwargs))
+    if twice:
+        raise TypeError(f"SlurmJob() got multiple values for argument(s) {twice}")
+    return {**named, **kwargs}
+
+
 def slurm_from_monarch(
     meshes: Mapping[str, int],
     *,

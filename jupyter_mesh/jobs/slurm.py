@@ -14,6 +14,7 @@ off: the ranks on it fail with what SLURM says (``squeue``).
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import os
@@ -35,7 +36,7 @@ from .._wire.addresses import parse_tcp
 from .._wire.keyfile import read_key_file
 from ..errors import MeshClosedError, MeshError, MeshValueError
 from ._dialback import ENDED, JobFiles, jobs_dir, stop_agents, sweep_stale, unlink, wait_agents
-from ._monarch import JobState, mesh_slices, slurm_from_monarch
+from ._monarch import JobState, mesh_slices, monarch_positional, slurm_from_monarch
 from .kept import Restored, detach_agents, kept_records, reattach_agents, restore_meshes, saved_meshes, when_created
 
 __all__ = ["SlurmJob"]
@@ -57,6 +58,19 @@ _NEVER = (
 _TIME = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$")
 
 
+def _monarch_form(init: Any) -> Any:
+    """``SlurmJob({"mesh0": 2}, "python3", [...])``: after a mapping of meshes (Monarch's first argument),
+    positional arguments are Monarch's, in its order (``_monarch.monarch_positional``)."""
+
+    @functools.wraps(init)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> None:
+        if len(args) > 1 and isinstance(args[0], Mapping):
+            args, kwargs = args[:1], monarch_positional(args[1:], kwargs)
+        init(self, *args, **kwargs)
+
+    return wrapper
+
+
 class SlurmJob(Job):
     """``nodes`` hosts from SLURM, one jupyter_mesh agent on each.
 
@@ -71,10 +85,12 @@ class SlurmJob(Job):
     procs) until SLURM ends it or ``stop()``; ``SlurmJob.reattach()`` in the next kernel takes it back.
 
     Monarch's form works too: ``SlurmJob(meshes={"trainers": 2}, job_name=..., time_limit=...,
-    gpus_per_node=8, cpus_per_task=, mem=, qos=, exclusive=, python_exe=)``, its host meshes by name from
+    gpus_per_node=8, cpus_per_task=, mem=, qos=, exclusive=, python_exe=)``, positional arguments after the
+    meshes in Monarch's order, its host meshes by name from
     ``state()`` (``jobs._monarch`` says which of its keywords are refused here, and why). Unlike
     Monarch's, the job is submitted when it is constructed, and ``exclusive`` is False unless given."""
 
+    @_monarch_form
     def __init__(
         self,
         nodes: int | Mapping[str, int] = 1,
