@@ -595,6 +595,17 @@ def test_redefined_class_warns_once_and_reload_updates_live_actors(kernel):
     assert "Spawn them again" in text and "Traceback" not in text
     assert "gpus=2: 'v2 ann 5'" in kernel.ok("greeters.hello.call().get(10)").result  # untouched
 
+    # a reload may not add an endpoint an ActorMesh attribute hides (spawn refuses it too); one named
+    # `name` is the endpoint after the reload, as it is after a spawn
+    sized = "\n    @endpoint\n    def size(self):\n        return 0\n"
+    kernel.ok(GREETER.format(extra="", version="v5", args="", more=sized))
+    hidden = kernel.run("%mesh reload greeters")
+    text = json.dumps(hidden.error or {}) + hidden.stream()
+    assert "cannot reload 'greeters' in place: its endpoint 'size' would be hidden by the ActorMesh" in text, text
+    named = "\n    @endpoint\n    def name(self):\n        return 'my name'\n"
+    kernel.ok(GREETER.format(extra="", version="v6", args="", more=named))
+    kernel.ok("%mesh reload greeters")
+    assert "'my name'" in kernel.ok("greeters.slice(gpus=0).name.call_one().get(10)").result
     # the notebook's own actors are not the user's to reload, nor listed as if they were
     internal = kernel.run("%mesh reload mesh_exec")
     text = json.dumps(internal.error or {}) + internal.stream()

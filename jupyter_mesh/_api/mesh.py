@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import abc
 import itertools
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Set
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 from .._core import slots
@@ -115,12 +115,28 @@ _ENDPOINT_WINS = frozenset({"name", "stop"})
 purpose, README's table). An endpoint named like any other attribute is refused at spawn, as in Monarch."""
 
 
+def shadowed(mesh: ActorMesh[Any], endpoint_names: Set[str]) -> list[str]:
+    """The endpoints that an ActorMesh attribute would hide (``size``, ``slice``, ``initialized``, ...)."""
+    own = {k for k, v in vars(mesh).items() if not isinstance(v, MeshEndpoint)}  # (not endpoints it keeps)
+    taken = (set(dir(type(mesh))) | own) - _ENDPOINT_WINS
+    return sorted(endpoint_names & taken)
+
+
+def endpoints_win(mesh: ActorMesh[Any]) -> None:
+    """``mesh.name`` / ``mesh.stop`` are the actor's endpoints of those names where it has them (again
+    after ``%mesh reload`` changed its endpoints)."""
+    for wins in _ENDPOINT_WINS:
+        if wins in mesh._endpoint_names:
+            mesh.__dict__[wins] = MeshEndpoint(mesh, wins)
+        else:
+            mesh.__dict__.pop(wins, None)
+
+
 def _refuse_shadowed(mesh: ActorMesh[Any], cls: type) -> None:
     """Monarch's ``ValueError`` at spawn for an endpoint that an ActorMesh attribute would hide (``size``,
     ``slice``, ``initialized``, ...): called through the mesh it would never run, or would fail later
     with a puzzling error."""
-    taken = (set(dir(type(mesh))) | set(vars(mesh))) - _ENDPOINT_WINS
-    clash = sorted(mesh._endpoint_names & taken)
+    clash = shadowed(mesh, mesh._endpoint_names)
     if clash:
         name = clash[0]
         raise MeshValueError(
@@ -160,8 +176,7 @@ class ActorMesh(_MeshTrait, Generic[A]):
         # actors number themselves in it during them (Monarch's ``current_rank()``)
         self._sliced = sliced
         self.initialized: Future[None] | None = None  # set by ProcMesh.spawn in the spawning process
-        for wins in _ENDPOINT_WINS & endpoint_names:  # the actor's own endpoint hides ActorMesh.stop, .name
-            self.__dict__[wins] = MeshEndpoint(self, wins)
+        endpoints_win(self)  # the actor's own endpoint hides ActorMesh.stop, .name
 
     @property
     def _shape(self) -> Shape:

@@ -17,6 +17,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._api.mesh import endpoints_win, shadowed
 from .._core.actor import Actor, endpoint, endpoints_of
 from .._core.signatures import Signatures
 from ..errors import MeshError
@@ -173,6 +174,9 @@ class Redefinitions:
                     out.append(f"'{rec.name}' already runs the current {rec.cls.__qualname__}")
                 continue
             why = not_reloadable(rec.current, new)
+            clash = [] if why or not rec.meshes else shadowed(next(iter(rec.meshes)), set(endpoints_of(new)))
+            if clash:  # as spawn refuses it: mesh.size would not reach an endpoint named size
+                why = f"its endpoint '{clash[0]}' would be hidden by the ActorMesh attribute '{clash[0]}' (rename it)"
             if why:
                 raise TypeError(
                     f"cannot reload '{rec.name}' in place: {why}, and its live actors were built by the "
@@ -197,6 +201,7 @@ class Redefinitions:
             names_now, sigs_now = frozenset(endpoints), Signatures.of(rec.cls, endpoints)
             for m in list(rec.meshes):
                 m._endpoint_names = names_now
+                endpoints_win(m)
                 if m._sigs is None:
                     m._sigs = sigs_now
                 else:
