@@ -22,6 +22,17 @@ from jupyter_mesh import (
 )
 
 
+class KilledInInit(Actor):
+    """Monarch's ``Instance.kill()`` in ``__init__``: the spawn fails with it (``initialized`` raises)."""
+
+    def __init__(self) -> None:
+        context().actor_instance.kill()
+
+    @endpoint
+    def value(self) -> int:
+        return 0
+
+
 class Adder(Actor):
     """Answers through explicit response ports: now, or later from a thread of its own."""
 

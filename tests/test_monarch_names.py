@@ -23,6 +23,7 @@ from monarch_names_actors import (
     Collector,
     Gate,
     Initialized,
+    KilledInInit,
     Named,
     NamedOwner,
     Sized,
@@ -218,6 +219,9 @@ def test_abort_ends_the_actor_and_the_fault_hook_hears_why(two):
             s.value.call_one().get(timeout=30)
         assert ei.value.failures[0].kind == "stopped" and len(seen) == 2
         assert two.spawn("after", Adder, 2).slice(gpus=0).value.call_one().get(timeout=30) == 2  # its proc lives on
+        # kill() in __init__: the spawn fails with it, as an __init__ that raised (it said it was constructed)
+        with pytest.raises(SupervisionError, match="killed_in_init: __init__ aborted: no reason provided"):
+            two.spawn("killed_in_init", KilledInInit).initialized.get(timeout=30)
     finally:
         jupyter_mesh.unhandled_fault_hook = None
 

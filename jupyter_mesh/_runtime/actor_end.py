@@ -52,6 +52,7 @@ class ActorEnds:
     closing: bool
     loop: asyncio.AbstractEventLoop
     cleanup_due: Exception | None = None  # it died: ``__cleanup__`` gets this once the message that killed it ends
+    constructing = False  # its ``__init__`` runs now
     stop_due = False  # it stops itself (``Instance.stop()``) once the message that runs now ends
     proc_ref: ProcMeshRef | None = None  # the proc mesh it was spawned on (``Instance.proc_mesh``)
     _bell: Any  # the actor's doorbell (``ActorHost``): a frame of ``_bell_token`` wakes its thread
@@ -63,6 +64,10 @@ class ActorEnds:
         """``context().actor_instance.abort(reason)``: the actor fails now (its proc lives on); later calls
         get the failure, and its spawner (its ``__supervise__`` or fault hook) hears of it."""
         if self.failure is not None:
+            return
+        if self.constructing:  # in ``__init__``: its spawn fails with this (``initialized`` raises it), as
+            # with an ``__init__`` that raised; ``ActorHost._spawn`` reports it once ``__init__`` returns
+            self.failure = self._failure("init", f"{self.name}: __init__ aborted: {reason or 'no reason provided'}")
             return
         cls = type(self.instance).__qualname__
         self.failure = self._failure("died", f"{cls} {self.name} aborted: {reason or 'no reason provided'}")

@@ -344,12 +344,19 @@ class ActorHost(ActorCancels, ActorEnds, ActorRanks):
             self.cls_path = f"{cls.__module__}.{cls.__qualname__}"
             self.endpoints = endpoints_of(cls)
             self.spawned_on(msg.header)
-            self.instance = cls(*args, **kwargs)
+            self.constructing = True
+            try:
+                self.instance = cls(*args, **kwargs)
+            finally:
+                self.constructing = False
         except BaseException as e:  # noqa: BLE001 - reported to the caller, the proc lives on
             info = error_info(e, "__init__", skip_frames=1)
             self.failure = self._failure("init", f"{self.name}: __init__ raised {info['type']}: {info['msg']}", info)
+        if self.failure is not None:  # __init__ raised, or aborted (``context().actor_instance.kill()``)
             rt.reply(msg.header, BROKEN, dumps(self.failure)[0], [])
             self._report(self.failure, told=False)  # a spawn's future is rarely waited on: its owner must hear
+            if self.instance is not None:
+                self._cleanup_after(self.failure)  # (it was built: ``__cleanup__(exc)``, as any death)
             return
         # callers and the agent send this actor's calls straight to its inbox from now on
         up = {  # the agent's liveness checks look at this thread when the proc stops answering
