@@ -476,7 +476,8 @@ class ProcMesh(_MeshTrait):
         )
         mesh._actor_class = cls
         _refuse_shadowed(mesh, cls)
-        self._controller.faults.spawning(mesh._actor_id, self._ref.mesh_id, name)  # in an actor: it supervises them
+        on = None if self._view is None else frozenset(self._view.ranks())  # (a slice: only its procs' deaths)
+        self._controller.faults.spawning(mesh._actor_id, self._ref.mesh_id, name, on)  # in an actor: it supervises them
         mesh.initialized = _client().spawn_actors(mesh, cls, args, kwargs)
         self._controller.watch_init(mesh, mesh.initialized, limit)
         _owned_by_caller("actors", mesh)

@@ -43,31 +43,34 @@ class Faults:
         self.pending: SupervisionError | None = None  # fail fast: raised at the next API call
         self._lock = threading.Lock()
         # actor meshes spawned from this proc (embedded controller only): actor id -> (the actor that
-        # spawned it, its proc mesh id, its name). That actor's __supervise__ hears of their failures
-        self.owners: dict[str, tuple[Any, str, str]] = {}
+        # spawned it, its proc mesh id, its name, the ranks of that proc mesh it is on: None for all).
+        # That actor's __supervise__ hears of their failures
+        self.owners: dict[str, tuple[Any, str, str, frozenset[int] | None]] = {}
         self.lent: set[str] = set()  # our proc meshes passed to actors: they supervise what they spawn there
         emb = hooks.embedding()
         if host.embedded and emb is not None:
             emb.watch_failures(self.notice_failed)
 
     # -- ownership ----------------------------------------------------------------------------------
-    def spawning(self, actor_id: str, mesh_id: str, name: str = "") -> None:
-        """An actor mesh (``name``) is being spawned from this thread: in a proc, the actor running here owns it."""
+    def spawning(self, actor_id: str, mesh_id: str, name: str = "", ranks: frozenset[int] | None = None) -> None:
+        """An actor mesh (``name``, on ``ranks`` of the proc mesh, None: all) is being spawned from this
+        thread: in a proc, the actor running here owns it."""
         emb = hooks.embedding()
         if self.host.embedded and emb is not None:
             owner = emb.current_owner()
             if owner is not None:
-                self.owners[actor_id] = (owner, mesh_id, name)
+                self.owners[actor_id] = (owner, mesh_id, name, ranks)
 
     def _per_actor_mesh(self, mesh_id: str, failure: Failure, owner: Any = None) -> list[tuple[Any, Failure]]:
         """A proc of ``mesh_id`` failed: the failure as each actor mesh spawned from here on it has it
         (named after it: ``mesh_name``), with its owner, as Monarch tells one ``__supervise__`` per
         actor mesh. ``owner``, the proc mesh's own, hears of it under the proc mesh's name if it
-        spawned no actor mesh there."""
+        spawned no actor mesh there. An actor mesh on a slice without the failed proc does not hear
+        of it (its actors live), as in Monarch."""
         out = [
             (o, dataclasses.replace(failure, actor=name))
-            for o, m, name in list(self.owners.values())
-            if m == mesh_id and name
+            for o, m, name, ranks in list(self.owners.values())
+            if m == mesh_id and name and (ranks is None or failure.rank in ranks)
         ]
         if owner is not None and not any(o is owner for o, _ in out):
             out.append((owner, failure))
