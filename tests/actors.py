@@ -215,13 +215,17 @@ class Supervisor(Actor):
 
     @endpoint
     def start_children(self, n: int, on_first: bool = False) -> list:
-        """``on_first``: also an actor mesh on the first proc alone (a later death elsewhere is not its)."""
+        """``on_first``: also an actor mesh on the first proc alone, and one stopped (a later death of
+        another proc is neither's failure)."""
         from jupyter_mesh import this_host
 
         self.procs = this_host().spawn_procs(per_host={"workers": n})
         self.children = self.procs.spawn("kids", Faulty)
         if on_first:
             self.procs.slice(workers=0).spawn("first", Faulty).ok.call_one().get(timeout=20)
+            gone = self.procs.spawn("gone", Faulty)  # stopped: a later death is not its failure
+            gone.ok.call().get(timeout=20)
+            gone.stop().get(timeout=20)
         return list(self.children.pid.call().get(timeout=20).values())
 
     @endpoint

@@ -236,6 +236,9 @@ class ActorMesh(_MeshTrait, Generic[A]):
         from .._wire.protocol import STOP_ENDPOINT
 
         done: Future[None] = Future(f"stop of actor mesh '{self._name}'")
+        stopping = _client().hooks.actors_stopping
+        if stopping is not None:  # its owner (an actor) no longer hears of these procs' deaths
+            stopping(self._actor_id, self._shape.ranks())
         try:
             calls = _client().cast(self, STOP_ENDPOINT, (), {}, mode="call")
         except SupervisionError:  # its procs are stopped or dead: so are these actors

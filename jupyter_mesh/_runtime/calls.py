@@ -41,6 +41,8 @@ class ClientHooks:
     sent: Callable[[ActorMeshRef, list[int]], None] | None = None
     # (actor mesh, class): actors of that class are being spawned (the notebook's %mesh reload)
     spawned: Callable[[ActorMeshRef, type], None] | None = None
+    # (actor id, proc ranks): ``ActorMesh.stop()`` of those actors: their owner no longer hears of those procs
+    actors_stopping: Callable[[str, list[int]], None] | None = None
     # a second interrupt kills the procs still running a cancelled call
     kill_ranks: Callable[[ProcMeshRef, list[int]], list[int]] | None = None
 

@@ -188,6 +188,7 @@ class Controller:
         self.raise_pending_fault = self.faults.raise_pending
         self.client.hooks.before_call = self.raise_pending_fault
         self.client.hooks.kill_ranks = self._kill_now
+        self.client.hooks.actors_stopping = self.faults.actors_stopping
         # admission and liveness of agents: O(hosts) pings per interval, never O(procs)
         self.links = AgentLinks(self)
         self.hb_timeout = self.links.hb_timeout

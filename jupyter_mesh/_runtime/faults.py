@@ -46,6 +46,7 @@ class Faults:
         # spawned it, its proc mesh id, its name, the ranks of that proc mesh it is on: None for all).
         # That actor's __supervise__ hears of their failures
         self.owners: dict[str, tuple[Any, str, str, frozenset[int] | None]] = {}
+        self.stopped: dict[str, set[int]] = {}  # actor id -> proc ranks where ``ActorMesh.stop()`` ended them
         self.lent: set[str] = set()  # our proc meshes passed to actors: they supervise what they spawn there
         emb = hooks.embedding()
         if host.embedded and emb is not None:
@@ -61,6 +62,12 @@ class Faults:
             if owner is not None:
                 self.owners[actor_id] = (owner, mesh_id, name, ranks)
 
+    def actors_stopping(self, actor_id: str, ranks: list[int]) -> None:
+        """``ActorMesh.stop()`` of an actor mesh spawned from here, on those procs: a later death of one of
+        them is not that mesh's failure (its actors ended already), as in Monarch."""
+        if actor_id in self.owners:
+            self.stopped.setdefault(actor_id, set()).update(ranks)
+
     def _per_actor_mesh(self, mesh_id: str, failure: Failure, owner: Any = None) -> list[tuple[Any, Failure]]:
         """A proc of ``mesh_id`` failed: the failure as each actor mesh spawned from here on it has it
         (named after it: ``mesh_name``), with its owner, as Monarch tells one ``__supervise__`` per
@@ -69,8 +76,11 @@ class Faults:
         of it (its actors live), as in Monarch."""
         out = [
             (o, dataclasses.replace(failure, actor=name))
-            for o, m, name, ranks in list(self.owners.values())
-            if m == mesh_id and name and (ranks is None or failure.rank in ranks)
+            for aid, (o, m, name, ranks) in list(self.owners.items())
+            if m == mesh_id
+            and name
+            and (ranks is None or failure.rank in ranks)
+            and failure.rank not in self.stopped.get(aid, ())
         ]
         if owner is not None and not any(o is owner for o, _ in out):
             out.append((owner, failure))
