@@ -221,6 +221,7 @@ def test_two_local_hosts_fan_out_and_gather():
 _FAIL_FAST = textwrap.dedent(
     """
     import atexit, os, signal, sys, time
+    atexit.register(lambda: print("EARLY ATEXIT RAN", flush=True))  # before jupyter_mesh is imported
     sys.path.insert(0, sys.argv[2])
     from _procs import descendants
     from actors import Faulty
@@ -261,7 +262,7 @@ def test_fail_fast_is_the_default_in_scripts(tmp_path, mode):
     tests_dir = os.path.dirname(os.path.abspath(__file__))
     out = subprocess.run([sys.executable, str(script), mode, tests_dir], capture_output=True, text=True, timeout=120)
     assert "NOT INTERRUPTED" not in out.stdout, out.stderr
-    assert "ATEXIT RAN" in out.stdout, out.stderr
+    assert "\nATEXIT RAN" in out.stdout and "EARLY ATEXIT RAN" in out.stdout, out.stdout + out.stderr
     spawned = [int(p) for p in re.findall(r"\d+", out.stdout.split("DESCENDANTS", 1)[1].splitlines()[0])]
     assert len(spawned) >= 3 and not wait_dead(spawned, 10.0), spawned  # the agent, its fork server, the procs
     if mode == "observe":
