@@ -586,6 +586,7 @@ def test_redefined_class_warns_once_and_reload_updates_live_actors(kernel):
     assert "gpus=1: 'bye ann'" in kernel.ok("greeters.bye.call().get(10)").result  # a new endpoint, same mesh
     # the view made before the reload checks arguments against the new hello(self, end='!'), not the old
     assert "'v2 ann 5'" in kernel.ok("first.hello.call_one(end='?').get(10)").result
+    assert "'bye ann'" in kernel.ok("first.bye.call_one().get(10)").result  # and has the new endpoint
 
     kernel.ok(GREETER.format(extra=", loud=False", version="v3", args="", more=""))
     refused = kernel.run("%mesh reload")

@@ -189,10 +189,16 @@ class ActorMesh(_MeshTrait, Generic[A]):
         m.initialized, m._actor_class = self.initialized, self._actor_class
         return m
 
+    def _has_endpoint(self, name: str) -> bool:
+        if name in self._endpoint_names:
+            return True
+        sigs = self.__dict__.get("_sigs")  # shared by its views: ``%mesh reload`` updates it in place, so a
+        return sigs is not None and name in sigs.specs  # view made before the reload has its new endpoints
+
     def __getattr__(self, name: str) -> MeshEndpoint[..., Any]:
-        if name.startswith("__") or (name.startswith("_") and name not in self._endpoint_names):
+        if name.startswith("__") or (name.startswith("_") and not self._has_endpoint(name)):
             raise AttributeError(name)
-        if name not in self._endpoint_names:
+        if not self._has_endpoint(name):
             if self._actor_class is not None and plain_endpoint(self._actor_class, name, False) is not None:
                 return NotAnEndpoint(self, name)  # type: ignore[return-value]  # for as_endpoint(mesh.name)
             raise AttributeError(
