@@ -243,6 +243,10 @@ class Named(Actor):
     def _private(self) -> str:
         return "private"
 
+    @endpoint
+    def __call__(self) -> str:  # a dunder ActorMesh has not: reachable as mesh.__call__, as in Monarch
+        return "my-call"
+
 
 class Sized(Actor):
     @endpoint

@@ -351,6 +351,7 @@ def test_endpoints_named_like_mesh_attributes_win_or_are_refused_at_spawn(two):
     assert n.slice(gpus=0).name.call_one().get(timeout=20) == "my-name"
     assert list(n.stop.call().get(timeout=20).values()) == ["my-stop"] * 2
     assert n.slice(gpus=1)._private.call_one().get(timeout=20) == "private"
+    assert n.slice(gpus=1).__call__.call_one().get(timeout=20) == "my-call"
     assert ActorMesh.name.__get__(n) == "named"  # ours, where an endpoint hides it
     assert Restored(actors=[("two", n)]).actor_meshes() == {"named": n}  # a reattach names it by its name
     ActorMesh.stop(n).get(timeout=20)

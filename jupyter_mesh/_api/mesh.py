@@ -190,13 +190,14 @@ class ActorMesh(_MeshTrait, Generic[A]):
         return m
 
     def _has_endpoint(self, name: str) -> bool:
-        if name in self._endpoint_names:
+        own = self.__dict__  # (not through attributes: this runs in __getattr__, maybe before __init__)
+        if name in own.get("_endpoint_names", ()):
             return True
-        sigs = self.__dict__.get("_sigs")  # shared by its views: ``%mesh reload`` updates it in place, so a
-        return sigs is not None and name in sigs.specs  # view made before the reload has its new endpoints
+        sigs = own.get("_sigs")  # shared by its views: ``%mesh reload`` updates it in place, so a view
+        return sigs is not None and name in sigs.specs  # made before the reload has its new endpoints
 
     def __getattr__(self, name: str) -> MeshEndpoint[..., Any]:
-        if name.startswith("__") or (name.startswith("_") and not self._has_endpoint(name)):
+        if name.startswith("_") and not self._has_endpoint(name):  # (``_x`` and ``__x__`` endpoints: Monarch's)
             raise AttributeError(name)
         if not self._has_endpoint(name):
             if self._actor_class is not None and plain_endpoint(self._actor_class, name, False) is not None:
