@@ -24,7 +24,8 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time each name l
     from . import config as config
     from ._api.adverbs import Accumulator, send
     from ._api.host_mesh import HostMesh
-    from ._api.mesh import ActorMesh, MeshEndpoint, ProcMesh, as_endpoint
+    from ._api.mesh import ActorMesh, MeshEndpoint, as_endpoint
+    from ._api.proc_mesh import ProcMesh
     from ._api.session import shutdown, shutdown_context
     from ._api.tensor_engine import fetch_shard, remote
     from ._core.actor import Actor, Endpoint, concurrent_endpoint, current_rank, endpoint
@@ -67,7 +68,8 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time each name l
 _HOME = {
     **dict.fromkeys(["Accumulator", "send"], "._api.adverbs"),
     "HostMesh": "._api.host_mesh",
-    **dict.fromkeys(["ActorMesh", "MeshEndpoint", "ProcMesh", "as_endpoint"], "._api.mesh"),
+    **dict.fromkeys(["ActorMesh", "MeshEndpoint", "as_endpoint"], "._api.mesh"),
+    "ProcMesh": "._api.proc_mesh",
     **dict.fromkeys(["shutdown", "shutdown_context"], "._api.session"),
     **dict.fromkeys(["fetch_shard", "remote"], "._api.tensor_engine"),
     **dict.fromkeys(["Actor", "Endpoint", "concurrent_endpoint", "current_rank", "endpoint"], "._core.actor"),
@@ -136,7 +138,7 @@ def _render_values(vm: Any) -> str:
 
 
 def _proc_mesh_from_ref(ref: Any) -> Any:
-    from ._api.mesh import _proc_mesh_ref
+    from ._api.proc_mesh import _proc_mesh_ref
 
     return _proc_mesh_ref(ref, None)
 

@@ -182,7 +182,7 @@ def test_init_timeout_from_the_environment_and_unbounded_by_default(host, monkey
 
 def test_init_timeout_argument_is_checked():
     from jupyter_mesh import Actor, MeshValueError
-    from jupyter_mesh._api.mesh import ProcMesh
+    from jupyter_mesh._api.proc_mesh import ProcMesh
 
     class Takes(Actor):
         def __init__(self, init_timeout: float):

@@ -10,7 +10,8 @@ from .. import config
 from .._core.future import Future
 from .._core.shape import Shape
 from ..errors import MeshClosedError, MeshError, MeshValueError
-from .mesh import ProcMesh, _MeshTrait, _names, _owned_by_caller
+from .mesh import _MeshTrait, _names, _owned_by_caller
+from .proc_mesh import ProcMesh
 from .proc_setup import ProcSetup, check_proc_bind
 
 if TYPE_CHECKING:

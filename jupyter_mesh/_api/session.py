@@ -11,7 +11,8 @@ from ..errors import MeshFailure, MeshValueError
 
 if TYPE_CHECKING:
     from .._core.refs import ActorMeshRef
-    from .mesh import ActorMesh, ProcMesh
+    from .mesh import ActorMesh
+    from .proc_mesh import ProcMesh
 
 __all__ = [
     "mesh_states",
@@ -46,7 +47,7 @@ def proc_mesh(mesh_id: str) -> ProcMesh:
     """The whole proc mesh with this ``mesh_id`` (as in :class:`MeshState`): front ends that only hold
     an id (the sidebar, ``jupyter-mesh status``) act on a mesh through the same API as the user."""
     from .._runtime.controller import Controller
-    from .mesh import ProcMesh
+    from .proc_mesh import ProcMesh
 
     ctl = Controller.get()
     rec = ctl.meshes.get(mesh_id)

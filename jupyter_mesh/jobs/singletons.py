@@ -14,7 +14,8 @@ import threading
 from typing import Any, TypeVar
 
 from .._api import host_mesh as _host_mesh
-from .._api.mesh import ActorMesh, ProcMesh
+from .._api.mesh import ActorMesh
+from .._api.proc_mesh import ProcMesh
 from .._core.actor import Actor
 from .._core.context import context
 from .._core.future import Future

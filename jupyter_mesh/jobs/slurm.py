@@ -28,7 +28,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .._api.host_mesh import HostMesh
-from .._api.mesh import ActorMesh, ProcMesh
+from .._api.mesh import ActorMesh
+from .._api.proc_mesh import ProcMesh
 from .._core.future import Future
 from .._core.shape import Shape
 from .._runtime.hosts import AgentHandle, Job

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._api.mesh import ActorMesh, ProcMesh
+from .._api.mesh import ActorMesh
+from .._api.proc_mesh import ProcMesh
 from .._core.state import MeshState
 from ..errors import MeshValueError
 from ..jobs import AttachJob, Job, LocalJob, SlurmJob

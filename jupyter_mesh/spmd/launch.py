@@ -15,7 +15,8 @@ import re
 import threading
 from collections.abc import Sequence
 
-from .._api.mesh import ActorMesh, ProcMesh
+from .._api.mesh import ActorMesh
+from .._api.proc_mesh import ProcMesh
 from .._core.future import Future
 from .._core.shape import Shape
 from .._core.value_mesh import ValueMesh

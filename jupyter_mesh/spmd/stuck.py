@@ -18,7 +18,8 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .._api.mesh import ActorMesh, ProcMesh
+from .._api.mesh import ActorMesh
+from .._api.proc_mesh import ProcMesh
 from .._core.future import Future, time_left
 from .._core.state import MeshEvent, ProcState
 from ..errors import MeshError, MeshTimeoutError, fold_coords

@@ -20,7 +20,7 @@ from .table import html_table, text_table
 from .wire import MeshWire
 
 if TYPE_CHECKING:
-    from .._api.mesh import ProcMesh
+    from .._api.proc_mesh import ProcMesh
 
 __all__ = ["MeshTable", "mimebundle", "snapshot", "widget"]  # and MeshWidget, built on first access
 
