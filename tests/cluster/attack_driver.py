@@ -44,9 +44,23 @@ class P(Actor):
         return os.getpid()
 
 
+def _commands():
+    """The test's commands, one per line. A failure nothing waited on interrupts this program's main
+    thread (fail fast, the default in a script) while it waits here: the driver catches that, as a
+    script may, and the failure is raised by its next call, which the test reads."""
+    while True:
+        try:
+            line = sys.stdin.readline()
+        except KeyboardInterrupt:
+            continue
+        if not line:
+            return
+        yield line
+
+
 def main() -> None:
     job = procs = actor = None
-    for line in sys.stdin:
+    for line in _commands():
         cmd, *args = line.split()
         t0 = time.monotonic()
         try:

@@ -287,7 +287,12 @@ def run_keep(nodes: int, then: str) -> None:
     if then == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     if then == "hold":
-        sys.stdin.readline()
+        while True:  # a takeover interrupts this wait (fail fast): caught, as a script may; the call says why
+            try:
+                sys.stdin.readline()
+                break
+            except KeyboardInterrupt:
+                continue
         try:
             counter.incr.call().get(timeout=30)
             say("after", error=None)
