@@ -44,6 +44,7 @@ class Actors:
         self._ref, self._shape, self._view = ref, shape or ref.shape, None
         self._sliced = shape is not None  # a part of the mesh as spawned: casts carry its labels
         self._actor_id, self._class_name, self._name = "a-0", "Worker", "workers"
+        self._plain: dict[str, bool] = {}  # no method called through as_endpoint()
 
 
 def no_io_mesh(hosts: int, per_host: int) -> tuple[Client, StateTracker, Actors]:
