@@ -92,7 +92,7 @@ def test_a_call_that_does_not_pickle_leaves_no_loan(procs):
         t = torch.rand(2)
     for _ in range(3):
         with pytest.raises(SerializationError, match="does not pickle"):
-            holders.describe.call(t, threading.Lock())
+            holders.describe.call([t, threading.Lock()])  # the shard is lent, then the lock fails
     stats = engine_for(procs).workers.stats.call().get(timeout=T)
     assert [s["loans"] for s in stats.values()] == [0, 0]
     assert holders.describe.call(t).get(timeout=T).item(gpus=1)[0] == "Tensor"  # lending still works

@@ -102,7 +102,13 @@ def make_job(spec: str, nodes: int, preload: Sequence[str] | None = None, **opti
     if preload is not None:
         kwargs["preload"] = list(preload)
     try:
-        inspect.signature(cls).bind(**kwargs)
+        sig = inspect.signature(cls)
+        sig.bind(**kwargs)
+        # a job taking ``**options`` names those it knows (SlurmJob: Monarch's keywords)
+        extra: frozenset[str] | None = getattr(cls, "extra_keywords", None)
+        unknown = sorted(set(kwargs) - set(sig.parameters) - extra) if extra is not None else []
+        if unknown:
+            raise TypeError(f"unexpected keyword argument(s) {unknown}")
     except TypeError as e:
         raise MeshValueError(f"the scheduler {spec!r} ({cls.__name__}) does not take {sorted(kwargs)}: {e}") from None
     return cls(**kwargs)

@@ -72,6 +72,10 @@ def _monarch_form(init: Any) -> Any:
     return wrapper
 
 
+MONARCH_KEYWORDS = frozenset(inspect.signature(slurm_from_monarch).parameters) - {"meshes"}
+"""Monarch's ``SlurmJob`` keywords that ours takes through ``**monarch``."""
+
+
 class SlurmJob(Job):
     """``nodes`` hosts from SLURM, one jupyter_mesh agent on each.
 
@@ -90,6 +94,8 @@ class SlurmJob(Job):
     meshes in Monarch's order, its host meshes by name from
     ``state()`` (``jobs._monarch`` says which of its keywords are refused here, and why). Unlike
     Monarch's, the job is submitted when it is constructed, and ``exclusive`` is False unless given."""
+
+    extra_keywords = MONARCH_KEYWORDS  # what ``**monarch`` takes (``%mesh up --scheduler`` checks options)
 
     @_monarch_form
     def __init__(
@@ -120,11 +126,10 @@ class SlurmJob(Job):
             meshes, nodes = nodes, 1
         self._names: dict[str, int] = {"hosts": nodes} if isinstance(nodes, int) else {}
         if meshes is not None or monarch or job_name is not None or time_limit is not None or python_exe:
-            known = set(inspect.signature(slurm_from_monarch).parameters) - {"meshes"}
-            unknown = sorted(set(monarch) - known)
+            unknown = sorted(set(monarch) - MONARCH_KEYWORDS)
             if unknown:
                 raise TypeError(
-                    f"SlurmJob() got unexpected keyword argument(s) {unknown}; Monarch's are {sorted(known)}"
+                    f"SlurmJob() got unexpected keyword argument(s) {unknown}; Monarch's are {sorted(MONARCH_KEYWORDS)}"
                 )
             m = slurm_from_monarch(
                 meshes if meshes is not None else {"hosts": nodes},
