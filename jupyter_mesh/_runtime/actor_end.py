@@ -53,6 +53,7 @@ class ActorEnds:
     loop: asyncio.AbstractEventLoop
     cleanup_due: Exception | None = None  # it died: ``__cleanup__`` gets this once the message that killed it ends
     constructing = False  # its ``__init__`` runs now
+    unsupervised = False  # a failure of a mesh it owns went unhandled: it failed (a call running then too)
     stop_due = False  # it stops itself (``Instance.stop()``) once the message that runs now ends
     proc_ref: ProcMeshRef | None = None  # the proc mesh it was spawned on (``Instance.proc_mesh``)
     _bell: Any  # the actor's doorbell (``ActorHost``): a frame of ``_bell_token`` wakes its thread
@@ -114,15 +115,20 @@ class ActorEnds:
         self.cleanup_due = exc
         self._ring()
 
-    def _fail_unsupervised(self, err: Exception) -> None:
+    def _fail_unsupervised(self, err: Exception, raised: BaseException | None = None) -> None:
         """A failure of a mesh it owns went unhandled (no ``__supervise__``, it said no, or it raised): the
         actor fails, as in Monarch, not its proc. Later calls get the failure, its spawner hears of it
         (``mesh_name``: this actor's mesh) and the meshes it spawned are stopped."""
         print(f"[{self.name}] unhandled failure of a mesh it owns, so this actor fails:\n{err}", file=sys.stderr)
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
         detail = f"{self.name} did not handle a failure of a mesh it owns: {first}"
-        self.failure = self._failure("died", detail, {"tb": str(err)})
-        self._report(self.failure, told=False, untold=True)  # the call running now (if any) ends normally
+        tb = str(err)
+        if raised is not None:  # its __supervise__ raised: that is the news (Monarch's report carries it)
+            info = error_info(raised, "__supervise__")
+            detail = f"{self.name}.__supervise__ raised {info['type']}: {info['msg']} handling a failure of a mesh it owns: {first}"
+            tb = f"{info['tb']}\nwhile handling:\n{err}"
+        self.failure, self.unsupervised = self._failure("died", detail, {"tb": tb}), True
+        self._report(self.failure, told=False, untold=True)  # the call running now (if any) gets it as it ends
         self.descendants.end()
         self._cleanup_after(self.failure, err)
 

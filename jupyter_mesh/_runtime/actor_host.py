@@ -332,8 +332,9 @@ class ActorHost(ActorCancels, ActorEnds, ActorRanks):
         if self.failure is not None:  # this actor is gone (stopped, dead): what it owned is not its care
             print(f"[{self.name}] a mesh it spawned failed after it ended:\n{err}", file=sys.stderr)
             return
-        if not await supervised(self.name, self.instance, err):
-            self._fail_unsupervised(err)
+        outcome = await supervised(self.name, self.instance, err)
+        if outcome is not True:
+            self._fail_unsupervised(err, outcome if isinstance(outcome, BaseException) else None)
 
     def _spawn(self, msg: Message) -> None:
         rt = self.runtime
@@ -525,6 +526,10 @@ class ActorHost(ActorCancels, ActorEnds, ActorRanks):
 
     def _respond(self, h: dict[str, Any], result: Any) -> None:
         if h["rm"] == NO_REPLY:
+            return
+        if self.unsupervised:  # it failed during this call (a failure of a mesh it owns went unhandled,
+            # seen beside an awaiting endpoint): the caller gets that, as in Monarch, not a result
+            self.runtime.reply(h, BROKEN, dumps(self.failure)[0], [])
             return
         try:
             payload, bufs = dumps(result)

@@ -54,10 +54,10 @@ class Descendants:
         print(f"[{self.actor_name}] {what}", file=sys.stderr)
 
 
-async def supervised(actor_name: str, instance: Any, err: SupervisionError) -> bool:
+async def supervised(actor_name: str, instance: Any, err: SupervisionError) -> bool | BaseException:
     """Ask the actor's ``__supervise__`` about each failure of a mesh it spawned; False if one went
-    unhandled (no hook, the hook said no, or it raised): then the actor fails, so that *its*
-    supervisor sees it, as in Monarch."""
+    unhandled (no hook, or the hook said no), what it raised if it raised: then the actor fails, so
+    that *its* supervisor sees it, as in Monarch."""
     hook = getattr(instance, "__supervise__", None)
     if hook is None:
         return False
@@ -68,7 +68,7 @@ async def supervised(actor_name: str, instance: Any, err: SupervisionError) -> b
                 handled = await handled
         except BaseException as e:  # noqa: BLE001 - a raising supervisor did not handle it
             print(f"[{actor_name}] __supervise__ raised:\n" + error_info(e, "__supervise__")["tb"], file=sys.stderr)
-            return False
+            return e
         if not handled:
             return False
     return True
